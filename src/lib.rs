@@ -2,6 +2,15 @@
 //! The library owns every piece; `main.rs` only parses the command line and calls in here.
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod app;
 pub mod cachebust;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod metrics;
 pub mod mock;
+pub mod proxy;
+pub mod runtime;
+pub mod server;
 pub mod synth;

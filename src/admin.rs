@@ -1,0 +1,192 @@
+//! The admin port: `/healthz`, `/readyz`, `/metrics`, `GET|PUT /phase`, `GET /config`.
+//! Never proxies traffic; mutating calls need the bearer token when one is configured.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::cachebust::Phase;
+use crate::error::{error_body, json_response};
+use crate::runtime::Runtime;
+
+type AdminBody = Full<Bytes>;
+
+pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, shutdown: impl Future<Output = ()>) {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let rt = rt.clone();
+                let service = service_fn(move |req| {
+                    let rt = rt.clone();
+                    async move { Ok::<_, std::convert::Infallible>(handle(req, &rt).await) }
+                });
+                let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                let fut = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = fut.await;
+                });
+            }
+        }
+    }
+    // Admin calls are short; a second is plenty.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), graceful.shutdown()).await;
+}
+
+async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
+    let path = req.uri().path().to_string();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") => {
+            if rt.is_draining() {
+                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+            } else {
+                text(StatusCode::OK, "ready\n")
+            }
+        }
+        (&Method::GET, "/metrics") => {
+            let mut r = Response::new(Full::new(Bytes::from(rt.metrics.render())));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }
+        (&Method::GET, "/phase") => json(
+            StatusCode::OK,
+            serde_json::json!({ "phase": rt.default_phase().as_str() }),
+        ),
+        (&Method::PUT, "/phase") => {
+            if let Some(resp) = check_token(&req, rt) {
+                return resp;
+            }
+            let body = match Limited::new(req.into_body(), 1024).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "body must be `warmup` or `profiling` (at most 1 KiB)",
+                        "invalid_phase",
+                    )
+                }
+            };
+            let text_body = String::from_utf8_lossy(&body);
+            // Accept a bare word or a JSON string / {"phase": ...} for convenience.
+            let word = text_body.trim().trim_matches('"').to_string();
+            let word = serde_json::from_str::<serde_json::Value>(text_body.trim())
+                .ok()
+                .and_then(|v| v.get("phase").and_then(|p| p.as_str()).map(str::to_string))
+                .unwrap_or(word);
+            match word.parse::<Phase>() {
+                Ok(p) => {
+                    let old = rt.set_default_phase(p);
+                    tracing::info!(
+                        old = old.as_str(),
+                        new = p.as_str(),
+                        "default phase changed"
+                    );
+                    json(
+                        StatusCode::OK,
+                        serde_json::json!({ "old": old.as_str(), "new": p.as_str() }),
+                    )
+                }
+                Err(e) => error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("PUT /phase: {e}"),
+                    "invalid_phase",
+                ),
+            }
+        }
+        (&Method::GET, "/config") => {
+            let mut r = Response::new(Full::new(Bytes::from(rt.config.redacted().to_toml())));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/toml"),
+            );
+            r
+        }
+        (_, "/healthz" | "/readyz" | "/metrics" | "/phase" | "/config") => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("{} is not allowed on {path}", req.method()),
+            "method_not_allowed",
+        ),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            &format!("no admin endpoint {path}; try /healthz, /readyz, /metrics, /phase, /config"),
+            "not_found",
+        ),
+    }
+}
+
+fn check_token(req: &Request<Incoming>, rt: &Runtime) -> Option<Response<AdminBody>> {
+    let want = rt.config.admin.token.as_deref()?;
+    let got = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(got.as_bytes(), want.as_bytes()) {
+        None
+    } else {
+        Some(error(
+            StatusCode::UNAUTHORIZED,
+            "this call needs `Authorization: Bearer <admin.token>`",
+            "unauthorized",
+        ))
+    }
+}
+
+/// Compares without an early exit so timing does not reveal the token's prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8;
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<AdminBody> {
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = status;
+    r
+}
+
+fn json(status: StatusCode, v: serde_json::Value) -> Response<AdminBody> {
+    json_response(status, Bytes::from(v.to_string()))
+}
+
+fn error(status: StatusCode, message: &str, code: &str) -> Response<AdminBody> {
+    let kind = if status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
+    json_response(status, error_body(message, kind, code))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn token_compare() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+}

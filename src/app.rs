@@ -1,0 +1,228 @@
+//! Runs the chosen command: loads configuration, sets up logging, binds sockets, starts the
+//! proxy or the mock, and maps failures to exit codes. The only place that reads the process
+//! environment; never handles requests itself.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::cachebust::{build_marker, digest, DigestInputs, Phase, Target};
+use crate::cli::{Cli, Command, ConfigCommand, ConfigFlags, MarkerArgs, MockArgs};
+use crate::config::{Config, ConfigError, LogFormat};
+use crate::metrics::Metrics;
+use crate::runtime::Runtime;
+use crate::server::{self, Listeners};
+
+/// Exit codes from the contract.
+pub const EXIT_CONFIG: u8 = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+impl AppError {
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            AppError::Config(_) => ExitCode::from(EXIT_CONFIG),
+            AppError::Usage(_) => ExitCode::from(2),
+            AppError::Other(_) => ExitCode::from(1),
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> Result<(), AppError> {
+    match cli.command {
+        Command::Serve(args) => {
+            let config = load(&args.flags)?;
+            init_logging(&config);
+            runtime()?.block_on(serve(config))
+        }
+        Command::Mock(args) => {
+            let config = mock_config(&args)?;
+            init_logging(&config);
+            runtime()?.block_on(mock(config, args.listen))
+        }
+        Command::Marker(args) => marker(&args),
+        Command::Config(ConfigCommand::Check(flags)) => {
+            let c = load(&flags)?;
+            println!(
+                "configuration is valid (upstream: {})",
+                c.upstream
+                    .url
+                    .as_deref()
+                    .unwrap_or("none, the built-in mock")
+            );
+            Ok(())
+        }
+        Command::Config(ConfigCommand::Show(flags)) => {
+            let c = load(&flags)?;
+            print!("{}", c.redacted().to_toml());
+            Ok(())
+        }
+    }
+}
+
+fn env_snapshot() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("KVBUST_"))
+        .collect()
+}
+
+fn load(flags: &ConfigFlags) -> Result<Config, ConfigError> {
+    Config::load(flags.config.as_deref(), &env_snapshot(), &flags.overrides())
+}
+
+fn mock_config(args: &MockArgs) -> Result<Config, AppError> {
+    let mut c = Config::load(args.config.as_deref(), &env_snapshot(), &Default::default())?;
+    for (key, v, slot) in [
+        ("--inter-token", &args.inter_token, &mut c.mock.inter_token),
+        (
+            "--prefill-per-token",
+            &args.prefill_per_token,
+            &mut c.mock.prefill_per_token,
+        ),
+        ("--base-delay", &args.base_delay, &mut c.mock.base_delay),
+    ] {
+        if let Some(v) = v {
+            *slot = humantime::parse_duration(v).map_err(|e| ConfigError {
+                key: key.into(),
+                message: format!("`{v}` is not a duration like \"15ms\": {e}"),
+            })?;
+        }
+    }
+    Ok(c)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, AppError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| AppError::Other(anyhow::anyhow!("cannot start the async runtime: {e}")))
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match config.log.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+async fn bind(addr: std::net::SocketAddr, what: &str, key: &str) -> Result<TcpListener, AppError> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        AppError::Other(anyhow::anyhow!(
+            "cannot listen on {addr} for the {what}: {e} (change {key} or free the port)"
+        ))
+    })
+}
+
+async fn serve(config: Config) -> Result<(), AppError> {
+    let config = Arc::new(config);
+    let data = bind(config.listen.addr, "data port", "listen.addr / --listen").await?;
+    let admin = bind(
+        config.admin.addr,
+        "admin port",
+        "admin.addr / --admin-listen",
+    )
+    .await?;
+
+    // No upstream: run the built-in mock on a loopback port so the quick start works anywhere.
+    let mut mock_task = None;
+    let upstream = match &config.upstream.url {
+        Some(u) => u.clone(),
+        None => {
+            let l = bind(([127, 0, 0, 1], 0).into(), "built-in mock", "upstream.url").await?;
+            let addr = l.local_addr().map_err(|e| AppError::Other(e.into()))?;
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let mock = crate::mock::Mock::new(config.mock.clone(), None);
+            let task = tokio::spawn(crate::mock::serve(l, mock, async {
+                let _ = rx.await;
+            }));
+            mock_task = Some((tx, task));
+            let url = format!("http://{addr}");
+            tracing::info!("no upstream.url configured: serving the built-in mock model at {url} (set --upstream to proxy a real server)");
+            url
+        }
+    };
+
+    let rt = Runtime::new(config.clone(), Metrics::new());
+    tracing::info!(
+        data = %config.listen.addr,
+        admin = %config.admin.addr,
+        upstream = %upstream,
+        target = config.cache_bust.target.as_str(),
+        phase = rt.default_phase().as_str(),
+        benchmark_id = %rt.benchmark_id,
+        "kvbust serving"
+    );
+    let report = server::run(
+        rt,
+        &upstream,
+        Listeners { data, admin },
+        server::shutdown_signal(),
+    )
+    .await
+    .map_err(|e| AppError::Other(e.into()))?;
+    if let Some((tx, task)) = mock_task {
+        let _ = tx.send(());
+        let _ = task.await;
+    }
+    if report.aborted_connections > 0 {
+        tracing::warn!(
+            aborted = report.aborted_connections,
+            "some connections were cut at the end of the grace period"
+        );
+    }
+    Ok(())
+}
+
+async fn mock(config: Config, listen: std::net::SocketAddr) -> Result<(), AppError> {
+    let l = bind(listen, "mock model server", "--listen").await?;
+    tracing::info!(addr = %listen, model = %config.mock.model, "kvbust mock model server");
+    let mock = crate::mock::Mock::new(config.mock.clone(), None);
+    crate::mock::serve(l, mock, server::shutdown_signal())
+        .await
+        .map_err(|e| AppError::Other(e.into()))
+}
+
+fn marker(args: &MarkerArgs) -> Result<(), AppError> {
+    let target: Target = args
+        .target
+        .parse()
+        .map_err(|e| AppError::Usage(format!("--target: {e}")))?;
+    let phase: Phase = args
+        .phase
+        .parse()
+        .map_err(|e| AppError::Usage(format!("--phase: {e}")))?;
+    let inputs = DigestInputs {
+        benchmark_id: args.benchmark_id.clone(),
+        recycle_pass: args.recycle_pass,
+        trajectory_index: args.trajectory_index,
+        trace_id: args.trace_id.clone(),
+    };
+    let marker = build_marker(target, phase, &inputs);
+    if args.raw {
+        print!("{}", marker.unwrap_or_default());
+    } else {
+        let out = serde_json::json!({
+            "digest_input": format!("{}:{}:{}:{}", inputs.benchmark_id, inputs.recycle_pass, inputs.trajectory_index, inputs.trace_id),
+            "digest": digest(&inputs),
+            "target": target.as_str(),
+            "phase": phase.as_str(),
+            "marker": marker,
+        });
+        println!("{out}");
+    }
+    Ok(())
+}

@@ -1,0 +1,889 @@
+//! Typed configuration: defaults < file < `KVBUST_*` env < CLI flags, layered by figment and
+//! validated once at start. Owns no I/O beyond reading the config file; never reads config on the
+//! request path.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use figment::providers::{Format, Serialized, Toml, Yaml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::cachebust::{Phase, Target};
+use crate::mock::MockConfig;
+
+/// The whole effective configuration. Every section rejects unknown keys so a typo fails loudly.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: ListenConfig,
+    pub admin: AdminConfig,
+    pub upstream: UpstreamConfig,
+    pub limits: LimitsConfig,
+    pub shutdown: ShutdownConfig,
+    pub cache_bust: CacheBustConfig,
+    pub observe: ObserveConfig,
+    pub mock: MockConfig,
+    pub synth: SynthConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenConfig {
+    pub addr: SocketAddr,
+    pub tls: Option<TlsFiles>,
+    /// Max concurrent HTTP/2 streams per client connection.
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2 per-stream receive window; generous so many SSE streams share a connection well.
+    pub http2_stream_window: ByteSize,
+    /// HTTP/2 per-connection receive window.
+    pub http2_connection_window: ByteSize,
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            tls: None,
+            http2_max_concurrent_streams: 1024,
+            http2_stream_window: ByteSize(1 << 20),
+            http2_connection_window: ByteSize(16 << 20),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub addr: SocketAddr,
+    /// Bearer token required by mutating admin calls (`PUT /phase`). Redacted in `config show`.
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            token: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Http2Mode {
+    /// HTTP/2 when TLS ALPN offers it, HTTP/1.1 otherwise (plain `http` upstreams).
+    #[default]
+    Auto,
+    /// HTTP/2 with prior knowledge (h2c for `http` upstreams).
+    Always,
+    /// HTTP/1.1 only.
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RootStore {
+    #[default]
+    Webpki,
+    Native,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Base URL of the model server; none → the built-in mock is started in-process.
+    pub url: Option<String>,
+    /// Forward the client's `Host` header instead of the upstream's authority.
+    pub keep_host: bool,
+    pub http2: Http2Mode,
+    #[serde(with = "duration_str")]
+    pub connect_timeout: Duration,
+    /// Time from sending the request to receiving response headers. Non-streaming generations
+    /// answer only when done, so this is generous by default.
+    #[serde(with = "duration_str")]
+    pub first_byte_timeout: Duration,
+    /// Longest allowed gap between two response body frames.
+    #[serde(with = "duration_str")]
+    pub idle_timeout: Duration,
+    /// Whole-request limit; none by default because long generations are normal.
+    #[serde(with = "opt_duration_str")]
+    pub total_timeout: Option<Duration>,
+    #[serde(with = "duration_str")]
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle_per_host: usize,
+    pub tls: UpstreamTls,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            keep_host: false,
+            http2: Http2Mode::Auto,
+            connect_timeout: Duration::from_secs(5),
+            first_byte_timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(300),
+            total_timeout: None,
+            pool_idle_timeout: Duration::from_secs(90),
+            pool_max_idle_per_host: 256,
+            tls: UpstreamTls::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamTls {
+    pub roots: RootStore,
+    pub ca_file: Option<PathBuf>,
+    pub insecure_skip_verify: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest body accepted on routes that are rewritten (the rest streams unbounded).
+    pub max_body: ByteSize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body: ByteSize(64 << 20),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    /// How long in-flight requests and streams may run after SIGTERM/SIGINT.
+    #[serde(with = "duration_str")]
+    pub grace: Duration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnparseable {
+    /// Answer 400 with an OpenAI-shaped error.
+    #[default]
+    Reject,
+    /// Forward the body unchanged (counted in `kvbust_unparseable_passthrough_total`).
+    Passthrough,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ListPartsMode {
+    /// The marker becomes its own `{"type":"text"}` part (AIPerf's rule for raw messages).
+    #[default]
+    OwnPart,
+    /// The marker joins the first text part's string (AIPerf's rule for synthetic multimodal turns).
+    InlineText,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionSource {
+    /// `x-correlation-id` request header (AIPerf sends one per session).
+    XCorrelationId,
+    /// `x-session-id` request header.
+    XSessionId,
+    /// The body's `user` field.
+    BodyUser,
+    /// A hash of the first user turn's (unmarked) content.
+    FirstUserTurn,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheBustConfig {
+    pub target: Target,
+    pub default_phase: Phase,
+    /// 12 lowercase hex by default, chosen at start and logged. Any string is accepted.
+    pub benchmark_id: Option<String>,
+    /// Honour `x-kvbust-target` per request.
+    pub allow_target_header: bool,
+    /// Treat the first N requests as warmup when they carry no phase header.
+    pub auto_warmup_requests: Option<u64>,
+    /// Leading user messages that are user context (AIPerf's `--user-context-prompt-length`).
+    pub user_context_messages: usize,
+    pub list_parts: ListPartsMode,
+    pub session_sources: Vec<SessionSource>,
+    /// Sessions remembered by the ledger (LRU); evictions are counted.
+    pub ledger_capacity: usize,
+    pub on_unparseable: OnUnparseable,
+    /// Add `x-kvbust-rid`, `x-kvbust-phase` and `x-kvbust-overhead-us` to responses.
+    pub response_headers: bool,
+}
+
+impl Default for CacheBustConfig {
+    fn default() -> Self {
+        Self {
+            target: Target::None,
+            default_phase: Phase::Profiling,
+            benchmark_id: None,
+            allow_target_header: true,
+            auto_warmup_requests: None,
+            user_context_messages: 0,
+            list_parts: ListPartsMode::OwnPart,
+            session_sources: vec![
+                SessionSource::XCorrelationId,
+                SessionSource::XSessionId,
+                SessionSource::BodyUser,
+                SessionSource::FirstUserTurn,
+            ],
+            ledger_capacity: 100_000,
+            on_unparseable: OnUnparseable::Reject,
+            response_headers: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObserveConfig {
+    /// Copy at most this much of a non-streaming JSON response to read its `usage` (the bytes
+    /// are forwarded immediately either way).
+    pub max_usage_scan: ByteSize,
+}
+
+impl Default for ObserveConfig {
+    fn default() -> Self {
+        Self {
+            max_usage_scan: ByteSize(1 << 20),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct SynthConfig {
+    /// `tokenizer.json` file or a folder with `tokenizer.json` + `tokenizer_config.json`;
+    /// none → the shipped Qwen3 tokenizer.
+    pub tokenizer: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A tracing filter directive, e.g. `info` or `kvbust=debug`; `RUST_LOG` wins when set.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// A byte count written as `"64MiB"`, `"512KiB"`, `"1GB"` or a bare integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+}
+
+impl FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("`{s}` is not a size like \"64MiB\""))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" => 1_000,
+            "kib" => 1 << 10,
+            "m" | "mb" => 1_000_000,
+            "mib" => 1 << 20,
+            "g" | "gb" => 1_000_000_000,
+            "gib" => 1 << 30,
+            other => {
+                return Err(format!(
+                    "unknown size unit `{other}` in `{s}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+                ))
+            }
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| format!("size `{s}` is too large"))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        for (unit, m) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+            if n >= m && n % m == 0 {
+                return write!(f, "{}{unit}", n / m);
+            }
+        }
+        write!(f, "{n}B")
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Durations as humantime strings (`"5s"`, `"250ms"`, `"1m 30s"`).
+pub mod duration_str {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(s.trim()).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "`{s}` is not a duration like \"5s\" or \"250ms\": {e}"
+            ))
+        })
+    }
+}
+
+/// Optional durations; `"none"` or an absent key means no limit.
+pub mod opt_duration_str {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.collect_str(&humantime::format_duration(*d)),
+            None => s.serialize_str("none"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.trim().eq_ignore_ascii_case("none") {
+            return Ok(None);
+        }
+        humantime::parse_duration(s.trim()).map(Some).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "`{s}` is not a duration like \"30m\" (or \"none\"): {e}"
+            ))
+        })
+    }
+}
+
+/// A configuration problem, naming the key and how to fix it. Maps to exit code 64.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {key}: {message}")]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Values given on the command line; `None` leaves lower layers in charge.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CliOverrides {
+    #[serde(skip_serializing_if = "Option::is_none", rename = "listen.addr")]
+    pub listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "admin.addr")]
+    pub admin_listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "upstream.url")]
+    pub upstream: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "cache_bust.target")]
+    pub cache_bust: Option<String>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        rename = "cache_bust.default_phase"
+    )]
+    pub phase: Option<String>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        rename = "cache_bust.benchmark_id"
+    )]
+    pub benchmark_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "listen.tls.cert")]
+    pub tls_cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "listen.tls.key")]
+    pub tls_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "synth.tokenizer")]
+    pub tokenizer: Option<String>,
+}
+
+/// Environment variables with the `KVBUST_` prefix that are not configuration keys.
+const NON_CONFIG_ENV: &[&str] = &["config", "real_upstream", "real_venv"];
+
+impl Config {
+    /// Layer defaults < file < env < CLI and validate. `env` is passed in (not read from the
+    /// process) so the layering is a pure, testable function.
+    pub fn load(
+        file: Option<&Path>,
+        env: &[(String, String)],
+        cli: &CliOverrides,
+    ) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::new(
+                    "--config",
+                    format!(
+                        "file {} does not exist; pass an existing TOML or YAML file",
+                        path.display()
+                    ),
+                ));
+            }
+            fig = match path.extension().and_then(|e| e.to_str()) {
+                Some("toml") => fig.merge(Toml::file_exact(path)),
+                Some("yaml" | "yml") => fig.merge(Yaml::file_exact(path)),
+                _ => {
+                    return Err(ConfigError::new(
+                        "--config",
+                        format!("{} must end in .toml, .yaml or .yml", path.display()),
+                    ))
+                }
+            };
+        }
+        // figment's own Env provider reads the live process environment; a snapshot passed in
+        // keeps layering a pure function that tests can drive without touching globals.
+        fig = fig.merge(SnapshotEnv { vars: env.to_vec() });
+        let cli_dict: std::collections::BTreeMap<String, String> = serde_json::to_value(cli)
+            .ok()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        for (k, v) in cli_dict {
+            fig = fig.merge(Serialized::global(&k, v));
+        }
+        let cfg: Config = fig.extract().map_err(from_figment)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks that serde cannot express. Runs once at start.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(url) = &self.upstream.url {
+            let uri: http::Uri = url.parse().map_err(|e| {
+                ConfigError::new(
+                    "upstream.url",
+                    format!("`{url}` is not a URL ({e}); write e.g. http://127.0.0.1:8000"),
+                )
+            })?;
+            match uri.scheme_str() {
+                Some("http") | Some("https") => {}
+                _ => {
+                    return Err(ConfigError::new(
+                        "upstream.url",
+                        format!("`{url}` must start with http:// or https://"),
+                    ))
+                }
+            }
+            if uri.authority().is_none() {
+                return Err(ConfigError::new(
+                    "upstream.url",
+                    format!("`{url}` has no host"),
+                ));
+            }
+            if uri.query().is_some() {
+                return Err(ConfigError::new(
+                    "upstream.url",
+                    "must not carry a query string",
+                ));
+            }
+        }
+        if self.upstream.tls.insecure_skip_verify && self.upstream.tls.ca_file.is_some() {
+            return Err(ConfigError::new(
+                "upstream.tls.insecure_skip_verify",
+                "set either insecure_skip_verify or ca_file, not both",
+            ));
+        }
+        if let Some(ca) = &self.upstream.tls.ca_file {
+            if !ca.is_file() {
+                return Err(ConfigError::new(
+                    "upstream.tls.ca_file",
+                    format!("{} is not a readable file", ca.display()),
+                ));
+            }
+        }
+        if let Some(tls) = &self.listen.tls {
+            for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)] {
+                if !p.is_file() {
+                    return Err(ConfigError::new(
+                        key,
+                        format!("{} is not a readable file", p.display()),
+                    ));
+                }
+            }
+        }
+        for (key, d) in [
+            ("upstream.connect_timeout", self.upstream.connect_timeout),
+            (
+                "upstream.first_byte_timeout",
+                self.upstream.first_byte_timeout,
+            ),
+            ("upstream.idle_timeout", self.upstream.idle_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::new(
+                    key,
+                    "must be greater than zero (e.g. \"5s\")",
+                ));
+            }
+        }
+        if self.limits.max_body.0 == 0 {
+            return Err(ConfigError::new(
+                "limits.max_body",
+                "must be greater than zero (e.g. \"64MiB\")",
+            ));
+        }
+        if self.cache_bust.ledger_capacity == 0 {
+            return Err(ConfigError::new(
+                "cache_bust.ledger_capacity",
+                "must be at least 1",
+            ));
+        }
+        if self.cache_bust.session_sources.is_empty() {
+            return Err(ConfigError::new(
+                "cache_bust.session_sources",
+                "list at least one of x_correlation_id, x_session_id, body_user, first_user_turn",
+            ));
+        }
+        if let Some(b) = &self.cache_bust.benchmark_id {
+            if b.is_empty() {
+                return Err(ConfigError::new(
+                    "cache_bust.benchmark_id",
+                    "must not be empty; omit it for a random id",
+                ));
+            }
+        }
+        if self.admin.token.as_deref() == Some("") {
+            return Err(ConfigError::new(
+                "admin.token",
+                "must not be empty; omit it to disable auth",
+            ));
+        }
+        if self.listen.http2_max_concurrent_streams == 0 {
+            return Err(ConfigError::new(
+                "listen.http2_max_concurrent_streams",
+                "must be at least 1",
+            ));
+        }
+        for (key, v) in [
+            (
+                "listen.http2_stream_window",
+                self.listen.http2_stream_window.0,
+            ),
+            (
+                "listen.http2_connection_window",
+                self.listen.http2_connection_window.0,
+            ),
+        ] {
+            if !(65_535..=(i32::MAX as u64)).contains(&v) {
+                return Err(ConfigError::new(key, "must be between 64KiB and 2GiB"));
+            }
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log.level).map_err(|e| {
+            ConfigError::new(
+                "log.level",
+                format!("`{}` is not a filter like \"info\" ({e})", self.log.level),
+            )
+        })?;
+        Ok(())
+    }
+
+    /// The configuration as TOML with secrets replaced, for `config show` and `GET /config`.
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        if c.admin.token.is_some() {
+            c.admin.token = Some("<redacted>".into());
+        }
+        c
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml_string(self)
+    }
+}
+
+fn toml_string(c: &Config) -> String {
+    // Every field is a TOML-representable type, so serialization cannot fail.
+    toml::to_string_pretty(c).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
+}
+
+/// Parses a phase/target in the CLI layer with the same rules as config.
+pub fn parse_target(s: &str) -> Result<Target, String> {
+    s.parse::<Target>().map_err(|e| e.to_string())
+}
+
+fn from_figment(e: figment::Error) -> ConfigError {
+    let key = if e.path.is_empty() {
+        "(config)".to_string()
+    } else {
+        e.path.join(".")
+    };
+    let message = match &e.kind {
+        figment::error::Kind::UnknownField(field, expected) => {
+            // figment's path already ends with the unknown field; older versions did not.
+            let full = match e.path.last() {
+                Some(last) if last == field => key.clone(),
+                Some(_) => format!("{key}.{field}"),
+                None => field.clone(),
+            };
+            return ConfigError::new(
+                full,
+                format!(
+                    "unknown key; valid keys here are: {}",
+                    expected
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+        other => {
+            let mut m = other.to_string();
+            if let Some(md) = &e.metadata {
+                m.push_str(&format!(" (from {})", md.name));
+            }
+            m
+        }
+    };
+    ConfigError::new(key, message)
+}
+
+/// An env provider over a captured snapshot instead of the live process environment.
+struct SnapshotEnv {
+    vars: Vec<(String, String)>,
+}
+
+impl figment::Provider for SnapshotEnv {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named("environment variable(s)")
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        use figment::value::{Dict, Value};
+        let mut dict = Dict::new();
+        for (k, v) in &self.vars {
+            let Some(rest) = k.strip_prefix("KVBUST_") else {
+                continue;
+            };
+            let lower = rest.to_ascii_lowercase();
+            if NON_CONFIG_ENV.contains(&lower.as_str()) || lower.is_empty() {
+                continue;
+            }
+            let path = lower.replace("__", ".");
+            // Parsed like figment's Env provider does (its FromStr is infallible).
+            let value: Value = match v.parse() {
+                Ok(v) => v,
+                Err(never) => match never {},
+            };
+            let nested = figment::util::nest(&path, value);
+            if let Value::Dict(_, d) = nested {
+                for (dk, dv) in d {
+                    merge_value(&mut dict, dk, dv);
+                }
+            }
+        }
+        Ok(figment::Profile::Default.collect(dict))
+    }
+}
+
+fn merge_value(dict: &mut figment::value::Dict, key: String, value: figment::value::Value) {
+    use figment::value::Value;
+    match (dict.get_mut(&key), value) {
+        (Some(Value::Dict(_, existing)), Value::Dict(_, incoming)) => {
+            for (k, v) in incoming {
+                merge_value(existing, k, v);
+            }
+        }
+        (_, v) => {
+            dict.insert(key, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = Config::load(None, &[], &CliOverrides::default()).unwrap();
+        assert_eq!(c.listen.addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.admin.addr.to_string(), "127.0.0.1:9090");
+        assert_eq!(c.upstream.url, None);
+        assert_eq!(c.cache_bust.target, Target::None);
+        assert_eq!(c.cache_bust.default_phase, Phase::Profiling);
+        assert_eq!(c.limits.max_body, ByteSize(64 << 20));
+        assert_eq!(c.shutdown.grace, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn layers_file_then_env_then_cli() {
+        let dir = std::env::temp_dir().join(format!("kvbust-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("k.toml");
+        std::fs::write(
+            &file,
+            "[upstream]\nurl = \"http://file:1\"\nconnect_timeout = \"250ms\"\n[cache_bust]\ntarget = \"SYSTEM_PREFIX\"\n[listen]\naddr = \"127.0.0.1:1\"\n",
+        )
+        .unwrap();
+        let e = env(&[
+            ("KVBUST_UPSTREAM__URL", "http://env:2"),
+            ("KVBUST_LISTEN__ADDR", "127.0.0.1:2"),
+            ("KVBUST_CONFIG", "ignored"),
+            ("OTHER", "x"),
+        ]);
+        let cli = CliOverrides {
+            listen: Some("127.0.0.1:3".into()),
+            ..Default::default()
+        };
+        let c = Config::load(Some(&file), &e, &cli).unwrap();
+        assert_eq!(c.upstream.url.as_deref(), Some("http://env:2"));
+        assert_eq!(c.upstream.connect_timeout, Duration::from_millis(250));
+        assert_eq!(c.cache_bust.target, Target::SystemPrefix);
+        assert_eq!(c.listen.addr.to_string(), "127.0.0.1:3");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("KVBUST_UPSTREAM__URL", "ftp://x")], "upstream.url"),
+            (
+                &[("KVBUST_UPSTREAM__CONNECT_TIMEOUT", "soon")],
+                "upstream.connect_timeout",
+            ),
+            (
+                &[("KVBUST_LIMITS__MAX_BODY", "12 parsecs")],
+                "limits.max_body",
+            ),
+            (
+                &[("KVBUST_CACHE_BUST__TARGET", "everything")],
+                "cache_bust.target",
+            ),
+            (
+                &[("KVBUST_CACHE_BUST__PHASEE", "warmup")],
+                "cache_bust.phasee",
+            ),
+            (&[("KVBUST_LISTEN__ADDR", "nope")], "listen.addr"),
+        ];
+        for (pairs, key) in cases {
+            let err = Config::load(None, &env(pairs), &CliOverrides::default()).unwrap_err();
+            assert_eq!(&err.key, key, "{err}");
+        }
+    }
+
+    #[test]
+    fn yaml_files_work_and_unknown_keys_fail() {
+        let dir = std::env::temp_dir().join(format!("kvbust-cfg-y-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("k.yaml");
+        std::fs::write(&good, "shutdown:\n  grace: 2s\nlimits:\n  max_body: 1KiB\n").unwrap();
+        let c = Config::load(Some(&good), &[], &CliOverrides::default()).unwrap();
+        assert_eq!(c.shutdown.grace, Duration::from_secs(2));
+        assert_eq!(c.limits.max_body, ByteSize(1024));
+        let bad = dir.join("bad.yaml");
+        std::fs::write(&bad, "upstream:\n  urll: http://x\n").unwrap();
+        let err = Config::load(Some(&bad), &[], &CliOverrides::default()).unwrap_err();
+        assert_eq!(err.key, "upstream.urll");
+    }
+
+    #[test]
+    fn byte_sizes_parse_and_print() {
+        for (s, n) in [
+            ("64MiB", 64u64 << 20),
+            ("1KiB", 1024),
+            ("10", 10),
+            ("2GB", 2_000_000_000),
+            ("3 MiB", 3 << 20),
+        ] {
+            assert_eq!(s.parse::<ByteSize>().unwrap(), ByteSize(n), "{s}");
+        }
+        assert!("MiB".parse::<ByteSize>().is_err());
+        assert_eq!(ByteSize(64 << 20).to_string(), "64MiB");
+    }
+
+    #[test]
+    fn shipped_config_file_is_valid_and_equals_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/kvbust.toml");
+        let c = Config::load(Some(&path), &[], &CliOverrides::default()).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn redaction_hides_the_admin_token() {
+        let e = env(&[("KVBUST_ADMIN__TOKEN", "s3cret")]);
+        let c = Config::load(None, &e, &CliOverrides::default()).unwrap();
+        assert!(!c.redacted().to_toml().contains("s3cret"));
+    }
+}

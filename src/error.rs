@@ -1,0 +1,218 @@
+//! The one request-path error type: who is at fault (client, upstream, internal), the status it
+//! maps to and its OpenAI-shaped JSON body. Never decides policy; it only classifies and renders.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde::Serialize;
+
+/// Who caused a failure; the `source` label of `kvbust_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Client,
+    Upstream,
+    Internal,
+}
+
+impl Fault {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::Client => "client",
+            Fault::Upstream => "upstream",
+            Fault::Internal => "internal",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("request body is larger than limits.max_body ({limit} bytes); send a smaller body or raise limits.max_body")]
+    BodyTooLarge { limit: u64 },
+    #[error("could not read the request body: {0}")]
+    ClientBody(String),
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+    #[error("upstream {upstream} is unreachable: {detail}")]
+    UpstreamConnect { upstream: String, detail: String },
+    #[error("upstream did not {stage} within {}", humantime::format_duration(*after))]
+    UpstreamTimeout {
+        stage: &'static str,
+        after: Duration,
+    },
+    #[error("upstream failed mid-request: {0}")]
+    UpstreamBroken(String),
+    #[error("kvbust is shutting down; retry against another replica")]
+    Draining,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ProxyError::BadRequest {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn fault(&self) -> Fault {
+        match self {
+            ProxyError::BodyTooLarge { .. }
+            | ProxyError::ClientBody(_)
+            | ProxyError::BadRequest { .. } => Fault::Client,
+            ProxyError::UpstreamConnect { .. }
+            | ProxyError::UpstreamTimeout { .. }
+            | ProxyError::UpstreamBroken(_) => Fault::Upstream,
+            ProxyError::Draining | ProxyError::Internal(_) => Fault::Internal,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ClientBody(_) | ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamBroken(_) => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Stable machine-readable code, the `code` label of `kvbust_errors_total`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProxyError::BodyTooLarge { .. } => "body_too_large",
+            ProxyError::ClientBody(_) => "client_body_error",
+            ProxyError::BadRequest { code, .. } => code,
+            ProxyError::UpstreamConnect { .. } => "upstream_unreachable",
+            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
+            ProxyError::UpstreamBroken(_) => "upstream_broken",
+            ProxyError::Draining => "draining",
+            ProxyError::Internal(_) => "internal_error",
+        }
+    }
+
+    fn openai_type(&self) -> &'static str {
+        match self.fault() {
+            Fault::Client => "invalid_request_error",
+            Fault::Upstream => "upstream_error",
+            Fault::Internal => "server_error",
+        }
+    }
+
+    /// The OpenAI-shaped JSON error body.
+    pub fn body(&self) -> Bytes {
+        error_body(&self.to_string(), self.openai_type(), self.code())
+    }
+
+    pub fn into_response<B: From<Bytes>>(&self) -> Response<B> {
+        json_response(self.status(), self.body())
+    }
+}
+
+/// `{"error": {"message", "type", "code"}}` as compact JSON.
+pub fn error_body(message: &str, kind: &str, code: &str) -> Bytes {
+    #[derive(Serialize)]
+    struct Inner<'a> {
+        message: &'a str,
+        #[serde(rename = "type")]
+        kind: &'a str,
+        code: &'a str,
+    }
+    #[derive(Serialize)]
+    struct Outer<'a> {
+        error: Inner<'a>,
+    }
+    // Serializing plain strings into a Vec cannot fail.
+    Bytes::from(
+        serde_json::to_vec(&Outer {
+            error: Inner {
+                message,
+                kind,
+                code,
+            },
+        })
+        .unwrap_or_default(),
+    )
+}
+
+pub fn json_response<B: From<Bytes>>(status: StatusCode, body: Bytes) -> Response<B> {
+    let mut resp = Response::new(B::from(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_maps_to_status_fault_and_openai_shape() {
+        let cases = [
+            (
+                ProxyError::BodyTooLarge { limit: 10 },
+                413,
+                Fault::Client,
+                "body_too_large",
+            ),
+            (
+                ProxyError::bad_request("invalid_phase", "x"),
+                400,
+                Fault::Client,
+                "invalid_phase",
+            ),
+            (
+                ProxyError::UpstreamConnect {
+                    upstream: "http://x".into(),
+                    detail: "refused".into(),
+                },
+                502,
+                Fault::Upstream,
+                "upstream_unreachable",
+            ),
+            (
+                ProxyError::UpstreamTimeout {
+                    stage: "send response headers",
+                    after: Duration::from_secs(2),
+                },
+                504,
+                Fault::Upstream,
+                "upstream_timeout",
+            ),
+            (
+                ProxyError::UpstreamBroken("reset".into()),
+                502,
+                Fault::Upstream,
+                "upstream_broken",
+            ),
+            (ProxyError::Draining, 503, Fault::Internal, "draining"),
+        ];
+        for (err, status, fault, code) in cases {
+            assert_eq!(err.status().as_u16(), status, "{err}");
+            assert_eq!(err.fault(), fault);
+            let v: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
+            assert_eq!(v["error"]["code"], code);
+            assert_eq!(v["error"]["message"], err.to_string());
+            assert!(v["error"]["type"].is_string());
+        }
+    }
+
+    #[test]
+    fn timeout_message_reads_well() {
+        let e = ProxyError::UpstreamTimeout {
+            stage: "send response headers",
+            after: Duration::from_millis(1500),
+        };
+        assert_eq!(
+            e.to_string(),
+            "upstream did not send response headers within 1s 500ms"
+        );
+    }
+}

@@ -1,0 +1,372 @@
+//! The pooled upstream client and header hygiene: TLS set-up, hop-by-hop removal, `Host` and
+//! `X-Forwarded-*`, URI joining, and classifying transport errors. Never inspects bodies.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::Uri;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::Body;
+use crate::config::{Http2Mode, RootStore, UpstreamConfig};
+use crate::error::ProxyError;
+
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
+
+/// Where requests go: the upstream's scheme and authority plus an optional base path.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// Without a trailing slash; empty for a bare host.
+    pub base_path: String,
+    pub display: String,
+}
+
+impl Upstream {
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| format!("`{url}` has no scheme"))?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("`{url}` has no host"))?;
+        let base_path = uri.path().trim_end_matches('/').to_string();
+        Ok(Self {
+            scheme,
+            authority,
+            base_path,
+            display: url.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// The upstream URI for a client request's path and query.
+    pub fn join(&self, pq: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
+        let pq = pq.map(|p| p.as_str()).unwrap_or("/");
+        let joined = if self.base_path.is_empty() {
+            pq.to_string()
+        } else {
+            format!("{}{}", self.base_path, pq)
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(joined)
+            .build()
+            .map_err(|e| {
+                ProxyError::bad_request(
+                    "invalid_uri",
+                    format!("request target cannot be forwarded: {e}"),
+                )
+            })
+    }
+}
+
+/// Builds the pooled client: keep-alive, HTTP/2 by ALPN (or prior knowledge when configured).
+pub fn build_client(cfg: &UpstreamConfig) -> Result<UpstreamClient, String> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(cfg.connect_timeout));
+    let tls = tls_config(cfg)?;
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    let connector = match cfg.http2 {
+        Http2Mode::Auto => builder.enable_all_versions().wrap_connector(http),
+        Http2Mode::Always => builder.enable_http2().wrap_connector(http),
+        Http2Mode::Never => builder.enable_http1().wrap_connector(http),
+    };
+    let mut b = Client::builder(TokioExecutor::new());
+    b.timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(cfg.pool_idle_timeout)
+        .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
+        .http2_only(cfg.http2 == Http2Mode::Always)
+        .http2_adaptive_window(true)
+        .http2_keep_alive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keep_alive_while_idle(false);
+    Ok(b.build(connector))
+}
+
+fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("upstream.tls: {e}"))?;
+    if cfg.tls.insecure_skip_verify {
+        tracing::warn!(
+            "upstream.tls.insecure_skip_verify is ON: the upstream's certificate is NOT verified; \
+             anyone on the path can read and change traffic. Use upstream.tls.ca_file instead."
+        );
+        return Ok(builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_no_client_auth());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    match cfg.tls.roots {
+        RootStore::Webpki => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        RootStore::Native => {
+            let found = rustls_native_certs::load_native_certs();
+            for e in &found.errors {
+                tracing::warn!("upstream.tls.roots=native: {e}");
+            }
+            let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+            if added == 0 && cfg.tls.ca_file.is_none() {
+                return Err(
+                    "upstream.tls.roots = \"native\" found no usable system certificates; \
+                            use roots = \"webpki\" or set upstream.tls.ca_file"
+                        .into(),
+                );
+            }
+        }
+    }
+    if let Some(path) = &cfg.tls.ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|e| format!("upstream.tls.ca_file {}: {e}", path.display()))?;
+        let mut n = 0;
+        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+            let cert = cert.map_err(|e| format!("upstream.tls.ca_file {}: {e}", path.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("upstream.tls.ca_file {}: {e}", path.display()))?;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(format!(
+                "upstream.tls.ca_file {} holds no PEM certificate",
+                path.display()
+            ));
+        }
+    }
+    Ok(builder.with_root_certificates(roots).with_no_client_auth())
+}
+
+/// Accepts any certificate; only reachable through `insecure_skip_verify`.
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in &named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+}
+
+/// Prepares a client request's headers for the upstream.
+pub fn upstream_request_headers(
+    headers: &mut HeaderMap,
+    peer: SocketAddr,
+    tls: bool,
+    keep_host: bool,
+) {
+    strip_hop_by_hop(headers);
+    let kvbust: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-kvbust-"))
+        .cloned()
+        .collect();
+    for k in kvbust {
+        headers.remove(&k);
+    }
+    if !keep_host {
+        // The client sets Host (HTTP/1.1) or :authority (HTTP/2) from the upstream URI.
+        headers.remove(header::HOST);
+    }
+    let ip = peer.ip().to_string();
+    let xff = HeaderName::from_static("x-forwarded-for");
+    let value = match headers.get(&xff).and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
+        _ => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(xff, v);
+    }
+    let proto = HeaderName::from_static("x-forwarded-proto");
+    if !headers.contains_key(&proto) {
+        headers.insert(
+            proto,
+            HeaderValue::from_static(if tls { "https" } else { "http" }),
+        );
+    }
+}
+
+/// Turns a client error into the proxy error the user sees (502 or 504).
+pub fn classify(
+    err: hyper_util::client::legacy::Error,
+    upstream: &Upstream,
+    connect_timeout: std::time::Duration,
+) -> ProxyError {
+    let detail = error_chain(&err);
+    if err.is_connect() {
+        if detail.contains("timed out") || detail.contains("TimedOut") {
+            return ProxyError::UpstreamTimeout {
+                stage: "accept the connection",
+                after: connect_timeout,
+            };
+        }
+        return ProxyError::UpstreamConnect {
+            upstream: upstream.display.clone(),
+            detail,
+        };
+    }
+    ProxyError::UpstreamBroken(detail)
+}
+
+/// Joins an error with its sources, which is where hyper keeps the useful part.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let m = e.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = e.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_paths_with_and_without_base() {
+        let u = Upstream::parse("http://10.0.0.1:8000").unwrap();
+        let pq: PathAndQuery = "/v1/chat/completions?x=1".parse().unwrap();
+        assert_eq!(
+            u.join(Some(&pq)).unwrap().to_string(),
+            "http://10.0.0.1:8000/v1/chat/completions?x=1"
+        );
+        let u = Upstream::parse("https://h/prefix/").unwrap();
+        assert_eq!(
+            u.join(Some(&pq)).unwrap().to_string(),
+            "https://h/prefix/v1/chat/completions?x=1"
+        );
+        assert_eq!(u.join(None).unwrap().to_string(), "https://h/prefix/");
+    }
+
+    #[test]
+    fn hop_by_hop_and_kvbust_headers_go_forwarded_headers_come() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::HOST, HeaderValue::from_static("proxy:8080"));
+        h.insert("x-kvbust-phase", HeaderValue::from_static("warmup"));
+        h.insert("x-correlation-id", HeaderValue::from_static("abc"));
+        h.insert("authorization", HeaderValue::from_static("Bearer t"));
+        h.insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
+        upstream_request_headers(&mut h, "10.1.1.1:5555".parse().unwrap(), false, false);
+        for gone in [
+            "connection",
+            "x-secret-hop",
+            "keep-alive",
+            "transfer-encoding",
+            "host",
+            "x-kvbust-phase",
+        ] {
+            assert!(!h.contains_key(gone), "{gone} should be removed");
+        }
+        assert_eq!(h["x-correlation-id"], "abc");
+        assert_eq!(h["authorization"], "Bearer t");
+        assert_eq!(h["x-forwarded-for"], "1.2.3.4, 10.1.1.1");
+        assert_eq!(h["x-forwarded-proto"], "http");
+    }
+
+    #[test]
+    fn keep_host_keeps_it() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("proxy:8080"));
+        upstream_request_headers(&mut h, "[::1]:1".parse().unwrap(), true, true);
+        assert_eq!(h["host"], "proxy:8080");
+        assert_eq!(h["x-forwarded-for"], "::1");
+        assert_eq!(h["x-forwarded-proto"], "https");
+    }
+}

@@ -1,0 +1,323 @@
+//! The request path, read top to bottom: classify the route → decide phase and target → (collect,
+//! parse once, mark) → forward → stream the response back through the observer. Bodies that need
+//! no change are never collected or parsed; response bodies are never collected.
+
+pub mod forward;
+pub mod observe;
+pub mod rewrite;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, Request, Response};
+use http_body::Body as HttpBody;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+
+use crate::cachebust::Shape;
+use crate::error::ProxyError;
+use crate::runtime::Runtime;
+use forward::{Upstream, UpstreamClient};
+use observe::{Observed, Observer};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type on both sides of the proxy.
+pub type Body = BoxBody<Bytes, BoxError>;
+
+pub fn full_body(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|never| match never {}).boxed()
+}
+
+/// The API routes kvbust understands; everything else is `Other` and passes through untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completions,
+    Responses,
+    Messages,
+    Other,
+}
+
+impl Route {
+    pub fn classify(method: &Method, path: &str) -> Route {
+        if method != Method::POST {
+            return Route::Other;
+        }
+        match path.trim_end_matches('/') {
+            "/v1/chat/completions" => Route::Chat,
+            "/v1/completions" => Route::Completions,
+            "/v1/responses" => Route::Responses,
+            "/v1/messages" => Route::Messages,
+            _ => Route::Other,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Route::Chat => "chat",
+            Route::Completions => "completions",
+            Route::Responses => "responses",
+            Route::Messages => "messages",
+            Route::Other => "other",
+        }
+    }
+
+    pub fn shape(self) -> Option<Shape> {
+        match self {
+            Route::Chat => Some(Shape::Chat),
+            Route::Completions => Some(Shape::Completions),
+            Route::Responses => Some(Shape::Responses),
+            Route::Messages => Some(Shape::Messages),
+            Route::Other => None,
+        }
+    }
+}
+
+pub struct Proxy {
+    rt: Arc<Runtime>,
+    client: UpstreamClient,
+    upstream: Upstream,
+}
+
+/// Labels and facts carried from the request to its response.
+struct Exchange {
+    route: Route,
+    phase: &'static str,
+    target: &'static str,
+    rid: Option<String>,
+    phase_header: Option<&'static str>,
+}
+
+impl Proxy {
+    pub fn new(rt: Arc<Runtime>, upstream_url: &str) -> Result<Arc<Self>, String> {
+        let upstream = Upstream::parse(upstream_url)?;
+        let client = forward::build_client(&rt.config.upstream)?;
+        Ok(Arc::new(Self {
+            rt,
+            client,
+            upstream,
+        }))
+    }
+
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.rt
+    }
+
+    /// Serves one request. Never fails: errors become OpenAI-shaped responses.
+    pub fn handle<B>(
+        self: Arc<Self>,
+        req: Request<B>,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Pin<Box<dyn Future<Output = Response<Body>> + Send + 'static>>
+    where
+        B: HttpBody<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        // Erase the body type up front; boxing the future pins its Send-ness to concrete
+        // lifetimes (hyper's service bounds trip rustc's higher-ranked inference otherwise).
+        let req = req.map(|b| b.map_err(Into::into).boxed());
+        Box::pin(self.handle_erased(req, peer, tls))
+    }
+
+    async fn handle_erased(
+        self: Arc<Self>,
+        req: Request<Body>,
+        peer: SocketAddr,
+        tls: bool,
+    ) -> Response<Body> {
+        let start = Instant::now();
+        let route = Route::classify(req.method(), req.uri().path());
+        let mut ex = Exchange {
+            route,
+            phase: "none",
+            target: "none",
+            rid: None,
+            phase_header: None,
+        };
+        let result = self.forward(req, peer, tls, start, &mut ex).await;
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(err) => {
+                let fault = err.fault().as_str();
+                if err.status().is_server_error() {
+                    tracing::warn!(
+                        route = route.label(),
+                        source = fault,
+                        code = err.code(),
+                        "{err}"
+                    );
+                } else {
+                    tracing::info!(
+                        route = route.label(),
+                        source = fault,
+                        code = err.code(),
+                        "{err}"
+                    );
+                }
+                self.rt.metrics.error(fault, err.code());
+                err.into_response::<Full<Bytes>>()
+                    .map(|b| b.map_err(|never| match never {}).boxed())
+            }
+        };
+        self.rt
+            .metrics
+            .requests
+            .with_label_values(&[route.label(), ex.phase, ex.target, resp.status().as_str()])
+            .inc();
+        resp
+    }
+
+    async fn forward(
+        &self,
+        req: Request<Body>,
+        peer: SocketAddr,
+        tls: bool,
+        start: Instant,
+        ex: &mut Exchange,
+    ) -> Result<Response<Body>, ProxyError> {
+        let cfg = &self.rt.config;
+        let (mut parts, body) = req.into_parts();
+        let uri = self.upstream.join(parts.uri.path_and_query())?;
+
+        // Decide what this request needs from the headers alone; collect the body only if so.
+        let mut upstream_body = body;
+        if let Some(shape) = ex.route.shape() {
+            let decision = rewrite::decide(&parts.headers, &self.rt)?;
+            ex.phase = decision.phase.as_str();
+            ex.target = decision.target.as_str();
+            ex.phase_header = Some(decision.phase.as_str());
+            if decision.needs_body() {
+                let bytes =
+                    collect_limited(upstream_body, &parts.headers, cfg.limits.max_body.as_u64())
+                        .await?;
+                let out = rewrite::apply(&decision, shape, &bytes, &parts.headers, &self.rt)?;
+                ex.rid = out.rid;
+                let new = out.body.unwrap_or(bytes);
+                parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(new.len()));
+                upstream_body = full_body(new);
+            }
+        }
+
+        forward::upstream_request_headers(&mut parts.headers, peer, tls, cfg.upstream.keep_host);
+        parts.uri = uri;
+        // The client picks the wire version per connection (ALPN / prior knowledge).
+        parts.version = http::Version::HTTP_11;
+        let upstream_req = Request::from_parts(parts, upstream_body);
+
+        let overhead = start.elapsed();
+        self.rt.metrics.overhead.observe(overhead.as_secs_f64());
+        let timeout = cfg.upstream.first_byte_timeout;
+        let resp = match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
+            Err(_) => {
+                return Err(ProxyError::UpstreamTimeout {
+                    stage: "send response headers",
+                    after: timeout,
+                })
+            }
+            Ok(Err(e)) => {
+                return Err(forward::classify(
+                    e,
+                    &self.upstream,
+                    cfg.upstream.connect_timeout,
+                ))
+            }
+            Ok(Ok(resp)) => resp,
+        };
+
+        let (mut rparts, rbody) = resp.into_parts();
+        forward::strip_hop_by_hop(&mut rparts.headers);
+        if ex.route != Route::Other && cfg.cache_bust.response_headers {
+            let h = &mut rparts.headers;
+            let rid = ex.rid.as_deref().unwrap_or("none");
+            // Digests are hex and phases are fixed words, so these are always valid values.
+            if let Ok(v) = HeaderValue::from_str(rid) {
+                h.insert(HeaderName::from_static("x-kvbust-rid"), v);
+            }
+            if let Some(p) = ex.phase_header {
+                h.insert(
+                    HeaderName::from_static("x-kvbust-phase"),
+                    HeaderValue::from_static(p),
+                );
+            }
+            h.insert(
+                HeaderName::from_static("x-kvbust-overhead-us"),
+                HeaderValue::from(overhead.as_micros() as u64),
+            );
+        }
+        let content_type = rparts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        let observer = Observer::new(
+            self.rt.metrics.clone(),
+            ex.route.label(),
+            ex.phase,
+            ex.target,
+            start,
+            content_type,
+            ex.route != Route::Other,
+            cfg.observe.max_usage_scan.as_u64() as usize,
+        );
+        let body = Observed::new(rbody, cfg.upstream.idle_timeout, observer).boxed();
+        Ok(Response::from_parts(rparts, body))
+    }
+}
+
+/// Collects a request body that must be rewritten, refusing more than `limit` bytes.
+async fn collect_limited(
+    body: Body,
+    headers: &http::HeaderMap,
+    limit: u64,
+) -> Result<Bytes, ProxyError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    // A plain loop rather than `Limited`: its boxed error type trips rustc's Send inference
+    // for this future.
+    let mut body = body;
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ProxyError::ClientBody(forward::error_chain(e.as_ref())))?;
+        if let Ok(data) = frame.into_data() {
+            if (buf.len() + data.len()) as u64 > limit {
+                return Err(ProxyError::BodyTooLarge { limit });
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_post_only_and_exact() {
+        let cases = [
+            (Method::POST, "/v1/chat/completions", Route::Chat),
+            (Method::POST, "/v1/chat/completions/", Route::Chat),
+            (Method::POST, "/v1/completions", Route::Completions),
+            (Method::POST, "/v1/responses", Route::Responses),
+            (Method::POST, "/v1/messages", Route::Messages),
+            (Method::GET, "/v1/chat/completions", Route::Other),
+            (Method::POST, "/v1/chat/completions/extra", Route::Other),
+            (Method::POST, "/v1/embeddings", Route::Other),
+        ];
+        for (m, p, r) in cases {
+            assert_eq!(Route::classify(&m, p), r, "{m} {p}");
+        }
+    }
+}

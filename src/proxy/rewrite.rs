@@ -1,0 +1,268 @@
+//! Glue between the request path and the pure cache-bust engine: reads the `x-kvbust-*` headers
+//! into a decision, resolves the session's digest inputs, and asks the engine to mark the body.
+//! Never touches the network and never re-serialises bytes the engine left alone.
+
+use bytes::Bytes;
+use http::HeaderMap;
+
+use crate::cachebust::{
+    build_marker, digest, parse, DigestInputs, ListParts, Location, Phase, Plan, RewriteError,
+    Shape, Target,
+};
+use crate::config::{ListPartsMode, OnUnparseable, SessionSource};
+use crate::error::ProxyError;
+use crate::runtime::Runtime;
+
+pub const H_PHASE: &str = "x-kvbust-phase";
+pub const H_TARGET: &str = "x-kvbust-target";
+pub const H_BENCHMARK_ID: &str = "x-kvbust-benchmark-id";
+pub const H_TRACE_ID: &str = "x-kvbust-trace-id";
+pub const H_RECYCLE_PASS: &str = "x-kvbust-recycle-pass";
+pub const H_TRAJECTORY_INDEX: &str = "x-kvbust-trajectory-index";
+pub const H_USER_CONTEXT: &str = "x-kvbust-user-context-messages";
+
+/// What a request asks for, decided from its headers before its body is read.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub phase: Phase,
+    pub target: Target,
+    pub explicit: Option<DigestInputs>,
+    pub user_context_messages: usize,
+}
+
+impl Decision {
+    /// True when a marker will be injected, so the body must be collected and parsed.
+    pub fn needs_body(&self) -> bool {
+        match self.target {
+            Target::None => false,
+            t if t.is_warmup_isolation() => self.phase == Phase::Warmup,
+            _ => true,
+        }
+    }
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ProxyError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v.to_str().map(|s| Some(s.trim())).map_err(|_| {
+            ProxyError::bad_request(
+                "invalid_header",
+                format!("header {name} must be visible ASCII"),
+            )
+        }),
+    }
+}
+
+pub fn decide(headers: &HeaderMap, rt: &Runtime) -> Result<Decision, ProxyError> {
+    let cfg = &rt.config.cache_bust;
+    let phase = match header(headers, H_PHASE)? {
+        Some(v) => v
+            .parse::<Phase>()
+            .map_err(|e| ProxyError::bad_request("invalid_phase", format!("{H_PHASE}: {e}")))?,
+        None => rt.unphased_request_phase(),
+    };
+    let target =
+        match header(headers, H_TARGET)? {
+            Some(v) if cfg.allow_target_header => v.parse::<Target>().map_err(|e| {
+                ProxyError::bad_request("invalid_target", format!("{H_TARGET}: {e}"))
+            })?,
+            Some(_) => return Err(ProxyError::bad_request(
+                "target_header_disabled",
+                format!(
+                    "{H_TARGET} is disabled on this proxy (cache_bust.allow_target_header = false)"
+                ),
+            )),
+            None => cfg.target,
+        };
+    let user_context_messages = match header(headers, H_USER_CONTEXT)? {
+        Some(v) => v.parse::<usize>().map_err(|_| {
+            ProxyError::bad_request(
+                "invalid_header",
+                format!("{H_USER_CONTEXT} must be a non-negative integer, got `{v}`"),
+            )
+        })?,
+        None => cfg.user_context_messages,
+    };
+    let explicit = explicit_inputs(headers, &rt.benchmark_id)?;
+    Ok(Decision {
+        phase,
+        target,
+        explicit,
+        user_context_messages,
+    })
+}
+
+/// Digest inputs given as headers. A trace id is required for the others to mean anything.
+fn explicit_inputs(
+    headers: &HeaderMap,
+    benchmark_id: &str,
+) -> Result<Option<DigestInputs>, ProxyError> {
+    let number = |name: &str| -> Result<Option<i64>, ProxyError> {
+        header(headers, name)?
+            .map(|v| {
+                v.parse::<i64>().map_err(|_| {
+                    ProxyError::bad_request(
+                        "invalid_digest_header",
+                        format!("{name} must be an integer, got `{v}`"),
+                    )
+                })
+            })
+            .transpose()
+    };
+    let recycle_pass = number(H_RECYCLE_PASS)?;
+    let trajectory_index = number(H_TRAJECTORY_INDEX)?;
+    let bid = header(headers, H_BENCHMARK_ID)?;
+    let Some(trace_id) = header(headers, H_TRACE_ID)? else {
+        if recycle_pass.is_some() || trajectory_index.is_some() || bid.is_some() {
+            return Err(ProxyError::bad_request(
+                "invalid_digest_header",
+                format!("{H_BENCHMARK_ID}/{H_RECYCLE_PASS}/{H_TRAJECTORY_INDEX} need {H_TRACE_ID} as well"),
+            ));
+        }
+        return Ok(None);
+    };
+    if trace_id.is_empty() {
+        return Err(ProxyError::bad_request(
+            "invalid_digest_header",
+            format!("{H_TRACE_ID} must not be empty"),
+        ));
+    }
+    Ok(Some(DigestInputs {
+        benchmark_id: bid.unwrap_or(benchmark_id).to_string(),
+        recycle_pass: recycle_pass.unwrap_or(0),
+        trajectory_index: trajectory_index.unwrap_or(0),
+        trace_id: trace_id.to_string(),
+    }))
+}
+
+pub struct Rewritten {
+    /// The new body, or `None` to forward the original bytes.
+    pub body: Option<Bytes>,
+    /// The 12-hex digest when a RID marker applies.
+    pub rid: Option<String>,
+}
+
+/// Marks a collected body according to `d`. Only called when `d.needs_body()`.
+pub fn apply(
+    d: &Decision,
+    shape: Shape,
+    body: &Bytes,
+    headers: &HeaderMap,
+    rt: &Runtime,
+) -> Result<Rewritten, ProxyError> {
+    let cfg = &rt.config.cache_bust;
+    let parsed = match parse(shape, body) {
+        Ok(p) => p,
+        Err(e) => return unparseable(e, rt),
+    };
+    let inputs = if d.target.is_warmup_isolation() {
+        None
+    } else {
+        Some(match &d.explicit {
+            Some(i) => i.clone(),
+            None => {
+                let key = session_key(
+                    &cfg.session_sources,
+                    headers,
+                    &parsed,
+                    d.user_context_messages,
+                )
+                .unwrap_or_else(|| format!("anonymous-{}", uuid_like()));
+                let c = rt.resolve_session(&key) as i64;
+                DigestInputs {
+                    benchmark_id: rt.benchmark_id.clone(),
+                    recycle_pass: c,
+                    trajectory_index: c,
+                    trace_id: key,
+                }
+            }
+        })
+    };
+    // Warm-up isolation markers carry no digest; RID markers need the inputs resolved above.
+    let fallback = DigestInputs {
+        benchmark_id: String::new(),
+        recycle_pass: 0,
+        trajectory_index: 0,
+        trace_id: String::new(),
+    };
+    let Some(marker) = build_marker(d.target, d.phase, inputs.as_ref().unwrap_or(&fallback)) else {
+        return Ok(Rewritten {
+            body: None,
+            rid: None,
+        });
+    };
+    let plan = Plan {
+        target: d.target,
+        marker: &marker,
+        user_context_messages: d.user_context_messages,
+        list_parts: match cfg.list_parts {
+            ListPartsMode::OwnPart => ListParts::OwnPart,
+            ListPartsMode::InlineText => ListParts::InlineText,
+        },
+    };
+    let outcome = match parsed.apply(&plan) {
+        Ok(o) => o,
+        Err(e) => return unparseable(e, rt),
+    };
+    if let Some(loc) = outcome.location {
+        let loc = match loc {
+            Location::System => "system",
+            Location::FirstUser => "first_user",
+            Location::Fallthrough => "fallthrough",
+        };
+        rt.metrics
+            .markers
+            .with_label_values(&[d.target.as_str(), d.phase.as_str(), loc])
+            .inc();
+    }
+    Ok(Rewritten {
+        body: outcome.body.map(Bytes::from),
+        rid: inputs.as_ref().map(digest),
+    })
+}
+
+fn unparseable(e: RewriteError, rt: &Runtime) -> Result<Rewritten, ProxyError> {
+    match rt.config.cache_bust.on_unparseable {
+        OnUnparseable::Reject => Err(ProxyError::bad_request(
+            "invalid_body",
+            format!("cannot apply the cache-bust marker: {e} (set cache_bust.on_unparseable = \"passthrough\" to forward such bodies unchanged)"),
+        )),
+        OnUnparseable::Passthrough => {
+            tracing::info!("forwarding an unparseable body unchanged: {e}");
+            rt.metrics.unparseable_passthrough.inc();
+            Ok(Rewritten { body: None, rid: None })
+        }
+    }
+}
+
+/// The first configured source that yields a session key.
+fn session_key(
+    sources: &[SessionSource],
+    headers: &HeaderMap,
+    parsed: &crate::cachebust::Parsed<'_>,
+    user_context: usize,
+) -> Option<String> {
+    sources.iter().find_map(|s| match s {
+        SessionSource::XCorrelationId => non_empty(
+            headers
+                .get("x-correlation-id")
+                .and_then(|v| v.to_str().ok()),
+        ),
+        SessionSource::XSessionId => {
+            non_empty(headers.get("x-session-id").and_then(|v| v.to_str().ok()))
+        }
+        SessionSource::BodyUser => non_empty(parsed.user_field()),
+        SessionSource::FirstUserTurn => parsed.first_user_turn_hash(user_context),
+    })
+}
+
+fn non_empty(v: Option<&str>) -> Option<String> {
+    v.map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// A random key for requests with no session identity at all: each gets its own marker.
+fn uuid_like() -> String {
+    crate::cachebust::random_benchmark_id()
+}

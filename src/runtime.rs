@@ -1,0 +1,97 @@
+//! Run-time state shared by the data path and the admin port: the default phase switch, the
+//! draining flag, the session ledger, the benchmark id and the metrics. Holds no I/O handles.
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::cachebust::{Ledger, Phase};
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+pub struct Runtime {
+    pub config: Arc<Config>,
+    pub metrics: Metrics,
+    pub benchmark_id: String,
+    default_phase: AtomicU8,
+    draining: AtomicBool,
+    /// API requests seen without a phase header, for `cache_bust.auto_warmup_requests`.
+    unphased_requests: AtomicU64,
+    ledger: Mutex<Ledger>,
+}
+
+impl Runtime {
+    pub fn new(config: Arc<Config>, metrics: Metrics) -> Arc<Self> {
+        let benchmark_id = config
+            .cache_bust
+            .benchmark_id
+            .clone()
+            .unwrap_or_else(crate::cachebust::random_benchmark_id);
+        // `validate` rejects a zero capacity, so the fallback is never used.
+        let cap = NonZeroUsize::new(config.cache_bust.ledger_capacity).unwrap_or(NonZeroUsize::MIN);
+        Arc::new(Self {
+            benchmark_id,
+            default_phase: AtomicU8::new(phase_to_u8(config.cache_bust.default_phase)),
+            draining: AtomicBool::new(false),
+            unphased_requests: AtomicU64::new(0),
+            ledger: Mutex::new(Ledger::new(cap)),
+            metrics,
+            config,
+        })
+    }
+
+    pub fn default_phase(&self) -> Phase {
+        u8_to_phase(self.default_phase.load(Ordering::Relaxed))
+    }
+
+    /// Sets the default phase, returning the previous one.
+    pub fn set_default_phase(&self, p: Phase) -> Phase {
+        u8_to_phase(self.default_phase.swap(phase_to_u8(p), Ordering::Relaxed))
+    }
+
+    /// The phase of a request that carried no phase header.
+    pub fn unphased_request_phase(&self) -> Phase {
+        if let Some(n) = self.config.cache_bust.auto_warmup_requests {
+            if self.unphased_requests.fetch_add(1, Ordering::Relaxed) < n {
+                return Phase::Warmup;
+            }
+        }
+        self.default_phase()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Resolves a session key to its minted counter (AIPerf's `_cache_bust_pass`).
+    pub fn resolve_session(&self, key: &str) -> u64 {
+        // A poisoned lock means a panic elsewhere while holding it; the ledger's state is still
+        // a valid LRU, so keep serving rather than failing every later request.
+        let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let r = ledger.resolve(key);
+        if r.evicted {
+            self.metrics.ledger_evictions.inc();
+        }
+        self.metrics.ledger_sessions.set(ledger.len() as i64);
+        r.counter
+    }
+}
+
+fn phase_to_u8(p: Phase) -> u8 {
+    match p {
+        Phase::Warmup => 0,
+        Phase::Profiling => 1,
+    }
+}
+
+fn u8_to_phase(v: u8) -> Phase {
+    if v == 0 {
+        Phase::Warmup
+    } else {
+        Phase::Profiling
+    }
+}

@@ -1,0 +1,222 @@
+//! Test harness: starts the built-in mock and kvbust in-process on port 0 and talks real HTTP
+//! (HTTP/1.1 or h2c) to them. No fixed ports, no sleeps as synchronisation.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use kvbust::config::Config;
+use kvbust::metrics::Metrics;
+use kvbust::mock::{Mock, MockConfig};
+use kvbust::runtime::Runtime;
+use kvbust::server::{self, Listeners, RunReport};
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+pub struct Harness {
+    pub mock: Arc<Mock>,
+    pub mock_addr: SocketAddr,
+    pub proxy_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub runtime: Arc<Runtime>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<RunReport>>,
+    mock_stop: Option<oneshot::Sender<()>>,
+}
+
+pub fn quick_mock() -> MockConfig {
+    MockConfig {
+        base_delay: Duration::from_millis(1),
+        prefill_per_token: Duration::ZERO,
+        inter_token: Duration::from_millis(1),
+        ..MockConfig::default()
+    }
+}
+
+pub async fn start(tweak: impl FnOnce(&mut Config)) -> Harness {
+    start_with_mock(quick_mock(), tweak).await
+}
+
+pub async fn start_with_mock(mock_cfg: MockConfig, tweak: impl FnOnce(&mut Config)) -> Harness {
+    let ml = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mock_addr = ml.local_addr().unwrap();
+    let mock = Mock::new(mock_cfg, None);
+    let (mtx, mrx) = oneshot::channel::<()>();
+    tokio::spawn(kvbust::mock::serve(ml, mock.clone(), async {
+        let _ = mrx.await;
+    }));
+    let mut h = start_proxy(&format!("http://{mock_addr}"), tweak).await;
+    h.mock = mock;
+    h.mock_addr = mock_addr;
+    h.mock_stop = Some(mtx);
+    h
+}
+
+/// Starts only kvbust, in front of `upstream`.
+pub async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Harness {
+    let mut cfg = Config::default();
+    cfg.listen.addr = "127.0.0.1:0".parse().unwrap();
+    cfg.admin.addr = "127.0.0.1:0".parse().unwrap();
+    cfg.upstream.url = Some(upstream.to_string());
+    cfg.cache_bust.benchmark_id = Some("0123456789ab".into());
+    tweak(&mut cfg);
+    cfg.validate().expect("test config is valid");
+    let data = TcpListener::bind(cfg.listen.addr).await.unwrap();
+    let admin = TcpListener::bind(cfg.admin.addr).await.unwrap();
+    let proxy_addr = data.local_addr().unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    let runtime = Runtime::new(Arc::new(cfg), Metrics::new());
+    let (tx, rx) = oneshot::channel::<()>();
+    let rt2 = runtime.clone();
+    let upstream = upstream.to_string();
+    let task = tokio::spawn(async move {
+        server::run(rt2, &upstream, Listeners { data, admin }, async {
+            let _ = rx.await;
+        })
+        .await
+        .expect("proxy runs")
+    });
+    Harness {
+        mock: Mock::new(quick_mock(), None),
+        mock_addr: "127.0.0.1:9".parse().unwrap(),
+        proxy_addr,
+        admin_addr,
+        runtime,
+        stop: Some(tx),
+        task: Some(task),
+        mock_stop: None,
+    }
+}
+
+impl Harness {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.proxy_addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin_addr, path)
+    }
+
+    /// Begins shutdown and returns the task that finishes when draining is done.
+    pub fn begin_shutdown(&mut self) -> JoinHandle<RunReport> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.task.take().expect("shutdown once")
+    }
+
+    pub async fn shutdown(mut self) -> RunReport {
+        let report = self.begin_shutdown().await.unwrap();
+        if let Some(tx) = self.mock_stop.take() {
+            let _ = tx.send(());
+        }
+        report
+    }
+}
+
+pub fn h1() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub fn h2c() -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+pub fn clients() -> [(&'static str, HttpClient); 2] {
+    [("http1", h1()), ("h2c", h2c())]
+}
+
+pub fn post(url: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut b = Request::builder()
+        .method(Method::POST)
+        .uri(url)
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(body.into())).unwrap()
+}
+
+pub fn get(url: &str) -> Request<Full<Bytes>> {
+    Request::builder()
+        .uri(url)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+pub async fn send(client: &HttpClient, req: Request<Full<Bytes>>) -> Response<Incoming> {
+    tokio::time::timeout(Duration::from_secs(20), client.request(req))
+        .await
+        .expect("no hang")
+        .expect("request sent")
+}
+
+pub async fn body_bytes(resp: Response<Incoming>) -> Bytes {
+    tokio::time::timeout(Duration::from_secs(20), resp.into_body().collect())
+        .await
+        .expect("no hang")
+        .unwrap()
+        .to_bytes()
+}
+
+pub async fn json(resp: Response<Incoming>) -> serde_json::Value {
+    let b = body_bytes(resp).await;
+    serde_json::from_slice(&b)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&b)))
+}
+
+/// Reads a response body frame by frame, stamping each frame's arrival time.
+pub async fn frames(resp: Response<Incoming>) -> Vec<(Instant, Bytes)> {
+    let mut body = resp.into_body();
+    let mut out = Vec::new();
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(20), body.frame())
+        .await
+        .expect("no hang")
+    {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            out.push((Instant::now(), data));
+        }
+    }
+    out
+}
+
+/// The `data:` payloads of an SSE body.
+pub fn sse_data(body: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(body)
+        .split("\n\n")
+        .filter_map(|ev| {
+            ev.lines()
+                .find_map(|l| l.strip_prefix("data:").map(|d| d.trim().to_string()))
+        })
+        .collect()
+}
+
+pub fn chat_body(content: &str, stream: bool, max_tokens: u32) -> String {
+    serde_json::json!({
+        "model": "kvbust-mock",
+        "messages": [{"role": "user", "content": content}],
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "stream_options": {"include_usage": true},
+    })
+    .to_string()
+}
+
+pub async fn metrics_text(h: &Harness) -> String {
+    let resp = send(&h1(), get(&h.admin_url("/metrics"))).await;
+    String::from_utf8(body_bytes(resp).await.to_vec()).unwrap()
+}
