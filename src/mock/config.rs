@@ -57,7 +57,9 @@ impl MockConfig {
     /// Checks values that deserialise fine but make no sense; the error names the key and the fix.
     pub fn validate(&self) -> Result<(), String> {
         if self.model.trim().is_empty() {
-            return Err("mock.model must not be empty; set a model id such as \"kvbust-mock\"".to_owned());
+            return Err(
+                "mock.model must not be empty; set a model id such as \"kvbust-mock\"".to_owned(),
+            );
         }
         if self.default_max_tokens == 0 {
             return Err("mock.default_max_tokens must be at least 1; the default is 16".to_owned());
@@ -72,7 +74,8 @@ mod tests {
 
     #[test]
     fn defaults_apply_to_absent_keys_and_durations_are_strings() {
-        let c: MockConfig = serde_json::from_str(r#"{"inter_token":"50ms","block_size":4}"#).expect("parses");
+        let c: MockConfig =
+            serde_json::from_str(r#"{"inter_token":"50ms","block_size":4}"#).expect("parses");
         assert_eq!(c.inter_token, Duration::from_millis(50));
         assert_eq!(c.block_size, 4);
         assert_eq!(c.base_delay, MockConfig::default().base_delay);
@@ -85,7 +88,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected() {
-        let e = serde_json::from_str::<MockConfig>(r#"{"inter_tokens":"5ms"}"#).expect_err("unknown key");
+        let e = serde_json::from_str::<MockConfig>(r#"{"inter_tokens":"5ms"}"#)
+            .expect_err("unknown key");
         assert!(e.to_string().contains("inter_tokens"), "{e}");
     }
 }

@@ -42,7 +42,11 @@ impl Visitor<'_> for DurationVisitor {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
-        parse(v).map_err(|e| E::custom(format!("invalid duration {v:?} ({e}); expected {EXPECTING}")))
+        parse(v).map_err(|e| {
+            E::custom(format!(
+                "invalid duration {v:?} ({e}); expected {EXPECTING}"
+            ))
+        })
     }
 }
 

@@ -91,7 +91,10 @@ pub struct Mock {
 
 impl std::fmt::Debug for Mock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mock").field("cfg", &self.cfg).field("tokenizer", &self.tokenizer).finish_non_exhaustive()
+        f.debug_struct("Mock")
+            .field("cfg", &self.cfg)
+            .field("tokenizer", &self.tokenizer)
+            .finish_non_exhaustive()
     }
 }
 
@@ -105,17 +108,24 @@ struct Overrides {
 impl Overrides {
     fn parse(headers: &HeaderMap) -> Result<Self, ApiError> {
         let get = |name: &'static str| -> Result<Option<Duration>, ApiError> {
-            let Some(v) = headers.get(name) else { return Ok(None) };
+            let Some(v) = headers.get(name) else {
+                return Ok(None);
+            };
             let bad = || {
                 ApiError::bad_request(
                     "invalid_header",
-                    format!("header `{name}` must be a duration such as \"250ms\" or \"2s\", got {v:?}"),
+                    format!(
+                        "header `{name}` must be a duration such as \"250ms\" or \"2s\", got {v:?}"
+                    ),
                 )
             };
             let text = v.to_str().map_err(|_| bad())?;
             duration_serde::parse(text).map(Some).map_err(|_| bad())
         };
-        Ok(Overrides { first_token_delay: get(HEADER_FIRST_TOKEN_DELAY)?, inter_token: get(HEADER_INTER_TOKEN)? })
+        Ok(Overrides {
+            first_token_delay: get(HEADER_FIRST_TOKEN_DELAY)?,
+            inter_token: get(HEADER_INTER_TOKEN)?,
+        })
     }
 }
 
@@ -128,7 +138,8 @@ fn full(bytes: impl Into<Bytes>) -> MockBody {
 fn json_response(status: StatusCode, body: Bytes) -> Response<MockBody> {
     let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
 }
 
@@ -154,7 +165,10 @@ where
             },
             Err(e) => {
                 let read = only.take().unwrap_or_else(|| buf.split().freeze());
-                let e = ApiError::bad_request("body_read_error", format!("could not read the request body: {e}"));
+                let e = ApiError::bad_request(
+                    "body_read_error",
+                    format!("could not read the request body: {e}"),
+                );
                 return (read, Some(e));
             }
         };
@@ -239,7 +253,10 @@ impl Mock {
         let received = Instant::now();
         let (parts, body) = req.into_parts();
         let (bytes, body_error) = read_body(body).await;
-        let origin = parts.uri.path_and_query().map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
+        let origin = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
         self.recorder.record(CapturedRequest {
             method: parts.method.clone(),
             uri: origin,
@@ -267,7 +284,9 @@ impl Mock {
         }
         let is_get = parts.method == Method::GET || parts.method == Method::HEAD;
         match route {
-            Route::Health if is_get => json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
+            Route::Health if is_get => {
+                json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#))
+            }
             Route::Models if is_get => json_response(StatusCode::OK, self.models_body()),
             Route::Unknown => error_response(&ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -276,14 +295,23 @@ impl Mock {
                 code: "not_found",
             }),
             Route::Health | Route::Models | Route::Generate(_) => {
-                let allow = if matches!(route, Route::Generate(_)) { "POST" } else { "GET, HEAD" };
+                let allow = if matches!(route, Route::Generate(_)) {
+                    "POST"
+                } else {
+                    "GET, HEAD"
+                };
                 let mut resp = error_response(&ApiError {
                     status: StatusCode::METHOD_NOT_ALLOWED,
-                    message: format!("{} is not allowed on {}; use {allow}", parts.method, parts.uri.path()),
+                    message: format!(
+                        "{} is not allowed on {}; use {allow}",
+                        parts.method,
+                        parts.uri.path()
+                    ),
                     kind: "invalid_request_error",
                     code: "method_not_allowed",
                 });
-                resp.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));
+                resp.headers_mut()
+                    .insert(ALLOW, HeaderValue::from_static(allow));
                 resp
             }
         }
@@ -314,8 +342,16 @@ impl Mock {
             }
             out
         }
-        let text_bytes: usize =
-            prompt.iter().map(|p| if let PromptPart::Text(t) = p { t.len() } else { 0 }).sum();
+        let text_bytes: usize = prompt
+            .iter()
+            .map(|p| {
+                if let PromptPart::Text(t) = p {
+                    t.len()
+                } else {
+                    0
+                }
+            })
+            .sum();
         if self.tokenizer.is_expensive() && text_bytes > BLOCKING_TOKENIZE_BYTES {
             let tokenizer = self.tokenizer.clone();
             match tokio::task::spawn_blocking(move || encode_all(&tokenizer, prompt)).await {
@@ -330,12 +366,24 @@ impl Mock {
         }
     }
 
-    async fn generate(&self, endpoint: Endpoint, body: &[u8], ov: Overrides, received: Instant) -> Response<MockBody> {
-        let GenRequest { model, prompt, max_tokens, stream, include_usage, .. } =
-            match openai::parse_request(endpoint, body, &self.cfg.model) {
-                Ok(r) => r,
-                Err(e) => return error_response(&e),
-            };
+    async fn generate(
+        &self,
+        endpoint: Endpoint,
+        body: &[u8],
+        ov: Overrides,
+        received: Instant,
+    ) -> Response<MockBody> {
+        let GenRequest {
+            model,
+            prompt,
+            max_tokens,
+            stream,
+            include_usage,
+            ..
+        } = match openai::parse_request(endpoint, body, &self.cfg.model) {
+            Ok(r) => r,
+            Err(e) => return error_response(&e),
+        };
         let tokens = self.tokenize(prompt).await;
         let completion_tokens = max_tokens.unwrap_or(self.cfg.default_max_tokens).max(1);
         let requested = tokens.len().saturating_add(completion_tokens as usize);
@@ -351,20 +399,46 @@ impl Mock {
                 ),
             ));
         }
-        let cached = self.cache.lock().unwrap_or_else(PoisonError::into_inner).admit(&tokens);
-        let usage = Usage { prompt_tokens: tokens.len(), completion_tokens: completion_tokens as usize, cached_tokens: cached };
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(&tokens);
+        let usage = Usage {
+            prompt_tokens: tokens.len(),
+            completion_tokens: completion_tokens as usize,
+            cached_tokens: cached,
+        };
         let uncached = u32::try_from(tokens.len() - cached).unwrap_or(u32::MAX);
-        let prefill = self.cfg.prefill_per_token.checked_mul(uncached).unwrap_or(Duration::MAX);
-        let ttft = ov.first_token_delay.unwrap_or_else(|| self.cfg.base_delay.saturating_add(prefill));
+        let prefill = self
+            .cfg
+            .prefill_per_token
+            .checked_mul(uncached)
+            .unwrap_or(Duration::MAX);
+        let ttft = ov
+            .first_token_delay
+            .unwrap_or_else(|| self.cfg.base_delay.saturating_add(prefill));
         let inter_token = ov.inter_token.unwrap_or(self.cfg.inter_token);
         let seq = self.next_id.fetch_add(1, Ordering::Relaxed);
         let id = match endpoint {
             Endpoint::Chat => format!("chatcmpl-mock-{seq:08x}"),
             Endpoint::Completions => format!("cmpl-mock-{seq:08x}"),
         };
-        let meta = ResponseMeta { endpoint, id, created: CREATED, model, include_usage: stream && include_usage };
+        let meta = ResponseMeta {
+            endpoint,
+            id,
+            created: CREATED,
+            model,
+            include_usage: stream && include_usage,
+        };
         let seed = output::seed(&tokens);
-        tracing::debug!(prompt = usage.prompt_tokens, cached, completion_tokens, stream, "mock: completion");
+        tracing::debug!(
+            prompt = usage.prompt_tokens,
+            cached,
+            completion_tokens,
+            stream,
+            "mock: completion"
+        );
 
         let mut resp = if stream {
             // Counted from here, so a client that leaves during the delay below counts as a cancelled stream.
@@ -376,10 +450,19 @@ impl Mock {
                 }
                 None => after(received, ttft),
             };
-            let plan = StreamPlan { meta, usage, seed, tokens: completion_tokens, first_token_at, inter_token };
+            let plan = StreamPlan {
+                meta,
+                usage,
+                seed,
+                tokens: completion_tokens,
+                first_token_at,
+                inter_token,
+            };
             let mut resp = Response::new(SseBody::new(plan, guard).boxed());
-            resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-            resp.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            resp.headers_mut()
+                .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             resp
         } else {
             let generation = inter_token.saturating_mul(completion_tokens - 1);
@@ -387,8 +470,10 @@ impl Mock {
             let text = output::text(seed, completion_tokens);
             json_response(StatusCode::OK, openai::full_response(&meta, &text, &usage))
         };
-        resp.headers_mut().insert(HEADER_PROMPT_TOKENS, HeaderValue::from(usage.prompt_tokens));
-        resp.headers_mut().insert(HEADER_CACHED_TOKENS, HeaderValue::from(usage.cached_tokens));
+        resp.headers_mut()
+            .insert(HEADER_PROMPT_TOKENS, HeaderValue::from(usage.prompt_tokens));
+        resp.headers_mut()
+            .insert(HEADER_CACHED_TOKENS, HeaderValue::from(usage.cached_tokens));
         resp
     }
 }
@@ -415,33 +500,54 @@ mod tests {
     }
 
     async fn body_json(resp: Response<MockBody>) -> serde_json::Value {
-        let bytes = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
         serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
     }
 
     #[tokio::test]
     async fn routes_and_errors() {
         let mock = Mock::new(quick(), None);
-        let resp = mock.clone().handle(request(Method::GET, "/health", "")).await;
+        let resp = mock
+            .clone()
+            .handle(request(Method::GET, "/health", ""))
+            .await;
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(body_json(resp).await["status"], "ok");
 
-        let resp = mock.clone().handle(request(Method::GET, "/v1/models", "")).await;
+        let resp = mock
+            .clone()
+            .handle(request(Method::GET, "/v1/models", ""))
+            .await;
         assert_eq!(body_json(resp).await["data"][0]["id"], "kvbust-mock");
 
-        let resp = mock.clone().handle(request(Method::PUT, "/nope?x=1", "abc")).await;
+        let resp = mock
+            .clone()
+            .handle(request(Method::PUT, "/nope?x=1", "abc"))
+            .await;
         assert_eq!(resp.status(), StatusCode::NOT_FOUND);
         assert_eq!(body_json(resp).await["error"]["code"], "not_found");
 
-        let resp = mock.clone().handle(request(Method::GET, "/v1/chat/completions", "")).await;
+        let resp = mock
+            .clone()
+            .handle(request(Method::GET, "/v1/chat/completions", ""))
+            .await;
         assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
 
-        let resp = mock.clone().handle(request(Method::POST, "/v1/chat/completions", "{bad")).await;
+        let resp = mock
+            .clone()
+            .handle(request(Method::POST, "/v1/chat/completions", "{bad"))
+            .await;
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         assert_eq!(body_json(resp).await["error"]["code"], "invalid_json");
 
         let mut req = request(Method::POST, "/v1/completions", r#"{"prompt":"x"}"#);
-        req.headers_mut().insert(HEADER_INTER_TOKEN, HeaderValue::from_static("soon"));
+        req.headers_mut()
+            .insert(HEADER_INTER_TOKEN, HeaderValue::from_static("soon"));
         let resp = mock.clone().handle(req).await;
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
 
@@ -454,21 +560,42 @@ mod tests {
 
     #[tokio::test]
     async fn completion_usage_and_context_limit() {
-        let mock = Mock::new(MockConfig { max_model_len: 40, ..quick() }, None);
+        let mock = Mock::new(
+            MockConfig {
+                max_model_len: 40,
+                ..quick()
+            },
+            None,
+        );
         let body = r#"{"prompt":"one two three four five six seven eight nine ten eleven twelve","max_tokens":3}"#;
-        let resp = mock.clone().handle(request(Method::POST, "/v1/completions", body)).await;
+        let resp = mock
+            .clone()
+            .handle(request(Method::POST, "/v1/completions", body))
+            .await;
         assert_eq!(resp.status(), StatusCode::OK);
         let v = body_json(resp).await;
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["usage"]["completion_tokens"], 3);
         assert_eq!(v["choices"][0]["finish_reason"], "length");
-        assert_eq!(v["choices"][0]["text"].as_str().map(|t| t.split(' ').count()), Some(3));
+        assert_eq!(
+            v["choices"][0]["text"]
+                .as_str()
+                .map(|t| t.split(' ').count()),
+            Some(3)
+        );
 
         let resp = mock
             .clone()
-            .handle(request(Method::POST, "/v1/completions", r#"{"prompt":"x","max_tokens":100}"#))
+            .handle(request(
+                Method::POST,
+                "/v1/completions",
+                r#"{"prompt":"x","max_tokens":100}"#,
+            ))
             .await;
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-        assert_eq!(body_json(resp).await["error"]["code"], "context_length_exceeded");
+        assert_eq!(
+            body_json(resp).await["error"]["code"],
+            "context_length_exceeded"
+        );
     }
 }

@@ -57,7 +57,12 @@ pub struct ApiError {
 impl ApiError {
     /// 400 `invalid_request_error` with `code`.
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", code }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            code,
+        }
     }
 
     /// The JSON body.
@@ -75,7 +80,10 @@ fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<bool, Api
     match field(obj, key) {
         None => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(ApiError::bad_request("invalid_type", format!("`{path}` must be a boolean, got {other}"))),
+        Some(other) => Err(ApiError::bad_request(
+            "invalid_type",
+            format!("`{path}` must be a boolean, got {other}"),
+        )),
     }
 }
 
@@ -115,15 +123,24 @@ fn content_text(content: Option<&Value>, index: usize) -> Result<String, ApiErro
 
 fn chat_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
     let Some(Value::Array(messages)) = field(obj, "messages") else {
-        return Err(ApiError::bad_request("missing_messages", "`messages` must be a non-empty list of messages"));
+        return Err(ApiError::bad_request(
+            "missing_messages",
+            "`messages` must be a non-empty list of messages",
+        ));
     };
     if messages.is_empty() {
-        return Err(ApiError::bad_request("missing_messages", "`messages` must be a non-empty list of messages"));
+        return Err(ApiError::bad_request(
+            "missing_messages",
+            "`messages` must be a non-empty list of messages",
+        ));
     }
     let mut text = String::new();
     for (i, m) in messages.iter().enumerate() {
         let Some(role) = m.get("role").and_then(Value::as_str) else {
-            return Err(ApiError::bad_request("invalid_message", format!("`messages[{i}].role` must be a string")));
+            return Err(ApiError::bad_request(
+                "invalid_message",
+                format!("`messages[{i}].role` must be a string"),
+            ));
         };
         text.push_str(role);
         text.push('\n');
@@ -134,7 +151,10 @@ fn chat_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
 }
 
 fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
-    items.iter().map(|t| t.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
+    items
+        .iter()
+        .map(|t| t.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
 }
 
 fn completion_prompt(obj: &Map<String, Value>) -> Result<Vec<PromptPart>, ApiError> {
@@ -148,7 +168,9 @@ fn completion_prompt(obj: &Map<String, Value>) -> Result<Vec<PromptPart>, ApiErr
         Some(Value::String(s)) => Ok(vec![PromptPart::Text(s.clone())]),
         Some(Value::Array(items)) if !items.is_empty() => {
             if items.iter().all(Value::is_number) {
-                return token_ids(items).map(|t| vec![PromptPart::Tokens(t)]).ok_or_else(bad);
+                return token_ids(items)
+                    .map(|t| vec![PromptPart::Tokens(t)])
+                    .ok_or_else(bad);
             }
             items
                 .iter()
@@ -164,22 +186,39 @@ fn completion_prompt(obj: &Map<String, Value>) -> Result<Vec<PromptPart>, ApiErr
 }
 
 /// Parses a completion request body. `default_model` is used when the request names no model.
-pub fn parse_request(endpoint: Endpoint, body: &[u8], default_model: &str) -> Result<GenRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("The request body is not valid JSON: {e}")))?;
+pub fn parse_request(
+    endpoint: Endpoint,
+    body: &[u8],
+    default_model: &str,
+) -> Result<GenRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_json",
+            format!("The request body is not valid JSON: {e}"),
+        )
+    })?;
     let Value::Object(obj) = value else {
-        return Err(ApiError::bad_request("invalid_json", "The request body must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "invalid_json",
+            "The request body must be a JSON object",
+        ));
     };
     let model = match field(&obj, "model") {
         None => default_model.to_owned(),
         Some(Value::String(m)) => m.clone(),
         Some(other) => {
-            return Err(ApiError::bad_request("invalid_type", format!("`model` must be a string, got {other}")))
+            return Err(ApiError::bad_request(
+                "invalid_type",
+                format!("`model` must be a string, got {other}"),
+            ))
         }
     };
     if let Some(n) = field(&obj, "n") {
         if n.as_u64() != Some(1) {
-            return Err(ApiError::bad_request("unsupported_value", format!("the mock supports only `n` = 1, got {n}")));
+            return Err(ApiError::bad_request(
+                "unsupported_value",
+                format!("the mock supports only `n` = 1, got {n}"),
+            ));
         }
     }
     let prompt = match endpoint {
@@ -189,7 +228,9 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], default_model: &str) -> Re
     let stream = opt_bool(&obj, "stream", "stream")?;
     let include_usage = match field(&obj, "stream_options") {
         None => false,
-        Some(Value::Object(opts)) => opt_bool(opts, "include_usage", "stream_options.include_usage")?,
+        Some(Value::Object(opts)) => {
+            opt_bool(opts, "include_usage", "stream_options.include_usage")?
+        }
         Some(other) => {
             return Err(ApiError::bad_request(
                 "invalid_type",
@@ -197,7 +238,14 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], default_model: &str) -> Re
             ))
         }
     };
-    Ok(GenRequest { endpoint, model, prompt, max_tokens: max_tokens(&obj)?, stream, include_usage })
+    Ok(GenRequest {
+        endpoint,
+        model,
+        prompt,
+        max_tokens: max_tokens(&obj)?,
+        stream,
+        include_usage,
+    })
 }
 
 /// Token accounting reported in `usage`.
@@ -247,7 +295,9 @@ pub fn full_response(meta: &ResponseMeta, text: &str, usage: &Usage) -> Bytes {
             "logprobs": null,
             "finish_reason": "length",
         }),
-        Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
+        Endpoint::Completions => {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
+        }
     };
     let object = match meta.endpoint {
         Endpoint::Chat => "chat.completion",
@@ -286,8 +336,12 @@ pub fn token_event(meta: &ResponseMeta, index: u32, piece: &str) -> Bytes {
         Endpoint::Chat if index == 0 => json!({
             "index": 0, "delta": {"role": "assistant", "content": piece}, "logprobs": null, "finish_reason": null,
         }),
-        Endpoint::Chat => json!({"index": 0, "delta": {"content": piece}, "logprobs": null, "finish_reason": null}),
-        Endpoint::Completions => json!({"index": 0, "text": piece, "logprobs": null, "finish_reason": null}),
+        Endpoint::Chat => {
+            json!({"index": 0, "delta": {"content": piece}, "logprobs": null, "finish_reason": null})
+        }
+        Endpoint::Completions => {
+            json!({"index": 0, "text": piece, "logprobs": null, "finish_reason": null})
+        }
     };
     chunk(meta, json!([choice]), None)
 }
@@ -295,8 +349,12 @@ pub fn token_event(meta: &ResponseMeta, index: u32, piece: &str) -> Bytes {
 /// The SSE event closing the choice with `finish_reason: "length"` (no content).
 pub fn finish_event(meta: &ResponseMeta) -> Bytes {
     let choice = match meta.endpoint {
-        Endpoint::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"}),
-        Endpoint::Completions => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "length"}),
+        Endpoint::Chat => {
+            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"})
+        }
+        Endpoint::Completions => {
+            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "length"})
+        }
     };
     chunk(meta, json!([choice]), None)
 }
@@ -327,43 +385,95 @@ mod tests {
                "max_tokens":3,"max_completion_tokens":5,"stream":true,"stream_options":{"include_usage":true}}"#,
         )
         .expect("valid");
-        assert_eq!(r.prompt, [PromptPart::Text("system\nbe brief\nuser\na\nb\nassistant\n\n".into())]);
-        assert_eq!((r.model.as_str(), r.max_tokens, r.stream, r.include_usage), ("m", Some(5), true, true));
+        assert_eq!(
+            r.prompt,
+            [PromptPart::Text(
+                "system\nbe brief\nuser\na\nb\nassistant\n\n".into()
+            )]
+        );
+        assert_eq!(
+            (r.model.as_str(), r.max_tokens, r.stream, r.include_usage),
+            ("m", Some(5), true, true)
+        );
     }
 
     #[test]
     fn completion_prompts_of_every_shape() {
         let p = |b: &str| parse(Endpoint::Completions, b).map(|r| r.prompt);
-        assert_eq!(p(r#"{"prompt":"hi"}"#), Ok(vec![PromptPart::Text("hi".into())]));
-        assert_eq!(p(r#"{"prompt":[1,2]}"#), Ok(vec![PromptPart::Tokens(vec![1, 2])]));
+        assert_eq!(
+            p(r#"{"prompt":"hi"}"#),
+            Ok(vec![PromptPart::Text("hi".into())])
+        );
+        assert_eq!(
+            p(r#"{"prompt":[1,2]}"#),
+            Ok(vec![PromptPart::Tokens(vec![1, 2])])
+        );
         assert_eq!(
             p(r#"{"prompt":["a",[3]]}"#),
-            Ok(vec![PromptPart::Text("a".into()), PromptPart::Tokens(vec![3])])
+            Ok(vec![
+                PromptPart::Text("a".into()),
+                PromptPart::Tokens(vec![3])
+            ])
         );
-        for bad in [r#"{"prompt":[]}"#, r#"{"prompt":[-1]}"#, r#"{"prompt":{}}"#, r#"{}"#, r#"{"prompt":[1.5]}"#] {
+        for bad in [
+            r#"{"prompt":[]}"#,
+            r#"{"prompt":[-1]}"#,
+            r#"{"prompt":{}}"#,
+            r#"{}"#,
+            r#"{"prompt":[1.5]}"#,
+        ] {
             assert_eq!(p(bad).map_err(|e| e.code), Err("invalid_prompt"), "{bad}");
         }
     }
 
     #[test]
     fn defaults_and_rejections() {
-        let r = parse(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"stream":null}"#).expect("ok");
-        assert_eq!((r.model.as_str(), r.max_tokens, r.stream, r.include_usage), ("dflt", None, false, false));
+        let r = parse(
+            Endpoint::Chat,
+            r#"{"messages":[{"role":"user","content":"x"}],"stream":null}"#,
+        )
+        .expect("ok");
+        assert_eq!(
+            (r.model.as_str(), r.max_tokens, r.stream, r.include_usage),
+            ("dflt", None, false, false)
+        );
         for (body, code) in [
             ("not json", "invalid_json"),
             ("[1]", "invalid_json"),
             (r#"{"messages":[]}"#, "missing_messages"),
             (r#"{"messages":[{"content":"x"}]}"#, "invalid_message"),
-            (r#"{"messages":[{"role":"user","content":5}]}"#, "invalid_type"),
-            (r#"{"messages":[{"role":"user"}],"max_tokens":0}"#, "invalid_value"),
-            (r#"{"messages":[{"role":"user"}],"max_tokens":"7"}"#, "invalid_value"),
-            (r#"{"messages":[{"role":"user"}],"stream":"yes"}"#, "invalid_type"),
-            (r#"{"messages":[{"role":"user"}],"n":2}"#, "unsupported_value"),
+            (
+                r#"{"messages":[{"role":"user","content":5}]}"#,
+                "invalid_type",
+            ),
+            (
+                r#"{"messages":[{"role":"user"}],"max_tokens":0}"#,
+                "invalid_value",
+            ),
+            (
+                r#"{"messages":[{"role":"user"}],"max_tokens":"7"}"#,
+                "invalid_value",
+            ),
+            (
+                r#"{"messages":[{"role":"user"}],"stream":"yes"}"#,
+                "invalid_type",
+            ),
+            (
+                r#"{"messages":[{"role":"user"}],"n":2}"#,
+                "unsupported_value",
+            ),
         ] {
             let e = parse(Endpoint::Chat, body).expect_err(body);
-            assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, code), "{body}");
+            assert_eq!(
+                (e.status, e.code),
+                (StatusCode::BAD_REQUEST, code),
+                "{body}"
+            );
             let v: Value = serde_json::from_slice(&e.body()).expect("error body is JSON");
-            assert!(v["error"]["message"].is_string() && v["error"]["type"].is_string(), "{v}");
+            assert!(
+                v["error"]["message"].is_string() && v["error"]["type"].is_string(),
+                "{v}"
+            );
         }
     }
 
@@ -383,8 +493,14 @@ mod tests {
         assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(v["choices"][0]["delta"]["content"], "hi");
         assert!(v["usage"].is_null() && v.as_object().is_some_and(|o| o.contains_key("usage")));
-        let usage = Usage { prompt_tokens: 10, completion_tokens: 2, cached_tokens: 4 };
-        let u: Value = serde_json::from_str(&String::from_utf8_lossy(&usage_event(&meta, &usage))[6..]).expect("json");
+        let usage = Usage {
+            prompt_tokens: 10,
+            completion_tokens: 2,
+            cached_tokens: 4,
+        };
+        let u: Value =
+            serde_json::from_str(&String::from_utf8_lossy(&usage_event(&meta, &usage))[6..])
+                .expect("json");
         assert_eq!(u["choices"], json!([]));
         assert_eq!(u["usage"]["total_tokens"], 12);
         assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], 4);

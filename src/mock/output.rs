@@ -4,12 +4,13 @@
 
 /// The vocabulary completions are drawn from (one word = one completion token).
 pub const WORDS: [&str; 64] = [
-    "the", "model", "cache", "prefix", "token", "block", "stream", "proxy", "answer", "simple", "quick", "quiet",
-    "river", "stone", "light", "shadow", "garden", "window", "paper", "signal", "number", "latency", "memory",
-    "kernel", "vector", "matrix", "bright", "silver", "orange", "purple", "forest", "meadow", "harbor", "island",
-    "valley", "summit", "thunder", "breeze", "candle", "lantern", "compass", "journey", "harvest", "winter",
-    "summer", "autumn", "spring", "morning", "evening", "midnight", "circle", "square", "spiral", "bridge",
-    "tower", "castle", "market", "village", "engine", "rocket", "planet", "comet", "galaxy", "ocean",
+    "the", "model", "cache", "prefix", "token", "block", "stream", "proxy", "answer", "simple",
+    "quick", "quiet", "river", "stone", "light", "shadow", "garden", "window", "paper", "signal",
+    "number", "latency", "memory", "kernel", "vector", "matrix", "bright", "silver", "orange",
+    "purple", "forest", "meadow", "harbor", "island", "valley", "summit", "thunder", "breeze",
+    "candle", "lantern", "compass", "journey", "harvest", "winter", "summer", "autumn", "spring",
+    "morning", "evening", "midnight", "circle", "square", "spiral", "bridge", "tower", "castle",
+    "market", "village", "engine", "rocket", "planet", "comet", "galaxy", "ocean",
 ];
 
 fn mix(mut z: u64) -> u64 {
@@ -22,7 +23,9 @@ fn mix(mut z: u64) -> u64 {
 
 /// Seed of a completion: a hash of the prompt's token ids.
 pub fn seed(prompt_tokens: &[u32]) -> u64 {
-    prompt_tokens.iter().fold(0x6b76_6275_7374_u64, |h, &t| mix(h ^ u64::from(t)))
+    prompt_tokens
+        .iter()
+        .fold(0x6b76_6275_7374_u64, |h, &t| mix(h ^ u64::from(t)))
 }
 
 /// The word of completion token `index`.

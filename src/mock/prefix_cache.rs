@@ -82,7 +82,9 @@ impl PrefixCache {
     /// Serves one request: returns how many of its prompt tokens were cached, then caches all its full blocks
     /// (the hit blocks become most recently used, the prompt's first block most of all).
     pub fn admit(&mut self, tokens: &[u32]) -> usize {
-        let Some(blocks) = &mut self.blocks else { return 0 };
+        let Some(blocks) = &mut self.blocks else {
+            return 0;
+        };
         let hashes = chain(tokens, self.block_size);
         let hit = hashes.iter().take_while(|h| blocks.contains(*h)).count();
         for h in hashes.iter().rev() {
@@ -130,7 +132,11 @@ mod tests {
         assert_eq!(c.admit(&p), 16);
         let mut q = p.clone();
         q[0] = 1000;
-        assert_eq!(c.admit(&q), 0, "a change in the first block invalidates the whole chain");
+        assert_eq!(
+            c.admit(&q),
+            0,
+            "a change in the first block invalidates the whole chain"
+        );
         // A shared first 9 tokens → 2 full blocks hit.
         let mut r = toks(0..9);
         r.extend(500..520);

@@ -46,7 +46,10 @@ pub struct Recorder {
 impl Recorder {
     /// A recorder that keeps the `keep` most recent requests (counters are always kept).
     pub fn new(keep: usize) -> Self {
-        Recorder { state: Arc::new(watch::Sender::new(State::default())), keep }
+        Recorder {
+            state: Arc::new(watch::Sender::new(State::default())),
+            keep,
+        }
     }
 
     /// The retained requests, oldest first.
@@ -77,7 +80,8 @@ impl Recorder {
     /// Streams started and neither completed nor cancelled yet.
     pub fn streams_in_flight(&self) -> u64 {
         let s = self.state.borrow();
-        s.streams_started.saturating_sub(s.streams_completed + s.streams_cancelled)
+        s.streams_started
+            .saturating_sub(s.streams_completed + s.streams_cancelled)
     }
 
     /// Resolves once at least `n` streams were cancelled.
@@ -116,7 +120,10 @@ impl Recorder {
 
     pub(crate) fn stream_started(&self) -> StreamGuard {
         self.state.send_modify(|s| s.streams_started += 1);
-        StreamGuard { recorder: self.clone(), finished: false }
+        StreamGuard {
+            recorder: self.clone(),
+            finished: false,
+        }
     }
 }
 
@@ -134,7 +141,9 @@ impl StreamGuard {
     pub(crate) fn complete(&mut self) {
         if !self.finished {
             self.finished = true;
-            self.recorder.state.send_modify(|s| s.streams_completed += 1);
+            self.recorder
+                .state
+                .send_modify(|s| s.streams_completed += 1);
         }
     }
 }
@@ -143,7 +152,9 @@ impl Drop for StreamGuard {
     fn drop(&mut self) {
         if !self.finished {
             self.finished = true;
-            self.recorder.state.send_modify(|s| s.streams_cancelled += 1);
+            self.recorder
+                .state
+                .send_modify(|s| s.streams_cancelled += 1);
         }
     }
 }
@@ -185,7 +196,14 @@ mod tests {
         drop(dropped);
         r.wait_cancelled(1).await;
         r.wait_completed(1).await;
-        assert_eq!((r.streams_started(), r.streams_completed(), r.streams_cancelled()), (2, 1, 1));
+        assert_eq!(
+            (
+                r.streams_started(),
+                r.streams_completed(),
+                r.streams_cancelled()
+            ),
+            (2, 1, 1)
+        );
         assert_eq!(r.streams_in_flight(), 0);
     }
 }

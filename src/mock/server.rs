@@ -18,7 +18,15 @@ use super::Mock;
 /// Accept errors that concern one connection only (the listener itself is fine).
 fn is_connection_error(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
-    matches!(e.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset | Interrupted | WouldBlock | TimedOut)
+    matches!(
+        e.kind(),
+        ConnectionRefused
+            | ConnectionAborted
+            | ConnectionReset
+            | Interrupted
+            | WouldBlock
+            | TimedOut
+    )
 }
 
 /// Serves `mock` on `listener` until `shutdown` resolves; then stops accepting, lets in-flight requests and
@@ -62,7 +70,9 @@ pub async fn serve(
             let mock = mock.clone();
             async move { Ok::<_, Infallible>(mock.handle(req).await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

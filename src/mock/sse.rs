@@ -18,7 +18,8 @@ use super::recorder::StreamGuard;
 
 /// `base + d`, or about thirty years after `base` when that would overflow.
 pub(crate) fn after(base: Instant, d: Duration) -> Instant {
-    base.checked_add(d).unwrap_or_else(|| base + Duration::from_secs(86_400 * 365 * 30))
+    base.checked_add(d)
+        .unwrap_or_else(|| base + Duration::from_secs(86_400 * 365 * 30))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +57,19 @@ pub(crate) struct SseBody {
 impl SseBody {
     pub(crate) fn new(plan: StreamPlan, guard: StreamGuard) -> Self {
         let due = plan.first_token_at;
-        let next = if plan.tokens == 0 { Next::Finish } else { Next::Token };
-        SseBody { timer: Box::pin(tokio::time::sleep_until(due)), plan, next, index: 0, due, guard }
+        let next = if plan.tokens == 0 {
+            Next::Finish
+        } else {
+            Next::Token
+        };
+        SseBody {
+            timer: Box::pin(tokio::time::sleep_until(due)),
+            plan,
+            next,
+            index: 0,
+            due,
+            guard,
+        }
     }
 }
 
@@ -65,7 +77,10 @@ impl Body for SseBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = &mut *self;
         let event = match this.next {
             Next::Token => {
@@ -86,7 +101,11 @@ impl Body for SseBody {
                 event
             }
             Next::Finish => {
-                this.next = if this.plan.meta.include_usage { Next::Usage } else { Next::Done };
+                this.next = if this.plan.meta.include_usage {
+                    Next::Usage
+                } else {
+                    Next::Done
+                };
                 openai::finish_event(&this.plan.meta)
             }
             Next::Usage => {

@@ -75,7 +75,7 @@ pub fn builtin_pieces(text: &str) -> Vec<&str> {
         // A single space attaches to the following non-space character when the pair fits in a piece.
         if first == ' ' {
             if let Some(next) = rest[1..].chars().next() {
-                if class(next) != Class::Space && 1 + next.len_utf8() <= MAX_PIECE_BYTES {
+                if class(next) != Class::Space && next.len_utf8() < MAX_PIECE_BYTES {
                     len = 1;
                     lead = next;
                 }
@@ -119,7 +119,10 @@ mod tests {
 
     #[test]
     fn pieces_are_bpe_like_and_small() {
-        assert_eq!(builtin_pieces("Hello, world!"), ["Hell", "o", ",", " wor", "ld", "!"]);
+        assert_eq!(
+            builtin_pieces("Hello, world!"),
+            ["Hell", "o", ",", " wor", "ld", "!"]
+        );
         assert_eq!(builtin_pieces("a  b\n\nc"), ["a", "  ", "b", "\n\n", "c"]);
         assert_eq!(builtin_pieces(" the cat"), [" the", " cat"]);
         assert_eq!(builtin_pieces(""), Vec::<&str>::new());
@@ -137,7 +140,10 @@ mod tests {
             let pieces = builtin_pieces(text);
             assert_eq!(pieces.concat(), text);
             for p in &pieces {
-                assert!(!p.is_empty() && p.len() <= MAX_PIECE_BYTES, "{p:?} in {text:?}");
+                assert!(
+                    !p.is_empty() && p.len() <= MAX_PIECE_BYTES,
+                    "{p:?} in {text:?}"
+                );
             }
         }
         // A 4-byte character cannot take a leading space: the space stands alone.
@@ -148,7 +154,10 @@ mod tests {
     fn encoding_is_deterministic_and_prefix_stable() {
         let a = builtin_encode("The quick brown fox jumps over the lazy dog.");
         let b = builtin_encode("The quick brown fox jumps over the lazy dog. And more.");
-        assert_eq!(a, builtin_encode("The quick brown fox jumps over the lazy dog."));
+        assert_eq!(
+            a,
+            builtin_encode("The quick brown fox jumps over the lazy dog.")
+        );
         assert_eq!(&b[..a.len()], &a[..]);
         assert_ne!(builtin_encode("the"), builtin_encode("The"));
         assert_eq!(MockTokenizer::Builtin.encode("x y"), builtin_encode("x y"));
