@@ -559,6 +559,18 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_configured_tokenizer_counts_prompt_tokens() {
+        let mock = Mock::new(quick(), Some(tokenize::tests::word_level()));
+        let body = r#"{"prompt":["hello world hello", [7, 8]],"max_tokens":1}"#;
+        let resp = mock
+            .clone()
+            .handle(request(Method::POST, "/v1/completions", body))
+            .await;
+        assert_eq!(resp.headers()[HEADER_PROMPT_TOKENS], "5");
+        assert_eq!(body_json(resp).await["usage"]["prompt_tokens"], 5);
+    }
+
+    #[tokio::test]
     async fn completion_usage_and_context_limit() {
         let mock = Mock::new(
             MockConfig {

@@ -477,6 +477,25 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn parsing_never_panics_on_arbitrary_bytes(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let _ = parse_request(Endpoint::Chat, &body, "m");
+            let _ = parse_request(Endpoint::Completions, &body, "m");
+        }
+
+        #[test]
+        fn parsing_never_panics_on_odd_json(
+            messages in r#"\[(\{"role":("user"|1|null),"content":("x"|\[\{"text":"y"\},1\]|\{\}|null|7)\},?){0,3}\]|null|"s"|\[\]"#,
+            prompt in r#""p"|\[1,2\]|\[\["a"\]\]|\[-1\]|\[1e99\]|\[\[4294967296\]\]|\{\}|null"#,
+            max in r#"0|1|-1|1.5|4294967296|18446744073709551616|"3"|null|true"#,
+        ) {
+            let body = format!(r#"{{"messages":{messages},"prompt":{prompt},"max_tokens":{max},"stream":true,"n":1}}"#);
+            let _ = parse_request(Endpoint::Chat, body.as_bytes(), "m");
+            let _ = parse_request(Endpoint::Completions, body.as_bytes(), "m");
+        }
+    }
+
     #[test]
     fn stream_events_have_the_openai_shape() {
         let meta = ResponseMeta {

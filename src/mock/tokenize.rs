@@ -114,7 +114,7 @@ pub fn builtin_encode(text: &str) -> Vec<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -148,6 +148,32 @@ mod tests {
         }
         // A 4-byte character cannot take a leading space: the space stands alone.
         assert_eq!(builtin_pieces(" 😀"), [" ", "😀"]);
+    }
+
+    /// A tiny word-level tokenizer: whitespace pre-tokenizer, three known words, everything else `[UNK]`.
+    pub(crate) fn word_level() -> Arc<tokenizers::Tokenizer> {
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2},"unk_token":"[UNK]"}}"#;
+        Arc::new(json.parse().expect("a valid tokenizer.json"))
+    }
+
+    #[test]
+    fn a_configured_tokenizer_is_used() {
+        let t = MockTokenizer::Hf(word_level());
+        assert!(t.is_expensive());
+        assert_eq!(t.encode("hello world, hello"), [1, 2, 0, 1]);
+        assert_eq!(t.encode(""), Vec::<u32>::new());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_splits_into_small_pieces_that_rejoin(text in ".*") {
+            let pieces = builtin_pieces(&text);
+            proptest::prop_assert_eq!(pieces.concat(), text.clone());
+            proptest::prop_assert!(pieces.iter().all(|p| !p.is_empty() && p.len() <= MAX_PIECE_BYTES));
+            proptest::prop_assert_eq!(builtin_encode(&text).len(), pieces.len());
+        }
     }
 
     #[test]
