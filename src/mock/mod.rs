@@ -1,1 +1,613 @@
 //! Built-in mock OpenAI-compatible model server with a simulated prefix cache. Never talks to the network except through the listener it is given.
+//!
+//! [`Mock::handle`] answers one request; [`serve`] runs it on a listener (HTTP/1.1 and h2c on one port, graceful
+//! shutdown). Every request, on any path and with any method, is recorded by the [`Recorder`] with its exact
+//! body bytes before it is answered.
+//!
+//! # Routes
+//! - `POST /v1/chat/completions`, `POST /v1/completions`: deterministic completions of exactly `max_completion_tokens`
+//!   / `max_tokens` tokens (default [`MockConfig::default_max_tokens`]), `finish_reason: "length"`, with
+//!   `usage.prompt_tokens`, `completion_tokens`, `total_tokens` and `prompt_tokens_details.cached_tokens` from the
+//!   simulated vLLM-style prefix cache ([`prefix_cache`]). The model reported is the request's `model`, else the
+//!   configured one. With `"stream": true`: `text/event-stream`, one SSE event (one body frame) per token, the
+//!   first chat chunk carrying `delta.role = "assistant"`, then a chunk with `finish_reason`, then (when
+//!   `stream_options.include_usage` is true, in which case every chunk also has `"usage": null`) a chunk with empty
+//!   `choices` and the `usage`, then `data: [DONE]`.
+//! - `GET /v1/models`: the configured model. `GET /health`: 200 `{"status":"ok"}`.
+//! - Anything else: 404 (unknown path) or 405 (known path, wrong method), OpenAI-shaped
+//!   `{"error":{"message","type","code"}}`; an unparseable or invalid body is 400, a body over 256 MiB 413.
+//!
+//! # Pacing
+//! The first token is due `base_delay + prefill_per_token × uncached prompt tokens` after the request arrived, the
+//! next ones `inter_token` apart on a fixed schedule. Streaming responses send their headers at once (as vLLM
+//! does) and the first event when it is due; non-streaming responses are sent when the last token is due.
+//!
+//! # Request headers honoured (for tests)
+//! - `x-mock-first-token-delay: 2s` — nothing at all (not even response headers) is sent until this long after
+//!   the request arrived; it replaces the computed prefill delay, and the first token follows immediately.
+//!   Honoured on every route, so it also makes `/health` or an unknown path slow (proxy timeout tests).
+//! - `x-mock-inter-token: 50ms` — the delay between tokens for this request.
+//!
+//! Values are humantime durations (`"250ms"`, `"2s"`); an unparseable value is answered with 400.
+//! Completion responses carry `x-mock-prompt-tokens` and `x-mock-cached-tokens` headers.
+
+pub mod config;
+pub mod duration_serde;
+pub mod openai;
+pub mod output;
+pub mod prefix_cache;
+pub mod recorder;
+mod server;
+mod sse;
+pub mod tokenize;
+
+use std::convert::Infallible;
+use std::fmt::Display;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use tokio::time::Instant;
+
+pub use config::MockConfig;
+use openai::{ApiError, Endpoint, GenRequest, PromptPart, ResponseMeta, Usage};
+use prefix_cache::PrefixCache;
+pub use recorder::{CapturedRequest, Recorder};
+pub use server::serve;
+use sse::{after, SseBody, StreamPlan};
+use tokenize::MockTokenizer;
+
+/// Header: delay before anything is sent (see the module documentation).
+pub const HEADER_FIRST_TOKEN_DELAY: &str = "x-mock-first-token-delay";
+/// Header: per-request inter-token delay.
+pub const HEADER_INTER_TOKEN: &str = "x-mock-inter-token";
+/// Response header: prompt tokens of a completion.
+pub const HEADER_PROMPT_TOKENS: &str = "x-mock-prompt-tokens";
+/// Response header: cached prompt tokens of a completion.
+pub const HEADER_CACHED_TOKENS: &str = "x-mock-cached-tokens";
+
+/// Largest request body the mock reads; larger ones are answered with 413.
+pub const MAX_BODY_BYTES: usize = 256 << 20;
+
+/// `created` of every response and model: fixed, so output is fully deterministic (2025-01-01T00:00:00Z).
+pub const CREATED: u64 = 1_735_689_600;
+
+/// Prompts larger than this (in bytes) are tokenized on a blocking thread when a real tokenizer is configured.
+const BLOCKING_TOKENIZE_BYTES: usize = 32 << 10;
+
+/// The mock model server: configuration, tokenizer, simulated prefix cache and recorder.
+pub struct Mock {
+    cfg: MockConfig,
+    tokenizer: MockTokenizer,
+    cache: Mutex<PrefixCache>,
+    recorder: Recorder,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Mock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mock")
+            .field("cfg", &self.cfg)
+            .field("tokenizer", &self.tokenizer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per-request overrides read from the `x-mock-*` headers.
+#[derive(Debug, Default, Clone, Copy)]
+struct Overrides {
+    first_token_delay: Option<Duration>,
+    inter_token: Option<Duration>,
+}
+
+impl Overrides {
+    fn parse(headers: &HeaderMap) -> Result<Self, ApiError> {
+        let get = |name: &'static str| -> Result<Option<Duration>, ApiError> {
+            let Some(v) = headers.get(name) else {
+                return Ok(None);
+            };
+            let bad = || {
+                ApiError::bad_request(
+                    "invalid_header",
+                    format!(
+                        "header `{name}` must be a duration such as \"250ms\" or \"2s\", got {v:?}"
+                    ),
+                )
+            };
+            let text = v.to_str().map_err(|_| bad())?;
+            duration_serde::parse(text).map(Some).map_err(|_| bad())
+        };
+        Ok(Overrides {
+            first_token_delay: get(HEADER_FIRST_TOKEN_DELAY)?,
+            inter_token: get(HEADER_INTER_TOKEN)?,
+        })
+    }
+}
+
+type MockBody = BoxBody<Bytes, Infallible>;
+
+fn full(bytes: impl Into<Bytes>) -> MockBody {
+    Full::new(bytes.into()).boxed()
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<MockBody> {
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn error_response(e: &ApiError) -> Response<MockBody> {
+    json_response(e.status, e.body())
+}
+
+/// Reads the whole body, up to [`MAX_BODY_BYTES`]; returns what was read and the error that stopped it, if any.
+async fn read_body<B>(body: B) -> (Bytes, Option<ApiError>)
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Display,
+{
+    let mut body = std::pin::pin!(body);
+    let mut only: Option<Bytes> = None; // the common one-frame body is kept without copying
+    let mut buf = BytesMut::new();
+    let mut len = 0usize;
+    while let Some(frame) = body.as_mut().frame().await {
+        let data = match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_trailers) => continue,
+            },
+            Err(e) => {
+                let read = only.take().unwrap_or_else(|| buf.split().freeze());
+                let e = ApiError::bad_request(
+                    "body_read_error",
+                    format!("could not read the request body: {e}"),
+                );
+                return (read, Some(e));
+            }
+        };
+        if len + data.len() > MAX_BODY_BYTES {
+            let mut read = BytesMut::from(only.take().unwrap_or_else(|| buf.split().freeze()));
+            read.extend_from_slice(&data[..MAX_BODY_BYTES - len]);
+            let e = ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                message: format!("request body over the mock's limit of {MAX_BODY_BYTES} bytes"),
+                kind: "invalid_request_error",
+                code: "body_too_large",
+            };
+            return (read.freeze(), Some(e));
+        }
+        len += data.len();
+        match only.take() {
+            None if buf.is_empty() => only = Some(data),
+            None => buf.extend_from_slice(&data),
+            Some(first) => {
+                buf.extend_from_slice(&first);
+                buf.extend_from_slice(&data);
+            }
+        }
+    }
+    (only.unwrap_or_else(|| buf.freeze()), None)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Generate(Endpoint),
+    Models,
+    Health,
+    Unknown,
+}
+
+fn route(path: &str) -> Route {
+    match path {
+        "/v1/chat/completions" => Route::Generate(Endpoint::Chat),
+        "/v1/completions" => Route::Generate(Endpoint::Completions),
+        "/v1/models" => Route::Models,
+        "/health" => Route::Health,
+        _ => Route::Unknown,
+    }
+}
+
+impl Mock {
+    /// A mock with `cfg`, counting tokens with `tokenizer` or, when `None`, the built-in fallback
+    /// ([`tokenize::builtin_pieces`]).
+    pub fn new(cfg: MockConfig, tokenizer: Option<Arc<tokenizers::Tokenizer>>) -> Arc<Mock> {
+        let tokenizer = tokenizer.map_or(MockTokenizer::Builtin, MockTokenizer::Hf);
+        Arc::new(Mock {
+            cache: Mutex::new(PrefixCache::new(cfg.block_size, cfg.cache_blocks)),
+            recorder: Recorder::new(cfg.record_requests),
+            next_id: AtomicU64::new(0),
+            tokenizer,
+            cfg,
+        })
+    }
+
+    /// What the mock received and what happened to its streams.
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    /// The configuration the mock runs with.
+    pub fn config(&self) -> &MockConfig {
+        &self.cfg
+    }
+
+    /// Empties the simulated prefix cache (as vLLM's `/reset_prefix_cache`).
+    pub fn reset_prefix_cache(&self) {
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        *cache = PrefixCache::new(self.cfg.block_size, self.cfg.cache_blocks);
+    }
+
+    /// Answers one request. Never panics and never fails: every problem is an OpenAI-shaped error response.
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<BoxBody<Bytes, Infallible>>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Display,
+    {
+        let received = Instant::now();
+        let (parts, body) = req.into_parts();
+        let (bytes, body_error) = read_body(body).await;
+        let origin = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
+        self.recorder.record(CapturedRequest {
+            method: parts.method.clone(),
+            uri: origin,
+            authority: parts.uri.authority().map(ToString::to_string),
+            headers: parts.headers.clone(),
+            body: bytes.clone(),
+            version: parts.version,
+        });
+        tracing::debug!(method = %parts.method, uri = %parts.uri, bytes = bytes.len(), "mock: request");
+        if let Some(e) = body_error {
+            return error_response(&e);
+        }
+        let overrides = match Overrides::parse(&parts.headers) {
+            Ok(o) => o,
+            Err(e) => return error_response(&e),
+        };
+        let route = route(parts.uri.path());
+        if let Route::Generate(endpoint) = route {
+            if parts.method == Method::POST {
+                return self.generate(endpoint, &bytes, overrides, received).await;
+            }
+        }
+        if let Some(d) = overrides.first_token_delay {
+            tokio::time::sleep_until(after(received, d)).await;
+        }
+        let is_get = parts.method == Method::GET || parts.method == Method::HEAD;
+        match route {
+            Route::Health if is_get => {
+                json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#))
+            }
+            Route::Models if is_get => json_response(StatusCode::OK, self.models_body()),
+            Route::Unknown => error_response(&ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("no route for {} {}", parts.method, parts.uri.path()),
+                kind: "invalid_request_error",
+                code: "not_found",
+            }),
+            Route::Health | Route::Models | Route::Generate(_) => {
+                let allow = if matches!(route, Route::Generate(_)) {
+                    "POST"
+                } else {
+                    "GET, HEAD"
+                };
+                let mut resp = error_response(&ApiError {
+                    status: StatusCode::METHOD_NOT_ALLOWED,
+                    message: format!(
+                        "{} is not allowed on {}; use {allow}",
+                        parts.method,
+                        parts.uri.path()
+                    ),
+                    kind: "invalid_request_error",
+                    code: "method_not_allowed",
+                });
+                resp.headers_mut()
+                    .insert(ALLOW, HeaderValue::from_static(allow));
+                resp
+            }
+        }
+    }
+
+    fn models_body(&self) -> Bytes {
+        let v = serde_json::json!({
+            "object": "list",
+            "data": [{
+                "id": self.cfg.model,
+                "object": "model",
+                "created": CREATED,
+                "owned_by": "kvbust",
+                "max_model_len": self.cfg.max_model_len,
+            }],
+        });
+        Bytes::from(v.to_string())
+    }
+
+    async fn tokenize(&self, prompt: Vec<PromptPart>) -> Vec<u32> {
+        fn encode_all(tokenizer: &MockTokenizer, prompt: Vec<PromptPart>) -> Vec<u32> {
+            let mut out = Vec::new();
+            for part in prompt {
+                match part {
+                    PromptPart::Text(t) => out.extend(tokenizer.encode(&t)),
+                    PromptPart::Tokens(t) => out.extend(t),
+                }
+            }
+            out
+        }
+        let text_bytes: usize = prompt
+            .iter()
+            .map(|p| {
+                if let PromptPart::Text(t) = p {
+                    t.len()
+                } else {
+                    0
+                }
+            })
+            .sum();
+        if self.tokenizer.is_expensive() && text_bytes > BLOCKING_TOKENIZE_BYTES {
+            let tokenizer = self.tokenizer.clone();
+            match tokio::task::spawn_blocking(move || encode_all(&tokenizer, prompt)).await {
+                Ok(tokens) => tokens,
+                Err(e) => {
+                    tracing::warn!(error = %e, "mock: tokenizer task failed; counting the prompt as empty");
+                    Vec::new()
+                }
+            }
+        } else {
+            encode_all(&self.tokenizer, prompt)
+        }
+    }
+
+    async fn generate(
+        &self,
+        endpoint: Endpoint,
+        body: &[u8],
+        ov: Overrides,
+        received: Instant,
+    ) -> Response<MockBody> {
+        let GenRequest {
+            model,
+            prompt,
+            max_tokens,
+            stream,
+            include_usage,
+            ..
+        } = match openai::parse_request(endpoint, body, &self.cfg.model) {
+            Ok(r) => r,
+            Err(e) => return error_response(&e),
+        };
+        let tokens = self.tokenize(prompt).await;
+        let completion_tokens = max_tokens.unwrap_or(self.cfg.default_max_tokens).max(1);
+        let requested = tokens.len().saturating_add(completion_tokens as usize);
+        if self.cfg.max_model_len > 0 && requested > self.cfg.max_model_len {
+            return error_response(&ApiError::bad_request(
+                "context_length_exceeded",
+                format!(
+                    "This model's maximum context length is {} tokens. However, you requested {requested} tokens \
+                     ({} in the messages, {completion_tokens} in the completion). Please reduce the length of the \
+                     messages or completion.",
+                    self.cfg.max_model_len,
+                    tokens.len()
+                ),
+            ));
+        }
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(&tokens);
+        let usage = Usage {
+            prompt_tokens: tokens.len(),
+            completion_tokens: completion_tokens as usize,
+            cached_tokens: cached,
+        };
+        let uncached = u32::try_from(tokens.len() - cached).unwrap_or(u32::MAX);
+        let prefill = self
+            .cfg
+            .prefill_per_token
+            .checked_mul(uncached)
+            .unwrap_or(Duration::MAX);
+        let ttft = ov
+            .first_token_delay
+            .unwrap_or_else(|| self.cfg.base_delay.saturating_add(prefill));
+        let inter_token = ov.inter_token.unwrap_or(self.cfg.inter_token);
+        let seq = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = match endpoint {
+            Endpoint::Chat => format!("chatcmpl-mock-{seq:08x}"),
+            Endpoint::Completions => format!("cmpl-mock-{seq:08x}"),
+        };
+        let meta = ResponseMeta {
+            endpoint,
+            id,
+            created: CREATED,
+            model,
+            include_usage: stream && include_usage,
+        };
+        let seed = output::seed(&tokens);
+        tracing::debug!(
+            prompt = usage.prompt_tokens,
+            cached,
+            completion_tokens,
+            stream,
+            "mock: completion"
+        );
+
+        let mut resp = if stream {
+            // Counted from here, so a client that leaves during the delay below counts as a cancelled stream.
+            let guard = self.recorder.stream_started();
+            let first_token_at = match ov.first_token_delay {
+                Some(d) => {
+                    tokio::time::sleep_until(after(received, d)).await;
+                    Instant::now()
+                }
+                None => after(received, ttft),
+            };
+            let plan = StreamPlan {
+                meta,
+                usage,
+                seed,
+                tokens: completion_tokens,
+                first_token_at,
+                inter_token,
+            };
+            let mut resp = Response::new(SseBody::new(plan, guard).boxed());
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            resp.headers_mut()
+                .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            resp
+        } else {
+            let generation = inter_token.saturating_mul(completion_tokens - 1);
+            tokio::time::sleep_until(after(after(received, ttft), generation)).await;
+            let text = output::text(seed, completion_tokens);
+            json_response(StatusCode::OK, openai::full_response(&meta, &text, &usage))
+        };
+        resp.headers_mut()
+            .insert(HEADER_PROMPT_TOKENS, HeaderValue::from(usage.prompt_tokens));
+        resp.headers_mut()
+            .insert(HEADER_CACHED_TOKENS, HeaderValue::from(usage.cached_tokens));
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: Method, path: &str, body: &'static str) -> Request<Full<Bytes>> {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("valid request")
+    }
+
+    fn quick() -> MockConfig {
+        MockConfig {
+            base_delay: Duration::ZERO,
+            prefill_per_token: Duration::ZERO,
+            inter_token: Duration::ZERO,
+            ..MockConfig::default()
+        }
+    }
+
+    async fn body_json(resp: Response<MockBody>) -> serde_json::Value {
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
+    }
+
+    #[tokio::test]
+    async fn routes_and_errors() {
+        let mock = Mock::new(quick(), None);
+        let resp = mock
+            .clone()
+            .handle(request(Method::GET, "/health", ""))
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(body_json(resp).await["status"], "ok");
+
+        let resp = mock
+            .clone()
+            .handle(request(Method::GET, "/v1/models", ""))
+            .await;
+        assert_eq!(body_json(resp).await["data"][0]["id"], "kvbust-mock");
+
+        let resp = mock
+            .clone()
+            .handle(request(Method::PUT, "/nope?x=1", "abc"))
+            .await;
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        assert_eq!(body_json(resp).await["error"]["code"], "not_found");
+
+        let resp = mock
+            .clone()
+            .handle(request(Method::GET, "/v1/chat/completions", ""))
+            .await;
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+
+        let resp = mock
+            .clone()
+            .handle(request(Method::POST, "/v1/chat/completions", "{bad"))
+            .await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(body_json(resp).await["error"]["code"], "invalid_json");
+
+        let mut req = request(Method::POST, "/v1/completions", r#"{"prompt":"x"}"#);
+        req.headers_mut()
+            .insert(HEADER_INTER_TOKEN, HeaderValue::from_static("soon"));
+        let resp = mock.clone().handle(req).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+
+        let recorded = mock.recorder().requests();
+        assert_eq!(recorded.len(), 6);
+        assert_eq!(recorded[2].method, Method::PUT);
+        assert_eq!(recorded[2].uri, "/nope?x=1");
+        assert_eq!(&recorded[2].body[..], b"abc");
+    }
+
+    #[tokio::test]
+    async fn a_configured_tokenizer_counts_prompt_tokens() {
+        let mock = Mock::new(quick(), Some(tokenize::tests::word_level()));
+        let body = r#"{"prompt":["hello world hello", [7, 8]],"max_tokens":1}"#;
+        let resp = mock
+            .clone()
+            .handle(request(Method::POST, "/v1/completions", body))
+            .await;
+        assert_eq!(resp.headers()[HEADER_PROMPT_TOKENS], "5");
+        assert_eq!(body_json(resp).await["usage"]["prompt_tokens"], 5);
+    }
+
+    #[tokio::test]
+    async fn completion_usage_and_context_limit() {
+        let mock = Mock::new(
+            MockConfig {
+                max_model_len: 40,
+                ..quick()
+            },
+            None,
+        );
+        let body = r#"{"prompt":"one two three four five six seven eight nine ten eleven twelve","max_tokens":3}"#;
+        let resp = mock
+            .clone()
+            .handle(request(Method::POST, "/v1/completions", body))
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let v = body_json(resp).await;
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["usage"]["completion_tokens"], 3);
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            v["choices"][0]["text"]
+                .as_str()
+                .map(|t| t.split(' ').count()),
+            Some(3)
+        );
+
+        let resp = mock
+            .clone()
+            .handle(request(
+                Method::POST,
+                "/v1/completions",
+                r#"{"prompt":"x","max_tokens":100}"#,
+            ))
+            .await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            body_json(resp).await["error"]["code"],
+            "context_length_exceeded"
+        );
+    }
+}

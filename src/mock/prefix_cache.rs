@@ -1,0 +1,189 @@
+//! Simulated vLLM automatic prefix caching: a hash chain over full token blocks held in a bounded LRU.
+//! Owns only the cache bookkeeping (pure, synchronous, no I/O, no clocks); it never stores token data, only
+//! 64-bit block hashes.
+//!
+//! Like vLLM: block `i` is identified by a hash of block `i-1`'s hash and block `i`'s tokens, so a block only
+//! matches when the whole prefix before it matches; only full blocks are cached; a hit never covers the whole
+//! prompt (at least the last token is recomputed, so a fully cached prompt reports one block fewer); and after a
+//! request all its full blocks are (re)inserted tail first, so under pressure the tail of a prefix is evicted
+//! before its head.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::num::NonZeroUsize;
+
+use lru::LruCache;
+
+/// Parent hash of the first block of every prompt.
+const ROOT_HASH: u64 = 0x6b76_6275_7374_2121; // "kvbust!!"
+
+/// Hash of one full block given its parent's hash.
+pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+/// The hash chain over the full blocks of `tokens` (a trailing partial block has no hash).
+pub fn chain(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    if block_size == 0 {
+        return Vec::new();
+    }
+    let mut parent = ROOT_HASH;
+    tokens
+        .chunks_exact(block_size)
+        .map(|block| {
+            parent = block_hash(parent, block);
+            parent
+        })
+        .collect()
+}
+
+/// A bounded LRU of block hashes.
+#[derive(Debug)]
+pub struct PrefixCache {
+    block_size: usize,
+    blocks: Option<LruCache<u64, ()>>,
+}
+
+impl PrefixCache {
+    /// A cache of `capacity` blocks of `block_size` tokens; either being 0 disables caching.
+    pub fn new(block_size: usize, capacity: usize) -> Self {
+        let blocks = match NonZeroUsize::new(capacity) {
+            Some(cap) if block_size > 0 => Some(LruCache::new(cap)),
+            _ => None,
+        };
+        PrefixCache { block_size, blocks }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks currently cached.
+    pub fn len(&self) -> usize {
+        self.blocks.as_ref().map_or(0, LruCache::len)
+    }
+
+    /// Whether no block is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Cached tokens for `tokens` without changing the cache.
+    pub fn peek(&self, tokens: &[u32]) -> usize {
+        let Some(blocks) = &self.blocks else { return 0 };
+        let hashes = chain(tokens, self.block_size);
+        let hit = hashes.iter().take_while(|h| blocks.contains(*h)).count();
+        self.cap_hit(hit, tokens.len())
+    }
+
+    /// Serves one request: returns how many of its prompt tokens were cached, then caches all its full blocks
+    /// (the hit blocks become most recently used, the prompt's first block most of all).
+    pub fn admit(&mut self, tokens: &[u32]) -> usize {
+        let Some(blocks) = &mut self.blocks else {
+            return 0;
+        };
+        let hashes = chain(tokens, self.block_size);
+        let hit = hashes.iter().take_while(|h| blocks.contains(*h)).count();
+        for h in hashes.iter().rev() {
+            blocks.put(*h, ());
+        }
+        self.cap_hit(hit, tokens.len())
+    }
+
+    /// vLLM never serves the whole prompt from cache: at most `(n - 1) / block_size` full blocks count.
+    fn cap_hit(&self, hit_blocks: usize, n_tokens: usize) -> usize {
+        let max_blocks = n_tokens.saturating_sub(1) / self.block_size;
+        hit_blocks.min(max_blocks) * self.block_size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
+        range.collect()
+    }
+
+    #[test]
+    fn chain_covers_full_blocks_and_depends_on_the_whole_prefix() {
+        let a = toks(0..10);
+        let h = chain(&a, 4);
+        assert_eq!(h.len(), 2, "two full blocks, the partial third has no hash");
+        // Same block content after a different prefix hashes differently.
+        let mut b = a.clone();
+        b[0] = 99;
+        let hb = chain(&b, 4);
+        assert_ne!(h[0], hb[0]);
+        assert_ne!(h[1], hb[1], "block 1 is unchanged but its parent differs");
+        assert_eq!(h[1], block_hash(h[0], &a[4..8]));
+        assert_eq!(chain(&a, 0), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn second_request_hits_and_a_changed_start_misses() {
+        let mut c = PrefixCache::new(4, 100);
+        let p = toks(0..18); // 4 full blocks + 2 tokens
+        assert_eq!(c.admit(&p), 0);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c.admit(&p), 16);
+        let mut q = p.clone();
+        q[0] = 1000;
+        assert_eq!(
+            c.admit(&q),
+            0,
+            "a change in the first block invalidates the whole chain"
+        );
+        // A shared first 9 tokens → 2 full blocks hit.
+        let mut r = toks(0..9);
+        r.extend(500..520);
+        assert_eq!(c.admit(&r), 8);
+    }
+
+    #[test]
+    fn never_reports_the_whole_prompt_cached() {
+        let mut c = PrefixCache::new(4, 100);
+        let p = toks(0..16); // exactly 4 blocks
+        assert_eq!(c.admit(&p), 0);
+        assert_eq!(c.admit(&p), 12, "the last block is recomputed");
+        assert_eq!(c.admit(&toks(0..4)), 0, "a one-block prompt never hits");
+        assert_eq!(c.admit(&toks(0..5)), 4);
+        assert_eq!(c.admit(&[]), 0);
+    }
+
+    #[test]
+    fn lru_evicts_least_recently_used_and_tails_first() {
+        let mut c = PrefixCache::new(2, 4);
+        let a = toks(0..9); // 4 blocks
+        let b = toks(100..109); // 4 other blocks
+        assert_eq!(c.admit(&a), 0);
+        assert_eq!(c.admit(&b), 0);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c.peek(&a), 0, "a was evicted entirely");
+        assert_eq!(c.peek(&b), 8);
+
+        // Capacity pressure of one block evicts b's tail block, keeping its head usable.
+        let d = toks(200..203); // 1 block
+        assert_eq!(c.admit(&d), 0);
+        assert_eq!(c.peek(&b), 6, "three head blocks of b survive");
+
+        // Re-admitting b restores its tail block; d, now least recently used, is pushed out.
+        assert_eq!(c.admit(&b), 6);
+        assert_eq!(c.peek(&b), 8);
+        assert_eq!(c.peek(&d), 0);
+    }
+
+    #[test]
+    fn disabled_cache_never_hits() {
+        for (bs, cap) in [(0, 10), (4, 0)] {
+            let mut c = PrefixCache::new(bs, cap);
+            let p = toks(0..40);
+            assert_eq!(c.admit(&p), 0);
+            assert_eq!(c.admit(&p), 0);
+            assert!(c.is_empty());
+        }
+    }
+}
