@@ -641,6 +641,11 @@ impl Config {
                 return Err(ConfigError::new(key, "must be between 64KiB and 2GiB"));
             }
         }
+        // The mock's messages start with the key they are about.
+        self.mock.validate().map_err(|m| match m.split_once(' ') {
+            Some((key, rest)) => ConfigError::new(key, rest),
+            None => ConfigError::new("mock", m),
+        })?;
         tracing_subscriber::EnvFilter::try_new(&self.log.level).map_err(|e| {
             ConfigError::new(
                 "log.level",
