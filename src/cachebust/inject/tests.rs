@@ -1,0 +1,1 @@
+//! Unit tests for the body rewrite: every payload vector, transparency, bad input.
