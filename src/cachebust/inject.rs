@@ -176,16 +176,25 @@ pub struct Plan<'a> {
     /// How many leading user messages are user context (skipped by the first-user rule).
     pub user_context_messages: usize,
     pub list_parts: ListParts,
+    /// Chat only: the system message `messages[0]` is AIPerf's merge of the conversation's system
+    /// prompt (this many bytes of UTF-8 text) with a dataset system message: string content
+    /// `prompt + "\n\n" + dataset` (`SYSTEM_PROMPT_JOIN_SEP`), list content
+    /// `[{"type":"text","text":prompt}, ...dataset parts]`. AIPerf marks the *prompt* before
+    /// merging, so a suffix marker lands after the first `n` bytes of the string, or at the end of
+    /// the first part's text (a prefix marker lands where it always does). Only kvbust's own
+    /// synthesis knows this; `None` (the default) treats the content as one piece.
+    pub system_prompt_bytes: Option<usize>,
 }
 
 impl<'a> Plan<'a> {
-    /// A plan with no user-context messages and [`ListParts::OwnPart`].
+    /// A plan with no user-context messages, [`ListParts::OwnPart`] and no merged system prompt.
     pub fn new(target: Target, marker: &'a str) -> Self {
         Plan {
             target,
             marker,
             user_context_messages: 0,
             list_parts: ListParts::OwnPart,
+            system_prompt_bytes: None,
         }
     }
 }
@@ -232,6 +241,10 @@ pub enum RewriteError {
         expected: &'static str,
         found: &'static str,
     },
+    /// The plan's `system_prompt_bytes` does not fit the system message (a kvbust bug, since
+    /// only kvbust's own synthesis sets it).
+    #[error("cache-bust plan does not fit the body: {0}")]
+    PlanMismatch(String),
     #[error("internal error in the cache-bust engine ({0}); please report it with the request body")]
     Internal(&'static str),
 }
@@ -249,13 +262,17 @@ impl RewriteError {
             | RewriteError::ContentType { .. }
             | RewriteError::PromptType { .. }
             | RewriteError::WrongType { .. } => "invalid_field_type",
+            RewriteError::PlanMismatch(_) => "plan_mismatch",
             RewriteError::Internal(_) => "internal",
         }
     }
 
     /// True when the client's body is at fault (everything but [`RewriteError::Internal`]).
     pub fn is_client_error(&self) -> bool {
-        !matches!(self, RewriteError::Internal(_))
+        !matches!(
+            self,
+            RewriteError::Internal(_) | RewriteError::PlanMismatch(_)
+        )
     }
 }
 
@@ -534,7 +551,8 @@ struct Injector<'p> {
     prefix: bool,
     list_parts: ListParts,
     text_type: &'static str,
-    inserts: Vec<(usize, Vec<u8>)>,
+    /// `(range of the body replaced, new bytes)`; an empty range is an insertion.
+    edits: Vec<(std::ops::Range<usize>, Vec<u8>)>,
 }
 
 /// `s` as a JSON string literal (serde_json spelling = orjson's).
@@ -608,9 +626,44 @@ impl<'p> Injector<'p> {
             } else {
                 span.end - 1
             };
-            self.inserts.push((at, inner.into_bytes()));
+            self.edits.push((at..at, inner.into_bytes()));
         }
         Ok(())
+    }
+
+    /// Marks the conversation system prompt that occupies the first `n` bytes of a merged system
+    /// message (see [`Plan::system_prompt_bytes`]).
+    fn merged_system(&mut self, path: Path, raw: Option<&RawValue>, n: usize) -> Result<(), RewriteError> {
+        let mismatch = |what: &str| RewriteError::PlanMismatch(format!("`{}` {what}", path.field("content")));
+        match raw {
+            Some(r) if Kind::of(r) == Kind::String => {
+                if self.prefix {
+                    return self.string(r);
+                }
+                let s = raw::string(r).map_err(|_| mismatch("is not valid Unicode text"))?;
+                if !s.is_char_boundary(n) {
+                    return Err(mismatch(&format!("has no character boundary at system prompt length {n}")));
+                }
+                let (head, tail) = s.split_at(n);
+                if head.ends_with(self.marker) || tail.starts_with(self.marker) || s.ends_with(self.marker) {
+                    return Ok(());
+                }
+                // The text around the cut is re-encoded (serde_json = orjson spelling); the rest of
+                // the body is untouched.
+                let new = json_string(&format!("{head}{}{tail}", self.marker))?;
+                let span = self.span(r)?;
+                self.edits.push((span, new.into_bytes()));
+                Ok(())
+            }
+            Some(r) if Kind::of(r) == Kind::Array => {
+                let elems = raw::array(r).map_err(internal("array of a validated array"))?;
+                match elems.first().and_then(|e| text_of_part(e, self.text_type)) {
+                    Some(text) => self.string(text),
+                    None => Err(mismatch("does not start with a text part holding the system prompt")),
+                }
+            }
+            _ => self.content(path, raw),
+        }
     }
 
     /// Marks an array of content parts / blocks according to [`ListParts`].
@@ -662,7 +715,7 @@ impl<'p> Injector<'p> {
             }
             _ => (self.span(array)?.start + 1, part),
         };
-        self.inserts.push((at, bytes.into_bytes()));
+        self.edits.push((at..at, bytes.into_bytes()));
         Ok(())
     }
 
@@ -679,19 +732,20 @@ impl<'p> Injector<'p> {
     }
 
     fn finish(mut self) -> Option<Vec<u8>> {
-        if self.inserts.is_empty() {
+        if self.edits.is_empty() {
             return None;
         }
-        self.inserts.sort_by_key(|(at, _)| *at);
-        let extra: usize = self.inserts.iter().map(|(_, b)| b.len()).sum();
+        // Edits never overlap: each is inside a different value, or an insertion between values.
+        self.edits.sort_by_key(|(r, _)| (r.start, r.end));
+        let extra: usize = self.edits.iter().map(|(_, b)| b.len()).sum();
         let mut out = Vec::with_capacity(self.body.len() + extra);
         let mut pos = 0;
-        for (at, bytes) in &self.inserts {
-            out.extend_from_slice(&self.body[pos..*at]);
+        for (range, bytes) in &self.edits {
+            out.extend_from_slice(self.body.get(pos..range.start)?);
             out.extend_from_slice(bytes);
-            pos = *at;
+            pos = range.end;
         }
-        out.extend_from_slice(&self.body[pos..]);
+        out.extend_from_slice(self.body.get(pos..)?);
         Some(out)
     }
 }
@@ -722,11 +776,11 @@ impl<'a> Parsed<'a> {
             prefix: plan.target.is_prefix(),
             list_parts: plan.list_parts,
             text_type: self.shape.text_part_type(),
-            inserts: Vec::new(),
+            edits: Vec::new(),
         };
         let skip = plan.user_context_messages;
         let location = if plan.target.is_system() {
-            if self.mark_system(&mut inj)? {
+            if self.mark_system(&mut inj, plan)? {
                 Some(Location::System)
             } else if self.mark_first_user(&mut inj, skip)? {
                 Some(Location::Fallthrough)
@@ -745,12 +799,15 @@ impl<'a> Parsed<'a> {
     }
 
     /// Marks the system prompt; false when the body has none.
-    fn mark_system(&self, inj: &mut Injector<'_>) -> Result<bool, RewriteError> {
+    fn mark_system(&self, inj: &mut Injector<'_>, plan: &Plan) -> Result<bool, RewriteError> {
         match &self.view {
             View::Chat { messages } => match leading_system("messages", messages)? {
                 Some(m) => {
                     let path = Path::top("messages").at(m.index);
-                    inj.content(path, m.obj.get("content"))?;
+                    match plan.system_prompt_bytes {
+                        Some(n) => inj.merged_system(path, m.obj.get("content"), n)?,
+                        None => inj.content(path, m.obj.get("content"))?,
+                    }
                     Ok(true)
                 }
                 None => Ok(false),
