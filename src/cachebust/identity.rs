@@ -184,7 +184,11 @@ mod tests {
         let mut by_conv = Ledger::new(cap(16));
         let counters: Vec<u64> = seq
             .iter()
-            .map(|c| by_conv.resolve(c["conversation_id"].as_str().unwrap()).counter)
+            .map(|c| {
+                by_conv
+                    .resolve(c["conversation_id"].as_str().unwrap())
+                    .counter
+            })
             .collect();
         assert_eq!(counters, [0, 1, 2, 0, 1]);
     }

@@ -245,7 +245,9 @@ pub enum RewriteError {
     /// only kvbust's own synthesis sets it).
     #[error("cache-bust plan does not fit the body: {0}")]
     PlanMismatch(String),
-    #[error("internal error in the cache-bust engine ({0}); please report it with the request body")]
+    #[error(
+        "internal error in the cache-bust engine ({0}); please report it with the request body"
+    )]
     Internal(&'static str),
 }
 
@@ -373,7 +375,9 @@ impl fmt::Debug for Parsed<'_> {
 }
 
 fn parse_top(body: &[u8]) -> Result<RawObject<'_>, RewriteError> {
-    let first = body.iter().find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+    let first = body
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
     if first == Some(&b'{') {
         return serde_json::from_slice(body).map_err(RewriteError::InvalidJson);
     }
@@ -386,9 +390,13 @@ fn parse_top(body: &[u8]) -> Result<RawObject<'_>, RewriteError> {
 
 fn required_array<'a>(
     top: &RawObject<'a>,
+    split: Option<Vec<&'a RawValue>>,
     field: &'static str,
     shape: Shape,
 ) -> Result<Vec<&'a RawValue>, RewriteError> {
+    if let Some(items) = split {
+        return Ok(items);
+    }
     let raw = top
         .get(field)
         .ok_or(RewriteError::MissingField { field, shape })?;
@@ -404,11 +412,21 @@ fn required_array<'a>(
 /// Parses `body` for `shape` once. Fails when the body is not a JSON object or a field the shape
 /// needs has the wrong JSON type (see the module docs).
 pub fn parse(shape: Shape, body: &[u8]) -> Result<Parsed<'_>, RewriteError> {
-    let top = parse_top(body)?;
+    // The array that holds the conversation is split out while the body is read (one pass);
+    // anything unusual (no object, invalid JSON, the field not an array) takes the general path.
+    let array_field = match shape {
+        Shape::Chat | Shape::Messages => Some("messages"),
+        Shape::Responses => Some("input"),
+        Shape::Completions => None,
+    };
+    let (top, mut split) = match array_field.map(|f| raw::object_with_array(body, f)) {
+        Some(Ok((top, split))) => (top, split),
+        _ => (parse_top(body)?, None),
+    };
     let user = top.get("user").and_then(raw::as_str);
     let view = match shape {
         Shape::Chat => View::Chat {
-            messages: required_array(&top, "messages", shape)?,
+            messages: required_array(&top, split.take(), "messages", shape)?,
         },
         Shape::Messages => {
             let system = top.get_non_null("system");
@@ -423,7 +441,7 @@ pub fn parse(shape: Shape, body: &[u8]) -> Result<Parsed<'_>, RewriteError> {
             }
             View::Messages {
                 system,
-                messages: required_array(&top, "messages", shape)?,
+                messages: required_array(&top, split.take(), "messages", shape)?,
             }
         }
         Shape::Responses => {
@@ -436,13 +454,12 @@ pub fn parse(shape: Shape, body: &[u8]) -> Result<Parsed<'_>, RewriteError> {
                     });
                 }
             }
-            let input = match top.get_non_null("input") {
-                None => Input::Absent,
-                Some(r) => match Kind::of(r) {
+            let input = match (split.take(), top.get_non_null("input")) {
+                (Some(items), _) => Input::Items(items),
+                (None, None) => Input::Absent,
+                (None, Some(r)) => match Kind::of(r) {
                     Kind::String => Input::Text(r),
-                    Kind::Array => {
-                        Input::Items(raw::array(r).map_err(internal("array of input"))?)
-                    }
+                    Kind::Array => Input::Items(raw::array(r).map_err(internal("array of input"))?),
                     k => {
                         return Err(RewriteError::WrongType {
                             path: "input".into(),
@@ -633,8 +650,14 @@ impl<'p> Injector<'p> {
 
     /// Marks the conversation system prompt that occupies the first `n` bytes of a merged system
     /// message (see [`Plan::system_prompt_bytes`]).
-    fn merged_system(&mut self, path: Path, raw: Option<&RawValue>, n: usize) -> Result<(), RewriteError> {
-        let mismatch = |what: &str| RewriteError::PlanMismatch(format!("`{}` {what}", path.field("content")));
+    fn merged_system(
+        &mut self,
+        path: Path,
+        raw: Option<&RawValue>,
+        n: usize,
+    ) -> Result<(), RewriteError> {
+        let mismatch =
+            |what: &str| RewriteError::PlanMismatch(format!("`{}` {what}", path.field("content")));
         match raw {
             Some(r) if Kind::of(r) == Kind::String => {
                 if self.prefix {
@@ -642,10 +665,15 @@ impl<'p> Injector<'p> {
                 }
                 let s = raw::string(r).map_err(|_| mismatch("is not valid Unicode text"))?;
                 if !s.is_char_boundary(n) {
-                    return Err(mismatch(&format!("has no character boundary at system prompt length {n}")));
+                    return Err(mismatch(&format!(
+                        "has no character boundary at system prompt length {n}"
+                    )));
                 }
                 let (head, tail) = s.split_at(n);
-                if head.ends_with(self.marker) || tail.starts_with(self.marker) || s.ends_with(self.marker) {
+                if head.ends_with(self.marker)
+                    || tail.starts_with(self.marker)
+                    || s.ends_with(self.marker)
+                {
                     return Ok(());
                 }
                 // The text around the cut is re-encoded (serde_json = orjson spelling); the rest of
@@ -659,7 +687,9 @@ impl<'p> Injector<'p> {
                 let elems = raw::array(r).map_err(internal("array of a validated array"))?;
                 match elems.first().and_then(|e| text_of_part(e, self.text_type)) {
                     Some(text) => self.string(text),
-                    None => Err(mismatch("does not start with a text part holding the system prompt")),
+                    None => Err(mismatch(
+                        "does not start with a text part holding the system prompt",
+                    )),
                 }
             }
             _ => self.content(path, raw),

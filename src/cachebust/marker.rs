@@ -175,10 +175,7 @@ mod tests {
                     "{unique} {t}"
                 );
                 if !t.is_warmup_isolation() {
-                    assert_eq!(
-                        build_marker(t, Phase::Profiling, &inputs).as_deref(),
-                        want
-                    );
+                    assert_eq!(build_marker(t, Phase::Profiling, &inputs).as_deref(), want);
                 } else {
                     assert_eq!(build_marker(t, Phase::Profiling, &inputs), None);
                 }
@@ -247,7 +244,10 @@ mod tests {
         assert_eq!(strip_any_marker("\n\n[rid:bec92e2bea5e]"), "");
         assert_eq!(strip_any_marker("[rid:zzz]\n\nHi"), "[rid:zzz]\n\nHi");
         assert_eq!(strip_any_marker("é\n\n[rid:bec92e2bea5e]"), "é");
-        assert_eq!(strip_any_marker("ééééééééééééééééééééé"), "ééééééééééééééééééééé");
+        assert_eq!(
+            strip_any_marker("ééééééééééééééééééééé"),
+            "ééééééééééééééééééééé"
+        );
         assert_eq!(strip_any_marker("[rid:ééééééé]\n\n"), "[rid:ééééééé]\n\n");
     }
 }

@@ -20,7 +20,6 @@ pub mod target;
 pub use identity::{Ledger, Resolution};
 pub use inject::{parse, ListParts, Location, Outcome, Parsed, Plan, RewriteError, Shape};
 pub use marker::{
-    base_trace_id, build_marker, digest, random_benchmark_id, DigestInputs,
-    WARMUP_ISOLATION_MARKER,
+    base_trace_id, build_marker, digest, random_benchmark_id, DigestInputs, WARMUP_ISOLATION_MARKER,
 };
 pub use target::{ParsePhaseError, ParseTargetError, Phase, Target};

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -123,13 +123,85 @@ impl<'de> Deserialize<'de> for RawObject<'de> {
     }
 }
 
+/// An array's elements, failing on any other JSON type.
+struct ArrayOnly<'a>(Vec<&'a RawValue>);
+
+impl<'de> Deserialize<'de> for ArrayOnly<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ArrayOnly<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(16).min(1024));
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    items.push(item);
+                }
+                Ok(ArrayOnly(items))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct TopSeed(&'static str);
+
+type TopParts<'a> = (RawObject<'a>, Option<Vec<&'a RawValue>>);
+
+impl<'de> DeserializeSeed<'de> for TopSeed {
+    type Value = TopParts<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed {
+    type Value = TopParts<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut entries = Vec::with_capacity(16);
+        let mut array = None;
+        while let Some(Str(k)) = map.next_key::<Str<'de>>()? {
+            if k == self.0 {
+                array = Some(map.next_value::<ArrayOnly<'de>>()?.0);
+            } else {
+                entries.push((k, map.next_value::<&'de RawValue>()?));
+            }
+        }
+        Ok((RawObject { entries }, array))
+    }
+}
+
+/// The fast path for the common body: the top-level object's members, except `field`, whose
+/// value (the last occurrence) is returned as its elements; one pass over the body instead of
+/// two. Fails when the body is not an object, is invalid, or `field` is present but not an array
+/// (every occurrence must be one): the caller then takes the general path, which also words the
+/// error. `field` is absent from the returned object.
+pub(crate) fn object_with_array<'a>(
+    body: &'a [u8],
+    field: &'static str,
+) -> serde_json::Result<TopParts<'a>> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let out = TopSeed(field).deserialize(&mut de)?;
+    de.end()?;
+    Ok(out)
+}
+
 /// Members of a raw value known (by [`Kind::of`]) to be an object.
 pub(crate) fn object<'a>(raw: &'a RawValue) -> serde_json::Result<RawObject<'a>> {
     serde_json::from_str(raw.get())
 }
 
 /// Elements of a raw value known to be an array.
-pub(crate) fn array<'a>(raw: &'a RawValue) -> serde_json::Result<Vec<&'a RawValue>> {
+pub(crate) fn array(raw: &RawValue) -> serde_json::Result<Vec<&RawValue>> {
     serde_json::from_str(raw.get())
 }
 
@@ -179,6 +251,34 @@ mod tests {
         let els = array(a).unwrap();
         assert_eq!(&body[span(body, els[1]).unwrap()], b"2");
         assert!(span(b"[1,2]", a).is_none());
+    }
+
+    #[test]
+    fn fast_path_splits_the_array_field() {
+        let body = br#"{"a":1,"messages":[ {"x":1} , 2 ],"b":"c","messages":[3]}"#;
+        let (o, arr) = object_with_array(body, "messages").unwrap();
+        assert!(o.get("messages").is_none());
+        assert_eq!(o.distinct_keys(), 2);
+        let arr = arr.unwrap();
+        assert_eq!(arr.len(), 1);
+        assert_eq!(&body[span(body, arr[0]).unwrap()], b"3");
+        let (_, none) = object_with_array(br#"{"a":1}"#, "messages").unwrap();
+        assert!(none.is_none());
+        for bad in [
+            &br#"{"messages":"x"}"#[..],
+            br#"{"messages":null}"#,
+            b"[1]",
+            b"{} x",
+            br#"{"messages":[1e400], "m":1e400}"#,
+        ] {
+            let ok = object_with_array(bad, "messages").is_ok();
+            assert_eq!(
+                ok,
+                bad.starts_with(br#"{"messages":[1e400]"#),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     #[test]

@@ -206,7 +206,10 @@ mod tests {
             let back: Phase = serde_json::from_str(&format!("\"{}\"", p.as_str())).unwrap();
             assert_eq!(back, p);
         }
-        assert_eq!(" System_Prefix ".parse::<Target>(), Ok(Target::SystemPrefix));
+        assert_eq!(
+            " System_Prefix ".parse::<Target>(),
+            Ok(Target::SystemPrefix)
+        );
         assert_eq!("WarmUp".parse::<Phase>(), Ok(Phase::Warmup));
     }
 
@@ -226,7 +229,9 @@ mod tests {
         }
         let e = "prod".parse::<Phase>().unwrap_err().to_string();
         assert!(e.contains("`prod`") && e.contains("warmup") && e.contains("profiling"));
-        let e = serde_json::from_str::<Target>("\"nope\"").unwrap_err().to_string();
+        let e = serde_json::from_str::<Target>("\"nope\"")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("first_turn_prefix"), "{e}");
         assert!(serde_json::from_str::<Phase>("3").is_err());
     }

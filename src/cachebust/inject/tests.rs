@@ -36,28 +36,125 @@ fn vector_inputs() -> DigestInputs {
 /// * everything else (plain synthetic turns, `raw_messages_*`): defaults (0, `OwnPart`, `None`).
 type Settings = (&'static str, &'static str, usize, ListParts, Option<usize>);
 const SCENARIOS: &[Settings] = &[
-    ("chat", "synthetic_string_no_system", 0, ListParts::OwnPart, None),
-    ("chat", "synthetic_with_shared_system", 0, ListParts::OwnPart, None),
-    ("chat", "synthetic_with_system_and_user_context", 1, ListParts::OwnPart, None),
-    ("chat", "synthetic_user_context_only", 1, ListParts::OwnPart, None),
-    ("chat", "synthetic_multimodal_text_plus_image", 0, ListParts::InlineText, None),
-    ("chat", "raw_messages_system_string", 0, ListParts::OwnPart, None),
-    ("chat", "raw_messages_system_list_parts", 0, ListParts::OwnPart, None),
-    ("chat", "raw_messages_no_system_user_list_parts", 0, ListParts::OwnPart, None),
-    ("chat", "raw_messages_assistant_first_then_user", 0, ListParts::OwnPart, None),
-    ("chat", "raw_messages_system_plus_conversation_system_message", 0, ListParts::OwnPart, Some(30)),
-    ("chat", "synthetic_multi_turn_3_no_system", 0, ListParts::OwnPart, None),
-    ("chat", "synthetic_multi_turn_3_with_system_and_user_context", 1, ListParts::OwnPart, None),
-    ("responses", "synthetic_with_system_and_user_context", 1, ListParts::OwnPart, None),
-    ("responses", "synthetic_string_no_system", 0, ListParts::OwnPart, None),
-    ("messages", "synthetic_with_system_and_user_context", 1, ListParts::OwnPart, None),
-    ("messages", "synthetic_string_no_system", 0, ListParts::OwnPart, None),
+    (
+        "chat",
+        "synthetic_string_no_system",
+        0,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "chat",
+        "synthetic_with_shared_system",
+        0,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "chat",
+        "synthetic_with_system_and_user_context",
+        1,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "chat",
+        "synthetic_user_context_only",
+        1,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "chat",
+        "synthetic_multimodal_text_plus_image",
+        0,
+        ListParts::InlineText,
+        None,
+    ),
+    (
+        "chat",
+        "raw_messages_system_string",
+        0,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "chat",
+        "raw_messages_system_list_parts",
+        0,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "chat",
+        "raw_messages_no_system_user_list_parts",
+        0,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "chat",
+        "raw_messages_assistant_first_then_user",
+        0,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "chat",
+        "raw_messages_system_plus_conversation_system_message",
+        0,
+        ListParts::OwnPart,
+        Some(30),
+    ),
+    (
+        "chat",
+        "synthetic_multi_turn_3_no_system",
+        0,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "chat",
+        "synthetic_multi_turn_3_with_system_and_user_context",
+        1,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "responses",
+        "synthetic_with_system_and_user_context",
+        1,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "responses",
+        "synthetic_string_no_system",
+        0,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "messages",
+        "synthetic_with_system_and_user_context",
+        1,
+        ListParts::OwnPart,
+        None,
+    ),
+    (
+        "messages",
+        "synthetic_string_no_system",
+        0,
+        ListParts::OwnPart,
+        None,
+    ),
 ];
 
 type RawKey<'a> = (&'a str, &'a str, Target, Phase);
 
 /// `(before, after)` of every payload vector request as raw JSON text, keys in AIPerf's order.
-fn raw_payload_requests() -> std::collections::HashMap<RawKey<'static>, Vec<(&'static RawValue, &'static RawValue)>> {
+fn raw_payload_requests(
+) -> std::collections::HashMap<RawKey<'static>, Vec<(&'static RawValue, &'static RawValue)>> {
     #[derive(serde::Deserialize)]
     struct File<'a> {
         #[serde(borrow)]
@@ -79,13 +176,16 @@ fn raw_payload_requests() -> std::collections::HashMap<RawKey<'static>, Vec<(&'s
         #[serde(borrow)]
         after: &'a RawValue,
     }
-    let file: File<'static> =
-        serde_json::from_str(include_str!("../../../tests/fixtures/cachebust/cachebust.json"))
-            .unwrap();
+    let file: File<'static> = serde_json::from_str(include_str!(
+        "../../../tests/fixtures/cachebust/cachebust.json"
+    ))
+    .unwrap();
     let mut map = std::collections::HashMap::new();
     for c in file.payload_vectors {
         let reqs = c.requests.iter().map(|r| (r.before, r.after)).collect();
-        assert!(map.insert((c.endpoint, c.scenario, c.target, c.phase), reqs).is_none());
+        assert!(map
+            .insert((c.endpoint, c.scenario, c.target, c.phase), reqs)
+            .is_none());
     }
     map
 }
@@ -148,20 +248,33 @@ fn every_payload_vector() {
             .find(|(e, s, ..)| *e == endpoint && *s == scenario)
             .unwrap_or_else(|| panic!("scenario {endpoint}/{scenario} missing from SCENARIOS"));
         let marker = build_marker(target, phase, &inputs);
-        assert_eq!(marker.as_deref(), case["marker"].as_str(), "{endpoint}/{scenario}/{target}/{phase}");
+        assert_eq!(
+            marker.as_deref(),
+            case["marker"].as_str(),
+            "{endpoint}/{scenario}/{target}/{phase}"
+        );
         let requests = case["requests"].as_array().unwrap();
         assert!(!requests.is_empty());
         for (turn, req) in requests.iter().enumerate() {
             let before = &req["before"];
             let after = &req["after"];
             let bytes = serde_json::to_vec(before).unwrap();
-            let label = format!("{endpoint}/{scenario}/{target}/{phase} turn {}", req["turn_index"]);
+            let label = format!(
+                "{endpoint}/{scenario}/{target}/{phase} turn {}",
+                req["turn_index"]
+            );
             let parsed = parse(shape, &bytes).unwrap_or_else(|e| panic!("{label}: {e}"));
             let Some(marker) = marker.as_deref() else {
                 // No marker: the proxy forwards without parsing; the vector agrees.
                 assert_eq!(before, after, "{label}");
                 let none = parsed.apply(&Plan::new(Target::None, "x")).unwrap();
-                assert_eq!(none, Outcome { body: None, location: None });
+                assert_eq!(
+                    none,
+                    Outcome {
+                        body: None,
+                        location: None
+                    }
+                );
                 unmarked += 1;
                 requests_checked += 1;
                 continue;
@@ -173,8 +286,13 @@ fn every_payload_vector() {
                 list_parts,
                 system_prompt_bytes,
             };
-            let out = parsed.apply(&plan).unwrap_or_else(|e| panic!("{label}: {e}"));
-            let body = out.body.clone().unwrap_or_else(|| panic!("{label}: nothing injected"));
+            let out = parsed
+                .apply(&plan)
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+            let body = out
+                .body
+                .clone()
+                .unwrap_or_else(|| panic!("{label}: nothing injected"));
             let got: Value = serde_json::from_slice(&body).unwrap();
             assert_eq!(&got, after, "{label}");
             // Stronger, on the wire: from the vector's own text with its key order (the
@@ -182,7 +300,10 @@ fn every_payload_vector() {
             // AIPerf's `after` byte for byte.
             let raw = &raw_requests[&(endpoint, scenario, target, phase)][turn];
             let wire_in = minify(raw.0.get());
-            let wire_out = parse(shape, wire_in.as_bytes()).unwrap().apply(&plan).unwrap();
+            let wire_out = parse(shape, wire_in.as_bytes())
+                .unwrap()
+                .apply(&plan)
+                .unwrap();
             assert_eq!(
                 std::str::from_utf8(wire_out.body.as_deref().unwrap()).unwrap(),
                 minify(raw.1.get()),
@@ -198,7 +319,14 @@ fn every_payload_vector() {
             assert_eq!(out.location, Some(want_loc), "{label}");
             // Idempotent: the marked body is left alone.
             let again = parse(shape, &body).unwrap().apply(&plan).unwrap();
-            assert_eq!(again, Outcome { body: None, location: Some(want_loc) }, "{label}");
+            assert_eq!(
+                again,
+                Outcome {
+                    body: None,
+                    location: Some(want_loc)
+                },
+                "{label}"
+            );
             // A marked and an unmarked history hash the same (session identity).
             assert_eq!(
                 parse(shape, &body).unwrap().first_user_turn_hash(ctx),
@@ -270,7 +398,10 @@ fn assert_single_insertion(body: &str, out: &str, inserted: &str) -> usize {
         .filter(|&i| body.is_char_boundary(i))
         .filter(|&i| format!("{}{inserted}{}", &body[..i], &body[i..]) == out)
         .collect();
-    assert!(!candidates.is_empty(), "{out} is not {body} plus {inserted:?}");
+    assert!(
+        !candidates.is_empty(),
+        "{out} is not {body} plus {inserted:?}"
+    );
     candidates[0]
 }
 
@@ -306,7 +437,11 @@ fn golden_transparency_system_string() {
 #[test]
 fn golden_transparency_user_parts() {
     // First-turn suffix on a list of parts: a new compact part after the last element.
-    let o = run(Shape::Chat, GOLDEN, &Plan::new(Target::FirstTurnSuffix, RID_S));
+    let o = run(
+        Shape::Chat,
+        GOLDEN,
+        &Plan::new(Target::FirstTurnSuffix, RID_S),
+    );
     assert_eq!(o.location, Some(Location::FirstUser));
     let out = out_str(&o);
     let part = r#",{"type":"text","text":"[rid:bec92e2bea5e]"}"#;
@@ -317,7 +452,11 @@ fn golden_transparency_user_parts() {
     assert_eq!(&out[at + part.len()..], &GOLDEN[at..]);
 
     // Prefix: before the first element, comma on the inner side.
-    let o = run(Shape::Chat, GOLDEN, &Plan::new(Target::FirstTurnPrefix, RID_P));
+    let o = run(
+        Shape::Chat,
+        GOLDEN,
+        &Plan::new(Target::FirstTurnPrefix, RID_P),
+    );
     let out = out_str(&o);
     let part = r#"{"type":"text","text":"[rid:bec92e2bea5e]"},"#;
     let at = assert_single_insertion(GOLDEN, out, part);
@@ -337,17 +476,29 @@ fn golden_transparency_user_parts() {
 #[test]
 fn transparency_other_shapes() {
     let body = r#"{"model":"m","system" : [ {"type":"text","text":"S","cache_control":{"type":"ephemeral"}} ],"messages":[{"role":"user","content":"hi"}],"max_tokens":1.50}"#;
-    let o = run(Shape::Messages, body, &Plan::new(Target::SystemSuffix, RID_S));
+    let o = run(
+        Shape::Messages,
+        body,
+        &Plan::new(Target::SystemSuffix, RID_S),
+    );
     assert_eq!(o.location, Some(Location::System));
     let part = r#",{"type":"text","text":"[rid:bec92e2bea5e]"}"#;
     let at = assert_single_insertion(body, out_str(&o), part);
     assert_eq!(at, body.find("} ]").unwrap() + 1);
 
     let body = r#"{"instructions":"Be \u0062rief","input":[{"role":"user","content":[{"type":"input_text","text":"Q"}]}],"x":1E2}"#;
-    let o = run(Shape::Responses, body, &Plan::new(Target::SystemPrefix, RID_P));
+    let o = run(
+        Shape::Responses,
+        body,
+        &Plan::new(Target::SystemPrefix, RID_P),
+    );
     let at = assert_single_insertion(body, out_str(&o), RID_P_JSON);
     assert_eq!(at, r#"{"instructions":""#.len());
-    let o = run(Shape::Responses, body, &Plan::new(Target::FirstTurnPrefix, RID_P));
+    let o = run(
+        Shape::Responses,
+        body,
+        &Plan::new(Target::FirstTurnPrefix, RID_P),
+    );
     assert_single_insertion(
         body,
         out_str(&o),
@@ -355,7 +506,11 @@ fn transparency_other_shapes() {
     );
 
     let body = r#"{"prompt":["a", "b\u0021" ,"c"],"model":"m","seed":18446744073709551617}"#;
-    let o = run(Shape::Completions, body, &Plan::new(Target::FirstTurnSuffix, RID_S));
+    let o = run(
+        Shape::Completions,
+        body,
+        &Plan::new(Target::FirstTurnSuffix, RID_S),
+    );
     assert_eq!(o.location, Some(Location::FirstUser));
     let out = out_str(&o);
     assert_eq!(
@@ -364,9 +519,17 @@ fn transparency_other_shapes() {
             r#"{{"prompt":["a{RID_S_JSON}", "b\u0021{RID_S_JSON}" ,"c{RID_S_JSON}"],"model":"m","seed":18446744073709551617}}"#
         )
     );
-    let o = run(Shape::Completions, body, &Plan::new(Target::SystemPrefix, RID_P));
+    let o = run(
+        Shape::Completions,
+        body,
+        &Plan::new(Target::SystemPrefix, RID_P),
+    );
     assert_eq!(o.location, Some(Location::Fallthrough));
-    let o2 = run(Shape::Completions, out_str(&o), &Plan::new(Target::SystemPrefix, RID_P));
+    let o2 = run(
+        Shape::Completions,
+        out_str(&o),
+        &Plan::new(Target::SystemPrefix, RID_P),
+    );
     assert_eq!(o2.body, None);
 }
 
@@ -398,31 +561,55 @@ fn chat_semantics() {
     );
     // idempotent when the marker part is already last (or first) — either end counts
     let b = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"[rid:bec92e2bea5e]"},{"type":"text","text":"x"}]}]}"#;
-    assert_eq!(run(Shape::Chat, b, &Plan::new(Target::FirstTurnSuffix, RID_S)).body, None);
+    assert_eq!(
+        run(Shape::Chat, b, &Plan::new(Target::FirstTurnSuffix, RID_S)).body,
+        None
+    );
     // a part with extra keys is not the marker part (Python dict equality)
     let b = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"[rid:bec92e2bea5e]","x":1}]}]}"#;
     assert!(run(Shape::Chat, b, &Plan::new(Target::FirstTurnPrefix, RID_P)).injected());
     // string idempotency: starts OR ends with the marker
     let b = format!(r#"{{"messages":[{{"role":"user","content":"x{RID_P_JSON}"}}]}}"#);
-    assert_eq!(run(Shape::Chat, &b, &Plan::new(Target::FirstTurnPrefix, RID_P)).body, None);
+    assert_eq!(
+        run(Shape::Chat, &b, &Plan::new(Target::FirstTurnPrefix, RID_P)).body,
+        None
+    );
     // the client spelled the marker's newlines differently: still recognised (decoded compare)
     let b = r#"{"messages":[{"role":"user","content":"[rid:bec92e2bea5e]\u000a\u000aHi"}]}"#;
-    assert_eq!(run(Shape::Chat, b, &Plan::new(Target::FirstTurnPrefix, RID_P)).body, None);
+    assert_eq!(
+        run(Shape::Chat, b, &Plan::new(Target::FirstTurnPrefix, RID_P)).body,
+        None
+    );
     // user context: the second user message is the first turn; none left → nothing marked
     let b = r#"{"messages":[{"role":"user","content":"CTX"}]}"#;
     let plan = Plan {
         user_context_messages: 1,
         ..Plan::new(Target::FirstTurnPrefix, RID_P)
     };
-    assert_eq!(run(Shape::Chat, b, &plan), Outcome { body: None, location: None });
+    assert_eq!(
+        run(Shape::Chat, b, &plan),
+        Outcome {
+            body: None,
+            location: None
+        }
+    );
     // no messages at all
     assert_eq!(
         run(Shape::Chat, r#"{"messages":[]}"#, &p),
-        Outcome { body: None, location: None }
+        Outcome {
+            body: None,
+            location: None
+        }
     );
     // None target and empty marker never touch the body
-    assert_eq!(run(Shape::Chat, b, &Plan::new(Target::None, RID_P)).location, None);
-    assert_eq!(run(Shape::Chat, b, &Plan::new(Target::FirstTurnPrefix, "")).body, None);
+    assert_eq!(
+        run(Shape::Chat, b, &Plan::new(Target::None, RID_P)).location,
+        None
+    );
+    assert_eq!(
+        run(Shape::Chat, b, &Plan::new(Target::FirstTurnPrefix, "")).body,
+        None
+    );
     // a later message that is invalid is never read
     let b = r#"{"messages":[{"role":"user","content":"U"}, 7]}"#;
     assert!(run(Shape::Chat, b, &Plan::new(Target::FirstTurnPrefix, RID_P)).injected());
@@ -437,8 +624,19 @@ fn chat_semantics() {
     let b = r#"{"messages":[{"role":"user","content":"\ud800x"}]}"#;
     let o = run(Shape::Chat, b, &Plan::new(Target::FirstTurnSuffix, RID_S));
     let out = out_str(&o).to_owned();
-    assert_eq!(out, format!(r#"{{"messages":[{{"role":"user","content":"\ud800x{RID_S_JSON}"}}]}}"#));
-    assert_eq!(run(Shape::Chat, &out, &Plan::new(Target::FirstTurnSuffix, RID_S)).body, None);
+    assert_eq!(
+        out,
+        format!(r#"{{"messages":[{{"role":"user","content":"\ud800x{RID_S_JSON}"}}]}}"#)
+    );
+    assert_eq!(
+        run(
+            Shape::Chat,
+            &out,
+            &Plan::new(Target::FirstTurnSuffix, RID_S)
+        )
+        .body,
+        None
+    );
 }
 
 #[test]
@@ -468,18 +666,37 @@ fn responses_semantics() {
     let b = r#"{"input":"Q","model":"m"}"#;
     let o = run(Shape::Responses, b, &Plan::new(Target::SystemPrefix, RID_P));
     assert_eq!(o.location, Some(Location::Fallthrough));
-    assert_eq!(out_str(&o), format!(r#"{{"input":"{RID_P_JSON}Q","model":"m"}}"#));
+    assert_eq!(
+        out_str(&o),
+        format!(r#"{{"input":"{RID_P_JSON}Q","model":"m"}}"#)
+    );
     // items without a role (tool outputs) are skipped
     let b = r#"{"input":[{"type":"function_call_output","output":"x"},{"type":"message","role":"user","content":"U"}]}"#;
-    let o = run(Shape::Responses, b, &Plan::new(Target::FirstTurnPrefix, RID_P));
+    let o = run(
+        Shape::Responses,
+        b,
+        &Plan::new(Target::FirstTurnPrefix, RID_P),
+    );
     assert!(out_str(&o).contains(&format!(r#""{RID_P_JSON}U""#)));
     // stateful: the first turn lives on the server
     let b = r#"{"input":"next","previous_response_id":"resp_1"}"#;
     assert_eq!(
-        run(Shape::Responses, b, &Plan::new(Target::FirstTurnPrefix, RID_P)),
-        Outcome { body: None, location: None }
+        run(
+            Shape::Responses,
+            b,
+            &Plan::new(Target::FirstTurnPrefix, RID_P)
+        ),
+        Outcome {
+            body: None,
+            location: None
+        }
     );
-    assert_eq!(parse(Shape::Responses, b.as_bytes()).unwrap().first_user_turn_hash(0), None);
+    assert_eq!(
+        parse(Shape::Responses, b.as_bytes())
+            .unwrap()
+            .first_user_turn_hash(0),
+        None
+    );
     // instructions: null counts as absent
     let b = r#"{"instructions":null,"input":"Q"}"#;
     let o = run(Shape::Responses, b, &Plan::new(Target::SystemPrefix, RID_P));
@@ -488,7 +705,8 @@ fn responses_semantics() {
 
 #[test]
 fn messages_semantics() {
-    let b = r#"{"system":null,"messages":[{"role":"user","content":[{"type":"text","text":"U"}]}]}"#;
+    let b =
+        r#"{"system":null,"messages":[{"role":"user","content":[{"type":"text","text":"U"}]}]}"#;
     let o = run(Shape::Messages, b, &Plan::new(Target::SystemPrefix, RID_P));
     assert_eq!(o.location, Some(Location::Fallthrough));
     assert_eq!(
@@ -496,16 +714,31 @@ fn messages_semantics() {
         r#"{"system":null,"messages":[{"role":"user","content":[{"type":"text","text":"[rid:bec92e2bea5e]"},{"type":"text","text":"U"}]}]}"#
     );
     let b = r#"{"system":"S","messages":[]}"#;
-    let o = run(Shape::Messages, b, &Plan::new(Target::WarmupIsolationSystem, "[warmup]\n\n"));
+    let o = run(
+        Shape::Messages,
+        b,
+        &Plan::new(Target::WarmupIsolationSystem, "[warmup]\n\n"),
+    );
     assert_eq!(out_str(&o), r#"{"system":"[warmup]\n\nS","messages":[]}"#);
 }
 
 #[test]
 fn first_user_turn_hash_ignores_markers() {
-    let h = |shape, b: &str, ctx| parse(shape, b.as_bytes()).unwrap().first_user_turn_hash(ctx);
-    let plain = h(Shape::Chat, r#"{"messages":[{"role":"user","content":"Hi"}]}"#, 0).unwrap();
+    let h = |shape, b: &str, ctx| {
+        parse(shape, b.as_bytes())
+            .unwrap()
+            .first_user_turn_hash(ctx)
+    };
+    let plain = h(
+        Shape::Chat,
+        r#"{"messages":[{"role":"user","content":"Hi"}]}"#,
+        0,
+    )
+    .unwrap();
     assert_eq!(plain.len(), 16);
-    assert!(plain.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    assert!(plain
+        .bytes()
+        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
     for marked in [
         format!(r#"{{"messages":[{{"role":"user","content":"{RID_P_JSON}Hi"}}]}}"#),
         r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"Hi\n\n[rid:0000000000ff]"}]}"#.to_owned(),
@@ -513,7 +746,15 @@ fn first_user_turn_hash_ignores_markers() {
     ] {
         assert_eq!(h(Shape::Chat, &marked, 0).as_deref(), Some(plain.as_str()), "{marked}");
     }
-    assert_ne!(h(Shape::Chat, r#"{"messages":[{"role":"user","content":"Hi!"}]}"#, 0).unwrap(), plain);
+    assert_ne!(
+        h(
+            Shape::Chat,
+            r#"{"messages":[{"role":"user","content":"Hi!"}]}"#,
+            0
+        )
+        .unwrap(),
+        plain
+    );
     // user context skipped
     let ctx = r#"{"messages":[{"role":"user","content":"CTX"},{"role":"user","content":"Hi"}]}"#;
     assert_eq!(h(Shape::Chat, ctx, 1).as_deref(), Some(plain.as_str()));
@@ -526,22 +767,65 @@ fn first_user_turn_hash_ignores_markers() {
         r#"{"messages":[{"role":"user","content":[{"type":"text","text":"A"},{"type":"image_url","image_url":{"url":"u"}},{"type":"text","text":"[warmup]"}]}]}"#,
         r#"{"messages":[{"role":"user","content":[{"text":"A\n\n[rid:bec92e2bea5e]","type":"text"},{"image_url":{"url":"u"},"type":"image_url"}]}]}"#,
     ] {
-        assert_eq!(h(Shape::Chat, marked, 0).as_deref(), Some(parts.as_str()), "{marked}");
+        assert_eq!(
+            h(Shape::Chat, marked, 0).as_deref(),
+            Some(parts.as_str()),
+            "{marked}"
+        );
     }
     // same first turn through other shapes
-    assert_eq!(h(Shape::Messages, r#"{"messages":[{"role":"user","content":"Hi"}]}"#, 0).as_deref(), Some(plain.as_str()));
-    assert_eq!(h(Shape::Responses, r#"{"input":"Hi"}"#, 0).as_deref(), Some(plain.as_str()));
-    assert_eq!(h(Shape::Completions, r#"{"prompt":["Hi","x"]}"#, 0).as_deref(), Some(plain.as_str()));
+    assert_eq!(
+        h(
+            Shape::Messages,
+            r#"{"messages":[{"role":"user","content":"Hi"}]}"#,
+            0
+        )
+        .as_deref(),
+        Some(plain.as_str())
+    );
+    assert_eq!(
+        h(Shape::Responses, r#"{"input":"Hi"}"#, 0).as_deref(),
+        Some(plain.as_str())
+    );
+    assert_eq!(
+        h(Shape::Completions, r#"{"prompt":["Hi","x"]}"#, 0).as_deref(),
+        Some(plain.as_str())
+    );
     // no user turn / unusable content
-    assert_eq!(h(Shape::Chat, r#"{"messages":[{"role":"assistant","content":"Hi"}]}"#, 0), None);
-    assert_eq!(h(Shape::Chat, r#"{"messages":[{"role":"user","content":null}]}"#, 0), None);
+    assert_eq!(
+        h(
+            Shape::Chat,
+            r#"{"messages":[{"role":"assistant","content":"Hi"}]}"#,
+            0
+        ),
+        None
+    );
+    assert_eq!(
+        h(
+            Shape::Chat,
+            r#"{"messages":[{"role":"user","content":null}]}"#,
+            0
+        ),
+        None
+    );
 }
 
 #[test]
 fn user_field() {
-    let p = |b: &str| parse(Shape::Chat, b.as_bytes()).unwrap().user_field().map(str::to_owned);
-    assert_eq!(p(r#"{"messages":[],"user":"alice"}"#).as_deref(), Some("alice"));
-    assert_eq!(p(r#"{"messages":[],"user":"\u0062ob"}"#).as_deref(), Some("bob"));
+    let p = |b: &str| {
+        parse(Shape::Chat, b.as_bytes())
+            .unwrap()
+            .user_field()
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        p(r#"{"messages":[],"user":"alice"}"#).as_deref(),
+        Some("alice")
+    );
+    assert_eq!(
+        p(r#"{"messages":[],"user":"\u0062ob"}"#).as_deref(),
+        Some("bob")
+    );
     assert_eq!(p(r#"{"messages":[],"user":7}"#), None);
     assert_eq!(p(r#"{"messages":[]}"#), None);
 }
@@ -590,17 +874,55 @@ fn bad_input_names_the_problem() {
         assert!(e.is_client_error());
     }
     // variants
-    assert!(matches!(err(Shape::Chat, "{", &fp), RewriteError::InvalidJson(_)));
-    assert!(matches!(err(Shape::Chat, "1", &fp), RewriteError::NotAnObject { .. }));
-    assert!(matches!(err(Shape::Chat, "{}", &fp), RewriteError::MissingField { field: "messages", shape: Shape::Chat }));
-    assert!(matches!(err(Shape::Chat, r#"{"messages":1}"#, &fp), RewriteError::NotAnArray { .. }));
-    assert!(matches!(err(Shape::Chat, r#"{"messages":[1]}"#, &fp), RewriteError::ElementNotObject { .. }));
-    assert!(matches!(err(Shape::Chat, r#"{"messages":[{"role":[]}]}"#, &fp), RewriteError::NotAString { .. }));
-    assert!(matches!(err(Shape::Chat, r#"{"messages":[{"role":"user","content":true}]}"#, &fp), RewriteError::ContentType { .. }));
-    assert!(matches!(err(Shape::Completions, r#"{"prompt":[1]}"#, &fp), RewriteError::PromptType { .. }));
-    assert!(matches!(err(Shape::Responses, r#"{"input":1}"#, &fp), RewriteError::WrongType { .. }));
+    assert!(matches!(
+        err(Shape::Chat, "{", &fp),
+        RewriteError::InvalidJson(_)
+    ));
+    assert!(matches!(
+        err(Shape::Chat, "1", &fp),
+        RewriteError::NotAnObject { .. }
+    ));
+    assert!(matches!(
+        err(Shape::Chat, "{}", &fp),
+        RewriteError::MissingField {
+            field: "messages",
+            shape: Shape::Chat
+        }
+    ));
+    assert!(matches!(
+        err(Shape::Chat, r#"{"messages":1}"#, &fp),
+        RewriteError::NotAnArray { .. }
+    ));
+    assert!(matches!(
+        err(Shape::Chat, r#"{"messages":[1]}"#, &fp),
+        RewriteError::ElementNotObject { .. }
+    ));
+    assert!(matches!(
+        err(Shape::Chat, r#"{"messages":[{"role":[]}]}"#, &fp),
+        RewriteError::NotAString { .. }
+    ));
+    assert!(matches!(
+        err(
+            Shape::Chat,
+            r#"{"messages":[{"role":"user","content":true}]}"#,
+            &fp
+        ),
+        RewriteError::ContentType { .. }
+    ));
+    assert!(matches!(
+        err(Shape::Completions, r#"{"prompt":[1]}"#, &fp),
+        RewriteError::PromptType { .. }
+    ));
+    assert!(matches!(
+        err(Shape::Responses, r#"{"input":1}"#, &fp),
+        RewriteError::WrongType { .. }
+    ));
     // invalid UTF-8 is invalid JSON
-    let e = parse(Shape::Chat, b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}").unwrap_err();
+    let e = parse(
+        Shape::Chat,
+        b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}",
+    )
+    .unwrap_err();
     assert!(matches!(e, RewriteError::InvalidJson(_)), "{e}");
 }
 
@@ -625,28 +947,59 @@ fn merged_system_prompt() {
     let b = r#"{"messages":[{"role":"system","content":"P\u00e9\n\nD"}],"x":1.0e-7}"#;
     let o = run(Shape::Chat, b, &plan);
     let out = out_str(&o).to_owned();
-    assert_eq!(out, format!(r#"{{"messages":[{{"role":"system","content":"Pé{RID_S_JSON}\n\nD"}}],"x":1.0e-7}}"#));
+    assert_eq!(
+        out,
+        format!(
+            r#"{{"messages":[{{"role":"system","content":"Pé{RID_S_JSON}\n\nD"}}],"x":1.0e-7}}"#
+        )
+    );
     assert_eq!(run(Shape::Chat, &out, &plan).body, None);
     // prefix: unaffected by the split
-    let pre = Plan { target: Target::SystemPrefix, marker: RID_P, ..plan };
+    let pre = Plan {
+        target: Target::SystemPrefix,
+        marker: RID_P,
+        ..plan
+    };
     assert_eq!(
         out_str(&run(Shape::Chat, b, &pre)),
-        format!(r#"{{"messages":[{{"role":"system","content":"{RID_P_JSON}P\u00e9\n\nD"}}],"x":1.0e-7}}"#)
+        format!(
+            r#"{{"messages":[{{"role":"system","content":"{RID_P_JSON}P\u00e9\n\nD"}}],"x":1.0e-7}}"#
+        )
     );
     // list: AIPerf's merge puts the prompt in the first part; the marker goes into its text
     let b = r#"{"messages":[{"role":"system","content":[{"type":"text","text":"P"},{"type":"text","text":"D"}]}]}"#;
     assert_eq!(
         out_str(&run(Shape::Chat, b, &plan)),
-        format!(r#"{{"messages":[{{"role":"system","content":[{{"type":"text","text":"P{RID_S_JSON}"}},{{"type":"text","text":"D"}}]}}]}}"#)
+        format!(
+            r#"{{"messages":[{{"role":"system","content":[{{"type":"text","text":"P{RID_S_JSON}"}},{{"type":"text","text":"D"}}]}}]}}"#
+        )
     );
     // not a character boundary / past the end: a plan mismatch, not a client error
     let b = r#"{"messages":[{"role":"system","content":"é"}]}"#;
-    let bad = Plan { system_prompt_bytes: Some(1), ..plan };
-    let e = parse(Shape::Chat, b.as_bytes()).unwrap().apply(&bad).unwrap_err();
-    assert!(matches!(e, RewriteError::PlanMismatch(_)) && !e.is_client_error(), "{e}");
-    let bad = Plan { system_prompt_bytes: Some(9), ..plan };
-    assert!(parse(Shape::Chat, b.as_bytes()).unwrap().apply(&bad).is_err());
+    let bad = Plan {
+        system_prompt_bytes: Some(1),
+        ..plan
+    };
+    let e = parse(Shape::Chat, b.as_bytes())
+        .unwrap()
+        .apply(&bad)
+        .unwrap_err();
+    assert!(
+        matches!(e, RewriteError::PlanMismatch(_)) && !e.is_client_error(),
+        "{e}"
+    );
+    let bad = Plan {
+        system_prompt_bytes: Some(9),
+        ..plan
+    };
+    assert!(parse(Shape::Chat, b.as_bytes())
+        .unwrap()
+        .apply(&bad)
+        .is_err());
     // no system message: the setting is irrelevant, normal fall-through
     let b = r#"{"messages":[{"role":"user","content":"U"}]}"#;
-    assert_eq!(run(Shape::Chat, b, &plan).location, Some(Location::Fallthrough));
+    assert_eq!(
+        run(Shape::Chat, b, &plan).location,
+        Some(Location::Fallthrough)
+    );
 }
