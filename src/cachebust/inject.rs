@@ -1,0 +1,1059 @@
+//! The pure body rewrite: parse a request body once, find where AIPerf's rule puts the marker, and splice it into the raw bytes. Never does I/O, never re-serialises bytes it does not change, never panics on client input.
+//!
+//! # Transparency
+//! The body is parsed into borrowed `&RawValue`s (objects as ordered `(key, value)` pairs), and
+//! the output is `body[..at] + inserted + body[at..]` for each insertion point. Every byte outside
+//! the insertions is the client's: key order, whitespace, number spelling, escapes, unknown fields.
+//! A marker goes *inside* an existing JSON string literal (right after the opening quote for a
+//! prefix, right before the closing quote for a suffix), spelled as `serde_json` spells it
+//! (`\n` for the newlines), so the client's own escapes in that string are kept too. When the
+//! client's string was written by orjson/serde_json (as AIPerf's are), the result is byte-equal to
+//! re-encoding `marker + text` with `serde_json::to_string`. A marker that becomes its own content
+//! part is a new compact element `{"type":"text","text":"[rid:…]"}` inserted before the first or
+//! after the last element (with the comma on the inner side; into `[]` without one).
+//! Duplicate keys: lookups use the last member with a key (what the upstream's JSON parser keeps)
+//! and that member is the one rewritten.
+//!
+//! # Rules (`aiperf-semantics.md` §1.6, adapted to a client-supplied body)
+//! * **System targets** (`system_prefix`, `system_suffix`, `warmup_isolation_system`):
+//!   - chat: `messages[0]` when its role is `system` or `developer`;
+//!   - responses: top-level `instructions` (a string); without it, `input[0]` when it is an item
+//!     with role `system`/`developer` (the chat rule; a kvbust extension, AIPerf never sends that);
+//!   - messages (Anthropic): top-level `system`, a string or an array of blocks;
+//!   - completions: never (falls through).
+//!
+//!   `null` counts as absent. No system → the first-user rule with the same orientation,
+//!   reported as [`Location::Fallthrough`].
+//! * **First-turn targets** and fall-through: the first user message after skipping
+//!   `user_context_messages` user messages: chat/messages `role == "user"` in `messages`; responses
+//!   `input` when it is a string (no skipping possible: with `user_context_messages > 0` there is
+//!   nothing to mark), else the first item with `role == "user"`; completions **every** string of
+//!   `prompt` (a kvbust extension: AIPerf rejects cache-bust on completions; a batch of prompts is
+//!   a batch of independent requests, each gets the session's marker). A Responses request with a
+//!   non-null `previous_response_id` keeps its first turn on the server (marked when it was sent),
+//!   so the first-user rule does nothing there.
+//!   No such message → nothing is marked ([`Outcome::location`] is `None`).
+//! * **Content**: a string → `marker + s` / `s + marker`, skipped when `s` already starts *or* ends
+//!   with the marker. An array of parts → depends on [`ListParts`]. Anything else (`null`, a
+//!   number, an object, a missing field) in the message the rule must mark is an error
+//!   ([`RewriteError::ContentType`]): the client asked for a marker there and there is no way to
+//!   carry one, and the upstream would reject such a message anyway. AIPerf warns and drops the
+//!   marker; a proxy that silently forwarded an unmarked body would fake a cache-bust.
+//! * A later request of a session carries the client's unmarked history and gets the same marker
+//!   again on its first user message, so its wire bytes equal AIPerf's (which persisted the mark).
+//!   An already-marked history is left unchanged by the idempotency checks.
+//!
+//! # Validation
+//! [`parse`] checks that the body is a JSON object and that the fields the shape needs have the
+//! right JSON type (`messages` an array, `input` a string or array, `prompt` a string or array,
+//! `instructions` a string, Anthropic `system` a string or array). [`Parsed::apply`] checks what
+//! the rule reads: every message it looks at must be an object, `role` (when present) a string,
+//! and the content it marks a string or an array. Messages after the one marked are not read.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde_json::value::RawValue;
+use sha2::{Digest as _, Sha256};
+
+use super::marker::{is_any_marker, strip_any_marker};
+use super::raw::{self, Kind, RawObject};
+use super::target::Target;
+
+#[cfg(test)]
+mod tests;
+
+/// The request body shapes kvbust rewrites, one per API route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shape {
+    /// `/v1/chat/completions`: `messages`, content a string or a list of parts.
+    Chat,
+    /// `/v1/responses`: `instructions`, `input` a string or a list of items.
+    Responses,
+    /// `/v1/messages` (Anthropic): top-level `system`, `messages`.
+    Messages,
+    /// `/v1/completions`: `prompt` a string or a list of strings.
+    Completions,
+}
+
+impl Shape {
+    /// Every shape.
+    pub const ALL: [Shape; 4] = [
+        Shape::Chat,
+        Shape::Responses,
+        Shape::Messages,
+        Shape::Completions,
+    ];
+
+    /// The route this shape is read from.
+    pub const fn path(self) -> &'static str {
+        match self {
+            Shape::Chat => "/v1/chat/completions",
+            Shape::Responses => "/v1/responses",
+            Shape::Messages => "/v1/messages",
+            Shape::Completions => "/v1/completions",
+        }
+    }
+
+    /// The shape of an exact route path (no query string, no trailing slash), if it is one.
+    pub fn from_path(path: &str) -> Option<Shape> {
+        Shape::ALL.into_iter().find(|s| s.path() == path)
+    }
+
+    /// Short name: `chat`, `responses`, `messages`, `completions` (AIPerf's endpoint names).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Shape::Chat => "chat",
+            Shape::Responses => "responses",
+            Shape::Messages => "messages",
+            Shape::Completions => "completions",
+        }
+    }
+
+    /// The `type` of a text content part in this API: `input_text` for the Responses API (the
+    /// only text part its input messages accept), `text` for chat and Anthropic.
+    pub const fn text_part_type(self) -> &'static str {
+        match self {
+            Shape::Responses => "input_text",
+            _ => "text",
+        }
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a marker landed (the metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Location {
+    /// The system prompt (system targets).
+    System,
+    /// The first user turn (first-turn targets).
+    FirstUser,
+    /// The first user turn, because a system target found no system prompt.
+    Fallthrough,
+}
+
+impl Location {
+    /// `system`, `first_user`, `fallthrough`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Location::System => "system",
+            Location::FirstUser => "first_user",
+            Location::Fallthrough => "fallthrough",
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a marker goes into content that is a list of parts (or Anthropic system blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ListParts {
+    /// AIPerf's `raw_messages` rule: a new part `{"type":"text","text":marker.strip()}` first
+    /// (prefix) or last (suffix); skipped when the first or last part already equals it.
+    #[default]
+    OwnPart,
+    /// AIPerf's synthetic multimodal rule: the full marker is concatenated into the first text
+    /// part's string (prefix or suffix of that string); when there is no text part, a new part
+    /// with the full marker goes first (AIPerf renders text parts before media).
+    InlineText,
+}
+
+/// What to inject, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan<'a> {
+    pub target: Target,
+    /// The full marker including its newlines, from [`super::marker::build_marker`].
+    pub marker: &'a str,
+    /// How many leading user messages are user context (skipped by the first-user rule).
+    pub user_context_messages: usize,
+    pub list_parts: ListParts,
+    /// Chat only: the system message `messages[0]` is AIPerf's merge of the conversation's system
+    /// prompt (this many bytes of UTF-8 text) with a dataset system message: string content
+    /// `prompt + "\n\n" + dataset` (`SYSTEM_PROMPT_JOIN_SEP`), list content
+    /// `[{"type":"text","text":prompt}, ...dataset parts]`. AIPerf marks the *prompt* before
+    /// merging, so a suffix marker lands after the first `n` bytes of the string, or at the end of
+    /// the first part's text (a prefix marker lands where it always does). Only kvbust's own
+    /// synthesis knows this; `None` (the default) treats the content as one piece.
+    pub system_prompt_bytes: Option<usize>,
+}
+
+impl<'a> Plan<'a> {
+    /// A plan with no user-context messages, [`ListParts::OwnPart`] and no merged system prompt.
+    pub fn new(target: Target, marker: &'a str) -> Self {
+        Plan {
+            target,
+            marker,
+            user_context_messages: 0,
+            list_parts: ListParts::OwnPart,
+            system_prompt_bytes: None,
+        }
+    }
+}
+
+/// The result of [`Parsed::apply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The rewritten body, or `None` when nothing changed (forward the original bytes).
+    pub body: Option<Vec<u8>>,
+    /// Where the marker is: `Some` with `body: None` means the body already carried it there;
+    /// `None` means the rule found nowhere to put it (e.g. no user message) or the plan was empty.
+    pub location: Option<Location>,
+}
+
+impl Outcome {
+    /// True when the body was changed.
+    pub fn injected(&self) -> bool {
+        self.body.is_some()
+    }
+}
+
+/// Why a body could not be rewritten. Every message names the field and the problem, for a 400.
+#[derive(Debug, thiserror::Error)]
+pub enum RewriteError {
+    #[error("body is not valid JSON: {0}")]
+    InvalidJson(#[source] serde_json::Error),
+    #[error("body must be a JSON object (found {found})")]
+    NotAnObject { found: &'static str },
+    #[error("`{field}` is missing: a {shape} request must have it")]
+    MissingField { field: &'static str, shape: Shape },
+    #[error("`{path}` must be an array (found {found})")]
+    NotAnArray { path: String, found: &'static str },
+    #[error("`{path}` must be an object (found {found})")]
+    ElementNotObject { path: String, found: &'static str },
+    #[error("`{path}` must be a string (found {found})")]
+    NotAString { path: String, found: &'static str },
+    #[error("`{path}` must be a string or an array of content parts (found {found})")]
+    ContentType { path: String, found: &'static str },
+    #[error("`{path}` must be a string or an array of strings to carry a cache-bust marker (found {found}; token-id prompts cannot be marked)")]
+    PromptType { path: String, found: &'static str },
+    #[error("`{path}` must be {expected} (found {found})")]
+    WrongType {
+        path: String,
+        expected: &'static str,
+        found: &'static str,
+    },
+    /// The plan's `system_prompt_bytes` does not fit the system message (a kvbust bug, since
+    /// only kvbust's own synthesis sets it).
+    #[error("cache-bust plan does not fit the body: {0}")]
+    PlanMismatch(String),
+    #[error(
+        "internal error in the cache-bust engine ({0}); please report it with the request body"
+    )]
+    Internal(&'static str),
+}
+
+impl RewriteError {
+    /// A stable snake_case code for the error (for the OpenAI-shaped error's `code` and metrics).
+    pub fn code(&self) -> &'static str {
+        match self {
+            RewriteError::InvalidJson(_) => "invalid_json",
+            RewriteError::NotAnObject { .. } => "body_not_object",
+            RewriteError::MissingField { .. } => "missing_field",
+            RewriteError::NotAnArray { .. }
+            | RewriteError::ElementNotObject { .. }
+            | RewriteError::NotAString { .. }
+            | RewriteError::ContentType { .. }
+            | RewriteError::PromptType { .. }
+            | RewriteError::WrongType { .. } => "invalid_field_type",
+            RewriteError::PlanMismatch(_) => "plan_mismatch",
+            RewriteError::Internal(_) => "internal",
+        }
+    }
+
+    /// True when the client's body is at fault (everything but [`RewriteError::Internal`]).
+    pub fn is_client_error(&self) -> bool {
+        !matches!(
+            self,
+            RewriteError::Internal(_) | RewriteError::PlanMismatch(_)
+        )
+    }
+}
+
+const MISSING: &str = "no such field";
+
+/// A JSON path for messages: `root`, `root[i]`, `root[i].leaf`.
+#[derive(Clone, Copy)]
+struct Path {
+    root: &'static str,
+    index: Option<usize>,
+    leaf: Option<&'static str>,
+}
+
+impl Path {
+    const fn top(root: &'static str) -> Path {
+        Path {
+            root,
+            index: None,
+            leaf: None,
+        }
+    }
+    const fn at(self, i: usize) -> Path {
+        Path {
+            index: Some(i),
+            ..self
+        }
+    }
+    const fn field(self, leaf: &'static str) -> Path {
+        Path {
+            leaf: Some(leaf),
+            ..self
+        }
+    }
+}
+
+impl fmt::Display for Path {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.root)?;
+        if let Some(i) = self.index {
+            write!(f, "[{i}]")?;
+        }
+        if let Some(l) = self.leaf {
+            write!(f, ".{l}")?;
+        }
+        Ok(())
+    }
+}
+
+fn found(raw: Option<&RawValue>) -> &'static str {
+    raw.map_or(MISSING, |r| Kind::of(r).describe())
+}
+
+fn internal(what: &'static str) -> impl FnOnce(serde_json::Error) -> RewriteError {
+    move |_| RewriteError::Internal(what)
+}
+
+/// The shape-specific view of a body.
+enum View<'a> {
+    Chat {
+        messages: Vec<&'a RawValue>,
+    },
+    Messages {
+        system: Option<&'a RawValue>,
+        messages: Vec<&'a RawValue>,
+    },
+    Responses {
+        instructions: Option<&'a RawValue>,
+        input: Input<'a>,
+        stateful: bool,
+    },
+    Completions {
+        prompt: &'a RawValue,
+    },
+}
+
+enum Input<'a> {
+    Absent,
+    Text(&'a RawValue),
+    Items(Vec<&'a RawValue>),
+}
+
+/// A body parsed once, borrowing from the request bytes.
+pub struct Parsed<'a> {
+    body: &'a [u8],
+    shape: Shape,
+    user: Option<Cow<'a, str>>,
+    view: View<'a>,
+}
+
+impl fmt::Debug for Parsed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Parsed")
+            .field("shape", &self.shape)
+            .field("body_len", &self.body.len())
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+fn parse_top(body: &[u8]) -> Result<RawObject<'_>, RewriteError> {
+    let first = body
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+    if first == Some(&b'{') {
+        return serde_json::from_slice(body).map_err(RewriteError::InvalidJson);
+    }
+    // Not an object: say what it is when it is JSON at all.
+    let raw: &RawValue = serde_json::from_slice(body).map_err(RewriteError::InvalidJson)?;
+    Err(RewriteError::NotAnObject {
+        found: Kind::of(raw).describe(),
+    })
+}
+
+fn required_array<'a>(
+    top: &RawObject<'a>,
+    split: Option<Vec<&'a RawValue>>,
+    field: &'static str,
+    shape: Shape,
+) -> Result<Vec<&'a RawValue>, RewriteError> {
+    if let Some(items) = split {
+        return Ok(items);
+    }
+    let raw = top
+        .get(field)
+        .ok_or(RewriteError::MissingField { field, shape })?;
+    if Kind::of(raw) != Kind::Array {
+        return Err(RewriteError::NotAnArray {
+            path: field.to_owned(),
+            found: found(Some(raw)),
+        });
+    }
+    raw::array(raw).map_err(internal("array of a validated array"))
+}
+
+/// Parses `body` for `shape` once. Fails when the body is not a JSON object or a field the shape
+/// needs has the wrong JSON type (see the module docs).
+pub fn parse(shape: Shape, body: &[u8]) -> Result<Parsed<'_>, RewriteError> {
+    // The array that holds the conversation is split out while the body is read (one pass);
+    // anything unusual (no object, invalid JSON, the field not an array) takes the general path.
+    let array_field = match shape {
+        Shape::Chat | Shape::Messages => Some("messages"),
+        Shape::Responses => Some("input"),
+        Shape::Completions => None,
+    };
+    let (top, mut split) = match array_field.map(|f| raw::object_with_array(body, f)) {
+        Some(Ok((top, split))) => (top, split),
+        _ => (parse_top(body)?, None),
+    };
+    let user = top.get("user").and_then(raw::as_str);
+    let view = match shape {
+        Shape::Chat => View::Chat {
+            messages: required_array(&top, split.take(), "messages", shape)?,
+        },
+        Shape::Messages => {
+            let system = top.get_non_null("system");
+            if let Some(s) = system {
+                if !matches!(Kind::of(s), Kind::String | Kind::Array) {
+                    return Err(RewriteError::WrongType {
+                        path: "system".into(),
+                        expected: "a string or an array of content blocks",
+                        found: found(system),
+                    });
+                }
+            }
+            View::Messages {
+                system,
+                messages: required_array(&top, split.take(), "messages", shape)?,
+            }
+        }
+        Shape::Responses => {
+            let instructions = top.get_non_null("instructions");
+            if let Some(i) = instructions {
+                if Kind::of(i) != Kind::String {
+                    return Err(RewriteError::NotAString {
+                        path: "instructions".into(),
+                        found: found(instructions),
+                    });
+                }
+            }
+            let input = match (split.take(), top.get_non_null("input")) {
+                (Some(items), _) => Input::Items(items),
+                (None, None) => Input::Absent,
+                (None, Some(r)) => match Kind::of(r) {
+                    Kind::String => Input::Text(r),
+                    Kind::Array => Input::Items(raw::array(r).map_err(internal("array of input"))?),
+                    k => {
+                        return Err(RewriteError::WrongType {
+                            path: "input".into(),
+                            expected: "a string or an array of input items",
+                            found: k.describe(),
+                        })
+                    }
+                },
+            };
+            View::Responses {
+                instructions,
+                input,
+                stateful: top.get_non_null("previous_response_id").is_some(),
+            }
+        }
+        Shape::Completions => {
+            let prompt = top.get("prompt").ok_or(RewriteError::MissingField {
+                field: "prompt",
+                shape,
+            })?;
+            if !matches!(Kind::of(prompt), Kind::String | Kind::Array) {
+                return Err(RewriteError::PromptType {
+                    path: "prompt".into(),
+                    found: found(Some(prompt)),
+                });
+            }
+            View::Completions { prompt }
+        }
+    };
+    Ok(Parsed {
+        body,
+        shape,
+        user,
+        view,
+    })
+}
+
+/// A message object with its index.
+struct Message<'a> {
+    index: usize,
+    obj: RawObject<'a>,
+}
+
+fn message<'a>(path: Path, raw: &'a RawValue) -> Result<RawObject<'a>, RewriteError> {
+    if Kind::of(raw) != Kind::Object {
+        return Err(RewriteError::ElementNotObject {
+            path: path.to_string(),
+            found: found(Some(raw)),
+        });
+    }
+    raw::object(raw).map_err(internal("object of a validated object"))
+}
+
+/// The message's role; `None` when absent or not decodable text.
+fn role<'a>(path: Path, obj: &RawObject<'a>) -> Result<Option<Cow<'a, str>>, RewriteError> {
+    match obj.get("role") {
+        None => Ok(None),
+        Some(r) if Kind::of(r) == Kind::String => Ok(raw::string(r).ok()),
+        Some(r) => Err(RewriteError::NotAString {
+            path: path.field("role").to_string(),
+            found: found(Some(r)),
+        }),
+    }
+}
+
+fn is_system_role(role: Option<&str>) -> bool {
+    matches!(role, Some("system" | "developer"))
+}
+
+/// The `(skip+1)`-th message with role `user`.
+fn nth_user<'a>(
+    root: &'static str,
+    items: &[&'a RawValue],
+    mut skip: usize,
+) -> Result<Option<Message<'a>>, RewriteError> {
+    for (index, raw) in items.iter().enumerate() {
+        let path = Path::top(root).at(index);
+        let obj = message(path, raw)?;
+        if role(path, &obj)?.as_deref() == Some("user") {
+            if skip == 0 {
+                return Ok(Some(Message { index, obj }));
+            }
+            skip -= 1;
+        }
+    }
+    Ok(None)
+}
+
+/// The first message when it is a system/developer message.
+fn leading_system<'a>(
+    root: &'static str,
+    items: &[&'a RawValue],
+) -> Result<Option<Message<'a>>, RewriteError> {
+    let Some(first) = items.first() else {
+        return Ok(None);
+    };
+    let path = Path::top(root).at(0);
+    let obj = message(path, first)?;
+    Ok(is_system_role(role(path, &obj)?.as_deref()).then_some(Message { index: 0, obj }))
+}
+
+/// Collects insertions for one plan.
+struct Injector<'p> {
+    body: &'p [u8],
+    marker: &'p str,
+    prefix: bool,
+    list_parts: ListParts,
+    text_type: &'static str,
+    /// `(range of the body replaced, new bytes)`; an empty range is an insertion.
+    edits: Vec<(std::ops::Range<usize>, Vec<u8>)>,
+}
+
+/// `s` as a JSON string literal (serde_json spelling = orjson's).
+fn json_string(s: &str) -> Result<String, RewriteError> {
+    serde_json::to_string(s).map_err(internal("string encoding"))
+}
+
+/// The literal without its quotes.
+fn json_string_inner(s: &str) -> Result<String, RewriteError> {
+    let lit = json_string(s)?;
+    Ok(lit
+        .get(1..lit.len().saturating_sub(1))
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// The `text` value of a part `{"type": text_type, "text": <string>, ...}`.
+fn text_of_part<'a>(part: &'a RawValue, text_type: &str) -> Option<&'a RawValue> {
+    if Kind::of(part) != Kind::Object {
+        return None;
+    }
+    let obj = raw::object(part).ok()?;
+    let is_text = obj
+        .get("type")
+        .and_then(raw::as_str)
+        .is_some_and(|t| t == text_type);
+    let text = obj.get("text")?;
+    (is_text && Kind::of(text) == Kind::String).then_some(text)
+}
+
+/// Python `part == {"type": text_type, "text": text}`: exactly those two keys and values.
+fn part_equals(part: &RawValue, text_type: &str, text: &str) -> bool {
+    if Kind::of(part) != Kind::Object {
+        return false;
+    }
+    let Ok(obj) = raw::object(part) else {
+        return false;
+    };
+    obj.distinct_keys() == 2
+        && obj
+            .get("type")
+            .and_then(raw::as_str)
+            .is_some_and(|t| t == text_type)
+        && obj
+            .get("text")
+            .and_then(raw::as_str)
+            .is_some_and(|t| t == text)
+}
+
+impl<'p> Injector<'p> {
+    fn span(&self, raw: &RawValue) -> Result<std::ops::Range<usize>, RewriteError> {
+        raw::span(self.body, raw).ok_or(RewriteError::Internal("value outside the body"))
+    }
+
+    /// Marks a string value in place (inside its quotes), unless it starts or ends with the marker.
+    fn string(&mut self, raw: &RawValue) -> Result<(), RewriteError> {
+        let span = self.span(raw)?;
+        let inner = json_string_inner(self.marker)?;
+        let already = match raw::string(raw) {
+            Ok(s) => s.starts_with(self.marker) || s.ends_with(self.marker),
+            // Not decodable as text (a lone surrogate escape): compare the JSON spelling.
+            Err(_) => {
+                let lit = raw.get();
+                let body = lit.get(1..lit.len().saturating_sub(1)).unwrap_or_default();
+                body.starts_with(&inner) || body.ends_with(&inner)
+            }
+        };
+        if !already {
+            let at = if self.prefix {
+                span.start + 1
+            } else {
+                span.end - 1
+            };
+            self.edits.push((at..at, inner.into_bytes()));
+        }
+        Ok(())
+    }
+
+    /// Marks the conversation system prompt that occupies the first `n` bytes of a merged system
+    /// message (see [`Plan::system_prompt_bytes`]).
+    fn merged_system(
+        &mut self,
+        path: Path,
+        raw: Option<&RawValue>,
+        n: usize,
+    ) -> Result<(), RewriteError> {
+        let mismatch =
+            |what: &str| RewriteError::PlanMismatch(format!("`{}` {what}", path.field("content")));
+        match raw {
+            Some(r) if Kind::of(r) == Kind::String => {
+                if self.prefix {
+                    return self.string(r);
+                }
+                let s = raw::string(r).map_err(|_| mismatch("is not valid Unicode text"))?;
+                if !s.is_char_boundary(n) {
+                    return Err(mismatch(&format!(
+                        "has no character boundary at system prompt length {n}"
+                    )));
+                }
+                let (head, tail) = s.split_at(n);
+                if head.ends_with(self.marker)
+                    || tail.starts_with(self.marker)
+                    || s.ends_with(self.marker)
+                {
+                    return Ok(());
+                }
+                // The text around the cut is re-encoded (serde_json = orjson spelling); the rest of
+                // the body is untouched.
+                let new = json_string(&format!("{head}{}{tail}", self.marker))?;
+                let span = self.span(r)?;
+                self.edits.push((span, new.into_bytes()));
+                Ok(())
+            }
+            Some(r) if Kind::of(r) == Kind::Array => {
+                let elems = raw::array(r).map_err(internal("array of a validated array"))?;
+                match elems.first().and_then(|e| text_of_part(e, self.text_type)) {
+                    Some(text) => self.string(text),
+                    None => Err(mismatch(
+                        "does not start with a text part holding the system prompt",
+                    )),
+                }
+            }
+            _ => self.content(path, raw),
+        }
+    }
+
+    /// Marks an array of content parts / blocks according to [`ListParts`].
+    fn parts(&mut self, raw: &RawValue) -> Result<(), RewriteError> {
+        let elems = raw::array(raw).map_err(internal("array of a validated array"))?;
+        match self.list_parts {
+            ListParts::OwnPart => {
+                let stripped = self.marker.trim();
+                let present = match (elems.first(), elems.last()) {
+                    (Some(first), Some(last)) => {
+                        part_equals(first, self.text_type, stripped)
+                            || part_equals(last, self.text_type, stripped)
+                    }
+                    _ => false,
+                };
+                if !present {
+                    self.insert_part(raw, &elems, stripped, self.prefix)?;
+                }
+                Ok(())
+            }
+            ListParts::InlineText => {
+                if let Some(text) = elems.iter().find_map(|e| text_of_part(e, self.text_type)) {
+                    return self.string(text);
+                }
+                self.insert_part(raw, &elems, self.marker, true)
+            }
+        }
+    }
+
+    fn insert_part(
+        &mut self,
+        array: &RawValue,
+        elems: &[&RawValue],
+        text: &str,
+        first: bool,
+    ) -> Result<(), RewriteError> {
+        let part = format!(
+            r#"{{"type":{},"text":{}}}"#,
+            json_string(self.text_type)?,
+            json_string(text)?
+        );
+        let (at, bytes) = match (elems.first(), elems.last()) {
+            (Some(head), Some(tail)) => {
+                if first {
+                    (self.span(head)?.start, part + ",")
+                } else {
+                    (self.span(tail)?.end, format!(",{part}"))
+                }
+            }
+            _ => (self.span(array)?.start + 1, part),
+        };
+        self.edits.push((at..at, bytes.into_bytes()));
+        Ok(())
+    }
+
+    /// Marks the content of the message the rule chose.
+    fn content(&mut self, path: Path, raw: Option<&RawValue>) -> Result<(), RewriteError> {
+        match raw {
+            Some(r) if Kind::of(r) == Kind::String => self.string(r),
+            Some(r) if Kind::of(r) == Kind::Array => self.parts(r),
+            _ => Err(RewriteError::ContentType {
+                path: path.field("content").to_string(),
+                found: found(raw),
+            }),
+        }
+    }
+
+    fn finish(mut self) -> Option<Vec<u8>> {
+        if self.edits.is_empty() {
+            return None;
+        }
+        // Edits never overlap: each is inside a different value, or an insertion between values.
+        self.edits.sort_by_key(|(r, _)| (r.start, r.end));
+        let extra: usize = self.edits.iter().map(|(_, b)| b.len()).sum();
+        let mut out = Vec::with_capacity(self.body.len() + extra);
+        let mut pos = 0;
+        for (range, bytes) in &self.edits {
+            out.extend_from_slice(self.body.get(pos..range.start)?);
+            out.extend_from_slice(bytes);
+            pos = range.end;
+        }
+        out.extend_from_slice(self.body.get(pos..)?);
+        Some(out)
+    }
+}
+
+impl<'a> Parsed<'a> {
+    /// The shape this body was parsed as.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// The body's top-level `user` string (OpenAI's end-user id), for session identity.
+    pub fn user_field(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    /// Applies `plan`. `Target::None` or an empty marker changes nothing. Idempotent: applying
+    /// the same plan to the output changes nothing more.
+    pub fn apply(&self, plan: &Plan) -> Result<Outcome, RewriteError> {
+        if plan.target.is_none() || plan.marker.is_empty() {
+            return Ok(Outcome {
+                body: None,
+                location: None,
+            });
+        }
+        let mut inj = Injector {
+            body: self.body,
+            marker: plan.marker,
+            prefix: plan.target.is_prefix(),
+            list_parts: plan.list_parts,
+            text_type: self.shape.text_part_type(),
+            edits: Vec::new(),
+        };
+        let skip = plan.user_context_messages;
+        let location = if plan.target.is_system() {
+            if self.mark_system(&mut inj, plan)? {
+                Some(Location::System)
+            } else if self.mark_first_user(&mut inj, skip)? {
+                Some(Location::Fallthrough)
+            } else {
+                None
+            }
+        } else if self.mark_first_user(&mut inj, skip)? {
+            Some(Location::FirstUser)
+        } else {
+            None
+        };
+        Ok(Outcome {
+            body: inj.finish(),
+            location,
+        })
+    }
+
+    /// Marks the system prompt; false when the body has none.
+    fn mark_system(&self, inj: &mut Injector<'_>, plan: &Plan) -> Result<bool, RewriteError> {
+        match &self.view {
+            View::Chat { messages } => match leading_system("messages", messages)? {
+                Some(m) => {
+                    let path = Path::top("messages").at(m.index);
+                    match plan.system_prompt_bytes {
+                        Some(n) => inj.merged_system(path, m.obj.get("content"), n)?,
+                        None => inj.content(path, m.obj.get("content"))?,
+                    }
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
+            View::Messages { system, .. } => match system {
+                Some(s) => {
+                    inj.content(Path::top("system"), Some(s))?;
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
+            View::Responses {
+                instructions,
+                input,
+                ..
+            } => {
+                if let Some(i) = instructions {
+                    inj.string(i)?;
+                    return Ok(true);
+                }
+                if let Input::Items(items) = input {
+                    if let Some(m) = leading_system("input", items)? {
+                        inj.content(Path::top("input").at(m.index), m.obj.get("content"))?;
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            }
+            View::Completions { .. } => Ok(false),
+        }
+    }
+
+    /// Marks the first user turn; false when there is none.
+    fn mark_first_user(&self, inj: &mut Injector<'_>, skip: usize) -> Result<bool, RewriteError> {
+        match &self.view {
+            View::Chat { messages } | View::Messages { messages, .. } => {
+                match nth_user("messages", messages, skip)? {
+                    Some(m) => {
+                        inj.content(Path::top("messages").at(m.index), m.obj.get("content"))?;
+                        Ok(true)
+                    }
+                    None => Ok(false),
+                }
+            }
+            View::Responses {
+                input, stateful, ..
+            } => {
+                if *stateful {
+                    return Ok(false);
+                }
+                match input {
+                    Input::Absent => Ok(false),
+                    Input::Text(t) => {
+                        if skip > 0 {
+                            return Ok(false);
+                        }
+                        inj.string(t)?;
+                        Ok(true)
+                    }
+                    Input::Items(items) => match nth_user("input", items, skip)? {
+                        Some(m) => {
+                            inj.content(Path::top("input").at(m.index), m.obj.get("content"))?;
+                            Ok(true)
+                        }
+                        None => Ok(false),
+                    },
+                }
+            }
+            View::Completions { prompt } => {
+                if Kind::of(prompt) == Kind::String {
+                    inj.string(prompt)?;
+                    return Ok(true);
+                }
+                let elems = raw::array(prompt).map_err(internal("array of prompt"))?;
+                for (i, e) in elems.iter().enumerate() {
+                    if Kind::of(e) != Kind::String {
+                        return Err(RewriteError::PromptType {
+                            path: Path::top("prompt").at(i).to_string(),
+                            found: found(Some(e)),
+                        });
+                    }
+                    inj.string(e)?;
+                }
+                Ok(!elems.is_empty())
+            }
+        }
+    }
+
+    /// The content of the first user turn (after `user_context_messages`), as the first-user
+    /// rule would choose it. For completions, the first prompt string.
+    fn first_user_content(&self, skip: usize) -> Result<Option<&'a RawValue>, RewriteError> {
+        Ok(match &self.view {
+            View::Chat { messages } | View::Messages { messages, .. } => {
+                nth_user("messages", messages, skip)?.and_then(|m| m.obj.get("content"))
+            }
+            View::Responses {
+                input, stateful, ..
+            } => match input {
+                _ if *stateful => None,
+                Input::Absent => None,
+                Input::Text(t) => (skip == 0).then_some(*t),
+                Input::Items(items) => {
+                    nth_user("input", items, skip)?.and_then(|m| m.obj.get("content"))
+                }
+            },
+            View::Completions { prompt } => match Kind::of(prompt) {
+                Kind::String => Some(*prompt),
+                _ => raw::array(prompt)
+                    .map_err(internal("array of prompt"))?
+                    .first()
+                    .copied(),
+            },
+        })
+    }
+
+    /// A stable hash (16 lowercase hex of SHA-256) of the first user turn's content in its
+    /// *unmarked* form, for session identity when no header names the session. A marked and an
+    /// unmarked copy of the same turn hash the same: a leading `[rid:<12 hex>]\n\n` /
+    /// `[warmup]\n\n` and a trailing `\n\n[rid:<12 hex>]` are removed from a string (any digest:
+    /// the hash is taken before the session's marker is known); in a list of parts a first or last
+    /// part that is a marker (`{"type":"text"|"input_text","text":"[rid:…]"}`, stripped or full)
+    /// is dropped and the first text part's string is stripped the same way. Parts are hashed in
+    /// a canonical JSON form (sorted keys, compact). `None` when there is no first user turn, its
+    /// content is neither a string nor an array, or the body is a stateful Responses request.
+    pub fn first_user_turn_hash(&self, user_context_messages: usize) -> Option<String> {
+        let content = self.first_user_content(user_context_messages).ok()??;
+        let mut h = Sha256::new();
+        h.update(b"kvbust-first-user-turn-v1\0");
+        match Kind::of(content) {
+            Kind::String => {
+                let s = raw::string(content).ok()?;
+                h.update(b"s\0");
+                h.update(strip_any_marker(&s).as_bytes());
+            }
+            Kind::Array => {
+                let serde_json::Value::Array(mut parts) =
+                    serde_json::from_str::<serde_json::Value>(content.get()).ok()?
+                else {
+                    return None;
+                };
+                unmark_parts(&mut parts);
+                let mut canon = String::with_capacity(content.get().len());
+                canonical(&serde_json::Value::Array(parts), &mut canon);
+                h.update(b"p\0");
+                h.update(canon.as_bytes());
+            }
+            _ => return None,
+        }
+        let digest = h.finalize();
+        Some(hex::encode(&digest[..8]))
+    }
+}
+
+fn text_part_mut(part: &mut serde_json::Value) -> Option<&mut String> {
+    let obj = part.as_object_mut()?;
+    if !matches!(
+        obj.get("type").and_then(|t| t.as_str()),
+        Some("text" | "input_text")
+    ) {
+        return None;
+    }
+    match obj.get_mut("text") {
+        Some(serde_json::Value::String(s)) => Some(s),
+        _ => None,
+    }
+}
+
+fn is_marker_part(part: &mut serde_json::Value) -> bool {
+    text_part_mut(part).is_some_and(|s| is_any_marker(s))
+}
+
+fn unmark_parts(parts: &mut Vec<serde_json::Value>) {
+    if parts.first_mut().is_some_and(is_marker_part) {
+        parts.remove(0);
+    }
+    if parts.last_mut().is_some_and(is_marker_part) {
+        parts.pop();
+    }
+    if let Some(s) = parts.iter_mut().find_map(text_part_mut) {
+        let stripped = strip_any_marker(s);
+        if stripped.len() != s.len() {
+            *s = stripped.to_owned();
+        }
+    }
+}
+
+/// Compact JSON with object keys sorted (independent of serde_json's `preserve_order`).
+fn canonical(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                out.push(':');
+                if let Some(x) = m.get(k) {
+                    canonical(x, out);
+                }
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
