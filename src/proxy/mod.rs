@@ -256,15 +256,19 @@ impl Proxy {
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok());
+        let labels = observe::Labels {
+            route: ex.route.label(),
+            phase: ex.phase,
+            target: ex.target,
+        };
+        let scan_limit =
+            (ex.route != Route::Other).then(|| cfg.observe.max_usage_scan.as_u64() as usize);
         let observer = Observer::new(
             self.rt.metrics.clone(),
-            ex.route.label(),
-            ex.phase,
-            ex.target,
+            labels,
             start,
             content_type,
-            ex.route != Route::Other,
-            cfg.observe.max_usage_scan.as_u64() as usize,
+            scan_limit,
         );
         let body = Observed::new(rbody, cfg.upstream.idle_timeout, observer).boxed();
         Ok(Response::from_parts(rparts, body))

@@ -15,6 +15,14 @@ use tokio::time::Sleep;
 use super::BoxError;
 use crate::metrics::Metrics;
 
+/// The metric labels of one exchange.
+#[derive(Debug, Clone, Copy)]
+pub struct Labels {
+    pub route: &'static str,
+    pub phase: &'static str,
+    pub target: &'static str,
+}
+
 /// What the observer learns from one response, and where to count it.
 pub struct Observer {
     metrics: Metrics,
@@ -89,22 +97,26 @@ struct Delta {
 }
 
 impl Observer {
+    /// `scan_limit`: `None` for traffic that is not an API response (nothing is read);
+    /// otherwise the most bytes of a JSON body copied to read its `usage`.
     pub fn new(
         metrics: Metrics,
-        route: &'static str,
-        phase: &'static str,
-        target: &'static str,
+        labels: Labels,
         start: Instant,
         content_type: Option<&str>,
-        scan: bool,
-        json_limit: usize,
+        scan_limit: Option<usize>,
     ) -> Self {
-        let mode = match content_type {
-            _ if !scan => Scan::Off,
-            Some(ct) if ct.starts_with("text/event-stream") => Scan::Sse { carry: Vec::new() },
-            Some(ct) if ct.starts_with("application/json") => Scan::Json {
+        let Labels {
+            route,
+            phase,
+            target,
+        } = labels;
+        let mode = match (content_type, scan_limit) {
+            (_, None) => Scan::Off,
+            (Some(ct), _) if ct.starts_with("text/event-stream") => Scan::Sse { carry: Vec::new() },
+            (Some(ct), Some(limit)) if ct.starts_with("application/json") => Scan::Json {
                 copy: Vec::new(),
-                limit: json_limit,
+                limit,
                 overflow: false,
             },
             _ => Scan::Off,
@@ -387,15 +399,17 @@ mod tests {
     use super::*;
 
     fn observer(ct: &str) -> Observer {
+        let labels = Labels {
+            route: "chat",
+            phase: "profiling",
+            target: "none",
+        };
         Observer::new(
             Metrics::new(),
-            "chat",
-            "profiling",
-            "none",
+            labels,
             Instant::now(),
             Some(ct),
-            true,
-            1 << 20,
+            Some(1 << 20),
         )
     }
 

@@ -61,19 +61,20 @@ pub fn decide(headers: &HeaderMap, rt: &Runtime) -> Result<Decision, ProxyError>
             .map_err(|e| ProxyError::bad_request("invalid_phase", format!("{H_PHASE}: {e}")))?,
         None => rt.unphased_request_phase(),
     };
-    let target =
-        match header(headers, H_TARGET)? {
-            Some(v) if cfg.allow_target_header => v.parse::<Target>().map_err(|e| {
-                ProxyError::bad_request("invalid_target", format!("{H_TARGET}: {e}"))
-            })?,
-            Some(_) => return Err(ProxyError::bad_request(
+    let target = match header(headers, H_TARGET)? {
+        Some(v) if cfg.allow_target_header => v
+            .parse::<Target>()
+            .map_err(|e| ProxyError::bad_request("invalid_target", format!("{H_TARGET}: {e}")))?,
+        Some(_) => {
+            return Err(ProxyError::bad_request(
                 "target_header_disabled",
                 format!(
                     "{H_TARGET} is disabled on this proxy (cache_bust.allow_target_header = false)"
                 ),
-            )),
-            None => cfg.target,
-        };
+            ))
+        }
+        None => cfg.target,
+    };
     let user_context_messages = match header(headers, H_USER_CONTEXT)? {
         Some(v) => v.parse::<usize>().map_err(|_| {
             ProxyError::bad_request(
@@ -199,6 +200,8 @@ pub fn apply(
             ListPartsMode::OwnPart => ListParts::OwnPart,
             ListPartsMode::InlineText => ListParts::InlineText,
         },
+        // Only kvbust's own synthesis knows where a merged system prompt ends.
+        system_prompt_bytes: None,
     };
     let outcome = match parsed.apply(&plan) {
         Ok(o) => o,
@@ -222,6 +225,9 @@ pub fn apply(
 }
 
 fn unparseable(e: RewriteError, rt: &Runtime) -> Result<Rewritten, ProxyError> {
+    if !e.is_client_error() {
+        return Err(ProxyError::Internal(format!("cache-bust engine: {e}")));
+    }
     match rt.config.cache_bust.on_unparseable {
         OnUnparseable::Reject => Err(ProxyError::bad_request(
             "invalid_body",
