@@ -381,9 +381,25 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
+/// Reads a duration's text; a bare number gets a message asking for a unit.
+fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        S(String),
+        N(f64),
+    }
+    match Raw::deserialize(d)? {
+        Raw::S(s) => Ok(s),
+        Raw::N(n) => Err(serde::de::Error::custom(format!(
+            "`{n}` has no unit; write a duration like \"{n}s\" or \"{n}ms\""
+        ))),
+    }
+}
+
 /// Durations as humantime strings (`"5s"`, `"250ms"`, `"1m 30s"`).
 pub mod duration_str {
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::{Deserializer, Serializer};
     use std::time::Duration;
 
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -391,7 +407,7 @@ pub mod duration_str {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
+        let s = super::duration_text(d)?;
         humantime::parse_duration(s.trim()).map_err(|e| {
             serde::de::Error::custom(format!(
                 "`{s}` is not a duration like \"5s\" or \"250ms\": {e}"
@@ -402,7 +418,7 @@ pub mod duration_str {
 
 /// Optional durations; `"none"` or an absent key means no limit.
 pub mod opt_duration_str {
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::{Deserializer, Serializer};
     use std::time::Duration;
 
     pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
@@ -413,7 +429,7 @@ pub mod opt_duration_str {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let s = String::deserialize(d)?;
+        let s = super::duration_text(d)?;
         if s.trim().eq_ignore_ascii_case("none") {
             return Ok(None);
         }
@@ -511,9 +527,18 @@ impl Config {
             .ok()
             .and_then(|v| serde_json::from_value(v).ok())
             .unwrap_or_default();
+        let mut flags = figment::value::Dict::new();
         for (k, v) in cli_dict {
-            fig = fig.merge(Serialized::global(&k, v));
+            if let figment::value::Value::Dict(_, d) = figment::util::nest(&k, v.into()) {
+                for (dk, dv) in d {
+                    merge_value(&mut flags, dk, dv);
+                }
+            }
         }
+        fig = fig.merge(Layer {
+            name: "command-line flag(s)",
+            dict: flags,
+        });
         let cfg: Config = fig.extract().map_err(from_figment)?;
         cfg.validate()?;
         Ok(cfg)
@@ -714,6 +739,24 @@ fn from_figment(e: figment::Error) -> ConfigError {
         }
     };
     ConfigError::new(key, message)
+}
+
+/// A layer of already-built values, named for error messages.
+struct Layer {
+    name: &'static str,
+    dict: figment::value::Dict,
+}
+
+impl figment::Provider for Layer {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(self.name)
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        Ok(figment::Profile::Default.collect(self.dict.clone()))
+    }
 }
 
 /// An env provider over a captured snapshot instead of the live process environment.
