@@ -136,7 +136,7 @@ impl Default for UpstreamConfig {
             first_byte_timeout: Duration::from_secs(600),
             idle_timeout: Duration::from_secs(300),
             total_timeout: None,
-            pool_idle_timeout: Duration::from_secs(90),
+            pool_idle_timeout: Duration::from_secs(4),
             pool_max_idle_per_host: 256,
             tls: UpstreamTls::default(),
         }

@@ -220,3 +220,15 @@ pub async fn metrics_text(h: &Harness) -> String {
     let resp = send(&h1(), get(&h.admin_url("/metrics"))).await;
     String::from_utf8(body_bytes(resp).await.to_vec()).unwrap()
 }
+
+/// `send` with a caller-chosen guard, for real servers on a loaded CPU.
+pub async fn send_within(
+    client: &HttpClient,
+    req: Request<Full<Bytes>>,
+    limit: Duration,
+) -> Response<Incoming> {
+    tokio::time::timeout(limit, client.request(req))
+        .await
+        .expect("no hang")
+        .expect("request sent")
+}
