@@ -1,3 +1,20 @@
 //! Prompt synthesis: tokenizer, bit-exact RNG ports, corpora and the AIPerf dataset composer. Never does network I/O.
 
+pub mod chat_template;
+pub mod composer;
+pub mod corpus;
+pub mod dataset;
+pub mod error;
+pub mod generator;
+pub mod marker;
+pub mod params;
 pub mod rng;
+pub mod tokenizer;
+
+pub use composer::compose;
+pub use corpus::{RandomCorpusStyle, SonnetCorpus};
+pub use dataset::{Conversation, Dataset, Turn};
+pub use error::SynthError;
+pub use marker::CacheBustTarget;
+pub use params::{PromptCorpus, RangeRatio, SynthParams};
+pub use tokenizer::Tokenizer;

@@ -58,9 +58,9 @@ impl SeedSequence {
             }
         }
         for &w in words.iter().skip(POOL_SIZE) {
-            for dst in 0..POOL_SIZE {
+            for slot in pool.iter_mut() {
                 let h = hashmix(w, &mut hc);
-                pool[dst] = mix(pool[dst], h);
+                *slot = mix(*slot, h);
             }
         }
         SeedSequence { pool }
