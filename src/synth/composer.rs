@@ -3,6 +3,7 @@
 //! user-context prompts. Owns the order of every draw; must never do I/O.
 
 use crate::synth::chat_template::{estimate_overheads, ChatTemplateOverheads};
+use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
 use crate::synth::corpus::{RandomCorpusStyle, RandomPools, SonnetCorpus};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
@@ -179,6 +180,21 @@ fn uuid4() -> String {
         &h[16..20],
         &h[20..]
     )
+}
+
+/// Builds the dataset AIPerf 0.13.0 would build for `params` with `tokenizer`, tokenizing the
+/// sonnet corpus when needed (its ids are cached under [`default_cache_dir`]).
+pub fn build_dataset(params: &SynthParams, tokenizer: &Tokenizer) -> Result<Dataset, SynthError> {
+    params.validate()?;
+    let sonnet = match params.prompt_corpus {
+        PromptCorpus::Sonnet => Some(SonnetCorpus::build_cached(
+            SHAKESPEARE,
+            tokenizer,
+            default_cache_dir().as_deref(),
+        )?),
+        _ => None,
+    };
+    compose(params, tokenizer, sonnet.as_ref(), &mut |_, _| {})
 }
 
 /// Builds the dataset AIPerf 0.13.0 would build for `params` and `tokenizer`. The sonnet corpus

@@ -44,28 +44,53 @@ impl Conversation {
         for (i, turn) in self.turns.iter().enumerate() {
             let mut messages = Vec::new();
             if let Some(s) = self.system_message.as_deref().filter(|s| !s.is_empty()) {
-                messages.push(serde_json::json!({"role": "system", "content": s}));
+                messages.push(ChatMessage {
+                    role: "system",
+                    content: s,
+                });
             }
             if let Some(c) = self
                 .user_context_message
                 .as_deref()
                 .filter(|s| !s.is_empty())
             {
-                messages.push(serde_json::json!({"role": "user", "content": c}));
+                messages.push(ChatMessage {
+                    role: "user",
+                    content: c,
+                });
             }
-            for earlier in &self.turns[..i] {
-                messages.push(serde_json::json!({"role": "user", "content": earlier.text}));
+            for earlier in &self.turns[..=i] {
+                messages.push(ChatMessage {
+                    role: "user",
+                    content: &earlier.text,
+                });
             }
-            messages.push(serde_json::json!({"role": "user", "content": turn.text}));
-            let mut body = serde_json::Map::new();
-            body.insert("messages".into(), serde_json::Value::Array(messages));
-            body.insert("model".into(), model.into());
-            body.insert("stream".into(), false.into());
-            if let Some(m) = turn.max_tokens {
-                body.insert("max_completion_tokens".into(), m.into());
-            }
-            bodies.push(serde_json::Value::Object(body).to_string());
+            let body = ChatBody {
+                messages,
+                model,
+                stream: false,
+                max_completion_tokens: turn.max_tokens,
+            };
+            // Strings, booleans and integers always serialise.
+            bodies.push(serde_json::to_string(&body).expect("body serialises"));
         }
         bodies
     }
+}
+
+/// One chat message of a request body.
+#[derive(Serialize)]
+pub struct ChatMessage<'a> {
+    pub role: &'a str,
+    pub content: &'a str,
+}
+
+/// An OpenAI chat request body with AIPerf's key order.
+#[derive(Serialize)]
+pub struct ChatBody<'a> {
+    pub messages: Vec<ChatMessage<'a>>,
+    pub model: &'a str,
+    pub stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u64>,
 }

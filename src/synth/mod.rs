@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat_template;
+pub mod cli;
 pub mod composer;
 pub mod corpus;
 pub mod dataset;
@@ -12,7 +13,7 @@ pub mod params;
 pub mod rng;
 pub mod tokenizer;
 
-pub use composer::compose;
+pub use composer::{build_dataset, compose};
 pub use corpus::{RandomCorpusStyle, SonnetCorpus};
 pub use dataset::{Conversation, Dataset, Turn};
 pub use error::SynthError;
