@@ -329,7 +329,7 @@ pub fn compose(
             let tokens = if is_random {
                 gen.random_prefix_tokens(len)
             } else {
-                gen.sample_tokens(len)
+                gen.sample_pieces(len)
             };
             let text = gen.decode_to_exact_len(tokens, len)?;
             prefix_pool.push(tokenizer.encode(&text)?);

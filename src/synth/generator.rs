@@ -4,6 +4,7 @@
 
 use crate::synth::corpus::{RandomPools, SonnetCorpus};
 use crate::synth::error::SynthError;
+use crate::synth::reencode::{reencode, Pieces};
 use crate::synth::rng::{DerivedRng, NumpyGenerator, RandomState};
 use crate::synth::tokenizer::Tokenizer;
 
@@ -121,28 +122,24 @@ impl<'t> PromptGenerator<'t> {
 
     /// `_sample_tokens(k)`: a corpus window (sonnet) or `k` consecutive pool ids (random).
     pub fn sample_tokens(&mut self, k: usize) -> Vec<u32> {
+        self.sample_pieces(k).tokens
+    }
+
+    /// `_sample_tokens(k)` with the window's structure (chunk joins, cut edges) kept.
+    pub fn sample_pieces(&mut self, k: usize) -> Pieces {
         match &self.corpus {
             CorpusSource::Sonnet(corpus) => {
-                let tokens = corpus.tokens();
-                let size = tokens.len();
+                let size = corpus.len();
                 if size == 0 {
-                    return Vec::new();
+                    return Pieces::default();
                 }
                 let start = self.rngs.corpus.py.randrange(size as u64) as usize;
-                let k = k.min(size);
-                let end = start + k;
-                if end <= size {
-                    tokens[start..end].to_vec()
-                } else {
-                    let mut out = tokens[start..].to_vec();
-                    out.extend_from_slice(&tokens[..end - size]);
-                    out
-                }
+                corpus.window(start, k)
             }
             CorpusSource::Random(pools) => {
                 let n = pools.allowed.len();
                 if n == 0 {
-                    return Vec::new();
+                    return Pieces::default();
                 }
                 let offset = if self.offset_cursor < self.offset_cache.len() {
                     self.offset_cursor += 1;
@@ -153,16 +150,16 @@ impl<'t> PromptGenerator<'t> {
                 let idx = self.request_index;
                 self.request_index += 1;
                 let base = (offset as u64 + idx) as usize;
-                (0..k).map(|j| pools.allowed[(base + j) % n]).collect()
+                Pieces::opaque((0..k).map(|j| pools.allowed[(base + j) % n]).collect())
             }
         }
     }
 
     /// Random-corpus prefix-pool tokens: `allowed[G.integers(0, len(allowed))]`, `G` being the
     /// preseed generator when installed, else the numpy side of `dataset.prompt.corpus`.
-    pub fn random_prefix_tokens(&mut self, k: usize) -> Vec<u32> {
+    pub fn random_prefix_tokens(&mut self, k: usize) -> Pieces {
         let CorpusSource::Random(pools) = &self.corpus else {
-            return self.sample_tokens(k);
+            return self.sample_pieces(k);
         };
         let n = pools.allowed.len() as i64;
         let mut out = Vec::with_capacity(k);
@@ -173,13 +170,13 @@ impl<'t> PromptGenerator<'t> {
             };
             out.push(pools.allowed[i as usize]);
         }
-        out
+        Pieces::opaque(out)
     }
 
     /// Extra tokens for a prompt that re-encoded short.
-    fn topup(&mut self, n: usize) -> Vec<u32> {
+    fn topup(&mut self, n: usize) -> Pieces {
         match &self.corpus {
-            CorpusSource::Sonnet(_) => self.sample_tokens(n),
+            CorpusSource::Sonnet(_) => self.sample_pieces(n),
             CorpusSource::Random(pools) => {
                 let len = pools.topup.len() as i64;
                 let mut out = Vec::with_capacity(n);
@@ -190,33 +187,34 @@ impl<'t> PromptGenerator<'t> {
                     };
                     out.push(pools.topup[i as usize]);
                 }
-                out
+                Pieces::opaque(out)
             }
         }
     }
 
     /// `_decode_to_exact_len(tokens, target)`: decode, re-encode, truncate or top up, at most
     /// ten rounds; returns the text whose encoding had exactly `target` tokens (or the last
-    /// decode when the rounds ran out).
+    /// decode when the rounds ran out). The re-encode is computed locally where that is exact.
     pub fn decode_to_exact_len(
         &mut self,
-        mut tokens: Vec<u32>,
+        mut pieces: Pieces,
         target: usize,
     ) -> Result<String, SynthError> {
         for _ in 0..MAX_FIXUP_ROUNDS {
-            let text = self.tokenizer.decode(&tokens)?;
-            tokens = self.tokenizer.encode(&text)?;
-            if tokens.len() == target {
-                return Ok(text);
+            let encoded = reencode(self.tokenizer, &pieces)?;
+            if encoded.len() == target {
+                return self.tokenizer.decode(&pieces.tokens);
             }
-            if tokens.len() > target {
-                tokens.truncate(target);
+            let mut next = Pieces::canonical(encoded);
+            if next.tokens.len() > target {
+                next.truncate(target);
             } else {
-                let more = self.topup(target - tokens.len());
-                tokens.extend_from_slice(&more);
+                let more = self.topup(target - next.tokens.len());
+                next.append(more);
             }
+            pieces = next;
         }
-        self.tokenizer.decode(&tokens)
+        self.tokenizer.decode(&pieces.tokens)
     }
 
     /// `generate_prompt(num_tokens, prefix_tokens)`: a body window, the prefix joined at the
@@ -232,10 +230,9 @@ impl<'t> PromptGenerator<'t> {
                 "a prompt of 0 tokens without a prefix was requested; raise the input length",
             ));
         }
-        let body = self.sample_tokens(num_tokens);
-        let mut tokens = Vec::with_capacity(prefix.len() + body.len());
-        tokens.extend_from_slice(prefix);
-        tokens.extend_from_slice(&body);
-        self.decode_to_exact_len(tokens, num_tokens + prefix.len())
+        let body = self.sample_pieces(num_tokens);
+        let mut pieces = Pieces::canonical(prefix.to_vec());
+        pieces.append(body);
+        self.decode_to_exact_len(pieces, num_tokens + prefix.len())
     }
 }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod generator;
 pub mod marker;
 pub mod params;
+pub mod reencode;
 pub mod rng;
 pub mod tokenizer;
 

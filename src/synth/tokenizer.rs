@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -35,6 +36,99 @@ pub struct Tokenizer {
     chat_template: Option<String>,
     num_special_tokens_to_add: usize,
     fingerprint: String,
+    fast_reencode: bool,
+    boundary_flags: OnceLock<Option<Vec<u8>>>,
+    byte_table: OnceLock<Option<ByteTable>>,
+}
+
+/// Every id's bytes, for decoding byte-level BPE without per-token allocations.
+struct ByteTable {
+    /// `bytes[offsets[id]..offsets[id + 1]]` are the id's bytes.
+    offsets: Vec<u32>,
+    bytes: Vec<u8>,
+    /// Whether the id exists (unknown ids are skipped by decode, as `tokenizers` does).
+    present: Vec<bool>,
+}
+
+/// GPT-2's byte ↔ unicode alphabet of the ByteLevel decoder: the char that stands for each byte.
+fn byte_level_alphabet() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut extra = 0u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        table[b as usize] = if printable {
+            char::from(b)
+        } else {
+            extra += 1;
+            // 256 + n is below 0x200, always a valid scalar value.
+            char::from_u32(255 + extra).expect("valid char")
+        };
+    }
+    table
+}
+
+impl ByteTable {
+    /// Mirrors the ByteLevel decoder: a token whose chars all belong to the byte alphabet
+    /// becomes those bytes, any other token its own UTF-8 bytes.
+    fn build(tok: &tokenizers::Tokenizer) -> Self {
+        // Every alphabet char is below U+0200, so a flat table inverts it.
+        let mut inverse = [None::<u8>; 0x200];
+        for (b, c) in byte_level_alphabet().iter().enumerate() {
+            inverse[*c as usize] = Some(b as u8);
+        }
+        let total = tok.get_vocab_size(true);
+        let mut offsets = Vec::with_capacity(total + 1);
+        let mut bytes = Vec::with_capacity(total * 7);
+        let mut present = vec![false; total];
+        offsets.push(0u32);
+        for (id, slot) in present.iter_mut().enumerate() {
+            if let Some(token) = tok.id_to_token(id as u32) {
+                *slot = true;
+                let start = bytes.len();
+                let all_mapped =
+                    token
+                        .chars()
+                        .all(|c| match inverse.get(c as usize).copied().flatten() {
+                            Some(b) => {
+                                bytes.push(b);
+                                true
+                            }
+                            None => false,
+                        });
+                if !all_mapped {
+                    bytes.truncate(start);
+                    bytes.extend_from_slice(token.as_bytes());
+                }
+            }
+            offsets.push(bytes.len() as u32);
+        }
+        ByteTable {
+            offsets,
+            bytes,
+            present,
+        }
+    }
+
+    fn token(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        if !*self.present.get(i)? {
+            return None;
+        }
+        Some(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize])
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        let mut out = Vec::with_capacity(ids.len() * 5);
+        for &id in ids {
+            if let Some(b) = self.token(id) {
+                out.extend_from_slice(b);
+            }
+        }
+        match String::from_utf8(out) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -180,6 +274,9 @@ impl Tokenizer {
             chat_template,
             num_special_tokens_to_add,
             fingerprint,
+            fast_reencode: true,
+            boundary_flags: OnceLock::new(),
+            byte_table: OnceLock::new(),
             inner,
         })
     }
@@ -207,7 +304,26 @@ impl Tokenizer {
     }
 
     /// `decode(ids, skip_special_tokens=False)` (no clean-up, as transformers 5 does for BPE).
+    /// Byte-level tokenizers decode through a per-id byte table (same result, no per-token
+    /// allocation).
     pub fn decode(&self, ids: &[u32]) -> Result<String, SynthError> {
+        if let Some(table) = self.byte_table() {
+            return Ok(table.decode(ids));
+        }
+        self.decode_reference(ids)
+    }
+
+    fn byte_table(&self) -> Option<&ByteTable> {
+        self.byte_table
+            .get_or_init(|| {
+                let decoder = serde_json::to_value(self.inner.get_decoder()).unwrap_or_default();
+                (decoder["type"] == "ByteLevel").then(|| ByteTable::build(&self.inner))
+            })
+            .as_ref()
+    }
+
+    /// `decode` through the `tokenizers` crate itself (the reference the byte table must match).
+    pub fn decode_reference(&self, ids: &[u32]) -> Result<String, SynthError> {
         self.inner
             .decode(ids, false)
             .map_err(|e| SynthError::Tokenize {
@@ -249,6 +365,47 @@ impl Tokenizer {
     /// Lowercase hex sha256 of the `tokenizer.json` bytes (a cache key).
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
+    }
+
+    /// Turns the exact local re-encode shortcut ([`crate::synth::reencode`]) on or off
+    /// (on by default; it only ever applies to tokenizers it is proven for).
+    pub fn with_fast_reencode(mut self, on: bool) -> Self {
+        self.fast_reencode = on;
+        self
+    }
+
+    /// Per-id boundary flags for the local re-encode shortcut, or `None` when this tokenizer
+    /// is not eligible (or the shortcut is off).
+    pub fn boundary_flags(&self) -> Option<&[u8]> {
+        if !self.fast_reencode {
+            return None;
+        }
+        self.boundary_flags
+            .get_or_init(|| {
+                if !crate::synth::reencode::eligible(&self.inner) {
+                    return None;
+                }
+                let table = self.byte_table()?;
+                let base = self.vocab_size;
+                Some(
+                    (0..table.present.len() as u32)
+                        .map(|id| {
+                            let Some(b) = table.token(id).filter(|_| (id as usize) < base) else {
+                                return 0;
+                            };
+                            let mut f = 0;
+                            if b.first() == Some(&b' ') {
+                                f |= crate::synth::reencode::STARTS_WITH_SPACE;
+                            }
+                            if b.last().is_some_and(u8::is_ascii_alphabetic) {
+                                f |= crate::synth::reencode::ENDS_WITH_LETTER;
+                            }
+                            f
+                        })
+                        .collect(),
+                )
+            })
+            .as_deref()
     }
 
     /// The underlying `tokenizers` tokenizer.

@@ -8,10 +8,19 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::synth::error::SynthError;
+use crate::synth::reencode::Pieces;
 use crate::synth::tokenizer::Tokenizer;
 
 /// The shipped corpus text (AIPerf 0.13.0's `assets/shakespeare.txt`).
 pub const SHAKESPEARE: &str = include_str!("../../../assets/shakespeare.txt");
+
+/// The sonnet corpus ids for the shipped Qwen3 tokenizer, precomputed (cache-file format;
+/// regenerated and checked by `tests/synth_corpus_assets.rs`).
+const QWEN3_SONNET_IDS: &[u8] = include_bytes!("../../../assets/sonnet-qwen3-ids.bin");
+
+/// sha256 of the shipped Qwen3 `tokenizer.json`.
+const QWEN3_TOKENIZER_SHA256: &str =
+    "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4";
 
 /// A chunk closes once its stripped lines hold at least this many characters.
 const CHUNK_CHARS: usize = 10_000;
@@ -51,17 +60,20 @@ pub fn chunk_text(text: &str) -> Vec<String> {
     chunk_lines(text).into_iter().map(|c| c.join(" ")).collect()
 }
 
-/// The flat token array of the sonnet corpus for one tokenizer.
+/// The flat token array of the sonnet corpus for one tokenizer, with where each chunk starts.
 #[derive(Debug, Clone)]
 pub struct SonnetCorpus {
     tokens: Arc<Vec<u32>>,
+    /// Ascending token indices at which chunk 1, 2, … begin (chunk 0 begins at 0).
+    joins: Arc<Vec<usize>>,
 }
 
 impl SonnetCorpus {
-    /// Wraps an already-built token array.
-    pub fn from_tokens(tokens: Vec<u32>) -> Self {
+    /// Wraps an already-built token array and its chunk starts (`joins`, ascending, excluding 0).
+    pub fn from_parts(tokens: Vec<u32>, joins: Vec<usize>) -> Self {
         SonnetCorpus {
             tokens: Arc::new(tokens),
+            joins: Arc::new(joins),
         }
     }
 
@@ -70,13 +82,77 @@ impl SonnetCorpus {
         let per_chunk = tokenizer.encode_batch(chunk_text(text))?;
         let total = per_chunk.iter().map(Vec::len).sum();
         let mut tokens = Vec::with_capacity(total);
+        let mut joins = Vec::with_capacity(per_chunk.len());
         for ids in per_chunk {
+            if !tokens.is_empty() {
+                joins.push(tokens.len());
+            }
             tokens.extend_from_slice(&ids);
         }
-        Ok(Self::from_tokens(tokens))
+        Ok(Self::from_parts(tokens, joins))
     }
 
-    /// Like [`SonnetCorpus::build`], but first looks in `cache_dir` for ids built earlier from the
+    /// The `k`-token window starting at `start`, wrapping past the end, with the chunk joins
+    /// (and the wrap point) it contains. `k` is capped at the corpus size.
+    pub fn window(&self, start: usize, k: usize) -> Pieces {
+        let size = self.tokens.len();
+        let k = k.min(size);
+        let mut tokens = Vec::with_capacity(k);
+        let mut joins = Vec::new();
+        let first = (start + k).min(size);
+        tokens.extend_from_slice(&self.tokens[start..first]);
+        let inner = |lo: usize, hi: usize, shift: usize, joins: &mut Vec<usize>| {
+            let from = self.joins.partition_point(|&j| j <= lo);
+            for &j in &self.joins[from..] {
+                if j >= hi {
+                    break;
+                }
+                joins.push(j - lo + shift);
+            }
+        };
+        inner(start, first, 0, &mut joins);
+        if start + k > size {
+            let rest = start + k - size;
+            joins.push(tokens.len());
+            let shift = tokens.len();
+            tokens.extend_from_slice(&self.tokens[..rest]);
+            inner(0, rest, shift, &mut joins);
+        }
+        Pieces {
+            tokens,
+            joins,
+            start_clean: false,
+            end_clean: false,
+            dirty: Vec::new(),
+        }
+    }
+
+    /// The precomputed corpus for the shipped corpus text and Qwen3 tokenizer, if those are
+    /// what is asked for.
+    pub fn shipped(text: &str, tokenizer: &Tokenizer) -> Option<Self> {
+        if tokenizer.fingerprint() != QWEN3_TOKENIZER_SHA256 || text != SHAKESPEARE {
+            return None;
+        }
+        parse_cache(QWEN3_SONNET_IDS)
+    }
+
+    /// The bytes of the id-cache format for this corpus.
+    pub fn to_cache_bytes(&self) -> Vec<u8> {
+        let mut body = Vec::with_capacity((self.tokens.len() + self.joins.len() + 1) * 4);
+        body.extend_from_slice(&(self.joins.len() as u32).to_le_bytes());
+        for &j in self.joins.iter() {
+            body.extend_from_slice(&(j as u32).to_le_bytes());
+        }
+        for id in self.tokens.iter() {
+            body.extend_from_slice(&id.to_le_bytes());
+        }
+        let mut bytes = Sha256::digest(&body).to_vec();
+        bytes.extend_from_slice(&body);
+        bytes
+    }
+
+    /// Like [`SonnetCorpus::build`], but first uses the shipped ids (default tokenizer), then
+    /// looks in `cache_dir` for ids built earlier from the
     /// same tokenizer file and corpus text, and stores them there after a build. Cache problems
     /// never fail the build: an unreadable or malformed entry is rebuilt.
     pub fn build_cached(
@@ -84,16 +160,24 @@ impl SonnetCorpus {
         tokenizer: &Tokenizer,
         cache_dir: Option<&Path>,
     ) -> Result<Self, SynthError> {
+        if let Some(corpus) = Self::shipped(text, tokenizer) {
+            return Ok(corpus);
+        }
         let Some(dir) = cache_dir else {
             return Self::build(text, tokenizer);
         };
         let path = cache_path(dir, text, tokenizer);
-        if let Some(tokens) = read_ids(&path) {
-            return Ok(Self::from_tokens(tokens));
+        if let Some(corpus) = read_cache(&path) {
+            return Ok(corpus);
         }
         let corpus = Self::build(text, tokenizer)?;
-        write_ids(&path, &corpus.tokens);
+        write_cache(&path, &corpus);
         Ok(corpus)
+    }
+
+    /// Token indices where chunks 1.. begin.
+    pub fn joins(&self) -> &[usize] {
+        &self.joins
     }
 
     /// The token ids.
@@ -127,36 +211,43 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 fn cache_path(dir: &Path, text: &str, tokenizer: &Tokenizer) -> PathBuf {
     let text_hash = hex::encode(Sha256::digest(text.as_bytes()));
     dir.join(format!(
-        "sonnet-ids-{}-{}.u32le",
+        "sonnet-ids-v2-{}-{}.bin",
         &tokenizer.fingerprint()[..16],
         &text_hash[..16]
     ))
 }
 
-/// File layout: 32-byte sha256 of the id bytes, then the ids as little-endian u32.
-fn read_ids(path: &Path) -> Option<Vec<u32>> {
-    let bytes = std::fs::read(path).ok()?;
-    if bytes.len() < 32 || (bytes.len() - 32) % 4 != 0 {
+/// File layout: 32-byte sha256 of the rest, then little-endian u32s: the number of joins, the
+/// joins, then the ids.
+fn read_cache(path: &Path) -> Option<SonnetCorpus> {
+    parse_cache(&std::fs::read(path).ok()?)
+}
+
+fn parse_cache(bytes: &[u8]) -> Option<SonnetCorpus> {
+    if bytes.len() < 36 || (bytes.len() - 32) % 4 != 0 {
         return None;
     }
     let (sum, body) = bytes.split_at(32);
     if Sha256::digest(body).as_slice() != sum {
         return None;
     }
-    Some(
-        body.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    )
+    let words: Vec<u32> = body
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let n_joins = *words.first()? as usize;
+    if words.len() < 1 + n_joins {
+        return None;
+    }
+    let joins = words[1..1 + n_joins].iter().map(|&j| j as usize).collect();
+    Some(SonnetCorpus::from_parts(
+        words[1 + n_joins..].to_vec(),
+        joins,
+    ))
 }
 
-fn write_ids(path: &Path, ids: &[u32]) {
-    let mut body = Vec::with_capacity(ids.len() * 4);
-    for id in ids {
-        body.extend_from_slice(&id.to_le_bytes());
-    }
-    let mut bytes = Sha256::digest(&body).to_vec();
-    bytes.extend_from_slice(&body);
+fn write_cache(path: &Path, corpus: &SonnetCorpus) {
+    let bytes = corpus.to_cache_bytes();
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
         return;
