@@ -13,6 +13,9 @@ use crate::synth::params::{PromptCorpus, SynthParams, DEFAULT_ISL};
 use crate::synth::rng::{fold_seed_to_u32, DerivedRng, NumpyGenerator, PyRandom, RandomState};
 use crate::synth::tokenizer::Tokenizer;
 
+/// Conversations whose first fix-up round is computed ahead in one parallel batch.
+const SPECULATION_BATCH: usize = 32;
+
 /// Token accounting fixed before any prompt is drawn (AIPerf `_init_isl_compensation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Compensation {
@@ -340,7 +343,29 @@ pub fn compose(
     let turn_rng = DerivedRng::derive(root_seed, "composer.conversation.turn_count");
     let mut turn_rng = turn_rng.py;
     let mut conversations = Vec::with_capacity(n_conv);
+    // Random corpus, preseeded, single-turn, no prefix: every body is known in advance (the
+    // request index, the cached offset and length), so round one of the fix-up loop is
+    // computed ahead in parallel, a batch at a time.
+    let speculate = is_random
+        && prefix_pool.is_empty()
+        && params.session_turns_mean == 1.0
+        && params.session_turns_stddev <= 0.0;
+    let first_index = gen.request_index();
     for i in 0..n_conv {
+        if speculate && i % SPECULATION_BATCH == 0 {
+            if let Lengths::Ratio { isl_cache, .. } = &lengths {
+                let offsets = gen.remaining_offsets().to_vec();
+                let batch: Vec<Vec<u32>> = (i..(i + SPECULATION_BATCH).min(n_conv))
+                    .filter_map(|c| {
+                        let isl = (*isl_cache.get(c)?).max(0) as u64;
+                        let len = isl.saturating_sub(comp.first_turn_adjustment).max(1) as usize;
+                        let offset = *offsets.get(c - i)?;
+                        gen.random_body(offset, first_index + c as u64, len)
+                    })
+                    .collect();
+                gen.prefetch_reencodes(batch)?;
+            }
+        }
         let session_id = if seeded {
             format!("session_{i:06}")
         } else {

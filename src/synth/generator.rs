@@ -2,11 +2,18 @@
 //! makes a decoded prompt re-encode to exactly the target length, and top-ups.
 //! Owns the per-prompt random draws in AIPerf's order; must never reorder or skip a draw.
 
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
 use crate::synth::corpus::{RandomPools, SonnetCorpus};
 use crate::synth::error::SynthError;
 use crate::synth::reencode::{reencode, Pieces};
 use crate::synth::rng::{DerivedRng, NumpyGenerator, RandomState};
 use crate::synth::tokenizer::Tokenizer;
+
+/// A token sequence and its `encode(decode(..))`.
+type SeqAndReencode = (Vec<u32>, Vec<u32>);
 
 /// Rounds of decode → re-encode → adjust before a prompt is returned unverified.
 pub const MAX_FIXUP_ROUNDS: usize = 10;
@@ -69,6 +76,8 @@ pub struct PromptGenerator<'t> {
     offset_cache: Vec<i64>,
     offset_cursor: usize,
     preseed: Option<PreseedRng>,
+    /// Re-encodes computed ahead of time (in parallel), keyed by the exact token sequence.
+    speculative: HashMap<Vec<u32>, Vec<u32>>,
 }
 
 impl<'t> PromptGenerator<'t> {
@@ -82,6 +91,7 @@ impl<'t> PromptGenerator<'t> {
             offset_cache: Vec::new(),
             offset_cursor: 0,
             preseed: None,
+            speculative: HashMap::new(),
         }
     }
 
@@ -100,6 +110,48 @@ impl<'t> PromptGenerator<'t> {
         self.preseed = Some(rng);
         self.offset_cache = offsets;
         self.offset_cursor = 0;
+    }
+
+    /// The random corpus's next request index.
+    pub fn request_index(&self) -> u64 {
+        self.request_index
+    }
+
+    /// The preseeded offsets not yet consumed.
+    pub fn remaining_offsets(&self) -> &[i64] {
+        &self.offset_cache[self.offset_cursor..]
+    }
+
+    /// The random-corpus body `_sample_tokens` would produce for `offset`, request `index` and
+    /// `k` tokens (no draws).
+    pub fn random_body(&self, offset: i64, index: u64, k: usize) -> Option<Vec<u32>> {
+        let CorpusSource::Random(pools) = &self.corpus else {
+            return None;
+        };
+        let n = pools.allowed.len();
+        if n == 0 {
+            return None;
+        }
+        let base = (offset as u64 + index) as usize;
+        Some((0..k).map(|j| pools.allowed[(base + j) % n]).collect())
+    }
+
+    /// Computes `encode(decode(seq))` for sequences that are expected to be prompt bodies soon,
+    /// in parallel. A prediction that does not come true costs time, never correctness: a
+    /// result is only used for a sequence equal to its key.
+    pub fn prefetch_reencodes(&mut self, seqs: Vec<Vec<u32>>) -> Result<(), SynthError> {
+        let tok = self.tokenizer;
+        let done: Result<Vec<SeqAndReencode>, SynthError> = seqs
+            .into_par_iter()
+            .map(|seq| {
+                let encoded = tok.encode(&tok.decode(&seq)?)?;
+                Ok((seq, encoded))
+            })
+            .collect();
+        // Earlier predictions that never came true are dropped here, which bounds the memory.
+        self.speculative.clear();
+        self.speculative.extend(done?);
+        Ok(())
     }
 
     /// The preseed generator, if installed.
@@ -201,7 +253,10 @@ impl<'t> PromptGenerator<'t> {
         target: usize,
     ) -> Result<String, SynthError> {
         for _ in 0..MAX_FIXUP_ROUNDS {
-            let encoded = reencode(self.tokenizer, &pieces)?;
+            let encoded = match self.speculative.remove(&pieces.tokens) {
+                Some(e) => e,
+                None => reencode(self.tokenizer, &pieces)?,
+            };
             if encoded.len() == target {
                 return self.tokenizer.decode(&pieces.tokens);
             }
