@@ -2,10 +2,15 @@
 //! SGLang 0.5.14–0.5.23 `bench_serving --dataset-name random-ids` draw, reproduced exactly.
 //! Owns those tools' draw orders; must never mix them with AIPerf's streams.
 
+use rayon::prelude::*;
+
 use crate::synth::error::SynthError;
 use crate::synth::params::RangeRatio;
 use crate::synth::rng::{NumpyGenerator, RandomState};
 use crate::synth::tokenizer::Tokenizer;
+
+/// Requests whose first fix-up round is computed in one parallel batch.
+const BATCH: usize = 32;
 
 /// Which benchmark tool to reproduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,17 +55,28 @@ pub struct BenchRequest {
 }
 
 /// vLLM's `gen_prompt_decode_to_target_len`: returns the last decoded prompt and its re-encoding.
+/// `first` is the already computed `(decode(seq), encode(decode(seq)))`, if any.
 fn vllm_decode_to_target(
     tokenizer: &Tokenizer,
     mut seq: Vec<u32>,
     target: usize,
     rng: &mut NumpyGenerator,
+    mut first: Option<(String, Vec<u32>)>,
 ) -> Result<(String, Vec<u32>), SynthError> {
     let vocab = tokenizer.vocab_size() as i64;
     let mut remain = 10;
     loop {
-        let prompt = tokenizer.decode(&seq)?;
-        seq = tokenizer.encode(&prompt)?;
+        let prompt = match first.take() {
+            Some((prompt, encoded)) => {
+                seq = encoded;
+                prompt
+            }
+            None => {
+                let prompt = tokenizer.decode(&seq)?;
+                seq = tokenizer.encode(&prompt)?;
+                prompt
+            }
+        };
         if remain <= 0 || seq.len() == target {
             return Ok((prompt, seq));
         }
@@ -102,6 +118,9 @@ fn vllm(params: &BenchParams, tokenizer: &Tokenizer) -> Result<Vec<BenchRequest>
     let out_hi = ((out * (1.0 + r.output)).ceil() as i64).max(1);
     let n = params.num_prompts;
     let vocab = tokenizer.vocab_size() as i64;
+    if vocab == 0 {
+        return Err(SynthError::invalid("the tokenizer has an empty vocabulary"));
+    }
     let mut rng = NumpyGenerator::new(u128::from(params.seed));
     let input_lens = rng.integers_n(in_lo, in_hi + 1, n);
     let output_lens = rng.integers_n(out_lo, out_hi + 1, n);
@@ -120,24 +139,41 @@ fn vllm(params: &BenchParams, tokenizer: &Tokenizer) -> Result<Vec<BenchRequest>
         let ids: Vec<u32> = (0..params.prefix_len)
             .map(|_| allowed[rng.integers(0, a as i64) as usize])
             .collect();
-        vllm_decode_to_target(tokenizer, ids, params.prefix_len, &mut rng)?.1
+        vllm_decode_to_target(tokenizer, ids, params.prefix_len, &mut rng, None)?.1
     } else {
         Vec::new()
     };
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
+    // Every request's starting sequence is known now, so the first decode → encode of each
+    // is computed in parallel batches; the draws (top-ups) stay strictly in request order.
+    let initial = |i: usize| -> Vec<u32> {
         let len = input_lens[i].max(0) as usize;
         let base = offsets[i] as usize + i;
         let mut seq = prefix.clone();
         seq.extend((0..len).map(|j| allowed[(base + j) % a]));
-        let target = params.prefix_len + len;
-        let (prompt, seq) = vllm_decode_to_target(tokenizer, seq, target, &mut rng)?;
-        out.push(BenchRequest {
-            request_id: i.to_string(),
-            prompt,
-            prompt_len: seq.len(),
-            expected_output_len: output_lens[i] as u64,
-        });
+        seq
+    };
+    let mut out = Vec::with_capacity(n);
+    for batch_start in (0..n).step_by(BATCH) {
+        let batch: Vec<usize> = (batch_start..(batch_start + BATCH).min(n)).collect();
+        let firsts: Result<Vec<(String, Vec<u32>)>, SynthError> = batch
+            .par_iter()
+            .map(|&i| {
+                let prompt = tokenizer.decode(&initial(i))?;
+                let encoded = tokenizer.encode(&prompt)?;
+                Ok((prompt, encoded))
+            })
+            .collect();
+        for (i, first) in batch.into_iter().zip(firsts?) {
+            let target = params.prefix_len + input_lens[i].max(0) as usize;
+            let (prompt, seq) =
+                vllm_decode_to_target(tokenizer, initial(i), target, &mut rng, Some(first))?;
+            out.push(BenchRequest {
+                request_id: i.to_string(),
+                prompt,
+                prompt_len: seq.len(),
+                expected_output_len: output_lens[i] as u64,
+            });
+        }
     }
     Ok(out)
 }
@@ -178,6 +214,9 @@ fn sglang(params: &BenchParams, tokenizer: &Tokenizer) -> Result<Vec<BenchReques
         .collect();
     let output_lens = lens(params.output_len, &mut rng);
     let vocab = tokenizer.vocab_size();
+    if vocab == 0 {
+        return Err(SynthError::invalid("the tokenizer has an empty vocabulary"));
+    }
     let offsets = rng.randint_n(0, vocab as i64, n);
     let mut out = Vec::with_capacity(n);
     for i in 0..n {

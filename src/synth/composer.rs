@@ -210,6 +210,9 @@ pub fn compose(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Dataset, SynthError> {
     params.validate()?;
+    if tokenizer.vocab_size() == 0 {
+        return Err(SynthError::invalid("the tokenizer has an empty vocabulary"));
+    }
     let n_conv = params.num_dataset_entries;
     let seeded = params.random_seed.is_some();
     let root_seed = params.random_seed.unwrap_or_else(rand::random);

@@ -116,6 +116,9 @@ impl PyRandom {
     }
 
     /// `getrandbits(k)` for `k <= 64`.
+    ///
+    /// # Panics
+    /// If `k > 64` (a caller bug: no AIPerf draw needs more).
     pub fn getrandbits(&mut self, k: u32) -> u64 {
         assert!(k <= 64, "getrandbits is ported for k <= 64 only");
         if k == 0 {
@@ -131,7 +134,9 @@ impl PyRandom {
     }
 
     /// `_randbelow(n)`: uniform in `[0, n)` by rejection on `getrandbits(bit_length(n))`.
-    /// `n` must be positive.
+    ///
+    /// # Panics
+    /// If `n == 0` (Python raises there too).
     pub fn randbelow(&mut self, n: u64) -> u64 {
         assert!(n > 0, "randbelow needs a positive bound");
         let k = 64 - n.leading_zeros();
@@ -148,7 +153,10 @@ impl PyRandom {
         self.randbelow(n)
     }
 
-    /// `randint(a, b)`, both ends inclusive (`a <= b`).
+    /// `randint(a, b)`, both ends inclusive.
+    ///
+    /// # Panics
+    /// If `a > b` (Python raises there too).
     pub fn randint(&mut self, a: i64, b: i64) -> i64 {
         assert!(a <= b, "randint needs a <= b");
         let width = (b as i128 - a as i128 + 1) as u64;

@@ -36,6 +36,9 @@ impl RandomState {
 
     /// `randint(low, high)`: uniform in `[low, high)` by masked rejection; no draw when the
     /// range holds one value.
+    ///
+    /// # Panics
+    /// If `low >= high` (numpy raises there too).
     pub fn randint(&mut self, low: i64, high: i64) -> i64 {
         assert!(low < high, "randint needs low < high");
         let rng = (high as i128 - 1 - low as i128) as u64;

@@ -161,8 +161,11 @@ impl NumpyGenerator {
         (m >> 64) as u64
     }
 
-    /// `integers(low, high)`: uniform in `[low, high)`; `low < high`. An empty-width range
-    /// (`high - low == 1`) returns `low` without drawing, as numpy does.
+    /// `integers(low, high)`: uniform in `[low, high)`. A one-value range (`high - low == 1`)
+    /// returns `low` without drawing, as numpy does.
+    ///
+    /// # Panics
+    /// If `low >= high` (numpy raises there too).
     pub fn integers(&mut self, low: i64, high: i64) -> i64 {
         assert!(low < high, "integers needs low < high");
         let rng = (high as i128 - 1 - low as i128) as u64;
