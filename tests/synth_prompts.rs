@@ -252,3 +252,26 @@ fn corpus_facts_qwen3() {
 fn corpus_facts_llama() {
     corpus_facts("llama3.2");
 }
+
+#[test]
+fn prompt_stream_continues_aiperf_generator() {
+    // With seed 42 the first three prompts of 16 tokens are the bodies of the ISL-16 case.
+    let tok = std::sync::Arc::new(Tokenizer::default_qwen3().unwrap());
+    let sonnet = load("qwen3").sonnet.clone();
+    let mut stream = kvbust::synth::PromptStream::new(
+        tok,
+        PromptCorpus::Sonnet,
+        Default::default(),
+        Some(sonnet),
+        Some(42),
+    )
+    .unwrap();
+    let case = &vectors()["cases"]["sonnet_isl16_seed42_qwen3"]["conversations"];
+    for c in 0..3 {
+        assert_eq!(
+            stream.prompt(16).unwrap(),
+            case[c]["turns"][0]["texts"][0].as_str().unwrap()
+        );
+    }
+    assert_eq!(stream.prompt(0).unwrap(), "");
+}

@@ -3,6 +3,7 @@
 //! Owns the per-prompt random draws in AIPerf's order; must never reorder or skip a draw.
 
 use std::collections::HashMap;
+use std::ops::Deref;
 
 use rayon::prelude::*;
 
@@ -68,8 +69,10 @@ impl GeneratorRngs {
 }
 
 /// Prompt generation state: streams, the random corpus's request index and preseed caches.
-pub struct PromptGenerator<'t> {
-    tokenizer: &'t Tokenizer,
+/// `T` is how the tokenizer is held: `&Tokenizer` for a one-off dataset, `Arc<Tokenizer>` for a
+/// long-lived prompt source.
+pub struct PromptGenerator<T: Deref<Target = Tokenizer>> {
+    tokenizer: T,
     corpus: CorpusSource,
     rngs: GeneratorRngs,
     request_index: u64,
@@ -80,9 +83,9 @@ pub struct PromptGenerator<'t> {
     speculative: HashMap<Vec<u32>, Vec<u32>>,
 }
 
-impl<'t> PromptGenerator<'t> {
+impl<T: Deref<Target = Tokenizer>> PromptGenerator<T> {
     /// A generator over `corpus` with the given streams.
-    pub fn new(tokenizer: &'t Tokenizer, corpus: CorpusSource, rngs: GeneratorRngs) -> Self {
+    pub fn new(tokenizer: T, corpus: CorpusSource, rngs: GeneratorRngs) -> Self {
         PromptGenerator {
             tokenizer,
             corpus,
@@ -96,8 +99,8 @@ impl<'t> PromptGenerator<'t> {
     }
 
     /// The tokenizer prompts are made with.
-    pub fn tokenizer(&self) -> &'t Tokenizer {
-        self.tokenizer
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
     }
 
     /// The corpus prompts come from.
@@ -140,7 +143,7 @@ impl<'t> PromptGenerator<'t> {
     /// in parallel. A prediction that does not come true costs time, never correctness: a
     /// result is only used for a sequence equal to its key.
     pub fn prefetch_reencodes(&mut self, seqs: Vec<Vec<u32>>) -> Result<(), SynthError> {
-        let tok = self.tokenizer;
+        let tok: &Tokenizer = &self.tokenizer;
         let done: Result<Vec<SeqAndReencode>, SynthError> = seqs
             .into_par_iter()
             .map(|seq| {
@@ -255,7 +258,7 @@ impl<'t> PromptGenerator<'t> {
         for _ in 0..MAX_FIXUP_ROUNDS {
             let encoded = match self.speculative.remove(&pieces.tokens) {
                 Some(e) => e,
-                None => reencode(self.tokenizer, &pieces)?,
+                None => reencode(&self.tokenizer, &pieces)?,
             };
             if encoded.len() == target {
                 return self.tokenizer.decode(&pieces.tokens);

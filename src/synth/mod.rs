@@ -12,6 +12,7 @@ pub mod marker;
 pub mod params;
 pub mod reencode;
 pub mod rng;
+pub mod stream;
 pub mod tokenizer;
 
 pub use composer::{build_dataset, compose};
@@ -20,4 +21,5 @@ pub use dataset::{Conversation, Dataset, Turn};
 pub use error::SynthError;
 pub use marker::CacheBustTarget;
 pub use params::{PromptCorpus, RangeRatio, SynthParams};
+pub use stream::PromptStream;
 pub use tokenizer::Tokenizer;
