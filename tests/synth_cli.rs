@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use kvbust::synth::cli::{run, SynthArgs};
+use kvbust::synth::SynthError;
 use serde_json::Value;
 
 #[derive(Parser)]
@@ -242,6 +243,13 @@ fn impossible_combinations_say_what_to_change() {
     assert!(e.contains("sonnet or random"), "{e}");
     let e = error_of(&["--tokenizer", "/nonexistent/tok"]);
     assert!(e.contains("never downloads"), "{e}");
+    // Usage problems are typed, so the caller can choose the exit code.
+    let argv: Vec<String> = ["--random-input-len", "1"].map(String::from).to_vec();
+    let err = run(&parse(&argv)).unwrap_err();
+    assert!(matches!(
+        err.downcast_ref::<SynthError>(),
+        Some(SynthError::InvalidParams(_))
+    ));
     let e = error_of(&[
         "--random-corpus-style",
         "sglang",

@@ -13,6 +13,7 @@ use crate::synth::composer::compose;
 use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
 use crate::synth::corpus::{RandomCorpusStyle, SonnetCorpus};
 use crate::synth::dataset::{ChatBody, ChatMessage, Dataset};
+use crate::synth::error::SynthError;
 use crate::synth::marker::CacheBustTarget;
 use crate::synth::params::{PromptCorpus, RangeRatio, SynthParams};
 use crate::synth::tokenizer::Tokenizer;
@@ -169,7 +170,7 @@ impl SynthArgs {
     }
 
     /// The tool parameters for `--bench-compat`, or an error naming flags that do not apply.
-    pub fn to_bench_params(&self, tool: BenchTool) -> anyhow::Result<BenchParams> {
+    pub fn to_bench_params(&self, tool: BenchTool) -> Result<BenchParams, SynthError> {
         let aiperf_only = [
             (self.isl.is_some(), "--isl"),
             (self.osl.is_some(), "--osl"),
@@ -191,11 +192,11 @@ impl SynthArgs {
             ),
         ];
         if let Some((_, flag)) = aiperf_only.iter().find(|(set, _)| *set) {
-            anyhow::bail!(
+            return Err(SynthError::InvalidParams(format!(
                 "{flag} is an AIPerf flag and does not apply with --bench-compat; use \
                  --random-input-len, --random-output-len, --random-range-ratio, \
                  --random-prefix-len, --num-prompts and --seed"
-            );
+            )));
         }
         let (seed, output_len) = match tool {
             BenchTool::Vllm => (0, 128),
@@ -216,7 +217,7 @@ impl SynthArgs {
         })
     }
 
-    fn check_no_bench_flags(&self) -> anyhow::Result<()> {
+    fn check_no_bench_flags(&self) -> Result<(), SynthError> {
         let bench_only = [
             (
                 self.random_input_len.is_some(),
@@ -241,10 +242,10 @@ impl SynthArgs {
             (self.seed.is_some(), "--seed", "--random-seed"),
         ];
         if let Some((_, flag, instead)) = bench_only.iter().find(|(set, _, _)| *set) {
-            anyhow::bail!(
+            return Err(SynthError::InvalidParams(format!(
                 "{flag} is a vLLM/SGLang flag: add --bench-compat vllm|sglang, or use {instead} \
                  for AIPerf-style synthesis"
-            );
+            )));
         }
         Ok(())
     }
@@ -356,47 +357,69 @@ pub fn write_dataset(
     Ok(())
 }
 
-/// Runs `kvbust synth`.
+/// Runs `kvbust synth`. Usage problems (flag combinations, values, a tokenizer path that does
+/// not exist) come back as a [`SynthError`] inside the `anyhow::Error` (`InvalidParams`,
+/// `TokenizerNotFound`), so a caller can map them to the usage exit code.
 pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let tokenizer = load_tokenizer(args.tokenizer.as_deref())?;
-    let mut sink: Box<dyn Write> = match &args.output {
-        Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        )),
-        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
-    };
-    if let Some(tool) = args.bench_compat {
-        let params = args.to_bench_params(tool)?;
-        let requests = bench_requests(&params, &tokenizer)?;
-        write_bench(&mut sink, &requests, args.format, &args.model)?;
-        sink.flush()?;
-        return Ok(());
-    }
-    args.check_no_bench_flags()?;
-    let params = args.to_params();
-    params.validate()?;
-    let cache_dir = if args.no_corpus_cache {
-        None
-    } else {
-        args.corpus_cache_dir.clone().or_else(default_cache_dir)
-    };
-    let bar = progress_bar(params.num_dataset_entries as u64);
-    let mut tick = |done: usize, _total: usize| {
-        if let Some(b) = &bar {
-            b.set_position(done as u64);
+    // Check every flag before any expensive work or touching the output file.
+    let job = match args.bench_compat {
+        Some(tool) => Job::Bench(args.to_bench_params(tool)?),
+        None => {
+            args.check_no_bench_flags()?;
+            let params = args.to_params();
+            params.validate()?;
+            Job::Aiperf(params)
         }
     };
-    let dataset = build_dataset_cached(&params, &tokenizer, cache_dir.as_deref(), &mut tick)?;
-    if let Some(b) = &bar {
-        b.finish_and_clear();
+    let tokenizer = load_tokenizer(args.tokenizer.as_deref())?;
+    let open_output = || -> anyhow::Result<Box<dyn Write>> {
+        Ok(match &args.output {
+            Some(p) => Box::new(std::io::BufWriter::new(
+                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+            )),
+            None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+        })
+    };
+    match job {
+        Job::Bench(params) => {
+            let requests = bench_requests(&params, &tokenizer)?;
+            let mut sink = open_output()?;
+            write_bench(&mut sink, &requests, args.format, &args.model)?;
+            sink.flush()?;
+        }
+        Job::Aiperf(params) => {
+            let cache_dir = if args.no_corpus_cache {
+                None
+            } else {
+                args.corpus_cache_dir.clone().or_else(default_cache_dir)
+            };
+            let bar = progress_bar(params.num_dataset_entries as u64);
+            let mut tick = |done: usize, _total: usize| {
+                if let Some(b) = &bar {
+                    b.set_position(done as u64);
+                }
+            };
+            let dataset =
+                build_dataset_cached(&params, &tokenizer, cache_dir.as_deref(), &mut tick)?;
+            if let Some(b) = &bar {
+                b.finish_and_clear();
+            }
+            let mut sink = open_output()?;
+            write_dataset(&mut sink, &dataset, args.format, &args.model)?;
+            sink.flush()?;
+            tracing::debug!(
+                conversations = dataset.conversations.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "synthesized dataset"
+            );
+        }
     }
-    write_dataset(&mut sink, &dataset, args.format, &args.model)?;
-    sink.flush()?;
-    tracing::debug!(
-        conversations = dataset.conversations.len(),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "synthesized dataset"
-    );
     Ok(())
+}
+
+/// What `run` was asked to do, after the flags were checked.
+enum Job {
+    Bench(BenchParams),
+    Aiperf(SynthParams),
 }
