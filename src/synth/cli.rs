@@ -9,9 +9,9 @@ use std::time::Instant;
 use anyhow::Context;
 
 use crate::synth::bench::{bench_requests, BenchParams, BenchRequest, BenchTool};
-use crate::synth::composer::compose;
-use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
-use crate::synth::corpus::{RandomCorpusStyle, SonnetCorpus};
+use crate::synth::composer::build_dataset_with;
+use crate::synth::corpus::sonnet::default_cache_dir;
+use crate::synth::corpus::RandomCorpusStyle;
 use crate::synth::dataset::{ChatBody, ChatMessage, Dataset};
 use crate::synth::error::SynthError;
 use crate::synth::marker::CacheBustTarget;
@@ -266,26 +266,6 @@ pub fn load_tokenizer(path: Option<&Path>) -> anyhow::Result<Tokenizer> {
     }
 }
 
-/// Builds the dataset for `params`, tokenizing (or loading from the cache) the sonnet corpus
-/// when the corpus needs it.
-pub fn build_dataset_cached(
-    params: &SynthParams,
-    tokenizer: &Tokenizer,
-    cache_dir: Option<&Path>,
-    progress: &mut dyn FnMut(usize, usize),
-) -> anyhow::Result<Dataset> {
-    params.validate()?;
-    let sonnet = match params.prompt_corpus {
-        PromptCorpus::Sonnet => Some(SonnetCorpus::build_cached(
-            SHAKESPEARE,
-            tokenizer,
-            cache_dir,
-        )?),
-        _ => None,
-    };
-    Ok(compose(params, tokenizer, sonnet.as_ref(), progress)?)
-}
-
 fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
     if !std::io::stderr().is_terminal() {
         return None;
@@ -400,8 +380,7 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
                     b.set_position(done as u64);
                 }
             };
-            let dataset =
-                build_dataset_cached(&params, &tokenizer, cache_dir.as_deref(), &mut tick)?;
+            let dataset = build_dataset_with(&params, &tokenizer, cache_dir.as_deref(), &mut tick)?;
             if let Some(b) = &bar {
                 b.finish_and_clear();
             }

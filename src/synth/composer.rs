@@ -1,6 +1,7 @@
 //! AIPerf 0.13.0's `SyntheticDatasetComposer` pipeline (§2.9 order): compensation facts, the
 //! prompt generator and shared system prompt, preseed, prefix pool, conversations, then
-//! user-context prompts. Owns the order of every draw; must never do I/O.
+//! user-context prompts. Owns the order of every draw; `compose` never does I/O (only the
+//! `build_dataset*` conveniences read or write the corpus id cache).
 
 use crate::synth::chat_template::{estimate_overheads, ChatTemplateOverheads};
 use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
@@ -186,18 +187,35 @@ fn uuid4() -> String {
 }
 
 /// Builds the dataset AIPerf 0.13.0 would build for `params` with `tokenizer`, tokenizing the
-/// sonnet corpus when needed (its ids are cached under [`default_cache_dir`]).
+/// sonnet corpus when needed (shipped ids for the default tokenizer; otherwise cached under
+/// [`default_cache_dir`]).
 pub fn build_dataset(params: &SynthParams, tokenizer: &Tokenizer) -> Result<Dataset, SynthError> {
+    build_dataset_with(
+        params,
+        tokenizer,
+        default_cache_dir().as_deref(),
+        &mut |_, _| {},
+    )
+}
+
+/// [`build_dataset`] with an explicit corpus cache folder (`None`: no cache) and progress
+/// callback `(done, total)` per conversation.
+pub fn build_dataset_with(
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    cache_dir: Option<&std::path::Path>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Dataset, SynthError> {
     params.validate()?;
     let sonnet = match params.prompt_corpus {
         PromptCorpus::Sonnet => Some(SonnetCorpus::build_cached(
             SHAKESPEARE,
             tokenizer,
-            default_cache_dir().as_deref(),
+            cache_dir,
         )?),
         _ => None,
     };
-    compose(params, tokenizer, sonnet.as_ref(), &mut |_, _| {})
+    compose(params, tokenizer, sonnet.as_ref(), progress)
 }
 
 /// Builds the dataset AIPerf 0.13.0 would build for `params` and `tokenizer`. The sonnet corpus

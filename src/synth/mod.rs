@@ -15,7 +15,7 @@ pub mod rng;
 pub mod stream;
 pub mod tokenizer;
 
-pub use composer::{build_dataset, compose};
+pub use composer::{build_dataset, build_dataset_with, compose};
 pub use corpus::{RandomCorpusStyle, SonnetCorpus};
 pub use dataset::{Conversation, Dataset, Turn};
 pub use error::SynthError;
