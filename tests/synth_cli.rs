@@ -262,3 +262,13 @@ fn impossible_combinations_say_what_to_change() {
     ]);
     assert!(e.contains("single --random-range-ratio"), "{e}");
 }
+
+#[test]
+fn flag_definitions_are_consistent() {
+    use clap::CommandFactory;
+    Wrapper::command().debug_assert();
+    let args = parse(&[]);
+    assert_eq!(args.num_dataset_entries, 100);
+    assert_eq!(args.prefix_prompt_length, 100);
+    assert!(args.isl.is_none() && args.osl.is_none() && args.random_seed.is_none());
+}
