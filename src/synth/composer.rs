@@ -239,28 +239,7 @@ pub fn compose(
     // 1. Compensation facts (no draws).
     let comp = compensation(params, tokenizer)?;
 
-    // 1b. Prompt generator and the shared system prompt.
-    let corpus = match params.prompt_corpus {
-        PromptCorpus::Sonnet => CorpusSource::Sonnet(
-            sonnet
-                .cloned()
-                .ok_or_else(|| SynthError::invalid("the sonnet corpus was not provided"))?,
-        ),
-        PromptCorpus::Random => {
-            CorpusSource::Random(RandomPools::new(tokenizer, params.random_corpus_style))
-        }
-        PromptCorpus::Coding => {
-            return Err(SynthError::invalid("the coding corpus is not supported"))
-        }
-    };
-    let is_random = matches!(corpus, CorpusSource::Random(_));
-    let mut gen = PromptGenerator::new(tokenizer, corpus, GeneratorRngs::derive(root_seed));
-    let shared_system = match comp.shared_system_length {
-        Some(len) => Some(gen.generate_prompt(len, None)?),
-        None => None,
-    };
-
-    // 1c. Sequence distribution.
+    // 1b. Sequence distribution (no draws; checked before any prompt is made).
     let mut lengths = match (params.range_ratio, params.isl, params.osl) {
         (Some(r), Some(isl), Some(osl)) => {
             let bounds = ratio_bounds(
@@ -308,6 +287,27 @@ pub fn compose(
                 ),
             }
         }
+    };
+
+    // 1c. Prompt generator and the shared system prompt.
+    let corpus = match params.prompt_corpus {
+        PromptCorpus::Sonnet => CorpusSource::Sonnet(
+            sonnet
+                .cloned()
+                .ok_or_else(|| SynthError::invalid("the sonnet corpus was not provided"))?,
+        ),
+        PromptCorpus::Random => {
+            CorpusSource::Random(RandomPools::new(tokenizer, params.random_corpus_style))
+        }
+        PromptCorpus::Coding => {
+            return Err(SynthError::invalid("the coding corpus is not supported"))
+        }
+    };
+    let is_random = matches!(corpus, CorpusSource::Random(_));
+    let mut gen = PromptGenerator::new(tokenizer, corpus, GeneratorRngs::derive(root_seed));
+    let shared_system = match comp.shared_system_length {
+        Some(len) => Some(gen.generate_prompt(len, None)?),
+        None => None,
     };
 
     // 2. Preseed (random corpus with a range ratio).
