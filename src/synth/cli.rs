@@ -1,6 +1,16 @@
 //! `kvbust synth`: AIPerf's synthesis flags (plus `--bench-compat` for vLLM/SGLang parity),
 //! writing JSONL conversations or ready OpenAI chat request bodies.
 //! Owns flag parsing, file output and the progress bar; the content comes from the library.
+//!
+//! ```text
+//! # AIPerf's dataset for these flags (same conversations, byte for byte):
+//! kvbust synth --isl 1024 --osl 128 --random-seed 42 --num-dataset-entries 200 -o data.jsonl
+//! kvbust synth --prompt-corpus random --random-range-ratio 0.5 --isl 512 --osl 64 \
+//!     --random-seed 7 --tokenizer ./llama --format openai-chat --model llama -o bodies.jsonl
+//! # vLLM's `--dataset-name random` prompts (prompt, prompt_len, expected_output_len):
+//! kvbust synth --bench-compat vllm --random-input-len 1024 --random-output-len 128 \
+//!     --random-range-ratio 0.5 --num-prompts 1000 --seed 0
+//! ```
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
