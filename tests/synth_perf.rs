@@ -124,3 +124,22 @@ fn where_sonnet_time_goes() {
         t.elapsed().as_secs_f64() * 1e6 / 100.0
     );
 }
+
+#[test]
+#[ignore = "timing run, prints figures"]
+fn default_dataset_from_nothing() {
+    // What `[synth]` defaults cost a cold process: load the shipped tokenizer, take the shipped
+    // corpus ids, build 100 sonnet conversations at ISL 550 (seed 0).
+    let t = Instant::now();
+    let tok = Tokenizer::default_qwen3().unwrap();
+    let params = SynthParams {
+        random_seed: Some(0),
+        ..SynthParams::default()
+    };
+    let ds = kvbust::synth::build_dataset_with(&params, &tok, None, &mut |_, _| {}).unwrap();
+    println!(
+        "default dataset ({} conversations, ISL 550) from nothing: {:.3} s",
+        ds.conversations.len(),
+        t.elapsed().as_secs_f64()
+    );
+}
