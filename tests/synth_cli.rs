@@ -272,3 +272,30 @@ fn flag_definitions_are_consistent() {
     assert_eq!(args.prefix_prompt_length, 100);
     assert!(args.isl.is_none() && args.osl.is_none() && args.random_seed.is_none());
 }
+
+#[test]
+fn params_from_configuration() {
+    use kvbust::synth::{PromptCorpus, RangeRatio, SynthParams};
+    let p: SynthParams = serde_json::from_str(
+        r#"{"prompt_corpus": "random", "isl": 128, "osl": 16, "random_seed": 7,
+            "range_ratio": {"input": 0.25, "output": 0.5}, "cache_bust": "first_turn_prefix"}"#,
+    )
+    .unwrap();
+    assert_eq!(p.prompt_corpus, PromptCorpus::Random);
+    assert_eq!(p.num_dataset_entries, 100);
+    assert_eq!(
+        p.range_ratio,
+        Some(RangeRatio {
+            input: 0.25,
+            output: 0.5,
+            per_direction: true
+        })
+    );
+    let q: SynthParams = serde_json::from_str(r#"{"range_ratio": 0.5}"#).unwrap();
+    assert_eq!(q.range_ratio.unwrap().output, 0.5);
+    let r: SynthParams = serde_json::from_str(r#"{"range_ratio": "0.3"}"#).unwrap();
+    assert_eq!(r.range_ratio.unwrap().input, 0.3);
+    assert!(serde_json::from_str::<SynthParams>(r#"{"isl_mean": 3}"#).is_err());
+    let back: SynthParams = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
+}

@@ -9,7 +9,8 @@ use crate::synth::rng::py_round;
 use crate::synth::tokenizer::Tokenizer;
 
 /// AIPerf's `CacheBustTarget`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CacheBustTarget {
     #[default]
     None,

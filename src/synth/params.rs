@@ -9,7 +9,8 @@ use crate::synth::marker::CacheBustTarget;
 pub const DEFAULT_ISL: u64 = 550;
 
 /// `--prompt-corpus`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PromptCorpus {
     #[default]
     Sonnet,
@@ -33,6 +34,8 @@ impl std::str::FromStr for PromptCorpus {
 }
 
 /// `--random-range-ratio`: one float for both, or vLLM's JSON `{"input": a, "output": b}`.
+/// In configuration files: a number, a string as on the command line, or a table with
+/// `input` and `output`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RangeRatio {
     pub input: f64,
@@ -70,8 +73,10 @@ impl std::str::FromStr for RangeRatio {
     }
 }
 
-/// Everything that shapes a synthetic dataset, named after AIPerf's flags.
-#[derive(Debug, Clone, PartialEq)]
+/// Everything that shapes a synthetic dataset, named after AIPerf's flags (in configuration
+/// files the same names in snake_case; unknown keys are rejected).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SynthParams {
     pub prompt_corpus: PromptCorpus,
     /// `--isl` (None: AIPerf's default 550).
@@ -96,6 +101,45 @@ pub struct SynthParams {
     pub session_turns_stddev: f64,
     pub cache_bust: CacheBustTarget,
     pub apply_chat_template: bool,
+}
+
+impl serde::Serialize for RangeRatio {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        if self.per_direction {
+            let mut m = s.serialize_map(Some(2))?;
+            m.serialize_entry("input", &self.input)?;
+            m.serialize_entry("output", &self.output)?;
+            m.end()
+        } else {
+            s.serialize_f64(self.input)
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RangeRatio {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Number(f64),
+            Text(String),
+            Table { input: f64, output: f64 },
+        }
+        match Form::deserialize(d)? {
+            Form::Number(r) => Ok(RangeRatio {
+                input: r,
+                output: r,
+                per_direction: false,
+            }),
+            Form::Text(t) => t.parse().map_err(serde::de::Error::custom),
+            Form::Table { input, output } => Ok(RangeRatio {
+                input,
+                output,
+                per_direction: true,
+            }),
+        }
+    }
 }
 
 impl Default for SynthParams {

@@ -4,7 +4,8 @@
 use crate::synth::tokenizer::Tokenizer;
 
 /// `--random-corpus-style`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RandomCorpusStyle {
     /// vLLM `--dataset-name random`: non-special ids below `vocab_size`, PCG64 preseed.
     #[default]
