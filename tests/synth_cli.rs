@@ -127,6 +127,7 @@ fn prompt_cases_through_the_cli() {
     // Qwen3 uses the shipped ids; the Llama corpus was tokenized once and cached.
     let cached = std::fs::read_dir(&cache).unwrap().count();
     assert_eq!(cached, 1);
+    std::fs::remove_dir_all(&cache).unwrap();
 }
 
 #[test]
