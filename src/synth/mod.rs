@@ -1,1 +1,25 @@
 //! Prompt synthesis: tokenizer, bit-exact RNG ports, corpora and the AIPerf dataset composer. Never does network I/O.
+
+pub mod bench;
+pub mod chat_template;
+pub mod cli;
+pub mod composer;
+pub mod corpus;
+pub mod dataset;
+pub mod error;
+pub mod generator;
+pub mod marker;
+pub mod params;
+pub mod reencode;
+pub mod rng;
+pub mod stream;
+pub mod tokenizer;
+
+pub use composer::{build_dataset, build_dataset_with, compose};
+pub use corpus::{RandomCorpusStyle, SonnetCorpus};
+pub use dataset::{Conversation, Dataset, Turn};
+pub use error::SynthError;
+pub use marker::CacheBustTarget;
+pub use params::{PromptCorpus, RangeRatio, SynthParams};
+pub use stream::PromptStream;
+pub use tokenizer::Tokenizer;

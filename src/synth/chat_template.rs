@@ -1,0 +1,140 @@
+//! Chat-template token overheads (AIPerf `_estimate_chat_template_overheads`): renders the
+//! tokenizer's Jinja chat template on three fixed probes and measures fixed and per-message cost.
+//! Owns template rendering for that estimate only; must never render request payloads.
+
+use std::collections::BTreeMap;
+
+use minijinja::{Environment, Value};
+
+use crate::synth::error::SynthError;
+use crate::synth::rng::py_round;
+use crate::synth::tokenizer::Tokenizer;
+
+const PROBES: [&str; 3] = [
+    "Hello, how are you today?",
+    "Could you write a Python function to reverse a string?",
+    "What's the difference between TCP and UDP in networking?",
+];
+
+/// Per-request fixed tokens and per-message wrap tokens of a chat template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChatTemplateOverheads {
+    /// Tokens a request pays once (beyond one message's wrap and the special tokens).
+    pub fixed: i64,
+    /// Tokens each message's wrapping costs.
+    pub wrap: i64,
+}
+
+fn map<const N: usize>(entries: [(&str, Value); N]) -> Value {
+    let m: BTreeMap<String, Value> = entries
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    Value::from(m)
+}
+
+fn message(role: &str, content: &str) -> Value {
+    map([
+        ("role", Value::from(role)),
+        ("content", Value::from(content)),
+    ])
+}
+
+fn special_token(tokenizer: &Tokenizer, id: Option<u32>) -> Value {
+    id.and_then(|id| tokenizer.inner().id_to_token(id))
+        .map(Value::from)
+        .unwrap_or(Value::from(()))
+}
+
+/// Renders `template` like transformers' `apply_chat_template(tokenize=False,
+/// add_generation_prompt=True)`: Jinja with trim_blocks and lstrip_blocks.
+pub fn render(
+    template: &str,
+    messages: &[(&str, &str)],
+    bos: Value,
+    eos: Value,
+) -> Result<String, SynthError> {
+    let mut env = Environment::new();
+    let syntax = minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+        .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
+    env.set_syntax(syntax);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                msg,
+            ))
+        },
+    );
+    env.add_template("chat", template)
+        .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
+    let tmpl = env
+        .get_template("chat")
+        .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
+    let msgs: Vec<Value> = messages.iter().map(|(r, c)| message(r, c)).collect();
+    let ctx = map([
+        ("messages", Value::from(msgs)),
+        ("add_generation_prompt", Value::from(true)),
+        ("tools", Value::from(())),
+        ("bos_token", bos),
+        ("eos_token", eos),
+    ]);
+    tmpl.render(ctx)
+        .map_err(|e| SynthError::ChatTemplate(e.to_string()))
+}
+
+/// AIPerf's estimate; `Ok(None)` when the tokenizer has no chat template or a per-probe value is
+/// negative (AIPerf then uses 0 and 0).
+pub fn estimate_overheads(
+    tokenizer: &Tokenizer,
+) -> Result<Option<ChatTemplateOverheads>, SynthError> {
+    let Some(template) = tokenizer.chat_template() else {
+        return Ok(None);
+    };
+    let bos = special_token(tokenizer, tokenizer.bos_token_id());
+    let eos = special_token(tokenizer, tokenizer.eos_token_id());
+    let special = tokenizer.num_special_tokens_to_add() as f64;
+    let mut fixed_sum = 0.0;
+    let mut wrap_sum = 0.0;
+    for s in PROBES {
+        let single = render(template, &[("user", s)], bos.clone(), eos.clone())?;
+        let triple = render(
+            template,
+            &[("user", s), ("assistant", s), ("user", s)],
+            bos.clone(),
+            eos.clone(),
+        )?;
+        let n_single = tokenizer.encode(&single)?.len() as f64;
+        let n_triple = tokenizer.encode(&triple)?.len() as f64;
+        let n_s = tokenizer.encode(s)?.len() as f64;
+        let wrap = (n_triple - n_single - 2.0 * n_s) / 2.0;
+        let fixed = n_single - n_s - wrap - special;
+        if wrap < 0.0 || fixed < 0.0 {
+            return Ok(None);
+        }
+        fixed_sum += fixed;
+        wrap_sum += wrap;
+    }
+    let n = PROBES.len() as f64;
+    Ok(Some(ChatTemplateOverheads {
+        fixed: py_round(fixed_sum / n),
+        wrap: py_round(wrap_sum / n),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen3_overheads() {
+        let t = Tokenizer::default_qwen3().unwrap();
+        let o = estimate_overheads(&t).unwrap().unwrap();
+        assert_eq!(o, ChatTemplateOverheads { fixed: 3, wrap: 5 });
+    }
+}

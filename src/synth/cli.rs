@@ -1,0 +1,414 @@
+//! `kvbust synth`: AIPerf's synthesis flags (plus `--bench-compat` for vLLM/SGLang parity),
+//! writing JSONL conversations or ready OpenAI chat request bodies.
+//! Owns flag parsing, file output and the progress bar; the content comes from the library.
+//!
+//! ```text
+//! # AIPerf's dataset for these flags (same conversations, byte for byte):
+//! kvbust synth --isl 1024 --osl 128 --random-seed 42 --num-dataset-entries 200 -o data.jsonl
+//! kvbust synth --prompt-corpus random --random-range-ratio 0.5 --isl 512 --osl 64 \
+//!     --random-seed 7 --tokenizer ./llama --format openai-chat --model llama -o bodies.jsonl
+//! # vLLM's `--dataset-name random` prompts (prompt, prompt_len, expected_output_len):
+//! kvbust synth --bench-compat vllm --random-input-len 1024 --random-output-len 128 \
+//!     --random-range-ratio 0.5 --num-prompts 1000 --seed 0
+//! ```
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+
+use crate::synth::bench::{bench_requests, BenchParams, BenchRequest, BenchTool};
+use crate::synth::composer::build_dataset_with;
+use crate::synth::corpus::sonnet::default_cache_dir;
+use crate::synth::corpus::RandomCorpusStyle;
+use crate::synth::dataset::{ChatBody, ChatMessage, Dataset};
+use crate::synth::error::SynthError;
+use crate::synth::marker::CacheBustTarget;
+use crate::synth::params::{PromptCorpus, RangeRatio, SynthParams};
+use crate::synth::tokenizer::Tokenizer;
+
+/// What each output line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// One conversation per line: `session_id`, `system_message`, `user_context_message`,
+    /// `turns[{text, max_tokens}]` (with `--bench-compat`: `request_id`, `prompt`, `prompt_len`,
+    /// `expected_output_len`).
+    #[default]
+    Conversations,
+    /// One OpenAI `/v1/chat/completions` request body per turn.
+    OpenaiChat,
+}
+
+/// Flags of `kvbust synth` (names follow AIPerf's; the `--random-input-len` group and
+/// `--num-prompts`/`--seed` follow `vllm bench serve` / SGLang for `--bench-compat`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SynthArgs {
+    /// Tokenizer: a tokenizer.json file or a folder with tokenizer.json (+ tokenizer_config.json).
+    /// Default: the shipped Qwen3 tokenizer. [config: synth.tokenizer]
+    #[arg(long, value_name = "PATH", env = "KVBUST_SYNTH__TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
+    /// Prompt corpus: sonnet or random.
+    #[arg(long, value_name = "CORPUS", default_value = "sonnet")]
+    pub prompt_corpus: PromptCorpus,
+    /// Mean input sequence length in tokens (AIPerf default 550).
+    #[arg(long, value_name = "N", visible_alias = "synthetic-input-tokens-mean")]
+    pub isl: Option<u64>,
+    /// Standard deviation of the input length.
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        visible_alias = "synthetic-input-tokens-stddev"
+    )]
+    pub isl_stddev: f64,
+    /// Mean output length (max_tokens); none → no max_tokens.
+    #[arg(long, value_name = "N", visible_alias = "output-tokens-mean")]
+    pub osl: Option<u64>,
+    /// Standard deviation of the output length.
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        visible_alias = "output-tokens-stddev"
+    )]
+    pub osl_stddev: f64,
+    /// Root seed; without it the dataset is not reproducible and session ids are uuids.
+    #[arg(long, value_name = "N")]
+    pub random_seed: Option<u64>,
+    /// Range ratio for ISL/OSL: a number, or (vllm style) {"input": a, "output": b}.
+    #[arg(long, value_name = "R")]
+    pub random_range_ratio: Option<RangeRatio>,
+    /// Random corpus style / range-ratio semantics: vllm or sglang.
+    #[arg(long, value_name = "STYLE", default_value = "vllm")]
+    pub random_corpus_style: RandomCorpusStyle,
+    /// Number of conversations.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 100,
+        visible_alias = "num-conversations"
+    )]
+    pub num_dataset_entries: usize,
+    /// Size of the prefix pool (0: off).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub num_prefix_prompts: usize,
+    /// Token length of each prefix-pool prompt.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub prefix_prompt_length: usize,
+    /// Token length of the shared system prompt (the same for every conversation).
+    #[arg(long, value_name = "N")]
+    pub shared_system_prompt_length: Option<usize>,
+    /// Token length of the per-conversation user-context prompt.
+    #[arg(long, value_name = "N")]
+    pub user_context_prompt_length: Option<usize>,
+    /// A verbatim system prompt for every conversation.
+    #[arg(long, value_name = "TEXT")]
+    pub system_prompt: Option<String>,
+    /// Mean number of turns per conversation.
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub session_turns_mean: f64,
+    /// Standard deviation of the number of turns.
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    pub session_turns_stddev: f64,
+    /// Cache-bust target the dataset will be sent with (shrinks prompts by the marker's cost).
+    #[arg(long, value_name = "TARGET", default_value = "none")]
+    pub cache_bust: CacheBustTarget,
+    /// Compensate input lengths for the tokenizer's chat template.
+    #[arg(long)]
+    pub apply_chat_template: bool,
+    /// Output file (default: standard output).
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Conversations)]
+    pub format: OutputFormat,
+    /// Model name written into openai-chat bodies.
+    #[arg(long, value_name = "NAME", default_value = "model")]
+    pub model: String,
+    /// Folder for cached corpus token ids (default: $KVBUST_CACHE_DIR, $XDG_CACHE_HOME/kvbust or
+    /// ~/.cache/kvbust).
+    #[arg(long, value_name = "DIR")]
+    pub corpus_cache_dir: Option<PathBuf>,
+    /// Always tokenize the corpus afresh; neither read nor write the cache.
+    #[arg(long)]
+    pub no_corpus_cache: bool,
+    /// Reproduce another tool's random dataset instead of AIPerf's: vllm (`vllm bench serve
+    /// --dataset-name random`, 0.17–0.33) or sglang (`random-ids`, 0.5.14–0.5.23).
+    #[arg(long, value_name = "TOOL")]
+    pub bench_compat: Option<BenchTool>,
+    /// --bench-compat: input length (vLLM and SGLang default 1024).
+    #[arg(long, value_name = "N")]
+    pub random_input_len: Option<u64>,
+    /// --bench-compat: output length (vLLM default 128, SGLang 1024).
+    #[arg(long, value_name = "N")]
+    pub random_output_len: Option<u64>,
+    /// --bench-compat vllm: shared prefix length.
+    #[arg(long, value_name = "N")]
+    pub random_prefix_len: Option<usize>,
+    /// --bench-compat: number of prompts (default 1000).
+    #[arg(long, value_name = "N")]
+    pub num_prompts: Option<usize>,
+    /// --bench-compat: the tool's --seed (vLLM default 0, SGLang 42); falls back to --random-seed.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+}
+
+impl SynthArgs {
+    /// The library parameters for AIPerf-style synthesis.
+    pub fn to_params(&self) -> SynthParams {
+        SynthParams {
+            prompt_corpus: self.prompt_corpus,
+            isl: self.isl,
+            isl_stddev: self.isl_stddev,
+            osl: self.osl,
+            osl_stddev: self.osl_stddev,
+            random_seed: self.random_seed,
+            range_ratio: self.random_range_ratio,
+            random_corpus_style: self.random_corpus_style,
+            num_dataset_entries: self.num_dataset_entries,
+            num_prefix_prompts: self.num_prefix_prompts,
+            prefix_prompt_length: self.prefix_prompt_length,
+            shared_system_prompt_length: self.shared_system_prompt_length,
+            user_context_prompt_length: self.user_context_prompt_length,
+            system_prompt: self.system_prompt.clone(),
+            session_turns_mean: self.session_turns_mean,
+            session_turns_stddev: self.session_turns_stddev,
+            cache_bust: self.cache_bust,
+            apply_chat_template: self.apply_chat_template,
+        }
+    }
+
+    /// The tool parameters for `--bench-compat`, or an error naming flags that do not apply.
+    pub fn to_bench_params(&self, tool: BenchTool) -> Result<BenchParams, SynthError> {
+        let aiperf_only = [
+            (self.isl.is_some(), "--isl"),
+            (self.osl.is_some(), "--osl"),
+            (
+                self.shared_system_prompt_length.is_some(),
+                "--shared-system-prompt-length",
+            ),
+            (
+                self.user_context_prompt_length.is_some(),
+                "--user-context-prompt-length",
+            ),
+            (self.system_prompt.is_some(), "--system-prompt"),
+            (self.num_prefix_prompts > 0, "--num-prefix-prompts"),
+            (self.cache_bust != CacheBustTarget::None, "--cache-bust"),
+            (self.apply_chat_template, "--apply-chat-template"),
+            (
+                self.prompt_corpus != PromptCorpus::Sonnet,
+                "--prompt-corpus",
+            ),
+        ];
+        if let Some((_, flag)) = aiperf_only.iter().find(|(set, _)| *set) {
+            return Err(SynthError::InvalidParams(format!(
+                "{flag} is an AIPerf flag and does not apply with --bench-compat; use \
+                 --random-input-len, --random-output-len, --random-range-ratio, \
+                 --random-prefix-len, --num-prompts and --seed"
+            )));
+        }
+        let (seed, output_len) = match tool {
+            BenchTool::Vllm => (0, 128),
+            BenchTool::Sglang => (42, 1024),
+        };
+        Ok(BenchParams {
+            tool,
+            seed: self.seed.or(self.random_seed).unwrap_or(seed),
+            num_prompts: self.num_prompts.unwrap_or(1000),
+            input_len: self.random_input_len.unwrap_or(1024),
+            output_len: self.random_output_len.unwrap_or(output_len),
+            range_ratio: self.random_range_ratio.unwrap_or(RangeRatio {
+                input: 0.0,
+                output: 0.0,
+                per_direction: false,
+            }),
+            prefix_len: self.random_prefix_len.unwrap_or(0),
+        })
+    }
+
+    fn check_no_bench_flags(&self) -> Result<(), SynthError> {
+        let bench_only = [
+            (
+                self.random_input_len.is_some(),
+                "--random-input-len",
+                "--isl",
+            ),
+            (
+                self.random_output_len.is_some(),
+                "--random-output-len",
+                "--osl",
+            ),
+            (
+                self.random_prefix_len.is_some(),
+                "--random-prefix-len",
+                "--num-prefix-prompts",
+            ),
+            (
+                self.num_prompts.is_some(),
+                "--num-prompts",
+                "--num-dataset-entries",
+            ),
+            (self.seed.is_some(), "--seed", "--random-seed"),
+        ];
+        if let Some((_, flag, instead)) = bench_only.iter().find(|(set, _, _)| *set) {
+            return Err(SynthError::InvalidParams(format!(
+                "{flag} is a vLLM/SGLang flag: add --bench-compat vllm|sglang, or use {instead} \
+                 for AIPerf-style synthesis"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Loads `--tokenizer`, or the shipped Qwen3 tokenizer.
+pub fn load_tokenizer(path: Option<&Path>) -> anyhow::Result<Tokenizer> {
+    match path {
+        None => Ok(Tokenizer::default_qwen3()?),
+        Some(p) if !p.exists() => anyhow::bail!(
+            "tokenizer {} is not a local file or folder; kvbust never downloads tokenizers, so \
+             pass a tokenizer.json file or a folder holding one",
+            p.display()
+        ),
+        Some(p) => {
+            Tokenizer::from_path(p).with_context(|| format!("loading tokenizer {}", p.display()))
+        }
+    }
+}
+
+fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} synthesizing {pos}/{len} conversations [{elapsed_precise}] {wide_bar} {eta}",
+    ) {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+fn chat_body(model: &str, prompt: &str, max_tokens: u64) -> String {
+    let body = ChatBody {
+        messages: vec![ChatMessage {
+            role: "user",
+            content: prompt,
+        }],
+        model,
+        stream: false,
+        max_completion_tokens: Some(max_tokens),
+    };
+    // Strings, booleans and integers always serialise.
+    serde_json::to_string(&body).expect("body serialises")
+}
+
+fn write_bench(
+    out: &mut dyn Write,
+    requests: &[BenchRequest],
+    format: OutputFormat,
+    model: &str,
+) -> std::io::Result<()> {
+    for r in requests {
+        let line = match format {
+            OutputFormat::Conversations => {
+                // Plain strings and integers always serialise.
+                serde_json::to_string(r).expect("request serialises")
+            }
+            OutputFormat::OpenaiChat => chat_body(model, &r.prompt, r.expected_output_len),
+        };
+        out.write_all(line.as_bytes())?;
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+/// Writes a dataset as JSONL in `format`.
+pub fn write_dataset(
+    out: &mut dyn Write,
+    dataset: &Dataset,
+    format: OutputFormat,
+    model: &str,
+) -> std::io::Result<()> {
+    for conv in &dataset.conversations {
+        match format {
+            OutputFormat::Conversations => {
+                out.write_all(conv.to_json_line().as_bytes())?;
+                out.write_all(b"\n")?;
+            }
+            OutputFormat::OpenaiChat => {
+                for body in conv.to_openai_chat_bodies(model) {
+                    out.write_all(body.as_bytes())?;
+                    out.write_all(b"\n")?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `kvbust synth`. Usage problems (flag combinations, values, a tokenizer path that does
+/// not exist) come back as a [`SynthError`] inside the `anyhow::Error` (`InvalidParams`,
+/// `TokenizerNotFound`), so a caller can map them to the usage exit code.
+pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    // Check every flag before any expensive work or touching the output file.
+    let job = match args.bench_compat {
+        Some(tool) => Job::Bench(args.to_bench_params(tool)?),
+        None => {
+            args.check_no_bench_flags()?;
+            let params = args.to_params();
+            params.validate()?;
+            Job::Aiperf(params)
+        }
+    };
+    let tokenizer = load_tokenizer(args.tokenizer.as_deref())?;
+    let open_output = || -> anyhow::Result<Box<dyn Write>> {
+        Ok(match &args.output {
+            Some(p) => Box::new(std::io::BufWriter::new(
+                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+            )),
+            None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+        })
+    };
+    match job {
+        Job::Bench(params) => {
+            let requests = bench_requests(&params, &tokenizer)?;
+            let mut sink = open_output()?;
+            write_bench(&mut sink, &requests, args.format, &args.model)?;
+            sink.flush()?;
+        }
+        Job::Aiperf(params) => {
+            let cache_dir = if args.no_corpus_cache {
+                None
+            } else {
+                args.corpus_cache_dir.clone().or_else(default_cache_dir)
+            };
+            let bar = progress_bar(params.num_dataset_entries as u64);
+            let mut tick = |done: usize, _total: usize| {
+                if let Some(b) = &bar {
+                    b.set_position(done as u64);
+                }
+            };
+            let dataset = build_dataset_with(&params, &tokenizer, cache_dir.as_deref(), &mut tick)?;
+            if let Some(b) = &bar {
+                b.finish_and_clear();
+            }
+            let mut sink = open_output()?;
+            write_dataset(&mut sink, &dataset, args.format, &args.model)?;
+            sink.flush()?;
+            tracing::debug!(
+                conversations = dataset.conversations.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "synthesized dataset"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What `run` was asked to do, after the flags were checked.
+enum Job {
+    Bench(BenchParams),
+    Aiperf(SynthParams),
+}

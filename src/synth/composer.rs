@@ -1,0 +1,443 @@
+//! AIPerf 0.13.0's `SyntheticDatasetComposer` pipeline (§2.9 order): compensation facts, the
+//! prompt generator and shared system prompt, preseed, prefix pool, conversations, then
+//! user-context prompts. Owns the order of every draw; `compose` never does I/O (only the
+//! `build_dataset*` conveniences read or write the corpus id cache).
+
+use crate::synth::chat_template::{estimate_overheads, ChatTemplateOverheads};
+use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
+use crate::synth::corpus::{RandomCorpusStyle, RandomPools, SonnetCorpus};
+use crate::synth::dataset::{Conversation, Dataset, Turn};
+use crate::synth::error::SynthError;
+use crate::synth::generator::{CorpusSource, GeneratorRngs, PreseedRng, PromptGenerator};
+use crate::synth::marker::marker_token_cost;
+use crate::synth::params::{PromptCorpus, SynthParams, DEFAULT_ISL};
+use crate::synth::rng::{fold_seed_to_u32, DerivedRng, NumpyGenerator, PyRandom, RandomState};
+use crate::synth::tokenizer::Tokenizer;
+
+/// Conversations whose first fix-up round is computed ahead in one parallel batch.
+const SPECULATION_BATCH: usize = 32;
+
+/// Token accounting fixed before any prompt is drawn (AIPerf `_init_isl_compensation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Compensation {
+    pub marker_cost: usize,
+    pub marker_on_system_prompt: bool,
+    pub chat_template: ChatTemplateOverheads,
+    pub first_turn_adjustment: u64,
+    pub subsequent_turn_adjustment: u64,
+    /// The length the shared system prompt is generated with (after the marker shrink).
+    pub shared_system_length: Option<usize>,
+}
+
+/// Computes the marker cost, chat-template overheads and per-turn adjustments.
+pub fn compensation(
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+) -> Result<Compensation, SynthError> {
+    let target = params.cache_bust;
+    let marker_cost = marker_token_cost(target, tokenizer)?;
+    let has_system = params.shared_system_prompt_length.is_some() || params.system_prompt.is_some();
+    let marker_on_system_prompt = target.is_system() && has_system;
+    let first_turn_marker = if marker_on_system_prompt {
+        0
+    } else {
+        marker_cost
+    };
+    let chat_template = if params.apply_chat_template {
+        match estimate_overheads(tokenizer) {
+            Ok(o) => o.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!("chat-template overheads not applied (AIPerf falls back to 0): {e}");
+                ChatTemplateOverheads::default()
+            }
+        }
+    } else {
+        ChatTemplateOverheads::default()
+    };
+    let shared_system_length = params.shared_system_prompt_length.map(|s| {
+        if marker_on_system_prompt {
+            s.saturating_sub(marker_cost).max(1)
+        } else {
+            s
+        }
+    });
+    Ok(Compensation {
+        marker_cost,
+        marker_on_system_prompt,
+        chat_template,
+        first_turn_adjustment: (chat_template.fixed + chat_template.wrap).max(0) as u64
+            + first_turn_marker as u64,
+        subsequent_turn_adjustment: chat_template.wrap.max(0) as u64,
+        shared_system_length,
+    })
+}
+
+/// Inclusive ISL/OSL bounds of a range ratio (AIPerf `RangeRatioDistribution`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RatioBounds {
+    pub input: (i64, i64),
+    pub output: (i64, i64),
+}
+
+/// The bounds for a style; `isl`/`osl` are the means, `num_special` the tokenizer's BOS count.
+pub fn ratio_bounds(
+    style: RandomCorpusStyle,
+    isl: u64,
+    osl: u64,
+    r_in: f64,
+    r_out: f64,
+    num_special: u64,
+) -> RatioBounds {
+    let (isl_f, osl_f) = (isl as f64, osl as f64);
+    match style {
+        RandomCorpusStyle::Vllm => {
+            let adj = isl.saturating_sub(num_special) as f64;
+            RatioBounds {
+                input: (
+                    ((adj * (1.0 - r_in)).floor() as i64).max(0),
+                    (adj * (1.0 + r_in)).ceil() as i64,
+                ),
+                output: (
+                    ((osl_f * (1.0 - r_out)).floor() as i64).max(1),
+                    ((osl_f * (1.0 + r_out)).ceil() as i64).max(1),
+                ),
+            }
+        }
+        RandomCorpusStyle::Sglang => RatioBounds {
+            input: (((isl_f * r_in) as i64).max(1), isl as i64),
+            output: (((osl_f * r_out) as i64).max(1), osl as i64),
+        },
+    }
+}
+
+/// Where turn lengths come from.
+enum Lengths {
+    Ratio {
+        bounds: RatioBounds,
+        style: RandomCorpusStyle,
+        num_special: i64,
+        isl_cache: Vec<i64>,
+        osl_cache: Vec<i64>,
+        cursor: usize,
+        live: NumpyGenerator,
+    },
+    Normal {
+        isl_mean: u64,
+        osl: Option<u64>,
+        max_tokens_rng: Box<PyRandom>,
+    },
+}
+
+impl Lengths {
+    /// `(isl, max_tokens, exact_length)` for the next turn.
+    fn next(&mut self, params: &SynthParams) -> (u64, Option<u64>, bool) {
+        match self {
+            Lengths::Ratio {
+                bounds,
+                style,
+                num_special,
+                isl_cache,
+                osl_cache,
+                cursor,
+                live,
+            } => {
+                let (isl, osl) = if *cursor < isl_cache.len() {
+                    *cursor += 1;
+                    (isl_cache[*cursor - 1], osl_cache[*cursor - 1])
+                } else {
+                    let isl = live.integers(bounds.input.0, bounds.input.1 + 1);
+                    let osl = live.integers(bounds.output.0, bounds.output.1 + 1);
+                    let isl = match style {
+                        RandomCorpusStyle::Sglang => (isl - *num_special).max(1),
+                        RandomCorpusStyle::Vllm => isl,
+                    };
+                    (isl, osl)
+                };
+                let max_tokens = (osl > 0).then_some(osl as u64);
+                (isl.max(0) as u64, max_tokens, true)
+            }
+            Lengths::Normal {
+                isl_mean,
+                osl,
+                max_tokens_rng,
+            } => {
+                let max_tokens = osl.map(|m| {
+                    max_tokens_rng.sample_positive_normal_integer(m as f64, params.osl_stddev)
+                });
+                (*isl_mean, max_tokens, false)
+            }
+        }
+    }
+}
+
+fn uuid4() -> String {
+    let b: [u8; 16] = rand::random();
+    let mut b = b;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// Builds the dataset AIPerf 0.13.0 would build for `params` with `tokenizer`, tokenizing the
+/// sonnet corpus when needed (shipped ids for the default tokenizer; otherwise cached under
+/// [`default_cache_dir`]).
+pub fn build_dataset(params: &SynthParams, tokenizer: &Tokenizer) -> Result<Dataset, SynthError> {
+    build_dataset_with(
+        params,
+        tokenizer,
+        default_cache_dir().as_deref(),
+        &mut |_, _| {},
+    )
+}
+
+/// [`build_dataset`] with an explicit corpus cache folder (`None`: no cache) and progress
+/// callback `(done, total)` per conversation.
+pub fn build_dataset_with(
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    cache_dir: Option<&std::path::Path>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Dataset, SynthError> {
+    params.validate()?;
+    let sonnet = match params.prompt_corpus {
+        PromptCorpus::Sonnet => Some(SonnetCorpus::build_cached(
+            SHAKESPEARE,
+            tokenizer,
+            cache_dir,
+        )?),
+        _ => None,
+    };
+    compose(params, tokenizer, sonnet.as_ref(), progress)
+}
+
+/// Builds the dataset AIPerf 0.13.0 would build for `params` and `tokenizer`. The sonnet corpus
+/// must be given when `params.prompt_corpus` is sonnet (see [`SonnetCorpus::build`]).
+/// `progress` is told after each conversation `(done, total)`.
+pub fn compose(
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    sonnet: Option<&SonnetCorpus>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Dataset, SynthError> {
+    params.validate()?;
+    if tokenizer.vocab_size() == 0 {
+        return Err(SynthError::invalid("the tokenizer has an empty vocabulary"));
+    }
+    let n_conv = params.num_dataset_entries;
+    let seeded = params.random_seed.is_some();
+    let root_seed = params.random_seed.unwrap_or_else(rand::random);
+    let num_special = tokenizer.num_special_tokens_to_add() as u64;
+
+    // 1. Compensation facts (no draws).
+    let comp = compensation(params, tokenizer)?;
+
+    // 1b. Sequence distribution (no draws; checked before any prompt is made).
+    let mut lengths = match (params.range_ratio, params.isl, params.osl) {
+        (Some(r), Some(isl), Some(osl)) => {
+            let bounds = ratio_bounds(
+                params.random_corpus_style,
+                isl,
+                osl,
+                r.input,
+                r.output,
+                num_special,
+            );
+            if params.random_corpus_style == RandomCorpusStyle::Vllm {
+                let prefix = if params.prefix_pool_enabled() {
+                    params.prefix_prompt_length as i64
+                } else {
+                    0
+                };
+                if prefix + bounds.input.0 < 1 {
+                    return Err(SynthError::invalid(format!(
+                        "--random-range-ratio {} with --isl {isl} produces a minimum input of {} \
+                         tokens; raise --isl or lower the ratio",
+                        r.input, bounds.input.0
+                    )));
+                }
+            }
+            Lengths::Ratio {
+                bounds,
+                style: params.random_corpus_style,
+                num_special: num_special as i64,
+                isl_cache: Vec::new(),
+                osl_cache: Vec::new(),
+                cursor: 0,
+                live: DerivedRng::derive(root_seed, "models.range_ratio.distribution").np,
+            }
+        }
+        _ => {
+            let mut isl_mean = params.isl.unwrap_or(DEFAULT_ISL);
+            if isl_mean > 0 {
+                isl_mean = isl_mean.saturating_sub(num_special);
+            }
+            Lengths::Normal {
+                isl_mean,
+                osl: params.osl,
+                max_tokens_rng: Box::new(
+                    DerivedRng::derive(root_seed, "composer.turn.max_tokens").py,
+                ),
+            }
+        }
+    };
+
+    // 1c. Prompt generator and the shared system prompt.
+    let corpus = match params.prompt_corpus {
+        PromptCorpus::Sonnet => CorpusSource::Sonnet(
+            sonnet
+                .cloned()
+                .ok_or_else(|| SynthError::invalid("the sonnet corpus was not provided"))?,
+        ),
+        PromptCorpus::Random => {
+            CorpusSource::Random(RandomPools::new(tokenizer, params.random_corpus_style))
+        }
+        PromptCorpus::Coding => {
+            return Err(SynthError::invalid("the coding corpus is not supported"))
+        }
+    };
+    let is_random = matches!(corpus, CorpusSource::Random(_));
+    let mut gen = PromptGenerator::new(tokenizer, corpus, GeneratorRngs::derive(root_seed));
+    let shared_system = match comp.shared_system_length {
+        Some(len) => Some(gen.generate_prompt(len, None)?),
+        None => None,
+    };
+
+    // 2. Preseed (random corpus with a range ratio).
+    if is_random {
+        if let Lengths::Ratio {
+            bounds,
+            style,
+            num_special,
+            isl_cache,
+            osl_cache,
+            ..
+        } = &mut lengths
+        {
+            let mut g = match style {
+                RandomCorpusStyle::Vllm => {
+                    PreseedRng::Pcg(NumpyGenerator::new(u128::from(root_seed)))
+                }
+                RandomCorpusStyle::Sglang => {
+                    PreseedRng::Legacy(Box::new(RandomState::new(fold_seed_to_u32(root_seed))))
+                }
+            };
+            *isl_cache = (0..n_conv)
+                .map(|_| g.integers(bounds.input.0, bounds.input.1 + 1))
+                .map(|v| match style {
+                    RandomCorpusStyle::Sglang => (v - *num_special).max(1),
+                    RandomCorpusStyle::Vllm => v,
+                })
+                .collect();
+            *osl_cache = (0..n_conv)
+                .map(|_| g.integers(bounds.output.0, bounds.output.1 + 1))
+                .collect();
+            let vocab = tokenizer.vocab_size() as i64;
+            let offsets = (0..n_conv).map(|_| g.integers(0, vocab)).collect();
+            gen.set_preseed(g, offsets);
+        }
+    }
+
+    // 3. Prefix pool.
+    let mut prefix_pool: Vec<Vec<u32>> = Vec::new();
+    if params.prefix_pool_enabled() {
+        let len = params.prefix_prompt_length;
+        for _ in 0..params.num_prefix_prompts {
+            let tokens = if is_random {
+                gen.random_prefix_tokens(len)
+            } else {
+                gen.sample_pieces(len)
+            };
+            let text = gen.decode_to_exact_len(tokens, len)?;
+            prefix_pool.push(tokenizer.encode(&text)?);
+        }
+    }
+
+    // 4. Conversations.
+    let turn_rng = DerivedRng::derive(root_seed, "composer.conversation.turn_count");
+    let mut turn_rng = turn_rng.py;
+    let mut conversations = Vec::with_capacity(n_conv);
+    // Random corpus, preseeded, single-turn, no prefix: every body is known in advance (the
+    // request index, the cached offset and length), so round one of the fix-up loop is
+    // computed ahead in parallel, a batch at a time.
+    let speculate = is_random
+        && prefix_pool.is_empty()
+        && params.session_turns_mean == 1.0
+        && params.session_turns_stddev <= 0.0;
+    let first_index = gen.request_index();
+    for i in 0..n_conv {
+        if speculate && i % SPECULATION_BATCH == 0 {
+            if let Lengths::Ratio { isl_cache, .. } = &lengths {
+                let offsets = gen.remaining_offsets().to_vec();
+                let batch: Vec<Vec<u32>> = (i..(i + SPECULATION_BATCH).min(n_conv))
+                    .filter_map(|c| {
+                        let isl = (*isl_cache.get(c)?).max(0) as u64;
+                        let len = isl.saturating_sub(comp.first_turn_adjustment).max(1) as usize;
+                        let offset = *offsets.get(c - i)?;
+                        gen.random_body(offset, first_index + c as u64, len)
+                    })
+                    .collect();
+                gen.prefetch_reencodes(batch)?;
+            }
+        }
+        let session_id = if seeded {
+            format!("session_{i:06}")
+        } else {
+            uuid4()
+        };
+        let num_turns = turn_rng
+            .sample_positive_normal_integer(params.session_turns_mean, params.session_turns_stddev)
+            as usize;
+        let mut turns = Vec::with_capacity(num_turns);
+        for t in 0..num_turns {
+            let (isl, max_tokens, exact) = lengths.next(params);
+            let with_prefix = t == 0 && !prefix_pool.is_empty();
+            let adjustment = if t == 0 {
+                comp.first_turn_adjustment
+            } else {
+                comp.subsequent_turn_adjustment
+            };
+            let floor = if with_prefix { 0 } else { 1 };
+            let isl = isl.saturating_sub(adjustment).max(floor);
+            let prefix = if with_prefix {
+                let k = gen.prefix_choice(prefix_pool.len());
+                Some(prefix_pool[k].as_slice())
+            } else {
+                None
+            };
+            let body_len = if exact {
+                isl as usize
+            } else {
+                gen.sample_length(isl as f64, params.isl_stddev)
+            };
+            let text = gen.generate_prompt(body_len, prefix)?;
+            turns.push(Turn { text, max_tokens });
+        }
+        conversations.push(Conversation {
+            session_id,
+            system_message: None,
+            user_context_message: None,
+            turns,
+        });
+        progress(i + 1, n_conv);
+    }
+
+    // 5. Finalize: system messages, then user-context prompts in session order.
+    let system_message = params.system_prompt.clone().or(shared_system);
+    for conv in &mut conversations {
+        conv.system_message = system_message.clone();
+    }
+    if let Some(len) = params.user_context_prompt_length {
+        for conv in &mut conversations {
+            conv.user_context_message = Some(gen.generate_prompt(len, None)?);
+        }
+    }
+    Ok(Dataset { conversations })
+}

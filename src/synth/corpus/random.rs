@@ -1,0 +1,53 @@
+//! The random corpus's token pools (AIPerf `--prompt-corpus random`): the body pool per style
+//! and the top-up pool. Owns pool construction only; must never draw random numbers.
+
+use crate::synth::tokenizer::Tokenizer;
+
+/// `--random-corpus-style`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RandomCorpusStyle {
+    /// vLLM `--dataset-name random`: non-special ids below `vocab_size`, PCG64 preseed.
+    #[default]
+    Vllm,
+    /// SGLang `random-ids`: every id below `vocab_size`, legacy MT19937 preseed.
+    Sglang,
+}
+
+impl std::str::FromStr for RandomCorpusStyle {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "vllm" => Ok(Self::Vllm),
+            "sglang" => Ok(Self::Sglang),
+            other => Err(format!(
+                "unknown random corpus style {other:?}; use vllm or sglang"
+            )),
+        }
+    }
+}
+
+/// Body and top-up pools.
+#[derive(Debug, Clone)]
+pub struct RandomPools {
+    /// Ids bodies are drawn from (ascending).
+    pub allowed: Vec<u32>,
+    /// Ids top-ups are drawn from: always `0..vocab_size`.
+    pub topup: Vec<u32>,
+}
+
+impl RandomPools {
+    /// AIPerf's `_build_allowed_tokens` for a style.
+    pub fn new(tokenizer: &Tokenizer, style: RandomCorpusStyle) -> Self {
+        let vocab = tokenizer.vocab_size() as u32;
+        let topup: Vec<u32> = (0..vocab).collect();
+        let allowed = match style {
+            RandomCorpusStyle::Sglang => topup.clone(),
+            RandomCorpusStyle::Vllm => {
+                let specials = tokenizer.all_special_ids();
+                (0..vocab).filter(|id| !specials.contains(id)).collect()
+            }
+        };
+        RandomPools { allowed, topup }
+    }
+}

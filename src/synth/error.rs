@@ -1,0 +1,31 @@
+//! The typed errors of prompt synthesis. Owns error kinds and their messages only.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading a tokenizer or synthesizing a dataset.
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("cannot read tokenizer file {path}: {source}")]
+    TokenizerIo {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} holds no tokenizer.json; pass a tokenizer.json file or a folder containing one"
+    )]
+    TokenizerMissing { path: PathBuf },
+    #[error("cannot parse tokenizer {what}: {message}")]
+    TokenizerParse { what: String, message: String },
+    #[error("tokenizer failed to {op}: {message}")]
+    Tokenize { op: &'static str, message: String },
+    #[error("invalid synthesis parameters: {0}")]
+    InvalidParams(String),
+    #[error("chat template could not be rendered: {0}")]
+    ChatTemplate(String),
+}
+
+impl SynthError {
+    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+        SynthError::InvalidParams(msg.into())
+    }
+}

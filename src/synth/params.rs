@@ -1,0 +1,264 @@
+//! Synthesis parameters (AIPerf's flag set) and their validation.
+//! Owns the meaning and the consistency rules of the parameters; must never draw or tokenize.
+
+use crate::synth::corpus::RandomCorpusStyle;
+use crate::synth::error::SynthError;
+use crate::synth::marker::CacheBustTarget;
+
+/// AIPerf's default ISL mean when `--isl` is not given.
+pub const DEFAULT_ISL: u64 = 550;
+
+/// `--prompt-corpus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptCorpus {
+    #[default]
+    Sonnet,
+    Random,
+    /// AIPerf's coding corpus: not implemented here (rejected by validation).
+    Coding,
+}
+
+impl std::str::FromStr for PromptCorpus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "sonnet" => Ok(Self::Sonnet),
+            "random" => Ok(Self::Random),
+            "coding" => Ok(Self::Coding),
+            other => Err(format!(
+                "unknown prompt corpus {other:?}; use sonnet or random"
+            )),
+        }
+    }
+}
+
+/// `--random-range-ratio`: one float for both, or vLLM's JSON `{"input": a, "output": b}`.
+/// In configuration files: a number, a string as on the command line, or a table with
+/// `input` and `output`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RangeRatio {
+    pub input: f64,
+    pub output: f64,
+    /// Given as a JSON object (SGLang style accepts only a single float).
+    pub per_direction: bool,
+}
+
+impl std::str::FromStr for RangeRatio {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        if t.starts_with('{') {
+            let v: serde_json::Value = serde_json::from_str(t)
+                .map_err(|e| format!("range ratio {t:?} is not valid JSON: {e}"))?;
+            let get = |k: &str| {
+                v.get(k).and_then(serde_json::Value::as_f64).ok_or_else(|| {
+                    format!("range ratio JSON needs numeric \"input\" and \"output\" keys, got {t}")
+                })
+            };
+            return Ok(RangeRatio {
+                input: get("input")?,
+                output: get("output")?,
+                per_direction: true,
+            });
+        }
+        let r: f64 = t
+            .parse()
+            .map_err(|_| format!("range ratio {t:?} is neither a number nor a JSON object"))?;
+        Ok(RangeRatio {
+            input: r,
+            output: r,
+            per_direction: false,
+        })
+    }
+}
+
+/// Everything that shapes a synthetic dataset, named after AIPerf's flags (in configuration
+/// files the same names in snake_case; unknown keys are rejected).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SynthParams {
+    pub prompt_corpus: PromptCorpus,
+    /// `--isl` (None: AIPerf's default 550).
+    pub isl: Option<u64>,
+    pub isl_stddev: f64,
+    /// `--osl` (None: no `max_tokens`).
+    pub osl: Option<u64>,
+    pub osl_stddev: f64,
+    /// `--random-seed` (None: OS entropy and uuid session ids).
+    pub random_seed: Option<u64>,
+    pub range_ratio: Option<RangeRatio>,
+    pub random_corpus_style: RandomCorpusStyle,
+    /// `--num-dataset-entries`: the number of conversations.
+    pub num_dataset_entries: usize,
+    pub num_prefix_prompts: usize,
+    pub prefix_prompt_length: usize,
+    pub shared_system_prompt_length: Option<usize>,
+    pub user_context_prompt_length: Option<usize>,
+    /// `--system-prompt`: a verbatim system message.
+    pub system_prompt: Option<String>,
+    pub session_turns_mean: f64,
+    pub session_turns_stddev: f64,
+    pub cache_bust: CacheBustTarget,
+    pub apply_chat_template: bool,
+}
+
+impl serde::Serialize for RangeRatio {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        if self.per_direction {
+            let mut m = s.serialize_map(Some(2))?;
+            m.serialize_entry("input", &self.input)?;
+            m.serialize_entry("output", &self.output)?;
+            m.end()
+        } else {
+            s.serialize_f64(self.input)
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RangeRatio {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Number(f64),
+            Text(String),
+            Table { input: f64, output: f64 },
+        }
+        match Form::deserialize(d)? {
+            Form::Number(r) => Ok(RangeRatio {
+                input: r,
+                output: r,
+                per_direction: false,
+            }),
+            Form::Text(t) => t.parse().map_err(serde::de::Error::custom),
+            Form::Table { input, output } => Ok(RangeRatio {
+                input,
+                output,
+                per_direction: true,
+            }),
+        }
+    }
+}
+
+impl Default for SynthParams {
+    fn default() -> Self {
+        SynthParams {
+            prompt_corpus: PromptCorpus::Sonnet,
+            isl: None,
+            isl_stddev: 0.0,
+            osl: None,
+            osl_stddev: 0.0,
+            random_seed: None,
+            range_ratio: None,
+            random_corpus_style: RandomCorpusStyle::Vllm,
+            num_dataset_entries: 100,
+            num_prefix_prompts: 0,
+            prefix_prompt_length: 100,
+            shared_system_prompt_length: None,
+            user_context_prompt_length: None,
+            system_prompt: None,
+            session_turns_mean: 1.0,
+            session_turns_stddev: 0.0,
+            cache_bust: CacheBustTarget::None,
+            apply_chat_template: false,
+        }
+    }
+}
+
+impl SynthParams {
+    /// Whether the prefix pool is on.
+    pub fn prefix_pool_enabled(&self) -> bool {
+        self.num_prefix_prompts > 0
+    }
+
+    /// Rejects combinations AIPerf rejects (or that cannot work), saying what to change.
+    pub fn validate(&self) -> Result<(), SynthError> {
+        let bad = |m: &str| Err(SynthError::invalid(m));
+        if self.prompt_corpus == PromptCorpus::Coding {
+            return bad(
+                "--prompt-corpus coding is not supported by kvbust yet; use sonnet or random",
+            );
+        }
+        if self.num_dataset_entries == 0 {
+            return bad("--num-dataset-entries must be at least 1");
+        }
+        if self.isl_stddev < 0.0 || self.osl_stddev < 0.0 || self.session_turns_stddev < 0.0 {
+            return bad("standard deviations must not be negative");
+        }
+        if self.session_turns_mean < 1.0 {
+            return bad("--session-turns-mean must be at least 1");
+        }
+        if self.prefix_pool_enabled() && self.prefix_prompt_length == 0 {
+            return bad("--num-prefix-prompts needs --prefix-prompt-length of at least 1");
+        }
+        if self.prefix_pool_enabled()
+            && (self.shared_system_prompt_length.is_some()
+                || self.user_context_prompt_length.is_some())
+        {
+            return bad(
+                "the prefix pool (--num-prefix-prompts) cannot be combined with \
+                 --shared-system-prompt-length or --user-context-prompt-length; drop one of them",
+            );
+        }
+        if self.system_prompt.is_some()
+            && (self.shared_system_prompt_length.is_some() || self.prefix_pool_enabled())
+        {
+            return bad(
+                "--system-prompt cannot be combined with --shared-system-prompt-length or \
+                 --num-prefix-prompts; drop one of them",
+            );
+        }
+        if self.shared_system_prompt_length == Some(0) || self.user_context_prompt_length == Some(0)
+        {
+            return bad(
+                "--shared-system-prompt-length and --user-context-prompt-length must be at least 1",
+            );
+        }
+        if self.cache_bust == CacheBustTarget::WarmupIsolationSystem
+            && self.shared_system_prompt_length.is_none()
+            && self.system_prompt.is_none()
+        {
+            return bad(
+                "--cache-bust warmup_isolation_system needs a system prompt: set \
+                 --shared-system-prompt-length or --system-prompt, or use \
+                 --cache-bust warmup_isolation_first_turn",
+            );
+        }
+        if let Some(r) = self.range_ratio {
+            let (Some(isl), Some(osl)) = (self.isl, self.osl) else {
+                return bad("--random-range-ratio needs both --isl and --osl");
+            };
+            if isl < 1 || osl < 1 {
+                return bad("--random-range-ratio needs --isl and --osl of at least 1");
+            }
+            if self.isl_stddev > 0.0 || self.osl_stddev > 0.0 {
+                return bad(
+                    "--random-range-ratio cannot be combined with --isl-stddev or --osl-stddev; \
+                     drop the stddev flags",
+                );
+            }
+            match self.random_corpus_style {
+                RandomCorpusStyle::Vllm => {
+                    let ok = |x: f64| (0.0..1.0).contains(&x);
+                    if !ok(r.input) || !ok(r.output) {
+                        return bad("--random-range-ratio must be in [0, 1) for the vllm style");
+                    }
+                }
+                RandomCorpusStyle::Sglang => {
+                    if r.per_direction {
+                        return bad(
+                            "the sglang style takes a single --random-range-ratio number, \
+                             not a JSON object",
+                        );
+                    }
+                    if !(0.0..=1.0).contains(&r.input) {
+                        return bad("--random-range-ratio must be in [0, 1] for the sglang style");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

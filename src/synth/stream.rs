@@ -1,0 +1,53 @@
+//! A long-lived source of fresh N-token prompts from a corpus (for the proxy's
+//! `{{kvbust:prompt:N}}` placeholders), drawing exactly as AIPerf's prompt generator does.
+//! Owns that generator's state; must never block on I/O.
+
+use std::sync::Arc;
+
+use crate::synth::corpus::{RandomCorpusStyle, RandomPools, SonnetCorpus};
+use crate::synth::error::SynthError;
+use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
+use crate::synth::params::PromptCorpus;
+use crate::synth::tokenizer::Tokenizer;
+
+/// Successive prompts of requested lengths; with the same root seed, the n-th prompt equals the
+/// n-th `generate_prompt` of AIPerf's generator under that seed.
+pub struct PromptStream {
+    gen: PromptGenerator<Arc<Tokenizer>>,
+}
+
+impl PromptStream {
+    /// A stream over `corpus` (the sonnet corpus must be given for `PromptCorpus::Sonnet`);
+    /// `seed` None draws a random root seed.
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        corpus: PromptCorpus,
+        style: RandomCorpusStyle,
+        sonnet: Option<SonnetCorpus>,
+        seed: Option<u64>,
+    ) -> Result<Self, SynthError> {
+        let source = match corpus {
+            PromptCorpus::Sonnet => CorpusSource::Sonnet(sonnet.ok_or_else(|| {
+                SynthError::invalid("a sonnet prompt stream needs the sonnet corpus")
+            })?),
+            PromptCorpus::Random => CorpusSource::Random(RandomPools::new(&tokenizer, style)),
+            PromptCorpus::Coding => {
+                return Err(SynthError::invalid(
+                    "the coding corpus is not supported; use sonnet or random",
+                ))
+            }
+        };
+        let rngs = GeneratorRngs::derive(seed.unwrap_or_else(rand::random));
+        Ok(PromptStream {
+            gen: PromptGenerator::new(tokenizer, source, rngs),
+        })
+    }
+
+    /// The next prompt, re-encoding to exactly `num_tokens` tokens (empty for 0).
+    pub fn prompt(&mut self, num_tokens: usize) -> Result<String, SynthError> {
+        if num_tokens == 0 {
+            return Ok(String::new());
+        }
+        self.gen.generate_prompt(num_tokens, None)
+    }
+}

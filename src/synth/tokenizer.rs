@@ -1,0 +1,435 @@
+//! A HuggingFace tokenizer as AIPerf sees it through transformers 5: encode without special
+//! tokens, decode keeping them, base vocab size, declared special ids, BOS and chat template.
+//! Owns tokenizer loading and these facts; must never fetch anything over the network.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::error::SynthError;
+
+const QWEN3_TOKENIZER_JSON: &[u8] = include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json");
+const QWEN3_TOKENIZER_CONFIG: &[u8] =
+    include_bytes!("../../assets/tokenizers/qwen3/tokenizer_config.json");
+
+/// The attribute order of HF's `all_special_ids`.
+const SPECIAL_ATTRIBUTES: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+/// A loaded tokenizer plus the facts synthesis needs.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    vocab_size: usize,
+    all_special_ids: Vec<u32>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<u32>,
+    chat_template: Option<String>,
+    num_special_tokens_to_add: usize,
+    fingerprint: String,
+    fast_reencode: bool,
+    boundary_flags: OnceLock<Option<Vec<u8>>>,
+    byte_table: OnceLock<Option<ByteTable>>,
+}
+
+/// Every id's bytes, for decoding byte-level BPE without per-token allocations.
+struct ByteTable {
+    /// `bytes[offsets[id]..offsets[id + 1]]` are the id's bytes.
+    offsets: Vec<u32>,
+    bytes: Vec<u8>,
+    /// Whether the id exists (unknown ids are skipped by decode, as `tokenizers` does).
+    present: Vec<bool>,
+}
+
+/// GPT-2's byte ↔ unicode alphabet of the ByteLevel decoder: the char that stands for each byte.
+fn byte_level_alphabet() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut extra = 0u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        table[b as usize] = if printable {
+            char::from(b)
+        } else {
+            extra += 1;
+            // 256 + n is below 0x200, always a valid scalar value.
+            char::from_u32(255 + extra).expect("valid char")
+        };
+    }
+    table
+}
+
+impl ByteTable {
+    /// Mirrors the ByteLevel decoder: a token whose chars all belong to the byte alphabet
+    /// becomes those bytes, any other token its own UTF-8 bytes.
+    fn build(tok: &tokenizers::Tokenizer) -> Self {
+        // Every alphabet char is below U+0200, so a flat table inverts it.
+        let mut inverse = [None::<u8>; 0x200];
+        for (b, c) in byte_level_alphabet().iter().enumerate() {
+            inverse[*c as usize] = Some(b as u8);
+        }
+        let total = tok.get_vocab_size(true);
+        let mut offsets = Vec::with_capacity(total + 1);
+        let mut bytes = Vec::with_capacity(total * 7);
+        let mut present = vec![false; total];
+        offsets.push(0u32);
+        for (id, slot) in present.iter_mut().enumerate() {
+            if let Some(token) = tok.id_to_token(id as u32) {
+                *slot = true;
+                let start = bytes.len();
+                let all_mapped =
+                    token
+                        .chars()
+                        .all(|c| match inverse.get(c as usize).copied().flatten() {
+                            Some(b) => {
+                                bytes.push(b);
+                                true
+                            }
+                            None => false,
+                        });
+                if !all_mapped {
+                    bytes.truncate(start);
+                    bytes.extend_from_slice(token.as_bytes());
+                }
+            }
+            offsets.push(bytes.len() as u32);
+        }
+        ByteTable {
+            offsets,
+            bytes,
+            present,
+        }
+    }
+
+    fn token(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        if !*self.present.get(i)? {
+            return None;
+        }
+        Some(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize])
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        let mut out = Vec::with_capacity(ids.len() * 5);
+        for &id in ids {
+            if let Some(b) = self.token(id) {
+                out.extend_from_slice(b);
+            }
+        }
+        match String::from_utf8(out) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size)
+            .field("all_special_ids", &self.all_special_ids)
+            .field("bos_token_id", &self.bos_token_id)
+            .field("num_special_tokens_to_add", &self.num_special_tokens_to_add)
+            .field("fingerprint", &self.fingerprint)
+            .finish()
+    }
+}
+
+fn token_string(v: &Value) -> Option<&str> {
+    match v {
+        Value::String(s) => Some(s),
+        Value::Object(o) => o.get("content").and_then(Value::as_str),
+        _ => None,
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, SynthError> {
+    std::fs::read(path).map_err(|source| SynthError::TokenizerIo {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+impl Tokenizer {
+    /// The shipped Qwen3 tokenizer, embedded in the binary.
+    pub fn default_qwen3() -> Result<Self, SynthError> {
+        Self::from_bytes(QWEN3_TOKENIZER_JSON, Some(QWEN3_TOKENIZER_CONFIG))
+    }
+
+    /// Loads `tokenizer.json` from a file, or `tokenizer.json` (+ `tokenizer_config.json` when
+    /// present) from a folder.
+    pub fn from_path(path: &Path) -> Result<Self, SynthError> {
+        if path.is_dir() {
+            let json = path.join("tokenizer.json");
+            if !json.is_file() {
+                return Err(SynthError::TokenizerMissing {
+                    path: path.to_path_buf(),
+                });
+            }
+            let config = path.join("tokenizer_config.json");
+            let config = if config.is_file() {
+                Some(read(&config)?)
+            } else {
+                None
+            };
+            Self::from_bytes(&read(&json)?, config.as_deref())
+        } else {
+            let config = path
+                .parent()
+                .map(|p| p.join("tokenizer_config.json"))
+                .filter(|p| p.is_file());
+            let config = match config {
+                Some(p) => Some(read(&p)?),
+                None => None,
+            };
+            Self::from_bytes(&read(path)?, config.as_deref())
+        }
+    }
+
+    /// Builds from the bytes of `tokenizer.json` and, optionally, `tokenizer_config.json`.
+    pub fn from_bytes(
+        tokenizer_json: &[u8],
+        config_json: Option<&[u8]>,
+    ) -> Result<Self, SynthError> {
+        let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(|e| {
+            SynthError::TokenizerParse {
+                what: "tokenizer.json".into(),
+                message: e.to_string(),
+            }
+        })?;
+        let config: Value = match config_json {
+            Some(bytes) => {
+                serde_json::from_slice(bytes).map_err(|e| SynthError::TokenizerParse {
+                    what: "tokenizer_config.json".into(),
+                    message: e.to_string(),
+                })?
+            }
+            None => Value::Null,
+        };
+        let fingerprint = hex::encode(Sha256::digest(tokenizer_json));
+
+        let id_of = |name: &str| inner.token_to_id(name);
+        let mut all_special_ids = Vec::new();
+        let mut seen = HashSet::new();
+        let mut push = |id: Option<u32>, ids: &mut Vec<u32>| {
+            if let Some(id) = id {
+                if seen.insert(id) {
+                    ids.push(id);
+                }
+            }
+        };
+        let attr_id = |attr: &str| config.get(attr).and_then(token_string).and_then(id_of);
+        if config.is_object() {
+            for attr in SPECIAL_ATTRIBUTES {
+                push(attr_id(attr), &mut all_special_ids);
+            }
+            if let Some(extra) = config
+                .get("additional_special_tokens")
+                .and_then(Value::as_array)
+            {
+                for t in extra {
+                    push(token_string(t).and_then(id_of), &mut all_special_ids);
+                }
+            }
+        } else {
+            // No config: the tokenizer's own added tokens flagged special.
+            let mut specials: Vec<u32> = inner
+                .get_added_tokens_decoder()
+                .into_iter()
+                .filter(|(_, t)| t.special)
+                .map(|(id, _)| id)
+                .collect();
+            specials.sort_unstable();
+            for id in specials {
+                push(Some(id), &mut all_special_ids);
+            }
+        }
+        let chat_template = match config.get("chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            _ => None,
+        };
+        let num_special_tokens_to_add = inner
+            .get_post_processor()
+            .map(|p| tokenizers::PostProcessor::added_tokens(p, false))
+            .unwrap_or(0);
+        Ok(Tokenizer {
+            vocab_size: inner.get_vocab_size(false),
+            bos_token_id: attr_id("bos_token"),
+            eos_token_id: attr_id("eos_token"),
+            all_special_ids,
+            chat_template,
+            num_special_tokens_to_add,
+            fingerprint,
+            fast_reencode: true,
+            boundary_flags: OnceLock::new(),
+            byte_table: OnceLock::new(),
+            inner,
+        })
+    }
+
+    /// `encode(text, add_special_tokens=False)`.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, SynthError> {
+        self.inner
+            .encode_fast(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| SynthError::Tokenize {
+                op: "encode",
+                message: e.to_string(),
+            })
+    }
+
+    /// Encodes many texts in parallel (same ids as `encode` on each).
+    pub fn encode_batch(&self, texts: Vec<String>) -> Result<Vec<Vec<u32>>, SynthError> {
+        self.inner
+            .encode_batch_fast(texts, false)
+            .map(|v| v.into_iter().map(|e| e.get_ids().to_vec()).collect())
+            .map_err(|e| SynthError::Tokenize {
+                op: "encode",
+                message: e.to_string(),
+            })
+    }
+
+    /// `decode(ids, skip_special_tokens=False)` (no clean-up, as transformers 5 does for BPE).
+    /// Byte-level tokenizers decode through a per-id byte table (same result, no per-token
+    /// allocation).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, SynthError> {
+        if let Some(table) = self.byte_table() {
+            return Ok(table.decode(ids));
+        }
+        self.decode_reference(ids)
+    }
+
+    fn byte_table(&self) -> Option<&ByteTable> {
+        self.byte_table
+            .get_or_init(|| {
+                let decoder = serde_json::to_value(self.inner.get_decoder()).unwrap_or_default();
+                (decoder["type"] == "ByteLevel").then(|| ByteTable::build(&self.inner))
+            })
+            .as_ref()
+    }
+
+    /// `decode` through the `tokenizers` crate itself (the reference the byte table must match).
+    pub fn decode_reference(&self, ids: &[u32]) -> Result<String, SynthError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| SynthError::Tokenize {
+                op: "decode",
+                message: e.to_string(),
+            })
+    }
+
+    /// Base vocabulary size, without added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Ids of the declared special tokens (bos, eos, unk, sep, pad, cls, mask, additional).
+    pub fn all_special_ids(&self) -> &[u32] {
+        &self.all_special_ids
+    }
+
+    /// Special tokens the post-processor adds to a single sequence (Llama: 1 BOS; Qwen: 0).
+    pub fn num_special_tokens_to_add(&self) -> usize {
+        self.num_special_tokens_to_add
+    }
+
+    /// The BOS token id, when the config declares one.
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_token_id
+    }
+
+    /// The EOS token id, when the config declares one.
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.eos_token_id
+    }
+
+    /// The chat template string from `tokenizer_config.json`, if any.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Lowercase hex sha256 of the `tokenizer.json` bytes (a cache key).
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Turns the exact local re-encode shortcut ([`crate::synth::reencode`]) on or off
+    /// (on by default; it only ever applies to tokenizers it is proven for).
+    pub fn with_fast_reencode(mut self, on: bool) -> Self {
+        self.fast_reencode = on;
+        self
+    }
+
+    /// Per-id boundary flags for the local re-encode shortcut, or `None` when this tokenizer
+    /// is not eligible (or the shortcut is off).
+    pub fn boundary_flags(&self) -> Option<&[u8]> {
+        if !self.fast_reencode {
+            return None;
+        }
+        self.boundary_flags
+            .get_or_init(|| {
+                if !crate::synth::reencode::eligible(&self.inner) {
+                    return None;
+                }
+                let table = self.byte_table()?;
+                let base = self.vocab_size;
+                Some(
+                    (0..table.present.len() as u32)
+                        .map(|id| {
+                            let Some(b) = table.token(id).filter(|_| (id as usize) < base) else {
+                                return 0;
+                            };
+                            let mut f = 0;
+                            if b.first() == Some(&b' ') {
+                                f |= crate::synth::reencode::STARTS_WITH_SPACE;
+                            }
+                            if b.last().is_some_and(u8::is_ascii_alphabetic) {
+                                f |= crate::synth::reencode::ENDS_WITH_LETTER;
+                            }
+                            f
+                        })
+                        .collect(),
+                )
+            })
+            .as_deref()
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen3_facts() {
+        let t = Tokenizer::default_qwen3().expect("embedded tokenizer loads");
+        assert_eq!(t.vocab_size(), 151_643);
+        let mut ids = t.all_special_ids().to_vec();
+        ids.sort_unstable();
+        assert_eq!(ids, (151_643..=151_656).collect::<Vec<u32>>());
+        assert_eq!(t.num_special_tokens_to_add(), 0);
+        assert_eq!(t.bos_token_id(), None);
+        assert_eq!(t.eos_token_id(), Some(151_645));
+        assert!(t.chat_template().is_some());
+        let ids = t.encode("Hello there").unwrap();
+        assert_eq!(t.decode(&ids).unwrap(), "Hello there");
+    }
+}

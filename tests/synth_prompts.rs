@@ -1,0 +1,277 @@
+//! Every non-coding case of `tests/fixtures/synth/prompts.json` (AIPerf 0.13.0's own composer)
+//! through the library: texts byte-identical, `max_tokens`, system and user-context messages
+//! equal. Also the corpus facts. The coding case is out of scope and listed in `SKIPPED`.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use kvbust::synth::corpus::sonnet::SHAKESPEARE;
+use kvbust::synth::{
+    compose, CacheBustTarget, Dataset, PromptCorpus, RangeRatio, SonnetCorpus, SynthParams,
+    Tokenizer,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Cases not run, with the reason.
+const SKIPPED: &[(&str, &str)] = &[(
+    "coding_isl64_seed42_qwen3",
+    "the coding corpus is out of scope",
+)];
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/synth")
+        .join(name)
+}
+
+fn vectors() -> &'static Value {
+    static V: OnceLock<Value> = OnceLock::new();
+    V.get_or_init(|| {
+        let text = std::fs::read_to_string(fixture("prompts.json")).expect("prompts.json");
+        serde_json::from_str(&text).expect("valid JSON")
+    })
+}
+
+struct Loaded {
+    tokenizer: Tokenizer,
+    sonnet: SonnetCorpus,
+}
+
+fn load(name: &str) -> &'static Loaded {
+    static QWEN: OnceLock<Loaded> = OnceLock::new();
+    static LLAMA: OnceLock<Loaded> = OnceLock::new();
+    let (cell, make): (&OnceLock<Loaded>, fn() -> Tokenizer) = match name {
+        "qwen3" => (&QWEN, || Tokenizer::default_qwen3().expect("qwen3")),
+        "llama3.2" => (&LLAMA, || {
+            Tokenizer::from_path(&fixture("tokenizers/llama-3.2")).expect("llama")
+        }),
+        other => panic!("unknown tokenizer {other}"),
+    };
+    cell.get_or_init(|| {
+        let tokenizer = make();
+        let sonnet = SonnetCorpus::build(SHAKESPEARE, &tokenizer).expect("corpus");
+        Loaded { tokenizer, sonnet }
+    })
+}
+
+/// Maps a case's AIPerf argv onto [`SynthParams`] (only the flags synthesis reads).
+fn params_from_argv(argv: &[String]) -> SynthParams {
+    let mut p = SynthParams::default();
+    let mut i = 0;
+    while i < argv.len() {
+        let flag = argv[i].as_str();
+        let val = argv.get(i + 1).map(String::as_str).unwrap_or("");
+        let mut takes = true;
+        match flag {
+            "--isl" => p.isl = Some(val.parse().unwrap()),
+            "--isl-stddev" => p.isl_stddev = val.parse().unwrap(),
+            "--osl" => p.osl = Some(val.parse().unwrap()),
+            "--osl-stddev" => p.osl_stddev = val.parse().unwrap(),
+            "--random-seed" => p.random_seed = Some(val.parse().unwrap()),
+            "--num-dataset-entries" => p.num_dataset_entries = val.parse().unwrap(),
+            "--prompt-corpus" => p.prompt_corpus = val.parse::<PromptCorpus>().unwrap(),
+            "--random-corpus-style" => p.random_corpus_style = val.parse().unwrap(),
+            "--random-range-ratio" => p.range_ratio = Some(val.parse::<RangeRatio>().unwrap()),
+            "--num-prefix-prompts" => p.num_prefix_prompts = val.parse().unwrap(),
+            "--prefix-prompt-length" => p.prefix_prompt_length = val.parse().unwrap(),
+            "--shared-system-prompt-length" => {
+                p.shared_system_prompt_length = Some(val.parse().unwrap())
+            }
+            "--user-context-prompt-length" => {
+                p.user_context_prompt_length = Some(val.parse().unwrap())
+            }
+            "--session-turns-mean" => p.session_turns_mean = val.parse().unwrap(),
+            "--session-turns-stddev" => p.session_turns_stddev = val.parse().unwrap(),
+            "--cache-bust" => p.cache_bust = val.parse::<CacheBustTarget>().unwrap(),
+            "--apply-chat-template" => {
+                p.apply_chat_template = true;
+                takes = false;
+            }
+            _ => takes = flag.starts_with("--") && !val.starts_with("--") && !val.is_empty(),
+        }
+        i += if takes { 2 } else { 1 };
+    }
+    p
+}
+
+fn opt_str(v: &Value) -> Option<String> {
+    v.as_str().map(str::to_owned)
+}
+
+/// Compares one case; returns a description of the first difference.
+fn check_case(name: &str) -> Result<(), String> {
+    let case = &vectors()["cases"][name];
+    let argv: Vec<String> = case["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect();
+    let loaded = load(case["tokenizer"].as_str().unwrap());
+    let params = params_from_argv(&argv);
+    let got: Dataset = compose(
+        &params,
+        &loaded.tokenizer,
+        Some(&loaded.sonnet),
+        &mut |_, _| {},
+    )
+    .map_err(|e| format!("{name}: error {e}"))?;
+    let want = case["conversations"].as_array().unwrap();
+    if got.conversations.len() != want.len() {
+        return Err(format!(
+            "{name}: {} conversations, want {}",
+            got.conversations.len(),
+            want.len()
+        ));
+    }
+    for (c, (g, w)) in got.conversations.iter().zip(want).enumerate() {
+        let ctx = format!("{name} conversation {c}");
+        if g.session_id != w["session_id"].as_str().unwrap() {
+            return Err(format!("{ctx}: session id {}", g.session_id));
+        }
+        if g.system_message != opt_str(&w["system_message"]) {
+            return Err(format!(
+                "{ctx}: system message {:?} want {:?}",
+                g.system_message, w["system_message"]
+            ));
+        }
+        if g.user_context_message != opt_str(&w["user_context_message"]) {
+            return Err(format!(
+                "{ctx}: user context {:?} want {:?}",
+                g.user_context_message, w["user_context_message"]
+            ));
+        }
+        let wt = w["turns"].as_array().unwrap();
+        if g.turns.len() != wt.len() {
+            return Err(format!("{ctx}: {} turns want {}", g.turns.len(), wt.len()));
+        }
+        for (t, (gt, wt)) in g.turns.iter().zip(wt).enumerate() {
+            let want_text = wt["texts"][0].as_str().unwrap();
+            if gt.text != want_text {
+                return Err(format!(
+                    "{ctx} turn {t}: text\n got {:?}\nwant {:?}",
+                    gt.text, want_text
+                ));
+            }
+            if gt.max_tokens != wt["max_tokens"].as_u64() {
+                return Err(format!(
+                    "{ctx} turn {t}: max_tokens {:?} want {}",
+                    gt.max_tokens, wt["max_tokens"]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn case_names(filter: impl Fn(&str) -> bool) -> Vec<String> {
+    vectors()["cases"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| !SKIPPED.iter().any(|(s, _)| s == k))
+        .filter(|k| filter(k))
+        .cloned()
+        .collect()
+}
+
+fn run_cases(filter: impl Fn(&str) -> bool) {
+    let names = case_names(filter);
+    assert!(!names.is_empty());
+    let failures: Vec<String> = names.iter().filter_map(|n| check_case(n).err()).collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        names.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn every_case_is_run_or_listed_as_skipped() {
+    let all = vectors()["cases"].as_object().unwrap().len();
+    assert_eq!(all, 42);
+    assert_eq!(case_names(|_| true).len() + SKIPPED.len(), all);
+}
+
+#[test]
+fn sonnet_qwen3_cases() {
+    run_cases(|n| n.starts_with("sonnet") && n.ends_with("qwen3"));
+}
+
+#[test]
+fn sonnet_llama_cases() {
+    run_cases(|n| n.starts_with("sonnet") && n.ends_with("llama3.2"));
+}
+
+#[test]
+fn random_cases() {
+    run_cases(|n| n.starts_with("random"));
+}
+
+fn corpus_facts(tok: &str) {
+    let facts = &vectors()["corpus"]["per_tokenizer"][tok];
+    let ids = load(tok).sonnet.tokens();
+    assert_eq!(
+        ids.len() as u64,
+        facts["corpus_token_count"].as_u64().unwrap()
+    );
+    let joined = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    assert_eq!(
+        hex::encode(Sha256::digest(joined.as_bytes())),
+        facts["corpus_token_ids_sha256_of_comma_joined_decimal"]
+            .as_str()
+            .unwrap()
+    );
+    let t = &load(tok).tokenizer;
+    assert_eq!(t.vocab_size() as u64, facts["vocab_size"].as_u64().unwrap());
+    assert_eq!(
+        t.num_special_tokens_to_add() as u64,
+        facts["num_prompt_special_tokens"].as_u64().unwrap()
+    );
+    let mut got: Vec<u64> = t.all_special_ids().iter().map(|&x| u64::from(x)).collect();
+    got.sort_unstable();
+    let mut want: Vec<u64> = facts["all_special_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    want.sort_unstable();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn corpus_facts_qwen3() {
+    corpus_facts("qwen3");
+}
+
+#[test]
+fn corpus_facts_llama() {
+    corpus_facts("llama3.2");
+}
+
+#[test]
+fn prompt_stream_continues_aiperf_generator() {
+    // With seed 42 the first three prompts of 16 tokens are the bodies of the ISL-16 case.
+    let tok = std::sync::Arc::new(Tokenizer::default_qwen3().unwrap());
+    let sonnet = load("qwen3").sonnet.clone();
+    let mut stream = kvbust::synth::PromptStream::new(
+        tok,
+        PromptCorpus::Sonnet,
+        Default::default(),
+        Some(sonnet),
+        Some(42),
+    )
+    .unwrap();
+    let case = &vectors()["cases"]["sonnet_isl16_seed42_qwen3"]["conversations"];
+    for c in 0..3 {
+        assert_eq!(
+            stream.prompt(16).unwrap(),
+            case[c]["turns"][0]["texts"][0].as_str().unwrap()
+        );
+    }
+    assert_eq!(stream.prompt(0).unwrap(), "");
+}

@@ -1,0 +1,205 @@
+//! The local re-encode shortcut must equal the full decode → encode on every sequence shape
+//! the fix-up loop produces: corpus windows (chunk joins, wrap-around, cut edges), a canonical
+//! prefix joined to a window, a truncated re-encode, a re-encode with a window appended; and
+//! whole datasets must be identical with the shortcut on and off.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use kvbust::synth::corpus::sonnet::SHAKESPEARE;
+use kvbust::synth::reencode::{reencode, Pieces};
+use kvbust::synth::rng::PyRandom;
+use kvbust::synth::{compose, PromptCorpus, RangeRatio, SonnetCorpus, SynthParams, Tokenizer};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/synth")
+        .join(name)
+}
+
+struct Loaded {
+    tokenizer: Tokenizer,
+    sonnet: SonnetCorpus,
+}
+
+fn load(name: &str) -> &'static Loaded {
+    static QWEN: OnceLock<Loaded> = OnceLock::new();
+    static LLAMA: OnceLock<Loaded> = OnceLock::new();
+    let (cell, make): (&OnceLock<Loaded>, fn() -> Tokenizer) = match name {
+        "qwen3" => (&QWEN, || Tokenizer::default_qwen3().unwrap()),
+        _ => (&LLAMA, || {
+            Tokenizer::from_path(&fixture("tokenizers/llama-3.2")).unwrap()
+        }),
+    };
+    cell.get_or_init(|| {
+        let tokenizer = make();
+        let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("synth-corpus-cache");
+        let sonnet = SonnetCorpus::build_cached(SHAKESPEARE, &tokenizer, Some(&cache)).unwrap();
+        Loaded { tokenizer, sonnet }
+    })
+}
+
+fn full(t: &Tokenizer, tokens: &[u32]) -> Vec<u32> {
+    t.encode(&t.decode(tokens).unwrap()).unwrap()
+}
+
+fn check(t: &Tokenizer, p: &Pieces, what: &str) {
+    assert_eq!(reencode(t, p).unwrap(), full(t, &p.tokens), "{what}");
+}
+
+fn windows_agree(name: &str) {
+    let l = load(name);
+    let t = &l.tokenizer;
+    assert!(t.boundary_flags().is_some(), "{name} should be eligible");
+    let size = l.sonnet.len();
+    let mut rng = PyRandom::new(20261130);
+    let lengths = [1usize, 2, 3, 5, 8, 16, 33, 64, 129, 300, 1024, 1500];
+    let mut n = 0;
+    for round in 0..36 {
+        for &k in &lengths {
+            // Every third window starts just before a chunk join; one in 60 wraps around.
+            let start = match round % 3 {
+                0 => {
+                    let joins = l.sonnet.joins();
+                    let j = joins[rng.randrange(joins.len() as u64) as usize];
+                    j.saturating_sub(rng.randrange(k as u64 + 1) as usize)
+                }
+                _ if round == 1 => size - k / 2 - 1,
+                _ => rng.randrange(size as u64) as usize,
+            };
+            let w = l.sonnet.window(start, k);
+            check(t, &w, &format!("{name} window {start}+{k}"));
+
+            // Canonical prefix joined to a window (the prefix-pool shape).
+            let pre_k = 1 + rng.randrange(12) as usize;
+            let pre_start = rng.randrange(size as u64) as usize;
+            let prefix = full(t, &l.sonnet.window(pre_start, pre_k).tokens);
+            let mut joined = Pieces::canonical(prefix);
+            joined.append(w.clone());
+            check(t, &joined, &format!("{name} prefix+window {start}+{k}"));
+
+            // Round-two shapes: a truncated re-encode, and a re-encode with a top-up window.
+            let y = full(t, &w.tokens);
+            let mut cut = Pieces::canonical(y.clone());
+            cut.truncate(y.len().saturating_sub(1 + rng.randrange(3) as usize).max(1));
+            check(t, &cut, &format!("{name} truncated {start}+{k}"));
+            let mut topped = Pieces::canonical(y);
+            topped.append(
+                l.sonnet
+                    .window(rng.randrange(size as u64) as usize, 1 + k % 7),
+            );
+            check(t, &topped, &format!("{name} topped-up {start}+{k}"));
+
+            // Random-corpus shapes: consecutive ids (opaque), then a re-encode with an opaque
+            // top-up, and a truncated re-encode of opaque ids.
+            let base = rng.randrange(t.vocab_size() as u64) as u32;
+            let ids: Vec<u32> = (0..k as u32)
+                .map(|j| (base + j) % t.vocab_size() as u32)
+                .collect();
+            check(
+                t,
+                &Pieces::opaque(ids.clone()),
+                &format!("{name} opaque {base}+{k}"),
+            );
+            let y = full(t, &ids);
+            let mut mixed = Pieces::canonical(y.clone());
+            let extra: Vec<u32> = (0..1 + k % 9)
+                .map(|_| rng.randrange(t.vocab_size() as u64) as u32)
+                .collect();
+            mixed.append(Pieces::opaque(extra));
+            check(t, &mixed, &format!("{name} canonical+opaque {base}+{k}"));
+            let mut cut = Pieces::canonical(y.clone());
+            cut.truncate(y.len().saturating_sub(1 + rng.randrange(3) as usize).max(1));
+            check(t, &cut, &format!("{name} opaque truncated {base}+{k}"));
+            n += 7;
+        }
+    }
+    assert!(n >= 3000);
+}
+
+#[test]
+fn qwen3_local_reencode_equals_full() {
+    windows_agree("qwen3");
+}
+
+#[test]
+fn llama_local_reencode_equals_full() {
+    windows_agree("llama3.2");
+}
+
+#[test]
+fn datasets_identical_with_shortcut_off() {
+    let l = load("qwen3");
+    let slow = Tokenizer::default_qwen3()
+        .unwrap()
+        .with_fast_reencode(false);
+    assert!(slow.boundary_flags().is_none());
+    for (seed, isl, prefix) in [(1u64, 1024u64, 0usize), (2, 37, 3), (3, 4000, 0), (4, 5, 2)] {
+        let params = SynthParams {
+            isl: Some(isl),
+            osl: Some(16),
+            random_seed: Some(seed),
+            num_dataset_entries: 12,
+            num_prefix_prompts: prefix,
+            prefix_prompt_length: 9,
+            session_turns_mean: 2.0,
+            ..SynthParams::default()
+        };
+        let fast = compose(&params, &l.tokenizer, Some(&l.sonnet), &mut |_, _| {}).unwrap();
+        let reference = compose(&params, &slow, Some(&l.sonnet), &mut |_, _| {}).unwrap();
+        assert_eq!(fast, reference, "sonnet seed {seed} isl {isl}");
+        let random = SynthParams {
+            prompt_corpus: PromptCorpus::Random,
+            range_ratio: (seed % 2 == 0).then_some(RangeRatio {
+                input: 0.5,
+                output: 0.5,
+                per_direction: false,
+            }),
+            ..params
+        };
+        let fast = compose(&random, &l.tokenizer, None, &mut |_, _| {}).unwrap();
+        let reference = compose(&random, &slow, None, &mut |_, _| {}).unwrap();
+        assert_eq!(fast, reference, "random seed {seed} isl {isl}");
+    }
+}
+
+fn decode_agrees(name: &str) {
+    let l = load(name);
+    let t = &l.tokenizer;
+    let total = t.inner().get_vocab_size(true) as u64;
+    let mut rng = PyRandom::new(7);
+    for i in 0..400u64 {
+        let k = 1 + rng.randrange(300) as usize;
+        let ids: Vec<u32> = if i % 2 == 0 {
+            l.sonnet
+                .window(rng.randrange(l.sonnet.len() as u64) as usize, k)
+                .tokens
+        } else {
+            // Arbitrary ids, added tokens and ids past the vocabulary included.
+            (0..k).map(|_| rng.randrange(total + 10) as u32).collect()
+        };
+        assert_eq!(
+            t.decode(&ids).unwrap(),
+            t.decode_reference(&ids).unwrap(),
+            "{name} {ids:?}"
+        );
+    }
+    // Every single id, so partial UTF-8 sequences are covered too.
+    for id in 0..total as u32 {
+        assert_eq!(
+            t.decode(&[id]).unwrap(),
+            t.decode_reference(&[id]).unwrap(),
+            "{name} {id}"
+        );
+    }
+}
+
+#[test]
+fn qwen3_byte_table_decode_equals_tokenizers() {
+    decode_agrees("qwen3");
+}
+
+#[test]
+fn llama_byte_table_decode_equals_tokenizers() {
+    decode_agrees("llama3.2");
+}
