@@ -49,6 +49,16 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             init_logging(&config);
             runtime()?.block_on(mock(config, args.listen))
         }
+        Command::Synth(args) => crate::synth::cli::run(&args).map_err(|e| {
+            // Flag mistakes are usage errors (exit 2); everything else is a failure.
+            match e.downcast_ref::<crate::synth::SynthError>() {
+                Some(
+                    crate::synth::SynthError::InvalidParams(_)
+                    | crate::synth::SynthError::TokenizerMissing { .. },
+                ) => AppError::Usage(format!("{e:#}")),
+                _ => AppError::Other(e),
+            }
+        }),
         Command::Marker(args) => marker(&args),
         Command::Config(ConfigCommand::Check(flags)) => {
             let c = load(&flags)?;
