@@ -210,10 +210,15 @@ struct Wrapper {
     args: SynthArgs,
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvbust-synth-coding-{}", std::process::id()));
+fn scratch_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("synth-coding-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir.join(name)
+    dir
+}
+
+fn scratch(name: &str) -> PathBuf {
+    scratch_dir().join(name)
 }
 
 fn synth(argv: &[&str], out: &str) -> Vec<Value> {
@@ -280,6 +285,7 @@ fn synth_cli_prompt_corpus_coding() {
             assert!(seen.insert(text.to_owned()), "prompts differ");
         }
     }
+    std::fs::remove_dir_all(scratch_dir()).expect("remove scratch files");
 }
 
 #[test]
