@@ -4,12 +4,14 @@
 //! joined with blank lines and tokenized once into a flat token array that prompts are cut from
 //! exactly like the sonnet corpus (window with wrap, then the BPE fix-up loop, so every prompt
 //! re-encodes to exactly the requested length). Owns the mix, block assembly and the token
-//! array; must never read files, the network, the clock or OS entropy, and never port AIPerf's
-//! templates or text.
+//! array; must never touch the network, the clock or OS entropy, never read or write files other
+//! than the id cache of [`CodingCorpus::build_cached`], and never port AIPerf's templates or text.
 //!
 //! Mix contract: the share of each [`Category`] is by **block count** ([`Category::share`] of
 //! [`BLOCK_COUNT`] blocks, exact per seed). Token shares differ (code blocks are longer than user
-//! prompts); [`CodingCorpus::stats`] reports both.
+//! prompts); [`CodingCorpus::stats`] reports both. Measured with Qwen3: 3600 distinct blocks,
+//! about 1.16M tokens (token shares: code 32%, ML 14%, shell 27%, JSON 9%, errors 7%, SQL 1.5%,
+//! other 7%, user prompts 3%).
 
 /// `writeln!` into a `String`, which cannot fail.
 macro_rules! w {
@@ -203,7 +205,7 @@ pub fn corpus_text(blocks: &[Block]) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CorpusStats {
     pub blocks: usize,
-    /// Blocks whose text occurs only once… or rather, the number of different block texts.
+    /// The number of different block texts.
     pub distinct_blocks: usize,
     pub bytes: usize,
     pub tokens: usize,
