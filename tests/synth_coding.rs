@@ -320,6 +320,13 @@ fn report() {
     let t0 = Instant::now();
     let c = CodingCorpus::build(SEED + 1, t).expect("corpus builds");
     let build = t0.elapsed();
+    let dir = scratch_dir().join("report-cache");
+    CodingCorpus::build_cached(SEED + 1, t, Some(&dir)).expect("cached build");
+    let t0 = Instant::now();
+    let cached = CodingCorpus::build_cached(SEED + 1, t, Some(&dir)).expect("cached build");
+    eprintln!("build from the id cache: {:?}", t0.elapsed());
+    assert_eq!(cached.tokens(), c.tokens());
+    std::fs::remove_dir_all(scratch_dir()).expect("remove scratch files");
     let t0 = Instant::now();
     let blocks = coding::blocks(SEED + 2);
     let generate = t0.elapsed();
