@@ -241,8 +241,6 @@ fn impossible_combinations_say_what_to_change() {
     assert!(e.contains("--bench-compat"), "{e}");
     let e = error_of(&["--bench-compat", "vllm", "--isl", "128"]);
     assert!(e.contains("--random-input-len"), "{e}");
-    let e = error_of(&["--prompt-corpus", "coding"]);
-    assert!(e.contains("sonnet or random"), "{e}");
     let e = error_of(&["--tokenizer", "/nonexistent/tok"]);
     assert!(e.contains("never downloads"), "{e}");
     // Usage problems are typed, so the caller can choose the exit code.

@@ -4,6 +4,7 @@
 //! `build_dataset*` conveniences read or write the corpus id cache).
 
 use crate::synth::chat_template::{estimate_overheads, ChatTemplateOverheads};
+use crate::synth::coding::CodingCorpus;
 use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
 use crate::synth::corpus::{RandomCorpusStyle, RandomPools, SonnetCorpus};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
@@ -213,13 +214,22 @@ pub fn build_dataset_with(
             tokenizer,
             cache_dir,
         )?),
+        PromptCorpus::Coding => match params.random_seed {
+            Some(seed) => Some(
+                CodingCorpus::for_root_seed_cached(seed, tokenizer, cache_dir)?
+                    .as_sonnet()
+                    .clone(),
+            ),
+            None => None,
+        },
         _ => None,
     };
     compose(params, tokenizer, sonnet.as_ref(), progress)
 }
 
 /// Builds the dataset AIPerf 0.13.0 would build for `params` and `tokenizer`. The sonnet corpus
-/// must be given when `params.prompt_corpus` is sonnet (see [`SonnetCorpus::build`]).
+/// must be given when `params.prompt_corpus` is sonnet (see [`SonnetCorpus::build`]); for coding,
+/// a prebuilt [`CodingCorpus`]'s token array may be given, else it is built from the root seed.
 /// `progress` is told after each conversation `(done, total)`.
 pub fn compose(
     params: &SynthParams,
@@ -299,9 +309,13 @@ pub fn compose(
         PromptCorpus::Random => {
             CorpusSource::Random(RandomPools::new(tokenizer, params.random_corpus_style))
         }
-        PromptCorpus::Coding => {
-            return Err(SynthError::invalid("the coding corpus is not supported"))
-        }
+        // kvbust's own coding corpus, served by the sonnet path (windows + fix-up).
+        PromptCorpus::Coding => CorpusSource::Sonnet(match sonnet {
+            Some(c) => c.clone(),
+            None => CodingCorpus::for_root_seed(root_seed, tokenizer)?
+                .as_sonnet()
+                .clone(),
+        }),
     };
     let is_random = matches!(corpus, CorpusSource::Random(_));
     let mut gen = PromptGenerator::new(tokenizer, corpus, GeneratorRngs::derive(root_seed));

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chat_template;
 pub mod cli;
+pub mod coding;
 pub mod composer;
 pub mod corpus;
 pub mod dataset;

@@ -15,7 +15,7 @@ pub enum PromptCorpus {
     #[default]
     Sonnet,
     Random,
-    /// AIPerf's coding corpus: not implemented here (rejected by validation).
+    /// kvbust's own agentic-coding corpus ([`crate::synth::coding`]), sampled like sonnet.
     Coding,
 }
 
@@ -27,7 +27,7 @@ impl std::str::FromStr for PromptCorpus {
             "random" => Ok(Self::Random),
             "coding" => Ok(Self::Coding),
             other => Err(format!(
-                "unknown prompt corpus {other:?}; use sonnet or random"
+                "unknown prompt corpus {other:?}; use sonnet, random or coding"
             )),
         }
     }
@@ -176,11 +176,6 @@ impl SynthParams {
     /// Rejects combinations AIPerf rejects (or that cannot work), saying what to change.
     pub fn validate(&self) -> Result<(), SynthError> {
         let bad = |m: &str| Err(SynthError::invalid(m));
-        if self.prompt_corpus == PromptCorpus::Coding {
-            return bad(
-                "--prompt-corpus coding is not supported by kvbust yet; use sonnet or random",
-            );
-        }
         if self.num_dataset_entries == 0 {
             return bad("--num-dataset-entries must be at least 1");
         }

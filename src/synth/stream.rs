@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::synth::coding::CodingCorpus;
 use crate::synth::corpus::{RandomCorpusStyle, RandomPools, SonnetCorpus};
 use crate::synth::error::SynthError;
 use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
@@ -17,7 +18,8 @@ pub struct PromptStream {
 }
 
 impl PromptStream {
-    /// A stream over `corpus` (the sonnet corpus must be given for `PromptCorpus::Sonnet`);
+    /// A stream over `corpus` (the sonnet corpus must be given for `PromptCorpus::Sonnet`; for
+    /// `PromptCorpus::Coding` a built [`CodingCorpus`]'s token array may be, else one is built);
     /// `seed` None draws a random root seed.
     pub fn new(
         tokenizer: Arc<Tokenizer>,
@@ -26,18 +28,21 @@ impl PromptStream {
         sonnet: Option<SonnetCorpus>,
         seed: Option<u64>,
     ) -> Result<Self, SynthError> {
+        let root = seed.unwrap_or_else(rand::random);
         let source = match corpus {
             PromptCorpus::Sonnet => CorpusSource::Sonnet(sonnet.ok_or_else(|| {
                 SynthError::invalid("a sonnet prompt stream needs the sonnet corpus")
             })?),
             PromptCorpus::Random => CorpusSource::Random(RandomPools::new(&tokenizer, style)),
-            PromptCorpus::Coding => {
-                return Err(SynthError::invalid(
-                    "the coding corpus is not supported; use sonnet or random",
-                ))
-            }
+            // kvbust's coding corpus (pass its token array as `sonnet` to reuse a built one).
+            PromptCorpus::Coding => CorpusSource::Sonnet(match sonnet {
+                Some(c) => c,
+                None => CodingCorpus::for_root_seed(root, &tokenizer)?
+                    .as_sonnet()
+                    .clone(),
+            }),
         };
-        let rngs = GeneratorRngs::derive(seed.unwrap_or_else(rand::random));
+        let rngs = GeneratorRngs::derive(root);
         Ok(PromptStream {
             gen: PromptGenerator::new(tokenizer, source, rngs),
         })
