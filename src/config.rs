@@ -276,12 +276,38 @@ impl Default for ObserveConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SynthConfig {
     /// `tokenizer.json` file or a folder with `tokenizer.json` + `tokenizer_config.json`;
     /// none → the shipped Qwen3 tokenizer.
     pub tokenizer: Option<PathBuf>,
+    /// Routes whose every request gets a synthetic body (e.g. `["/v1/chat/completions"]`).
+    pub routes: Vec<String>,
+    /// Expand `{{kvbust:prompt:N[:corpus]}}` in chat messages. Chat bodies are then buffered
+    /// (up to `limits.max_body`) and scanned, never parsed unless a placeholder is found.
+    pub placeholders: bool,
+    /// Corpus of placeholders that name none.
+    pub placeholder_corpus: crate::synth::PromptCorpus,
+    /// Seed of the placeholder prompt streams; none → random at start.
+    pub placeholder_seed: Option<u64>,
+    /// The dataset served to synthetic requests, with `kvbust synth`'s parameters (snake_case).
+    /// Set → built at start; not set → built on first use with the defaults (sonnet, ISL 550,
+    /// 100 entries, seed 0).
+    pub dataset: Option<crate::synth::SynthParams>,
+}
+
+impl Default for SynthConfig {
+    fn default() -> Self {
+        Self {
+            tokenizer: None,
+            routes: Vec::new(),
+            placeholders: true,
+            placeholder_corpus: crate::synth::PromptCorpus::Sonnet,
+            placeholder_seed: None,
+            dataset: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
@@ -488,7 +514,18 @@ pub struct CliOverrides {
 }
 
 /// Environment variables with the `KVBUST_` prefix that are not configuration keys.
-const NON_CONFIG_ENV: &[&str] = &["config", "real_upstream", "real_venv"];
+const NON_CONFIG_ENV: &[&str] = &[
+    "config",
+    "cache_dir",
+    "real_upstream",
+    "real_venv",
+    "real_state_dir",
+    "real_threads",
+    "real_ctx",
+    "real_cache_mib",
+    "real_start_timeout",
+    "proptest_cases",
+];
 
 impl Config {
     /// Layer defaults < file < env < CLI and validate. `env` is passed in (not read from the
@@ -637,6 +674,26 @@ impl Config {
                 return Err(ConfigError::new(
                     "cache_bust.benchmark_id",
                     "must not be empty; omit it for a random id",
+                ));
+            }
+        }
+        if let Some(d) = &self.synth.dataset {
+            d.validate()
+                .map_err(|e| ConfigError::new("synth.dataset", e.to_string()))?;
+        }
+        for r in &self.synth.routes {
+            if !r.starts_with('/') {
+                return Err(ConfigError::new(
+                    "synth.routes",
+                    format!("`{r}` must be a path like \"/v1/chat/completions\""),
+                ));
+            }
+        }
+        if let Some(t) = &self.synth.tokenizer {
+            if !t.exists() {
+                return Err(ConfigError::new(
+                    "synth.tokenizer",
+                    format!("{} does not exist", t.display()),
                 ));
             }
         }

@@ -56,6 +56,11 @@ pub async fn run(
         None => None,
     };
     let builder = Arc::new(data_builder(&config));
+    if config.synth.dataset.is_some() {
+        // Build the configured dataset now, off the accept loop; requests wait for it if early.
+        let synth = proxy.synthesizer().clone();
+        tokio::spawn(async move { synth.prewarm().await });
+    }
 
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(admin::serve(listeners.admin, rt.clone(), async {

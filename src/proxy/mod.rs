@@ -5,6 +5,7 @@
 pub mod forward;
 pub mod observe;
 pub mod rewrite;
+pub mod synthesize;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -82,6 +83,7 @@ pub struct Proxy {
     rt: Arc<Runtime>,
     client: UpstreamClient,
     upstream: Upstream,
+    synth: Arc<synthesize::Synthesizer>,
 }
 
 /// Labels and facts carried from the request to its response.
@@ -97,11 +99,19 @@ impl Proxy {
     pub fn new(rt: Arc<Runtime>, upstream_url: &str) -> Result<Arc<Self>, String> {
         let upstream = Upstream::parse(upstream_url)?;
         let client = forward::build_client(&rt.config.upstream)?;
+        let synth =
+            synthesize::Synthesizer::new(rt.config.synth.clone(), rt.config.cache_bust.target);
         Ok(Arc::new(Self {
             rt,
             client,
             upstream,
+            synth,
         }))
+    }
+
+    /// The synthesis state (built lazily, or at start when a dataset is configured).
+    pub fn synthesizer(&self) -> &Arc<synthesize::Synthesizer> {
+        &self.synth
     }
 
     pub fn runtime(&self) -> &Arc<Runtime> {
@@ -188,21 +198,63 @@ impl Proxy {
         // Decide what this request needs from the headers alone; collect the body only if so.
         let mut upstream_body = body;
         if let Some(shape) = ex.route.shape() {
-            let decision = rewrite::decide(&parts.headers, &self.rt)?;
+            let mut decision = rewrite::decide(&parts.headers, &self.rt)?;
             ex.phase = decision.phase.as_str();
             ex.target = decision.target.as_str();
             ex.phase_header = Some(decision.phase.as_str());
-            if decision.needs_body() {
-                let bytes =
+            let synth = synthesize::wants_synthesis(&parts.headers, parts.uri.path(), &cfg.synth)?;
+            if synth && shape != Shape::Chat {
+                return Err(ProxyError::bad_request(
+                    "synthesis_unsupported",
+                    format!("{} works on /v1/chat/completions only", synthesize::H_SYNTH),
+                ));
+            }
+            let scan = shape == Shape::Chat && cfg.synth.placeholders;
+            if decision.needs_body() || synth || scan {
+                let mut bytes =
                     collect_limited(upstream_body, &parts.headers, cfg.limits.max_body.as_u64())
                         .await?;
-                let out = rewrite::apply(&decision, shape, &bytes, &parts.headers, &self.rt)?;
-                ex.rid = out.rid;
-                let new = out.body.unwrap_or(bytes);
-                parts
-                    .headers
-                    .insert(header::CONTENT_LENGTH, HeaderValue::from(new.len()));
-                upstream_body = full_body(new);
+                let mut changed = false;
+                let mut session = None;
+                if synth {
+                    let key = rewrite::header_session_key(
+                        &cfg.cache_bust.session_sources,
+                        &parts.headers,
+                    );
+                    let filled = self.synth.fill(&bytes, key.as_deref()).await?;
+                    // AIPerf's placement: first-turn targets skip the user-context message.
+                    decision.user_context_messages = filled.user_context_messages;
+                    session = Some(key.unwrap_or(filled.session_id));
+                    bytes = Bytes::from(filled.body);
+                    changed = true;
+                }
+                if scan {
+                    if let Some(b) = self.synth.expand(&bytes).await? {
+                        bytes = Bytes::from(b);
+                        changed = true;
+                    }
+                }
+                if decision.needs_body() {
+                    let out = rewrite::apply(
+                        &decision,
+                        shape,
+                        &bytes,
+                        &parts.headers,
+                        &self.rt,
+                        session.as_deref(),
+                    )?;
+                    ex.rid = out.rid;
+                    if let Some(b) = out.body {
+                        bytes = b;
+                        changed = true;
+                    }
+                }
+                if changed {
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                }
+                upstream_body = full_body(bytes);
             }
         }
 

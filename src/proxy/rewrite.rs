@@ -144,12 +144,14 @@ pub struct Rewritten {
 }
 
 /// Marks a collected body according to `d`. Only called when `d.needs_body()`.
+/// `session`: the session key when the caller already knows it (synthetic requests).
 pub fn apply(
     d: &Decision,
     shape: Shape,
     body: &Bytes,
     headers: &HeaderMap,
     rt: &Runtime,
+    session: Option<&str>,
 ) -> Result<Rewritten, ProxyError> {
     let cfg = &rt.config.cache_bust;
     let parsed = match parse(shape, body) {
@@ -162,13 +164,16 @@ pub fn apply(
         Some(match &d.explicit {
             Some(i) => i.clone(),
             None => {
-                let key = session_key(
-                    &cfg.session_sources,
-                    headers,
-                    &parsed,
-                    d.user_context_messages,
-                )
-                .unwrap_or_else(|| format!("anonymous-{}", uuid_like()));
+                let key = match session {
+                    Some(s) => s.to_string(),
+                    None => session_key(
+                        &cfg.session_sources,
+                        headers,
+                        &parsed,
+                        d.user_context_messages,
+                    )
+                    .unwrap_or_else(|| format!("anonymous-{}", uuid_like())),
+                };
                 let c = rt.resolve_session(&key) as i64;
                 DigestInputs {
                     benchmark_id: rt.benchmark_id.clone(),
@@ -239,6 +244,22 @@ fn unparseable(e: RewriteError, rt: &Runtime) -> Result<Rewritten, ProxyError> {
             Ok(Rewritten { body: None, rid: None })
         }
     }
+}
+
+/// The session key from the header sources alone (for synthetic requests, whose body is not
+/// the client's own).
+pub fn header_session_key(sources: &[SessionSource], headers: &HeaderMap) -> Option<String> {
+    sources.iter().find_map(|s| match s {
+        SessionSource::XCorrelationId => non_empty(
+            headers
+                .get("x-correlation-id")
+                .and_then(|v| v.to_str().ok()),
+        ),
+        SessionSource::XSessionId => {
+            non_empty(headers.get("x-session-id").and_then(|v| v.to_str().ok()))
+        }
+        _ => None,
+    })
 }
 
 /// The first configured source that yields a session key.

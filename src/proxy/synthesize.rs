@@ -1,0 +1,636 @@
+//! In-flight synthesis: fills a chat request's `messages` from the synthetic dataset
+//! (`x-kvbust-synth: 1` or a synthetic route) and expands `{{kvbust:prompt:N[:corpus]}}`
+//! placeholders. Splices into the client's bytes so every other member stays as sent; builds the
+//! dataset and prompt streams once, off the async threads. Never parses bodies that need neither.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use lru::LruCache;
+use serde::de::{MapAccess, Visitor};
+use serde::Deserializer as _;
+use serde_json::value::RawValue;
+
+use crate::config::SynthConfig;
+use crate::error::ProxyError;
+use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
+use crate::synth::{
+    Conversation, Dataset, PromptCorpus, PromptStream, RandomCorpusStyle, SonnetCorpus,
+    SynthParams, Tokenizer,
+};
+
+pub const H_SYNTH: &str = "x-kvbust-synth";
+const PLACEHOLDER_OPEN: &[u8] = b"{{kvbust:";
+/// Largest prompt a placeholder may ask for.
+const MAX_PLACEHOLDER_TOKENS: usize = 1 << 20;
+
+/// The byte ranges of a JSON object's members, in order. Keys are decoded; values stay raw.
+struct Members {
+    items: Vec<(String, Range<usize>)>,
+    /// Offset of the closing `}`.
+    close: usize,
+}
+
+fn members(body: &[u8]) -> Result<Members, ProxyError> {
+    struct V<'a>(&'a [u8]);
+    impl<'de> Visitor<'de> for V<'de> {
+        type Value = Vec<(String, Range<usize>)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
+                // A borrowed RawValue is a slice of the body; its position is its offset.
+                let start = v.get().as_ptr() as usize - self.0.as_ptr() as usize;
+                out.push((k, start..start + v.get().len()));
+            }
+            Ok(out)
+        }
+    }
+    let bad = |e: String| {
+        ProxyError::bad_request(
+            "invalid_body",
+            format!("cannot synthesize into this body: {e}"),
+        )
+    };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let items = de
+        .deserialize_map(V(body))
+        .map_err(|e| bad(e.to_string()))?;
+    de.end().map_err(|e| bad(e.to_string()))?;
+    let close = body
+        .iter()
+        .rposition(|&b| b == b'}')
+        .ok_or_else(|| bad("no closing brace".into()))?;
+    Ok(Members { items, close })
+}
+
+/// One edit of the body: replace `range` with `text`.
+struct Edit {
+    range: Range<usize>,
+    text: String,
+}
+
+fn splice(body: &[u8], mut edits: Vec<Edit>) -> Vec<u8> {
+    edits.sort_by_key(|e| e.range.start);
+    let mut out =
+        Vec::with_capacity(body.len() + edits.iter().map(|e| e.text.len()).sum::<usize>());
+    let mut at = 0;
+    for e in edits {
+        out.extend_from_slice(&body[at..e.range.start]);
+        out.extend_from_slice(e.text.as_bytes());
+        at = e.range.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    out
+}
+
+fn json_str(s: &str) -> String {
+    // Serializing a &str cannot fail.
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// The `messages` for turn `k` of `conv`: system and user-context messages, the earlier user
+/// turns each followed by the client's matching assistant message (when it sent one), then
+/// user turn `k`. Returns the JSON array and how many user-context messages lead it.
+pub fn conversation_messages(
+    conv: &Conversation,
+    k: usize,
+    assistant: &[&RawValue],
+) -> (String, usize) {
+    let mut parts: Vec<String> = Vec::new();
+    let msg = |role: &str, content: &str| {
+        format!("{{\"role\":\"{role}\",\"content\":{}}}", json_str(content))
+    };
+    if let Some(s) = &conv.system_message {
+        parts.push(msg("system", s));
+    }
+    let ctx = usize::from(conv.user_context_message.is_some());
+    if let Some(c) = &conv.user_context_message {
+        parts.push(msg("user", c));
+    }
+    for (i, turn) in conv.turns.iter().take(k + 1).enumerate() {
+        parts.push(msg("user", &turn.text));
+        if i < k {
+            if let Some(a) = assistant.get(i) {
+                parts.push(a.get().to_string());
+            }
+        }
+    }
+    (format!("[{}]", parts.join(",")), ctx)
+}
+
+/// Replaces `messages` (or adds it) and sets the output length from the entry's OSL: every
+/// present `max_tokens` / `max_completion_tokens` is replaced, or `max_completion_tokens` added.
+pub fn fill_body(
+    body: &[u8],
+    messages: &str,
+    max_tokens: Option<u64>,
+) -> Result<Vec<u8>, ProxyError> {
+    let m = members(body)?;
+    let mut edits = Vec::new();
+    let mut has_messages = false;
+    let mut has_max = false;
+    for (k, r) in &m.items {
+        match k.as_str() {
+            "messages" => {
+                has_messages = true;
+                edits.push(Edit {
+                    range: r.clone(),
+                    text: messages.to_string(),
+                });
+            }
+            "max_tokens" | "max_completion_tokens" => {
+                if let Some(n) = max_tokens {
+                    has_max = true;
+                    edits.push(Edit {
+                        range: r.clone(),
+                        text: n.to_string(),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut tail = String::new();
+    if !has_messages {
+        tail.push_str(&format!("\"messages\":{messages}"));
+    }
+    if let (Some(n), false) = (max_tokens, has_max) {
+        if !tail.is_empty() {
+            tail.push(',');
+        }
+        tail.push_str(&format!("\"max_completion_tokens\":{n}"));
+    }
+    if !tail.is_empty() {
+        let sep = if m.items.is_empty() { "" } else { "," };
+        edits.push(Edit {
+            range: m.close..m.close,
+            text: format!("{sep}{tail}"),
+        });
+    }
+    Ok(splice(body, edits))
+}
+
+/// A placeholder found in the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placeholder {
+    pub range: Range<usize>,
+    pub tokens: usize,
+    pub corpus: Option<PromptCorpus>,
+}
+
+/// Finds `{{kvbust:prompt:N}}` / `{{kvbust:prompt:N:corpus}}` inside the `messages` value.
+pub fn find_placeholders(body: &[u8]) -> Result<Vec<Placeholder>, ProxyError> {
+    if memfind(body, PLACEHOLDER_OPEN).is_none() {
+        return Ok(Vec::new());
+    }
+    let m = members(body)?;
+    let Some((_, region)) = m.items.iter().rev().find(|(k, _)| k == "messages") else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut at = region.start;
+    while let Some(i) = memfind(&body[at..region.end], PLACEHOLDER_OPEN) {
+        let start = at + i;
+        let rest = &body[start..region.end];
+        let end = memfind(rest, b"}}").map(|j| start + j + 2);
+        let shown = |r: &[u8]| String::from_utf8_lossy(&r[..r.len().min(48)]).into_owned();
+        let Some(end) = end else {
+            return Err(malformed(&shown(rest), "it is not closed with `}}`"));
+        };
+        let text = std::str::from_utf8(&body[start..end])
+            .map_err(|_| malformed(&shown(rest), "not UTF-8"))?;
+        out.push(parse_placeholder(text, start..end)?);
+        at = end;
+    }
+    Ok(out)
+}
+
+fn parse_placeholder(text: &str, range: Range<usize>) -> Result<Placeholder, ProxyError> {
+    let inner = &text[PLACEHOLDER_OPEN.len()..text.len() - 2];
+    let mut parts = inner.split(':');
+    if parts.next() != Some("prompt") {
+        return Err(malformed(text, "the only kind is `prompt`"));
+    }
+    let n = parts.next().unwrap_or("");
+    let tokens: usize = n
+        .parse()
+        .map_err(|_| malformed(text, "N must be a positive integer"))?;
+    if tokens == 0 || tokens > MAX_PLACEHOLDER_TOKENS {
+        return Err(malformed(
+            text,
+            &format!("N must be between 1 and {MAX_PLACEHOLDER_TOKENS}"),
+        ));
+    }
+    let corpus = match parts.next() {
+        None => None,
+        Some("sonnet") => Some(PromptCorpus::Sonnet),
+        Some("random") => Some(PromptCorpus::Random),
+        Some("coding") => Some(PromptCorpus::Coding),
+        Some(other) => {
+            return Err(malformed(
+                text,
+                &format!("unknown corpus `{other}` (sonnet, random or coding)"),
+            ))
+        }
+    };
+    if parts.next().is_some() {
+        return Err(malformed(text, "too many `:` fields"));
+    }
+    Ok(Placeholder {
+        range,
+        tokens,
+        corpus,
+    })
+}
+
+fn malformed(text: &str, why: &str) -> ProxyError {
+    ProxyError::bad_request(
+        "invalid_placeholder",
+        format!("malformed placeholder `{text}`: {why}; write {{{{kvbust:prompt:N}}}} or {{{{kvbust:prompt:N:corpus}}}}"),
+    )
+}
+
+fn memfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Whether this request asks for a synthetic body.
+pub fn wants_synthesis(
+    headers: &http::HeaderMap,
+    path: &str,
+    cfg: &SynthConfig,
+) -> Result<bool, ProxyError> {
+    match headers.get(H_SYNTH).map(|v| v.to_str().map(str::trim)) {
+        Some(Ok("1" | "true" | "yes")) => return Ok(true),
+        Some(Ok("0" | "false" | "no")) => return Ok(false),
+        Some(_) => {
+            return Err(ProxyError::bad_request(
+                "invalid_header",
+                format!("{H_SYNTH} must be 1 or 0"),
+            ));
+        }
+        None => {}
+    }
+    Ok(cfg
+        .routes
+        .iter()
+        .any(|r| r.trim_end_matches('/') == path.trim_end_matches('/')))
+}
+
+struct Built {
+    dataset: Dataset,
+    next: usize,
+    sessions: LruCache<String, (usize, usize)>,
+}
+
+/// The synthesis state of one proxy: tokenizer, dataset, prompt streams, built on first use.
+pub struct Synthesizer {
+    cfg: SynthConfig,
+    cache_bust: crate::cachebust::Target,
+    tokenizer: tokio::sync::OnceCell<Arc<Tokenizer>>,
+    dataset: tokio::sync::OnceCell<Arc<Mutex<Built>>>,
+    streams: Arc<Mutex<HashMap<&'static str, PromptStream>>>,
+}
+
+/// What a synthetic fill produced.
+pub struct Filled {
+    pub body: Vec<u8>,
+    pub user_context_messages: usize,
+    pub session_id: String,
+}
+
+impl Synthesizer {
+    pub fn new(cfg: SynthConfig, cache_bust: crate::cachebust::Target) -> Arc<Self> {
+        Arc::new(Self {
+            cfg,
+            cache_bust,
+            tokenizer: tokio::sync::OnceCell::new(),
+            dataset: tokio::sync::OnceCell::new(),
+            streams: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    async fn tokenizer(&self) -> Result<Arc<Tokenizer>, ProxyError> {
+        self.tokenizer
+            .get_or_try_init(|| async {
+                let path = self.cfg.tokenizer.clone();
+                blocking(move || {
+                    let t0 = Instant::now();
+                    let t = match &path {
+                        Some(p) => Tokenizer::from_path(p),
+                        None => Tokenizer::default_qwen3(),
+                    }
+                    .map_err(|e| ProxyError::Internal(format!("synth.tokenizer: {e}")))?;
+                    tracing::info!(elapsed = ?t0.elapsed(), "synthesis tokenizer loaded");
+                    Ok(Arc::new(t))
+                })
+                .await
+            })
+            .await
+            .cloned()
+    }
+
+    fn params(&self) -> SynthParams {
+        let mut p = self.cfg.dataset.clone().unwrap_or_else(default_params);
+        // Compensate the marker cost as AIPerf does when the proxy will add markers.
+        if p.cache_bust == crate::synth::CacheBustTarget::None {
+            if let Ok(t) = self.cache_bust.as_str().parse() {
+                p.cache_bust = t;
+            }
+        }
+        p
+    }
+
+    async fn built(&self) -> Result<Arc<Mutex<Built>>, ProxyError> {
+        self.dataset
+            .get_or_try_init(|| async {
+                let tok = self.tokenizer().await?;
+                let params = self.params();
+                blocking(move || {
+                    let t0 = Instant::now();
+                    let dataset = crate::synth::build_dataset_with(
+                        &params,
+                        &tok,
+                        default_cache_dir().as_deref(),
+                        &mut |_, _| {},
+                    )
+                    .map_err(|e| {
+                        ProxyError::Internal(format!("building the synthetic dataset: {e}"))
+                    })?;
+                    if dataset.conversations.is_empty() {
+                        return Err(ProxyError::Internal(
+                            "the synthetic dataset is empty".into(),
+                        ));
+                    }
+                    tracing::info!(
+                        conversations = dataset.conversations.len(),
+                        elapsed = ?t0.elapsed(),
+                        "synthetic dataset built"
+                    );
+                    let cap = NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN);
+                    Ok(Arc::new(Mutex::new(Built {
+                        dataset,
+                        next: 0,
+                        sessions: LruCache::new(cap),
+                    })))
+                })
+                .await
+            })
+            .await
+            .cloned()
+    }
+
+    /// Builds the dataset now (at start, when `[synth.dataset]` is configured).
+    pub async fn prewarm(&self) {
+        if let Err(e) = self.built().await {
+            tracing::error!("{e}");
+        }
+    }
+
+    /// Fills a chat body with the next dataset entry (or the session's next turn).
+    pub async fn fill(&self, body: &[u8], session: Option<&str>) -> Result<Filled, ProxyError> {
+        let built = self.built().await?;
+        let (conv, k) = {
+            let mut b = built.lock().unwrap_or_else(|p| p.into_inner());
+            let n = b.dataset.conversations.len();
+            let known = session.and_then(|s| b.sessions.get(s).copied());
+            let (ci, k) = match known {
+                Some((ci, k)) if k < b.dataset.conversations[ci].turns.len() => (ci, k),
+                _ => {
+                    let ci = b.next % n;
+                    b.next += 1;
+                    (ci, 0)
+                }
+            };
+            if let Some(s) = session {
+                b.sessions.put(s.to_string(), (ci, k + 1));
+            }
+            (b.dataset.conversations[ci].clone(), k)
+        };
+        let assistant = assistant_messages(body);
+        let (messages, ctx) = conversation_messages(&conv, k, &assistant);
+        let max = conv.turns.get(k).and_then(|t| t.max_tokens);
+        Ok(Filled {
+            body: fill_body(body, &messages, max)?,
+            user_context_messages: ctx,
+            session_id: conv.session_id,
+        })
+    }
+
+    /// Expands every placeholder in `messages`; `None` when there is none.
+    pub async fn expand(&self, body: &[u8]) -> Result<Option<Vec<u8>>, ProxyError> {
+        let found = find_placeholders(body)?;
+        if found.is_empty() {
+            return Ok(None);
+        }
+        let tok = self.tokenizer().await?;
+        let streams = self.streams.clone();
+        let default = self.cfg.placeholder_corpus;
+        let seed = self.cfg.placeholder_seed;
+        let style = self
+            .cfg
+            .dataset
+            .as_ref()
+            .map(|d| d.random_corpus_style)
+            .unwrap_or(RandomCorpusStyle::Vllm);
+        let wanted: Vec<(PromptCorpus, usize)> = found
+            .iter()
+            .map(|p| (p.corpus.unwrap_or(default), p.tokens))
+            .collect();
+        // Prompt generation is CPU work (and a corpus may need building): off the async threads.
+        let texts = blocking(move || {
+            let mut streams = streams.lock().unwrap_or_else(|p| p.into_inner());
+            wanted
+                .into_iter()
+                .map(|(corpus, n)| {
+                    let key = corpus_name(corpus);
+                    if !streams.contains_key(key) {
+                        streams.insert(key, new_stream(&tok, corpus, style, seed)?);
+                    }
+                    let stream = streams
+                        .get_mut(key)
+                        .ok_or_else(|| ProxyError::Internal("prompt stream vanished".into()))?;
+                    stream.prompt(n).map_err(|e| {
+                        ProxyError::Internal(format!("{key} prompt of {n} tokens: {e}"))
+                    })
+                })
+                .collect::<Result<Vec<String>, ProxyError>>()
+        })
+        .await?;
+        let edits = found
+            .iter()
+            .zip(texts)
+            .map(|(p, text)| {
+                let quoted = json_str(&text);
+                Edit {
+                    range: p.range.clone(),
+                    text: quoted[1..quoted.len() - 1].to_string(),
+                }
+            })
+            .collect();
+        Ok(Some(splice(body, edits)))
+    }
+}
+
+fn new_stream(
+    tok: &Arc<Tokenizer>,
+    corpus: PromptCorpus,
+    style: RandomCorpusStyle,
+    seed: Option<u64>,
+) -> Result<PromptStream, ProxyError> {
+    let t0 = Instant::now();
+    let key = corpus_name(corpus);
+    let sonnet = match corpus {
+        PromptCorpus::Sonnet => Some(
+            SonnetCorpus::build_cached(SHAKESPEARE, tok, default_cache_dir().as_deref())
+                .map_err(|e| ProxyError::Internal(format!("sonnet corpus: {e}")))?,
+        ),
+        _ => None,
+    };
+    let stream = PromptStream::new(tok.clone(), corpus, style, sonnet, seed)
+        .map_err(|e| ProxyError::Internal(format!("{key} prompt stream: {e}")))?;
+    tracing::info!(corpus = key, elapsed = ?t0.elapsed(), "placeholder prompt stream ready");
+    Ok(stream)
+}
+
+fn corpus_name(c: PromptCorpus) -> &'static str {
+    match c {
+        PromptCorpus::Sonnet => "sonnet",
+        PromptCorpus::Random => "random",
+        PromptCorpus::Coding => "coding",
+    }
+}
+
+/// The contract's defaults for a dataset built on first use.
+pub fn default_params() -> SynthParams {
+    SynthParams {
+        random_seed: Some(0),
+        ..SynthParams::default()
+    }
+}
+
+/// The client's assistant messages, raw, in order (the answers to earlier synthetic turns).
+fn assistant_messages(body: &[u8]) -> Vec<&RawValue> {
+    #[derive(serde::Deserialize)]
+    struct Body<'a> {
+        #[serde(borrow, default)]
+        messages: Vec<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Role<'a> {
+        #[serde(borrow)]
+        role: Option<&'a str>,
+    }
+    let Ok(b) = serde_json::from_slice::<Body>(body) else {
+        return Vec::new();
+    };
+    b.messages
+        .into_iter()
+        .filter(|m| {
+            serde_json::from_str::<Role>(m.get())
+                .ok()
+                .and_then(|r| r.role)
+                == Some("assistant")
+        })
+        .collect()
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ProxyError> + Send + 'static,
+) -> Result<T, ProxyError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ProxyError::Internal(format!("synthesis task failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::Turn;
+
+    fn conv(system: Option<&str>, ctx: Option<&str>, turns: &[&str]) -> Conversation {
+        Conversation {
+            session_id: "session_000000".into(),
+            system_message: system.map(Into::into),
+            user_context_message: ctx.map(Into::into),
+            turns: turns
+                .iter()
+                .map(|t| Turn {
+                    text: t.to_string(),
+                    max_tokens: Some(7),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn fill_replaces_messages_and_lengths_and_keeps_every_other_byte() {
+        let body = br#"{ "model":"m", "messages" : [{"role":"user","content":"x"}], "max_tokens":1, "seed":1.0e-7, "z":{"b":1,"a":2} }"#;
+        let out = fill_body(body, r#"[{"role":"user","content":"y"}]"#, Some(9)).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{ "model":"m", "messages" : [{"role":"user","content":"y"}], "max_tokens":9, "seed":1.0e-7, "z":{"b":1,"a":2} }"#
+        );
+        let out = fill_body(br#"{"model":"m"}"#, "[]", Some(3)).unwrap();
+        assert_eq!(
+            out,
+            br#"{"model":"m","messages":[],"max_completion_tokens":3}"#
+        );
+        let out = fill_body(b"{}", "[]", None).unwrap();
+        assert_eq!(out, br#"{"messages":[]}"#);
+        assert!(fill_body(b"[1]", "[]", None).is_err());
+        assert!(fill_body(b"{} x", "[]", None).is_err());
+    }
+
+    #[test]
+    fn conversation_turns_carry_history_and_answers() {
+        let c = conv(Some("S"), Some("C"), &["t0", "t1", "t2"]);
+        let a0 =
+            RawValue::from_string(r#"{"role":"assistant","content":"a0","x":1}"#.into()).unwrap();
+        let (m, ctx) = conversation_messages(&c, 0, &[]);
+        assert_eq!(ctx, 1);
+        assert_eq!(
+            m,
+            r#"[{"role":"system","content":"S"},{"role":"user","content":"C"},{"role":"user","content":"t0"}]"#
+        );
+        let (m, _) = conversation_messages(&c, 1, &[&a0]);
+        assert_eq!(
+            m,
+            r#"[{"role":"system","content":"S"},{"role":"user","content":"C"},{"role":"user","content":"t0"},{"role":"assistant","content":"a0","x":1},{"role":"user","content":"t1"}]"#
+        );
+    }
+
+    #[test]
+    fn placeholders_parse_or_fail_with_the_text() {
+        let body = br#"{"messages":[{"role":"user","content":"A {{kvbust:prompt:12}} B {{kvbust:prompt:3:random}}"}],"user":"{{kvbust:prompt:5}}"}"#;
+        let found = find_placeholders(body).unwrap();
+        assert_eq!(found.len(), 2, "only inside messages");
+        assert_eq!((found[0].tokens, found[0].corpus), (12, None));
+        assert_eq!(
+            (found[1].tokens, found[1].corpus),
+            (3, Some(PromptCorpus::Random))
+        );
+        assert_eq!(&body[found[0].range.clone()], b"{{kvbust:prompt:12}}");
+        for bad in [
+            "{{kvbust:prompt:}}",
+            "{{kvbust:prompt:x}}",
+            "{{kvbust:prompt:0}}",
+            "{{kvbust:prompt:5:poems}}",
+            "{{kvbust:prompt:5:sonnet:x}}",
+            "{{kvbust:image:5}}",
+            "{{kvbust:prompt:5",
+        ] {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"{bad}"}}]}}"#);
+            let err = find_placeholders(body.as_bytes()).unwrap_err();
+            assert_eq!(err.code(), "invalid_placeholder", "{bad}");
+            assert!(err.to_string().contains(&bad[..bad.len().min(16)]), "{err}");
+        }
+        assert!(find_placeholders(br#"{"messages":[]}"#).unwrap().is_empty());
+    }
+}

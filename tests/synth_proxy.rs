@@ -1,0 +1,236 @@
+//! Synthesis in the proxy, through the running proxy with the mock upstream capturing bodies:
+//! dataset entries in order, multi-turn sessions, markers on top, and `{{kvbust:prompt:N}}`.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::*;
+use http::StatusCode;
+use kvbust::cachebust::{build_marker, DigestInputs, Phase, Target};
+use kvbust::synth::{build_dataset, CacheBustTarget, Dataset, SynthParams, Tokenizer};
+use serde_json::Value;
+
+fn tokenizer() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| Tokenizer::default_qwen3().unwrap())
+}
+
+fn params() -> SynthParams {
+    SynthParams {
+        isl: Some(60),
+        osl: Some(11),
+        num_dataset_entries: 3,
+        random_seed: Some(7),
+        shared_system_prompt_length: Some(25),
+        user_context_prompt_length: Some(15),
+        session_turns_mean: 2.0,
+        ..SynthParams::default()
+    }
+}
+
+/// What `kvbust synth` builds for the same parameters (with the marker-cost compensation the
+/// proxy applies for its configured target).
+fn expected(target: CacheBustTarget) -> Dataset {
+    build_dataset(
+        &SynthParams {
+            cache_bust: target,
+            ..params()
+        },
+        tokenizer(),
+    )
+    .unwrap()
+}
+
+fn rid_marker(c: i64, key: &str) -> String {
+    let inputs = DigestInputs {
+        benchmark_id: "0123456789ab".into(),
+        recycle_pass: c,
+        trajectory_index: c,
+        trace_id: key.into(),
+    };
+    build_marker(Target::FirstTurnPrefix, Phase::Profiling, &inputs).unwrap()
+}
+
+const CLIENT_BODY: &str = r#"{"model":"my-model","temperature":0.25,"messages":[{"role":"user","content":"replace me"}],"max_tokens":999,"x_extra":{"b":[1,2.50],"a":null},"stream":false}"#;
+
+#[tokio::test]
+async fn synthetic_requests_get_dataset_entries_in_order_with_markers_on_top() {
+    let h = start(|c| {
+        c.synth.dataset = Some(params());
+        c.cache_bust.target = Target::FirstTurnPrefix;
+    })
+    .await;
+    let ds = expected(CacheBustTarget::FirstTurnPrefix);
+    let client = h1();
+    // Four new sessions: entries 0, 1, 2, then wrap to 0.
+    for (i, key) in ["s-a", "s-b", "s-c", "s-d"].iter().enumerate() {
+        let resp = send(
+            &client,
+            post(
+                &h.url("/v1/chat/completions"),
+                CLIENT_BODY,
+                &[("x-kvbust-synth", "1"), ("x-correlation-id", key)],
+            ),
+        )
+        .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        body_bytes(resp).await;
+        let got = h.mock.recorder().requests().pop().unwrap();
+        let v: Value = serde_json::from_slice(&got.body).unwrap();
+        let conv = &ds.conversations[i % 3];
+        let msgs = v["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), 3, "system, user context, first turn");
+        assert_eq!(msgs[0]["role"], "system");
+        assert_eq!(msgs[0]["content"], conv.system_message.as_deref().unwrap());
+        // The user-context message is skipped by first-turn targets, as in AIPerf.
+        assert_eq!(
+            msgs[1]["content"],
+            conv.user_context_message.as_deref().unwrap()
+        );
+        let marked = format!("{}{}", rid_marker(i as i64, key), conv.turns[0].text);
+        assert_eq!(msgs[2]["content"], marked.as_str(), "entry {i}");
+        // Output length from the entry; the client's other fields kept, in order, as sent.
+        assert_eq!(v["max_tokens"], conv.turns[0].max_tokens.unwrap());
+        let text = String::from_utf8(got.body.to_vec()).unwrap();
+        assert!(
+            text.starts_with(r#"{"model":"my-model","temperature":0.25,"messages":["#),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(r#","max_tokens":11,"x_extra":{"b":[1,2.50],"a":null},"stream":false}"#),
+            "{text}"
+        );
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_session_walks_its_conversation_turn_by_turn_with_the_upstreams_answers() {
+    let h = start(|c| {
+        c.synth.dataset = Some(params());
+        c.synth.routes = vec!["/v1/chat/completions".into()];
+    })
+    .await;
+    let ds = expected(CacheBustTarget::None);
+    let conv = &ds.conversations[0];
+    assert_eq!(conv.turns.len(), 2);
+    let client = h2c();
+    let url = h.url("/v1/chat/completions");
+    let first = json(
+        send(
+            &client,
+            post(&url, CLIENT_BODY, &[("x-session-id", "walk")]),
+        )
+        .await,
+    )
+    .await;
+    let answer = first["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The client sends its history with the upstream's answer, as a chat client would.
+    let body = serde_json::json!({
+        "model": "my-model",
+        "messages": [{"role": "user", "content": "whatever"}, {"role": "assistant", "content": answer}],
+    })
+    .to_string();
+    body_bytes(send(&client, post(&url, body, &[("x-session-id", "walk")])).await).await;
+    let got: Value =
+        serde_json::from_slice(&h.mock.recorder().requests().pop().unwrap().body).unwrap();
+    let msgs = got["messages"].as_array().unwrap();
+    let roles: Vec<&str> = msgs.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["system", "user", "user", "assistant", "user"]);
+    assert_eq!(msgs[2]["content"], conv.turns[0].text.as_str());
+    assert_eq!(msgs[3]["content"], answer.as_str());
+    assert_eq!(msgs[4]["content"], conv.turns[1].text.as_str());
+    assert_eq!(
+        got["max_completion_tokens"],
+        conv.turns[1].max_tokens.unwrap()
+    );
+    // A third request of the finished session starts the next conversation.
+    body_bytes(
+        send(
+            &client,
+            post(&url, CLIENT_BODY, &[("x-session-id", "walk")]),
+        )
+        .await,
+    )
+    .await;
+    let got: Value =
+        serde_json::from_slice(&h.mock.recorder().requests().pop().unwrap().body).unwrap();
+    assert_eq!(
+        got["messages"][2]["content"],
+        ds.conversations[1].turns[0].text.as_str()
+    );
+    h.shutdown().await;
+}
+
+/// The prompt between `<<` and `>>` in a captured body's first message.
+fn between(v: &Value, open: &str, close: &str) -> String {
+    let s = v["messages"][0]["content"].as_str().unwrap();
+    let a = s.find(open).unwrap() + open.len();
+    let b = s[a..].find(close).unwrap() + a;
+    s[a..b].to_string()
+}
+
+#[tokio::test]
+async fn placeholders_become_fresh_token_exact_prompts_from_each_corpus() {
+    let h = start(|c| c.synth.placeholder_seed = Some(3)).await;
+    let client = h1();
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"A<<{{kvbust:prompt:50}}>>B<<{{kvbust:prompt:33:random}}>>C<<{{kvbust:prompt:40:coding}}>>D"}],"max_tokens":2}"#;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let resp = send(&client, post(&h.url("/v1/chat/completions"), body, &[])).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        body_bytes(resp).await;
+        let v: Value =
+            serde_json::from_slice(&h.mock.recorder().requests().pop().unwrap().body).unwrap();
+        let (a, b, c) = (
+            between(&v, "A<<", ">>B"),
+            between(&v, "B<<", ">>C"),
+            between(&v, "C<<", ">>D"),
+        );
+        for (text, n) in [(&a, 50), (&b, 33), (&c, 40)] {
+            assert_eq!(tokenizer().encode(text).unwrap().len(), n, "{text:?}");
+        }
+        seen.push((a, b, c));
+    }
+    assert_ne!(seen[0].0, seen[1].0, "each request gets a fresh prompt");
+    assert_ne!(seen[0].2, seen[1].2);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn malformed_placeholders_and_synthesis_off_chat_are_400() {
+    let h = start(|_| {}).await;
+    let client = h1();
+    for bad in [
+        "{{kvbust:prompt:lots}}",
+        "{{kvbust:prompt:5:poetry}}",
+        "{{kvbust:prompt:7",
+    ] {
+        let body = format!(r#"{{"messages":[{{"role":"user","content":"x {bad} y"}}]}}"#);
+        let resp = send(&client, post(&h.url("/v1/chat/completions"), body, &[])).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{bad}");
+        let v = json(resp).await;
+        assert_eq!(v["error"]["code"], "invalid_placeholder");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(&bad[..14]),
+            "{v}"
+        );
+    }
+    let resp = send(
+        &client,
+        post(
+            &h.url("/v1/completions"),
+            r#"{"prompt":"x"}"#,
+            &[("x-kvbust-synth", "1")],
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(json(resp).await["error"]["code"], "synthesis_unsupported");
+    assert_eq!(h.mock.recorder().requests_total(), 0);
+    h.shutdown().await;
+}
