@@ -339,10 +339,8 @@ impl Synthesizer {
     fn params(&self) -> SynthParams {
         let mut p = self.cfg.dataset.clone().unwrap_or_else(default_params);
         // Compensate the marker cost as AIPerf does when the proxy will add markers.
-        if p.cache_bust == crate::synth::CacheBustTarget::None {
-            if let Ok(t) = self.cache_bust.as_str().parse() {
-                p.cache_bust = t;
-            }
+        if p.cache_bust.is_none() {
+            p.cache_bust = self.cache_bust;
         }
         p
     }
