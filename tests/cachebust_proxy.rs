@@ -443,22 +443,58 @@ async fn admin_phase_flip_changes_what_the_next_requests_get() {
     let h = start(|c| c.cache_bust.target = Target::WarmupIsolationFirstTurn).await;
     let c = h1();
     let content = |h: &Harness| -> String {
-        let v: Value = serde_json::from_slice(&h.mock.recorder().requests().pop().unwrap().body).unwrap();
+        let v: Value =
+            serde_json::from_slice(&h.mock.recorder().requests().pop().unwrap().body).unwrap();
         v["messages"][0]["content"].as_str().unwrap().to_string()
     };
-    body_bytes(send(&c, post(&h.url("/v1/chat/completions"), chat_body("Q", false, 1), &[])).await).await;
+    body_bytes(
+        send(
+            &c,
+            post(
+                &h.url("/v1/chat/completions"),
+                chat_body("Q", false, 1),
+                &[],
+            ),
+        )
+        .await,
+    )
+    .await;
     assert_eq!(content(&h), "Q", "profiling by default: no marker");
     let put = http::Request::builder()
         .method(http::Method::PUT)
         .uri(h.admin_url("/phase"))
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"warmup")))
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            b"warmup",
+        )))
         .unwrap();
     assert_eq!(send(&c, put).await.status(), StatusCode::OK);
-    body_bytes(send(&c, post(&h.url("/v1/chat/completions"), chat_body("Q", false, 1), &[])).await).await;
+    body_bytes(
+        send(
+            &c,
+            post(
+                &h.url("/v1/chat/completions"),
+                chat_body("Q", false, 1),
+                &[],
+            ),
+        )
+        .await,
+    )
+    .await;
     assert_eq!(content(&h), "[warmup]\n\nQ", "after PUT /phase warmup");
     // A request's own header still wins over the default.
     let hdr = [("x-kvbust-phase", "profiling")];
-    body_bytes(send(&c, post(&h.url("/v1/chat/completions"), chat_body("Q", false, 1), &hdr)).await).await;
+    body_bytes(
+        send(
+            &c,
+            post(
+                &h.url("/v1/chat/completions"),
+                chat_body("Q", false, 1),
+                &hdr,
+            ),
+        )
+        .await,
+    )
+    .await;
     assert_eq!(content(&h), "Q");
     h.shutdown().await;
 }

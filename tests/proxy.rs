@@ -489,3 +489,45 @@ async fn bad_phase_header_is_a_400() {
     assert!(h.mock.recorder().requests().is_empty());
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn total_timeout_cuts_a_stream_and_bounds_the_wait_for_headers() {
+    let h = start(|c| c.upstream.total_timeout = Some(Duration::from_millis(400))).await;
+    let req = post(
+        &h.url("/v1/chat/completions"),
+        chat_body("long", true, 200),
+        &[("x-mock-inter-token", "50ms")],
+    );
+    let resp = send(&h1(), req).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let mut events = 0;
+    let cut = loop {
+        match tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .unwrap()
+        {
+            Some(Ok(_)) => events += 1,
+            Some(Err(_)) => break true,
+            None => break false,
+        }
+    };
+    assert!(cut, "the stream was cut");
+    assert!(events > 1 && events < 200, "{events} events before the cut");
+    let resp = send(
+        &h1(),
+        post(
+            &h.url("/v1/chat/completions"),
+            chat_body("x", false, 1),
+            &[("x-mock-first-token-delay", "3s")],
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_streams_aborted_total{reason=\"total_timeout\"} 1"),
+        "{m}"
+    );
+    h.shutdown().await;
+}

@@ -266,14 +266,21 @@ impl Proxy {
 
         let overhead = start.elapsed();
         self.rt.metrics.overhead.observe(overhead.as_secs_f64());
-        let timeout = cfg.upstream.first_byte_timeout;
+        // Headers must come within first_byte_timeout, and within what is left of the total.
+        let (timeout, stage, after) = match cfg.upstream.total_timeout {
+            Some(total) if total.saturating_sub(overhead) < cfg.upstream.first_byte_timeout => (
+                total.saturating_sub(overhead),
+                "respond (upstream.total_timeout)",
+                total,
+            ),
+            _ => (
+                cfg.upstream.first_byte_timeout,
+                "send response headers",
+                cfg.upstream.first_byte_timeout,
+            ),
+        };
         let resp = match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
-            Err(_) => {
-                return Err(ProxyError::UpstreamTimeout {
-                    stage: "send response headers",
-                    after: timeout,
-                })
-            }
+            Err(_) => return Err(ProxyError::UpstreamTimeout { stage, after }),
             Ok(Err(e)) => {
                 return Err(forward::classify(
                     e,
@@ -322,7 +329,13 @@ impl Proxy {
             content_type,
             scan_limit,
         );
-        let body = Observed::new(rbody, cfg.upstream.idle_timeout, observer).boxed();
+        let body = Observed::new(
+            rbody,
+            cfg.upstream.idle_timeout,
+            cfg.upstream.total_timeout.map(|t| (t, start)),
+            observer,
+        )
+        .boxed();
         Ok(Response::from_parts(rparts, body))
     }
 }

@@ -313,16 +313,34 @@ pin_project! {
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
+        // `upstream.total_timeout`: the whole exchange, headers included, must end by then.
+        deadline: Option<(Pin<Box<Sleep>>, Duration)>,
         observer: Observer,
     }
 }
 
+/// Raised when the whole exchange outlives `upstream.total_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("response not finished within {0:?} (upstream.total_timeout)")]
+pub struct TotalTimeout(pub Duration);
+
 impl<B> Observed<B> {
-    pub fn new(inner: B, idle_timeout: Duration, observer: Observer) -> Self {
+    /// `total`: the total timeout and when the request started, if one is configured.
+    pub fn new(
+        inner: B,
+        idle_timeout: Duration,
+        total: Option<(Duration, Instant)>,
+        observer: Observer,
+    ) -> Self {
+        let deadline = total.map(|(t, start)| {
+            let at = tokio::time::Instant::from_std(start + t);
+            (Box::pin(tokio::time::sleep_until(at)), t)
+        });
         Self {
             inner,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
+            deadline,
             observer,
         }
     }
@@ -377,6 +395,17 @@ where
                         .error("upstream", "upstream_idle_timeout");
                     this.observer.abort("idle_timeout");
                     return Poll::Ready(Some(Err(Box::new(err))));
+                }
+                if let Some((sleep, total)) = this.deadline.as_mut() {
+                    if sleep.as_mut().poll(cx).is_ready() {
+                        let err = TotalTimeout(*total);
+                        tracing::warn!(route = this.observer.route, "{err}; closing the response");
+                        this.observer
+                            .metrics
+                            .error("upstream", "upstream_total_timeout");
+                        this.observer.abort("total_timeout");
+                        return Poll::Ready(Some(Err(Box::new(err))));
+                    }
                 }
                 Poll::Pending
             }
