@@ -246,20 +246,20 @@ fn unparseable(e: RewriteError, rt: &Runtime) -> Result<Rewritten, ProxyError> {
     }
 }
 
+/// A header source's session key; `None` for body sources.
+fn header_source(source: SessionSource, headers: &HeaderMap) -> Option<String> {
+    let name = match source {
+        SessionSource::XCorrelationId => "x-correlation-id",
+        SessionSource::XSessionId => "x-session-id",
+        SessionSource::BodyUser | SessionSource::FirstUserTurn => return None,
+    };
+    non_empty(headers.get(name).and_then(|v| v.to_str().ok()))
+}
+
 /// The session key from the header sources alone (for synthetic requests, whose body is not
 /// the client's own).
 pub fn header_session_key(sources: &[SessionSource], headers: &HeaderMap) -> Option<String> {
-    sources.iter().find_map(|s| match s {
-        SessionSource::XCorrelationId => non_empty(
-            headers
-                .get("x-correlation-id")
-                .and_then(|v| v.to_str().ok()),
-        ),
-        SessionSource::XSessionId => {
-            non_empty(headers.get("x-session-id").and_then(|v| v.to_str().ok()))
-        }
-        _ => None,
-    })
+    sources.iter().find_map(|s| header_source(*s, headers))
 }
 
 /// The first configured source that yields a session key.
@@ -270,16 +270,9 @@ fn session_key(
     user_context: usize,
 ) -> Option<String> {
     sources.iter().find_map(|s| match s {
-        SessionSource::XCorrelationId => non_empty(
-            headers
-                .get("x-correlation-id")
-                .and_then(|v| v.to_str().ok()),
-        ),
-        SessionSource::XSessionId => {
-            non_empty(headers.get("x-session-id").and_then(|v| v.to_str().ok()))
-        }
         SessionSource::BodyUser => non_empty(parsed.user_field()),
         SessionSource::FirstUserTurn => parsed.first_user_turn_hash(user_context),
+        header => header_source(*header, headers),
     })
 }
 

@@ -18,41 +18,16 @@ pub fn path(dir: &Path, tokenizer_fingerprint: &str, text: &str) -> PathBuf {
     dir.join(format!("coding-ids-v1-{fp}-{}.bin", &text_hash[..16]))
 }
 
-/// Layout (the sonnet id cache's, [`SonnetCorpus::to_cache_bytes`]): 32-byte sha256 of the rest, then little-endian u32s: the number of joins, the joins,
-/// then the token ids.
+/// Reads an entry in the sonnet id cache's layout ([`SonnetCorpus::to_cache_bytes`]); `None`
+/// when missing or corrupt.
 pub fn read(path: &Path) -> Option<(Vec<u32>, Vec<usize>)> {
-    let bytes = std::fs::read(path).ok()?;
-    if bytes.len() < 36 || (bytes.len() - 32) % 4 != 0 {
-        return None;
-    }
-    let (sum, body) = bytes.split_at(32);
-    if Sha256::digest(body).as_slice() != sum {
-        return None;
-    }
-    let words: Vec<u32> = body
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let n_joins = *words.first()? as usize;
-    if words.len() < 1 + n_joins {
-        return None;
-    }
-    let joins = words[1..1 + n_joins].iter().map(|&j| j as usize).collect();
-    Some((words[1 + n_joins..].to_vec(), joins))
+    let c = crate::synth::corpus::sonnet::read_cache(path)?;
+    Some((c.tokens().to_vec(), c.joins().to_vec()))
 }
 
-/// Writes an entry atomically (temp file + rename) in the sonnet cache's layout; failures are
-/// ignored.
+/// Writes an entry atomically in the sonnet cache's layout; failures are ignored.
 pub fn write(path: &Path, corpus: &SonnetCorpus) {
-    let bytes = corpus.to_cache_bytes();
-    let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, &bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    crate::synth::corpus::sonnet::write_cache(path, corpus);
 }
 
 #[cfg(test)]

@@ -219,7 +219,7 @@ fn cache_path(dir: &Path, text: &str, tokenizer: &Tokenizer) -> PathBuf {
 
 /// File layout: 32-byte sha256 of the rest, then little-endian u32s: the number of joins, the
 /// joins, then the ids.
-fn read_cache(path: &Path) -> Option<SonnetCorpus> {
+pub(crate) fn read_cache(path: &Path) -> Option<SonnetCorpus> {
     parse_cache(&std::fs::read(path).ok()?)
 }
 
@@ -246,7 +246,8 @@ fn parse_cache(bytes: &[u8]) -> Option<SonnetCorpus> {
     ))
 }
 
-fn write_cache(path: &Path, corpus: &SonnetCorpus) {
+/// Writes an entry atomically (temp file + rename); failures are ignored (it is only a cache).
+pub(crate) fn write_cache(path: &Path, corpus: &SonnetCorpus) {
     let bytes = corpus.to_cache_bytes();
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
