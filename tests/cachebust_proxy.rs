@@ -308,6 +308,21 @@ async fn bad_bodies_and_headers_are_400_or_passed_through_when_configured() {
         assert_eq!(v["error"]["code"], *code, "{body}: {v}");
         assert!(v["error"]["message"].as_str().unwrap().len() > 10);
     }
+    let gz = post(
+        &h.url("/v1/chat/completions"),
+        &b"\x1f\x8b\x08\x00"[..],
+        &[("content-encoding", "gzip")],
+    );
+    let resp = send(&c, gz).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let v = json(resp).await;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("content-encoding: gzip"),
+        "{v}"
+    );
     assert_eq!(
         h.mock.recorder().requests_total(),
         0,

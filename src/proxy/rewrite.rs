@@ -154,6 +154,16 @@ pub fn apply(
     session: Option<&str>,
 ) -> Result<Rewritten, ProxyError> {
     let cfg = &rt.config.cache_bust;
+    if let Some(enc) = headers.get(http::header::CONTENT_ENCODING) {
+        let enc = enc.to_str().unwrap_or("?").trim();
+        if !enc.eq_ignore_ascii_case("identity") {
+            // kvbust does not decompress: a compressed body cannot be marked.
+            return unparseable_because(
+                format!("the body is compressed (content-encoding: {enc}); send it uncompressed"),
+                rt,
+            );
+        }
+    }
     let parsed = match parse(shape, body) {
         Ok(p) => p,
         Err(e) => return unparseable(e, rt),
@@ -233,6 +243,10 @@ fn unparseable(e: RewriteError, rt: &Runtime) -> Result<Rewritten, ProxyError> {
     if !e.is_client_error() {
         return Err(ProxyError::Internal(format!("cache-bust engine: {e}")));
     }
+    unparseable_because(e.to_string(), rt)
+}
+
+fn unparseable_because(e: String, rt: &Runtime) -> Result<Rewritten, ProxyError> {
     match rt.config.cache_bust.on_unparseable {
         OnUnparseable::Reject => Err(ProxyError::bad_request(
             "invalid_body",
