@@ -28,6 +28,7 @@ pub struct Config {
     pub observe: ObserveConfig,
     pub mock: MockConfig,
     pub synth: SynthConfig,
+    pub headers: HeaderNames,
     pub log: LogConfig,
 }
 
@@ -307,6 +308,72 @@ impl Default for SynthConfig {
             placeholder_seed: None,
             dataset: None,
         }
+    }
+}
+
+/// Names of the request headers kvbust reads. The kvbust ones (and every `x-kvbust-*`
+/// header) are removed before forwarding; the two session headers pass through.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeaderNames {
+    pub phase: String,
+    pub target: String,
+    pub benchmark_id: String,
+    pub trace_id: String,
+    pub recycle_pass: String,
+    pub trajectory_index: String,
+    pub user_context_messages: String,
+    pub synth: String,
+    pub correlation_id: String,
+    pub session_id: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        let s = |v: &str| v.to_string();
+        Self {
+            phase: s("x-kvbust-phase"),
+            target: s("x-kvbust-target"),
+            benchmark_id: s("x-kvbust-benchmark-id"),
+            trace_id: s("x-kvbust-trace-id"),
+            recycle_pass: s("x-kvbust-recycle-pass"),
+            trajectory_index: s("x-kvbust-trajectory-index"),
+            user_context_messages: s("x-kvbust-user-context-messages"),
+            synth: s("x-kvbust-synth"),
+            correlation_id: s("x-correlation-id"),
+            session_id: s("x-session-id"),
+        }
+    }
+}
+
+impl HeaderNames {
+    fn all(&self) -> [(&'static str, &String); 10] {
+        [
+            ("phase", &self.phase),
+            ("target", &self.target),
+            ("benchmark_id", &self.benchmark_id),
+            ("trace_id", &self.trace_id),
+            ("recycle_pass", &self.recycle_pass),
+            ("trajectory_index", &self.trajectory_index),
+            ("user_context_messages", &self.user_context_messages),
+            ("synth", &self.synth),
+            ("correlation_id", &self.correlation_id),
+            ("session_id", &self.session_id),
+        ]
+    }
+
+    /// The kvbust control headers, which never reach the upstream.
+    pub fn control(&self) -> [&str; 8] {
+        [
+            &self.phase,
+            &self.target,
+            &self.benchmark_id,
+            &self.trace_id,
+            &self.recycle_pass,
+            &self.trajectory_index,
+            &self.user_context_messages,
+            &self.synth,
+        ]
     }
 }
 
@@ -674,6 +741,16 @@ impl Config {
                 return Err(ConfigError::new(
                     "cache_bust.benchmark_id",
                     "must not be empty; omit it for a random id",
+                ));
+            }
+        }
+        for (key, name) in self.headers.all() {
+            let ok = http::HeaderName::from_bytes(name.as_bytes()).is_ok()
+                && name.bytes().all(|b| !b.is_ascii_uppercase());
+            if !ok {
+                return Err(ConfigError::new(
+                    format!("headers.{key}"),
+                    format!("`{name}` is not a lowercase HTTP header name"),
                 ));
             }
         }

@@ -513,3 +513,58 @@ async fn admin_phase_flip_changes_what_the_next_requests_get() {
     assert_eq!(content(&h), "Q");
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn header_names_are_configurable() {
+    let h = start(|c| {
+        c.cache_bust.target = Target::FirstTurnPrefix;
+        c.headers.phase = "x-bench-phase".into();
+        c.headers.correlation_id = "x-conversation".into();
+    })
+    .await;
+    let c = h1();
+    let send_as = |conv: &'static str| {
+        post(
+            &h.url("/v1/chat/completions"),
+            chat_body("Q", false, 1),
+            &[("x-bench-phase", "warmup"), ("x-conversation", conv)],
+        )
+    };
+    let first = send(&c, send_as("conv-1")).await;
+    assert_eq!(first.headers()["x-kvbust-phase"], "warmup");
+    let rid1 = first.headers()["x-kvbust-rid"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    body_bytes(first).await;
+    let again = send(&c, send_as("conv-1")).await;
+    assert_eq!(
+        again.headers()["x-kvbust-rid"].to_str().unwrap(),
+        rid1,
+        "same session, same mark"
+    );
+    body_bytes(again).await;
+    let got = h.mock.recorder().requests().pop().unwrap();
+    assert!(
+        !got.headers.contains_key("x-bench-phase"),
+        "a renamed control header is not forwarded"
+    );
+    assert_eq!(
+        got.headers["x-conversation"], "conv-1",
+        "session headers pass through"
+    );
+    let expect = build_marker(
+        Target::FirstTurnPrefix,
+        Phase::Warmup,
+        &DigestInputs {
+            benchmark_id: "0123456789ab".into(),
+            recycle_pass: 0,
+            trajectory_index: 0,
+            trace_id: "conv-1".into(),
+        },
+    )
+    .unwrap();
+    let v: Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(v["messages"][0]["content"], format!("{expect}Q"));
+    h.shutdown().await;
+}

@@ -231,16 +231,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Prepares a client request's headers for the upstream.
+/// `control`: kvbust's own request headers (configurable names), removed like every
+/// `x-kvbust-*` header.
 pub fn upstream_request_headers(
     headers: &mut HeaderMap,
     peer: SocketAddr,
     tls: bool,
     keep_host: bool,
+    control: &[&str],
 ) {
     strip_hop_by_hop(headers);
     let kvbust: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| k.as_str().starts_with("x-kvbust-"))
+        .filter(|k| k.as_str().starts_with("x-kvbust-") || control.contains(&k.as_str()))
         .cloned()
         .collect();
     for k in kvbust {
@@ -343,7 +346,14 @@ mod tests {
         h.insert("x-correlation-id", HeaderValue::from_static("abc"));
         h.insert("authorization", HeaderValue::from_static("Bearer t"));
         h.insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
-        upstream_request_headers(&mut h, "10.1.1.1:5555".parse().unwrap(), false, false);
+        h.insert("x-bench-phase", HeaderValue::from_static("warmup"));
+        upstream_request_headers(
+            &mut h,
+            "10.1.1.1:5555".parse().unwrap(),
+            false,
+            false,
+            &["x-bench-phase"],
+        );
         for gone in [
             "connection",
             "x-secret-hop",
@@ -351,6 +361,7 @@ mod tests {
             "transfer-encoding",
             "host",
             "x-kvbust-phase",
+            "x-bench-phase",
         ] {
             assert!(!h.contains_key(gone), "{gone} should be removed");
         }
@@ -364,7 +375,7 @@ mod tests {
     fn keep_host_keeps_it() {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("proxy:8080"));
-        upstream_request_headers(&mut h, "[::1]:1".parse().unwrap(), true, true);
+        upstream_request_headers(&mut h, "[::1]:1".parse().unwrap(), true, true, &[]);
         assert_eq!(h["host"], "proxy:8080");
         assert_eq!(h["x-forwarded-for"], "::1");
         assert_eq!(h["x-forwarded-proto"], "https");

@@ -202,11 +202,11 @@ impl Proxy {
             ex.phase = decision.phase.as_str();
             ex.target = decision.target.as_str();
             ex.phase_header = Some(decision.phase.as_str());
-            let synth = synthesize::wants_synthesis(&parts.headers, parts.uri.path(), &cfg.synth)?;
+            let synth = synthesize::wants_synthesis(&parts.headers, parts.uri.path(), cfg)?;
             if synth && shape != Shape::Chat {
                 return Err(ProxyError::bad_request(
                     "synthesis_unsupported",
-                    format!("{} works on /v1/chat/completions only", synthesize::H_SYNTH),
+                    format!("{} works on /v1/chat/completions only", cfg.headers.synth),
                 ));
             }
             let scan = shape == Shape::Chat && cfg.synth.placeholders;
@@ -220,6 +220,7 @@ impl Proxy {
                     let key = rewrite::header_session_key(
                         &cfg.cache_bust.session_sources,
                         &parts.headers,
+                        &cfg.headers,
                     );
                     let filled = self.synth.fill(&bytes, key.as_deref()).await?;
                     // AIPerf's placement: first-turn targets skip the user-context message.
@@ -258,7 +259,13 @@ impl Proxy {
             }
         }
 
-        forward::upstream_request_headers(&mut parts.headers, peer, tls, cfg.upstream.keep_host);
+        forward::upstream_request_headers(
+            &mut parts.headers,
+            peer,
+            tls,
+            cfg.upstream.keep_host,
+            &cfg.headers.control(),
+        );
         parts.uri = uri;
         // The client picks the wire version per connection (ALPN / prior knowledge).
         parts.version = http::Version::HTTP_11;

@@ -9,17 +9,9 @@ use crate::cachebust::{
     build_marker, digest, parse, DigestInputs, ListParts, Location, Phase, Plan, RewriteError,
     Shape, Target,
 };
-use crate::config::{ListPartsMode, OnUnparseable, SessionSource};
+use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::ProxyError;
 use crate::runtime::Runtime;
-
-pub const H_PHASE: &str = "x-kvbust-phase";
-pub const H_TARGET: &str = "x-kvbust-target";
-pub const H_BENCHMARK_ID: &str = "x-kvbust-benchmark-id";
-pub const H_TRACE_ID: &str = "x-kvbust-trace-id";
-pub const H_RECYCLE_PASS: &str = "x-kvbust-recycle-pass";
-pub const H_TRAJECTORY_INDEX: &str = "x-kvbust-trajectory-index";
-pub const H_USER_CONTEXT: &str = "x-kvbust-user-context-messages";
 
 /// What a request asks for, decided from its headers before its body is read.
 #[derive(Debug, Clone)]
@@ -55,36 +47,38 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Pro
 
 pub fn decide(headers: &HeaderMap, rt: &Runtime) -> Result<Decision, ProxyError> {
     let cfg = &rt.config.cache_bust;
-    let phase = match header(headers, H_PHASE)? {
+    let names = &rt.config.headers;
+    let (h_phase, h_target, h_ctx) = (&names.phase, &names.target, &names.user_context_messages);
+    let phase = match header(headers, h_phase)? {
         Some(v) => v
             .parse::<Phase>()
-            .map_err(|e| ProxyError::bad_request("invalid_phase", format!("{H_PHASE}: {e}")))?,
+            .map_err(|e| ProxyError::bad_request("invalid_phase", format!("{h_phase}: {e}")))?,
         None => rt.unphased_request_phase(),
     };
-    let target = match header(headers, H_TARGET)? {
+    let target = match header(headers, h_target)? {
         Some(v) if cfg.allow_target_header => v
             .parse::<Target>()
-            .map_err(|e| ProxyError::bad_request("invalid_target", format!("{H_TARGET}: {e}")))?,
+            .map_err(|e| ProxyError::bad_request("invalid_target", format!("{h_target}: {e}")))?,
         Some(_) => {
             return Err(ProxyError::bad_request(
                 "target_header_disabled",
                 format!(
-                    "{H_TARGET} is disabled on this proxy (cache_bust.allow_target_header = false)"
+                    "{h_target} is disabled on this proxy (cache_bust.allow_target_header = false)"
                 ),
             ))
         }
         None => cfg.target,
     };
-    let user_context_messages = match header(headers, H_USER_CONTEXT)? {
+    let user_context_messages = match header(headers, h_ctx)? {
         Some(v) => v.parse::<usize>().map_err(|_| {
             ProxyError::bad_request(
                 "invalid_header",
-                format!("{H_USER_CONTEXT} must be a non-negative integer, got `{v}`"),
+                format!("{h_ctx} must be a non-negative integer, got `{v}`"),
             )
         })?,
         None => cfg.user_context_messages,
     };
-    let explicit = explicit_inputs(headers, &rt.benchmark_id)?;
+    let explicit = explicit_inputs(headers, names, &rt.benchmark_id)?;
     Ok(Decision {
         phase,
         target,
@@ -96,6 +90,7 @@ pub fn decide(headers: &HeaderMap, rt: &Runtime) -> Result<Decision, ProxyError>
 /// Digest inputs given as headers. A trace id is required for the others to mean anything.
 fn explicit_inputs(
     headers: &HeaderMap,
+    names: &HeaderNames,
     benchmark_id: &str,
 ) -> Result<Option<DigestInputs>, ProxyError> {
     let number = |name: &str| -> Result<Option<i64>, ProxyError> {
@@ -110,14 +105,17 @@ fn explicit_inputs(
             })
             .transpose()
     };
-    let recycle_pass = number(H_RECYCLE_PASS)?;
-    let trajectory_index = number(H_TRAJECTORY_INDEX)?;
-    let bid = header(headers, H_BENCHMARK_ID)?;
-    let Some(trace_id) = header(headers, H_TRACE_ID)? else {
+    let recycle_pass = number(&names.recycle_pass)?;
+    let trajectory_index = number(&names.trajectory_index)?;
+    let bid = header(headers, &names.benchmark_id)?;
+    let Some(trace_id) = header(headers, &names.trace_id)? else {
         if recycle_pass.is_some() || trajectory_index.is_some() || bid.is_some() {
             return Err(ProxyError::bad_request(
                 "invalid_digest_header",
-                format!("{H_BENCHMARK_ID}/{H_RECYCLE_PASS}/{H_TRAJECTORY_INDEX} need {H_TRACE_ID} as well"),
+                format!(
+                    "{}/{}/{} need {} as well",
+                    names.benchmark_id, names.recycle_pass, names.trajectory_index, names.trace_id
+                ),
             ));
         }
         return Ok(None);
@@ -125,7 +123,7 @@ fn explicit_inputs(
     if trace_id.is_empty() {
         return Err(ProxyError::bad_request(
             "invalid_digest_header",
-            format!("{H_TRACE_ID} must not be empty"),
+            format!("{} must not be empty", names.trace_id),
         ));
     }
     Ok(Some(DigestInputs {
@@ -179,6 +177,7 @@ pub fn apply(
                     None => session_key(
                         &cfg.session_sources,
                         headers,
+                        &rt.config.headers,
                         &parsed,
                         d.user_context_messages,
                     )
@@ -261,32 +260,43 @@ fn unparseable_because(e: String, rt: &Runtime) -> Result<Rewritten, ProxyError>
 }
 
 /// A header source's session key; `None` for body sources.
-fn header_source(source: SessionSource, headers: &HeaderMap) -> Option<String> {
+fn header_source(
+    source: SessionSource,
+    headers: &HeaderMap,
+    names: &HeaderNames,
+) -> Option<String> {
     let name = match source {
-        SessionSource::XCorrelationId => "x-correlation-id",
-        SessionSource::XSessionId => "x-session-id",
+        SessionSource::XCorrelationId => &names.correlation_id,
+        SessionSource::XSessionId => &names.session_id,
         SessionSource::BodyUser | SessionSource::FirstUserTurn => return None,
     };
-    non_empty(headers.get(name).and_then(|v| v.to_str().ok()))
+    non_empty(headers.get(name.as_str()).and_then(|v| v.to_str().ok()))
 }
 
 /// The session key from the header sources alone (for synthetic requests, whose body is not
 /// the client's own).
-pub fn header_session_key(sources: &[SessionSource], headers: &HeaderMap) -> Option<String> {
-    sources.iter().find_map(|s| header_source(*s, headers))
+pub fn header_session_key(
+    sources: &[SessionSource],
+    headers: &HeaderMap,
+    names: &HeaderNames,
+) -> Option<String> {
+    sources
+        .iter()
+        .find_map(|s| header_source(*s, headers, names))
 }
 
 /// The first configured source that yields a session key.
 fn session_key(
     sources: &[SessionSource],
     headers: &HeaderMap,
+    names: &HeaderNames,
     parsed: &crate::cachebust::Parsed<'_>,
     user_context: usize,
 ) -> Option<String> {
     sources.iter().find_map(|s| match s {
         SessionSource::BodyUser => non_empty(parsed.user_field()),
         SessionSource::FirstUserTurn => parsed.first_user_turn_hash(user_context),
-        header => header_source(*header, headers),
+        header => header_source(*header, headers, names),
     })
 }
 

@@ -14,7 +14,7 @@ use serde::de::{MapAccess, Visitor};
 use serde::Deserializer as _;
 use serde_json::value::RawValue;
 
-use crate::config::SynthConfig;
+use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
 use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
 use crate::synth::{
@@ -22,7 +22,6 @@ use crate::synth::{
     SynthParams, Tokenizer,
 };
 
-pub const H_SYNTH: &str = "x-kvbust-synth";
 const PLACEHOLDER_OPEN: &[u8] = b"{{kvbust:";
 /// Largest prompt a placeholder may ask for.
 const MAX_PLACEHOLDER_TOKENS: usize = 1 << 20;
@@ -264,15 +263,16 @@ fn memfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
 pub fn wants_synthesis(
     headers: &http::HeaderMap,
     path: &str,
-    cfg: &SynthConfig,
+    config: &Config,
 ) -> Result<bool, ProxyError> {
-    match headers.get(H_SYNTH).map(|v| v.to_str().map(str::trim)) {
+    let (cfg, name) = (&config.synth, config.headers.synth.as_str());
+    match headers.get(name).map(|v| v.to_str().map(str::trim)) {
         Some(Ok("1" | "true" | "yes")) => return Ok(true),
         Some(Ok("0" | "false" | "no")) => return Ok(false),
         Some(_) => {
             return Err(ProxyError::bad_request(
                 "invalid_header",
-                format!("{H_SYNTH} must be 1 or 0"),
+                format!("{name} must be 1 or 0"),
             ));
         }
         None => {}
