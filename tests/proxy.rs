@@ -355,43 +355,19 @@ async fn mock_prefix_cache_is_visible_through_the_proxy() {
             .as_u64()
             .unwrap()
     };
-    let first = json(
-        send(
-            &client,
-            post(
-                &h.url("/v1/chat/completions"),
-                chat_body(&long, false, 2),
-                &[],
-            ),
-        )
-        .await,
-    )
-    .await;
-    let second = json(
-        send(
-            &client,
-            post(
-                &h.url("/v1/chat/completions"),
-                chat_body(&long, false, 2),
-                &[],
-            ),
-        )
-        .await,
-    )
-    .await;
+    let ask = |content: String| {
+        let req = post(
+            &h.url("/v1/chat/completions"),
+            chat_body(&content, false, 2),
+            &[],
+        );
+        let client = client.clone();
+        async move { json(send(&client, req).await).await }
+    };
+    let first = ask(long.clone()).await;
+    let second = ask(long.clone()).await;
     let changed = format!("XX{}", &long[2..]);
-    let third = json(
-        send(
-            &client,
-            post(
-                &h.url("/v1/chat/completions"),
-                chat_body(&changed, false, 2),
-                &[],
-            ),
-        )
-        .await,
-    )
-    .await;
+    let third = ask(changed).await;
     assert_eq!(cached(&first), 0);
     assert!(
         cached(&second) > 0 && cached(&second) < second["usage"]["prompt_tokens"].as_u64().unwrap()

@@ -92,7 +92,6 @@ struct Exchange {
     phase: &'static str,
     target: &'static str,
     rid: Option<String>,
-    phase_header: Option<&'static str>,
 }
 
 impl Proxy {
@@ -148,7 +147,6 @@ impl Proxy {
             phase: "none",
             target: "none",
             rid: None,
-            phase_header: None,
         };
         let result = self.forward(req, peer, tls, start, &mut ex).await;
         let resp = match result {
@@ -201,7 +199,6 @@ impl Proxy {
             let mut decision = rewrite::decide(&parts.headers, &self.rt)?;
             ex.phase = decision.phase.as_str();
             ex.target = decision.target.as_str();
-            ex.phase_header = Some(decision.phase.as_str());
             let synth = synthesize::wants_synthesis(&parts.headers, parts.uri.path(), cfg)?;
             if synth && shape != Shape::Chat {
                 return Err(ProxyError::bad_request(
@@ -307,12 +304,11 @@ impl Proxy {
             if let Ok(v) = HeaderValue::from_str(rid) {
                 h.insert(HeaderName::from_static("x-kvbust-rid"), v);
             }
-            if let Some(p) = ex.phase_header {
-                h.insert(
-                    HeaderName::from_static("x-kvbust-phase"),
-                    HeaderValue::from_static(p),
-                );
-            }
+            // On API routes the phase was decided before forwarding.
+            h.insert(
+                HeaderName::from_static("x-kvbust-phase"),
+                HeaderValue::from_static(ex.phase),
+            );
             h.insert(
                 HeaderName::from_static("x-kvbust-overhead-us"),
                 HeaderValue::from(overhead.as_micros() as u64),

@@ -174,6 +174,7 @@ pub fn apply(
             None => {
                 let key = match session {
                     Some(s) => s.to_string(),
+                    // No identity at all: a random key, so each such request gets its own marker.
                     None => session_key(
                         &cfg.session_sources,
                         headers,
@@ -181,7 +182,9 @@ pub fn apply(
                         &parsed,
                         d.user_context_messages,
                     )
-                    .unwrap_or_else(|| format!("anonymous-{}", uuid_like())),
+                    .unwrap_or_else(|| {
+                        format!("anonymous-{}", crate::cachebust::random_benchmark_id())
+                    }),
                 };
                 let c = rt.resolve_session(&key) as i64;
                 DigestInputs {
@@ -304,9 +307,4 @@ fn non_empty(v: Option<&str>) -> Option<String> {
     v.map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_string)
-}
-
-/// A random key for requests with no session identity at all: each gets its own marker.
-fn uuid_like() -> String {
-    crate::cachebust::random_benchmark_id()
 }
