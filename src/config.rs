@@ -292,6 +292,13 @@ pub struct SynthConfig {
     pub placeholder_corpus: crate::synth::PromptCorpus,
     /// Seed of the placeholder prompt streams; none → random at start.
     pub placeholder_seed: Option<u64>,
+    /// Most placeholders one request may hold; more is a 400.
+    pub max_placeholders: usize,
+    /// Most tokens all placeholders of one request may ask for together; more is a 400.
+    pub max_placeholder_tokens: usize,
+    /// Prompts generated ahead per (corpus, length) once that placeholder has been seen
+    /// (lengths up to 16384 tokens); 0 → each prompt is made when a request asks for it.
+    pub placeholder_prefetch: usize,
     /// The dataset served to synthetic requests, with `kvbust synth`'s parameters (snake_case).
     /// Set → built at start; not set → built on first use with the defaults (sonnet, ISL 550,
     /// 100 entries, seed 0).
@@ -306,6 +313,9 @@ impl Default for SynthConfig {
             placeholders: true,
             placeholder_corpus: crate::synth::PromptCorpus::Sonnet,
             placeholder_seed: None,
+            max_placeholders: 64,
+            max_placeholder_tokens: 131_072,
+            placeholder_prefetch: 4,
             dataset: None,
         }
     }
@@ -723,6 +733,20 @@ impl Config {
                 "limits.max_body",
                 "must be greater than zero (e.g. \"64MiB\")",
             ));
+        }
+        for (key, n) in [
+            ("synth.max_placeholders", self.synth.max_placeholders),
+            (
+                "synth.max_placeholder_tokens",
+                self.synth.max_placeholder_tokens,
+            ),
+        ] {
+            if n == 0 {
+                return Err(ConfigError::new(
+                    key,
+                    "must be at least 1; set synth.placeholders = false to turn placeholders off",
+                ));
+            }
         }
         if self.cache_bust.ledger_capacity == 0 {
             return Err(ConfigError::new(

@@ -234,3 +234,56 @@ async fn malformed_placeholders_and_synthesis_off_chat_are_400() {
     assert_eq!(h.mock.recorder().requests_total(), 0);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn placeholder_amplifiers_are_refused_and_nothing_is_forwarded() {
+    let h = start(|c| c.limits.max_body = kvbust::config::ByteSize(16 << 10)).await;
+    let client = h1();
+    let ask = |content: String| {
+        let body =
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{content}"}}]}}"#);
+        post(&h.url("/v1/chat/completions"), body, &[])
+    };
+    // More placeholders than synth.max_placeholders (64).
+    let resp = send(&client, ask("{{kvbust:prompt:1:random}}".repeat(65))).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let v = json(resp).await;
+    assert_eq!(v["error"]["code"], "placeholder_limit");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("synth.max_placeholders"));
+    // More tokens together than synth.max_placeholder_tokens (131072).
+    let resp = send(
+        &client,
+        ask("{{kvbust:prompt:100000:random}} {{kvbust:prompt:40000:random}}".into()),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let v = json(resp).await;
+    assert_eq!(v["error"]["code"], "placeholder_limit");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("synth.max_placeholder_tokens"));
+    // Within both limits, but the expanded body would pass limits.max_body (16 KiB): a 413.
+    let resp = send(
+        &client,
+        ask("{{kvbust:prompt:6000:random}} {{kvbust:prompt:6000:random}}".into()),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let v = json(resp).await;
+    assert_eq!(v["error"]["code"], "body_too_large");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("limits.max_body"));
+    assert_eq!(h.mock.recorder().requests_total(), 0);
+    // A small placeholder still goes through.
+    let resp = send(&client, ask("{{kvbust:prompt:20:random}}".into())).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    body_bytes(resp).await;
+    assert_eq!(h.mock.recorder().requests_total(), 1);
+    h.shutdown().await;
+}

@@ -203,3 +203,40 @@ fn qwen3_byte_table_decode_equals_tokenizers() {
 fn llama_byte_table_decode_equals_tokenizers() {
     decode_agrees("llama3.2");
 }
+
+/// Random-corpus windows overlapping one another, so most of their pieces come from the piece
+/// memo filled by earlier windows (and by other lengths, cut at other places).
+fn overlapping_random_windows_agree(name: &str) {
+    let t = &load(name).tokenizer;
+    let v = t.vocab_size() as u32;
+    let mut rng = PyRandom::new(11);
+    for i in 0..240u32 {
+        let base = (v - 3000 + rng.randrange(6000) as u32) % v;
+        let k = 1 + rng.randrange(1500) as usize;
+        let ids: Vec<u32> = (0..k as u32).map(|j| (base + j) % v).collect();
+        let mut p = Pieces::opaque(ids);
+        if i % 4 == 3 {
+            // The fix-up's second round: a re-encode with random top-up ids appended.
+            let mut next = Pieces::canonical(full(t, &p.tokens));
+            let extra = (0..1 + i % 17).map(|_| rng.randrange(v as u64) as u32);
+            next.append(Pieces::opaque(extra.collect()));
+            p = next;
+        }
+        check(
+            t,
+            &p,
+            &format!("{name} overlapping window {base}+{k} ({i})"),
+        );
+    }
+    assert!(!t.piece_memo().is_empty());
+}
+
+#[test]
+fn qwen3_memoized_random_windows_equal_full() {
+    overlapping_random_windows_agree("qwen3");
+}
+
+#[test]
+fn llama_memoized_random_windows_equal_full() {
+    overlapping_random_windows_agree("llama3.2");
+}

@@ -98,8 +98,11 @@ impl Proxy {
     pub fn new(rt: Arc<Runtime>, upstream_url: &str) -> Result<Arc<Self>, String> {
         let upstream = Upstream::parse(upstream_url)?;
         let client = forward::build_client(&rt.config.upstream)?;
-        let synth =
-            synthesize::Synthesizer::new(rt.config.synth.clone(), rt.config.cache_bust.target);
+        let synth = synthesize::Synthesizer::with_max_body(
+            rt.config.synth.clone(),
+            rt.config.cache_bust.target,
+            rt.config.limits.max_body.as_u64(),
+        );
         Ok(Arc::new(Self {
             rt,
             client,

@@ -3,7 +3,6 @@
 //! placeholders. Splices into the client's bytes so every other member stays as sent; builds the
 //! dataset and prompt streams once, off the async threads. Never parses bodies that need neither.
 
-use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -16,15 +15,19 @@ use serde_json::value::RawValue;
 
 use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
-use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
+use crate::synth::corpus::sonnet::default_cache_dir;
+use crate::synth::placeholders::PromptLanes;
 use crate::synth::{
-    Conversation, Dataset, PromptCorpus, PromptStream, RandomCorpusStyle, SonnetCorpus,
-    SynthParams, Tokenizer,
+    Conversation, Dataset, PromptCorpus, RandomCorpusStyle, SynthParams, Tokenizer,
 };
 
 const PLACEHOLDER_OPEN: &[u8] = b"{{kvbust:";
-/// Largest prompt a placeholder may ask for.
+/// Largest prompt one placeholder may ask for (the per-request total is configured).
 const MAX_PLACEHOLDER_TOKENS: usize = 1 << 20;
+/// Longest placeholder text between `{{kvbust:` and `}}`; what is longer is not a placeholder.
+const MAX_PLACEHOLDER_INNER: usize = 64;
+/// Longest client text quoted in an error (bytes, before escaping).
+const MAX_EXCERPT: usize = 200;
 
 /// The byte ranges of a JSON object's members, in order. Keys are decoded; values stay raw.
 struct Members {
@@ -185,6 +188,18 @@ pub struct Placeholder {
 
 /// Finds `{{kvbust:prompt:N}}` / `{{kvbust:prompt:N:corpus}}` inside the `messages` value.
 pub fn find_placeholders(body: &[u8]) -> Result<Vec<Placeholder>, ProxyError> {
+    find_placeholders_limited(body, usize::MAX, usize::MAX)
+}
+
+/// [`find_placeholders`] that stops with a 400 as soon as there are more than `max_count`
+/// placeholders or they ask for more than `max_tokens` tokens together. A placeholder is only
+/// `[A-Za-z0-9:_-]` between the braces (so it always sits inside one JSON string); anything
+/// else after `{{kvbust:` is malformed, and the error quotes a bounded, escaped excerpt.
+pub fn find_placeholders_limited(
+    body: &[u8],
+    max_count: usize,
+    max_tokens: usize,
+) -> Result<Vec<Placeholder>, ProxyError> {
     if memfind(body, PLACEHOLDER_OPEN).is_none() {
         return Ok(Vec::new());
     }
@@ -192,19 +207,49 @@ pub fn find_placeholders(body: &[u8]) -> Result<Vec<Placeholder>, ProxyError> {
     let Some((_, region)) = m.items.iter().rev().find(|(k, _)| k == "messages") else {
         return Ok(Vec::new());
     };
-    let mut out = Vec::new();
+    let mut out: Vec<Placeholder> = Vec::new();
+    let mut total = 0usize;
     let mut at = region.start;
     while let Some(i) = memfind(&body[at..region.end], PLACEHOLDER_OPEN) {
         let start = at + i;
         let rest = &body[start..region.end];
-        let end = memfind(rest, b"}}").map(|j| start + j + 2);
-        let shown = |r: &[u8]| String::from_utf8_lossy(&r[..r.len().min(48)]).into_owned();
-        let Some(end) = end else {
-            return Err(malformed(&shown(rest), "it is not closed with `}}`"));
-        };
-        let text = std::str::from_utf8(&body[start..end])
-            .map_err(|_| malformed(&shown(rest), "not UTF-8"))?;
-        out.push(parse_placeholder(text, start..end)?);
+        let inner = rest[PLACEHOLDER_OPEN.len()..]
+            .iter()
+            .take(MAX_PLACEHOLDER_INNER + 1)
+            .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'_' | b'-'))
+            .count();
+        let end = start + PLACEHOLDER_OPEN.len() + inner;
+        if inner > MAX_PLACEHOLDER_INNER || !body[end..region.end].starts_with(b"}}") {
+            return Err(malformed(
+                rest,
+                "it is not closed with `}}` after at most 64 characters of [A-Za-z0-9:_-]",
+            ));
+        }
+        let end = end + 2;
+        // Only ASCII was accepted above, so this is UTF-8.
+        let text =
+            std::str::from_utf8(&body[start..end]).map_err(|_| malformed(rest, "not UTF-8"))?;
+        let p = parse_placeholder(text, start..end)?;
+        total = total.saturating_add(p.tokens);
+        if out.len() >= max_count {
+            return Err(ProxyError::bad_request(
+                "placeholder_limit",
+                format!(
+                    "the request holds more than synth.max_placeholders = {max_count} \
+                     placeholders; send fewer or raise the limit"
+                ),
+            ));
+        }
+        if total > max_tokens {
+            return Err(ProxyError::bad_request(
+                "placeholder_limit",
+                format!(
+                    "the placeholders ask for more than synth.max_placeholder_tokens = \
+                     {max_tokens} tokens together; ask for fewer or raise the limit"
+                ),
+            ));
+        }
+        out.push(p);
         at = end;
     }
     Ok(out)
@@ -248,11 +293,33 @@ fn parse_placeholder(text: &str, range: Range<usize>) -> Result<Placeholder, Pro
     })
 }
 
-fn malformed(text: &str, why: &str) -> ProxyError {
+fn malformed(text: impl AsRef<[u8]>, why: &str) -> ProxyError {
     ProxyError::bad_request(
         "invalid_placeholder",
-        format!("malformed placeholder `{text}`: {why}; write {{{{kvbust:prompt:N}}}} or {{{{kvbust:prompt:N:corpus}}}}"),
+        format!(
+            "malformed placeholder `{}`: {why}; write {{{{kvbust:prompt:N}}}} or {{{{kvbust:prompt:N:corpus}}}}",
+            excerpt(text.as_ref())
+        ),
     )
+}
+
+/// Client text fit to quote in an error or a log line: at most [`MAX_EXCERPT`] bytes, control
+/// characters (newlines included) escaped, `…` when cut.
+pub fn excerpt(text: &[u8]) -> String {
+    let cut = text.len() > MAX_EXCERPT;
+    let shown = String::from_utf8_lossy(&text[..text.len().min(MAX_EXCERPT)]);
+    let mut out = String::with_capacity(shown.len() + 8);
+    for c in shown.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if cut {
+        out.push('…');
+    }
+    out
 }
 
 fn memfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -289,13 +356,16 @@ struct Built {
     sessions: LruCache<String, (usize, usize)>,
 }
 
-/// The synthesis state of one proxy: tokenizer, dataset, prompt streams, built on first use.
+/// The synthesis state of one proxy: tokenizer, dataset, placeholder prompt lanes, built on
+/// first use.
 pub struct Synthesizer {
     cfg: SynthConfig,
     cache_bust: crate::cachebust::Target,
+    /// `limits.max_body`, re-checked on the body after placeholder expansion.
+    max_body: u64,
     tokenizer: tokio::sync::OnceCell<Arc<Tokenizer>>,
     dataset: tokio::sync::OnceCell<Arc<Mutex<Built>>>,
-    streams: Arc<Mutex<HashMap<&'static str, PromptStream>>>,
+    lanes: tokio::sync::OnceCell<Arc<PromptLanes>>,
 }
 
 /// What a synthetic fill produced.
@@ -306,13 +376,25 @@ pub struct Filled {
 }
 
 impl Synthesizer {
+    /// A synthesizer with the default `limits.max_body`; see [`Synthesizer::with_max_body`].
     pub fn new(cfg: SynthConfig, cache_bust: crate::cachebust::Target) -> Arc<Self> {
+        let max_body = crate::config::LimitsConfig::default().max_body.as_u64();
+        Self::with_max_body(cfg, cache_bust, max_body)
+    }
+
+    /// A synthesizer whose expanded bodies must stay within `max_body` bytes (`limits.max_body`).
+    pub fn with_max_body(
+        cfg: SynthConfig,
+        cache_bust: crate::cachebust::Target,
+        max_body: u64,
+    ) -> Arc<Self> {
         Arc::new(Self {
             cfg,
             cache_bust,
+            max_body,
             tokenizer: tokio::sync::OnceCell::new(),
             dataset: tokio::sync::OnceCell::new(),
-            streams: Arc::new(Mutex::new(HashMap::new())),
+            lanes: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -421,87 +503,80 @@ impl Synthesizer {
         })
     }
 
-    /// Expands every placeholder in `messages`; `None` when there is none.
+    async fn lanes(&self) -> Result<Arc<PromptLanes>, ProxyError> {
+        self.lanes
+            .get_or_try_init(|| async {
+                let tok = self.tokenizer().await?;
+                let style = self
+                    .cfg
+                    .dataset
+                    .as_ref()
+                    .map(|d| d.random_corpus_style)
+                    .unwrap_or(RandomCorpusStyle::Vllm);
+                Ok(PromptLanes::new(
+                    tok,
+                    style,
+                    self.cfg.placeholder_seed,
+                    self.cfg.placeholder_prefetch,
+                    default_cache_dir(),
+                ))
+            })
+            .await
+            .cloned()
+    }
+
+    /// Expands every placeholder in `messages`; `None` when there is none. Over
+    /// `synth.max_placeholders` / `synth.max_placeholder_tokens` is a 400, an expanded body over
+    /// `limits.max_body` a 413 (generation stops as soon as it would be).
     pub async fn expand(&self, body: &[u8]) -> Result<Option<Vec<u8>>, ProxyError> {
-        let found = find_placeholders(body)?;
+        let found = find_placeholders_limited(
+            body,
+            self.cfg.max_placeholders,
+            self.cfg.max_placeholder_tokens,
+        )?;
         if found.is_empty() {
             return Ok(None);
         }
-        let tok = self.tokenizer().await?;
-        let streams = self.streams.clone();
+        let lanes = self.lanes().await?;
         let default = self.cfg.placeholder_corpus;
-        let seed = self.cfg.placeholder_seed;
-        let style = self
-            .cfg
-            .dataset
-            .as_ref()
-            .map(|d| d.random_corpus_style)
-            .unwrap_or(RandomCorpusStyle::Vllm);
-        let wanted: Vec<(PromptCorpus, usize)> = found
-            .iter()
-            .map(|p| (p.corpus.unwrap_or(default), p.tokens))
-            .collect();
-        // Prompt generation is CPU work (and a corpus may need building): off the async threads.
-        let texts = blocking(move || {
-            let mut streams = streams.lock().unwrap_or_else(|p| p.into_inner());
-            wanted
-                .into_iter()
-                .map(|(corpus, n)| {
-                    let key = corpus_name(corpus);
-                    if !streams.contains_key(key) {
-                        streams.insert(key, new_stream(&tok, corpus, style, seed)?);
-                    }
-                    let stream = streams
-                        .get_mut(key)
-                        .ok_or_else(|| ProxyError::Internal("prompt stream vanished".into()))?;
-                    stream.prompt(n).map_err(|e| {
-                        ProxyError::Internal(format!("{key} prompt of {n} tokens: {e}"))
+        let too_large = || ProxyError::BodyTooLarge {
+            limit: self.max_body,
+        };
+        let mut size = body.len() as u64;
+        let mut edits = Vec::with_capacity(found.len());
+        // One placeholder at a time, each on its own lane: nothing here waits for another
+        // request's placeholders of other lengths, and a dropped request stops between two.
+        for p in &found {
+            let (corpus, n) = (p.corpus.unwrap_or(default), p.tokens);
+            let text = match lanes.try_take(corpus, n) {
+                Some(t) => t,
+                None => {
+                    let lanes = lanes.clone();
+                    blocking(move || {
+                        lanes.take(corpus, n).map_err(|e| {
+                            ProxyError::Internal(format!(
+                                "{} prompt of {n} tokens: {e}",
+                                corpus.name()
+                            ))
+                        })
                     })
-                })
-                .collect::<Result<Vec<String>, ProxyError>>()
-        })
-        .await?;
-        let edits = found
-            .iter()
-            .zip(texts)
-            .map(|(p, text)| {
-                let quoted = json_str(&text);
-                Edit {
-                    range: p.range.clone(),
-                    text: quoted[1..quoted.len() - 1].to_string(),
+                    .await?
                 }
-            })
-            .collect();
+            };
+            let quoted = json_str(&text);
+            let inner = &quoted[1..quoted.len() - 1];
+            size = size
+                .saturating_add(inner.len() as u64)
+                .saturating_sub(p.range.len() as u64);
+            if size > self.max_body {
+                return Err(too_large());
+            }
+            edits.push(Edit {
+                range: p.range.clone(),
+                text: inner.to_string(),
+            });
+        }
         Ok(Some(splice(body, edits)))
-    }
-}
-
-fn new_stream(
-    tok: &Arc<Tokenizer>,
-    corpus: PromptCorpus,
-    style: RandomCorpusStyle,
-    seed: Option<u64>,
-) -> Result<PromptStream, ProxyError> {
-    let t0 = Instant::now();
-    let key = corpus_name(corpus);
-    let sonnet = match corpus {
-        PromptCorpus::Sonnet => Some(
-            SonnetCorpus::build_cached(SHAKESPEARE, tok, default_cache_dir().as_deref())
-                .map_err(|e| ProxyError::Internal(format!("sonnet corpus: {e}")))?,
-        ),
-        _ => None,
-    };
-    let stream = PromptStream::new(tok.clone(), corpus, style, sonnet, seed)
-        .map_err(|e| ProxyError::Internal(format!("{key} prompt stream: {e}")))?;
-    tracing::info!(corpus = key, elapsed = ?t0.elapsed(), "placeholder prompt stream ready");
-    Ok(stream)
-}
-
-fn corpus_name(c: PromptCorpus) -> &'static str {
-    match c {
-        PromptCorpus::Sonnet => "sonnet",
-        PromptCorpus::Random => "random",
-        PromptCorpus::Coding => "coding",
     }
 }
 
@@ -630,5 +705,43 @@ mod tests {
             assert!(err.to_string().contains(&bad[..bad.len().min(16)]), "{err}");
         }
         assert!(find_placeholders(br#"{"messages":[]}"#).unwrap().is_empty());
+    }
+
+    #[test]
+    fn placeholder_count_and_total_tokens_are_limited() {
+        let body = br#"{"messages":[{"role":"user","content":"{{kvbust:prompt:100}} {{kvbust:prompt:100}} {{kvbust:prompt:1}}"}]}"#;
+        assert_eq!(find_placeholders_limited(body, 3, 201).unwrap().len(), 3);
+        let err = find_placeholders_limited(body, 2, 1000).unwrap_err();
+        assert_eq!(err.code(), "placeholder_limit");
+        assert!(
+            err.to_string().contains("synth.max_placeholders = 2"),
+            "{err}"
+        );
+        let err = find_placeholders_limited(body, 64, 150).unwrap_err();
+        assert_eq!(err.code(), "placeholder_limit");
+        assert!(
+            err.to_string()
+                .contains("synth.max_placeholder_tokens = 150"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_malformed_placeholder_is_quoted_short_and_on_one_line() {
+        // `{{kvbust:` in one string, `}}` megabytes later in another, raw newlines between:
+        // valid JSON, so only the placeholder scan can reject it.
+        let filler = "x".repeat(5 << 20);
+        let body = format!(
+            "{{\"messages\":[{{\"role\":\"user\",\"content\":\"{{{{kvbust:prompt:5\"}},\n\r{{\"role\":\"user\",\"content\":\"{filler}}}}}\"}}]}}"
+        );
+        assert!(serde_json::from_str::<serde_json::Value>(&body).is_ok());
+        let err = find_placeholders(body.as_bytes()).unwrap_err();
+        assert_eq!(err.code(), "invalid_placeholder");
+        let msg = err.to_string();
+        assert!(msg.len() < 600, "{} bytes", msg.len());
+        assert!(!msg.contains('\n') && !msg.contains('\r'), "{msg}");
+        assert!(msg.contains("{{kvbust:prompt:5\"},\\n\\r{"), "{msg}");
+        assert!(msg.contains('…'));
+        assert_eq!(excerpt(b"a\x1b[2Jb"), "a\\u{1b}[2Jb");
     }
 }

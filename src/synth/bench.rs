@@ -6,6 +6,7 @@ use rayon::prelude::*;
 
 use crate::synth::error::SynthError;
 use crate::synth::params::RangeRatio;
+use crate::synth::reencode::{reencode, Pieces};
 use crate::synth::rng::{NumpyGenerator, RandomState};
 use crate::synth::tokenizer::Tokenizer;
 
@@ -55,38 +56,36 @@ pub struct BenchRequest {
 }
 
 /// vLLM's `gen_prompt_decode_to_target_len`: returns the last decoded prompt and its re-encoding.
-/// `first` is the already computed `(decode(seq), encode(decode(seq)))`, if any.
+/// `first` is the already computed `encode(decode(seq))`, if any. The re-encodes keep the
+/// sequence's structure (a canonical re-encode, then a truncation or random top-up ids), so only
+/// what can change is re-encoded ([`reencode`]).
 fn vllm_decode_to_target(
     tokenizer: &Tokenizer,
-    mut seq: Vec<u32>,
+    mut seq: Pieces,
     target: usize,
     rng: &mut NumpyGenerator,
-    mut first: Option<(String, Vec<u32>)>,
+    mut first: Option<Vec<u32>>,
 ) -> Result<(String, Vec<u32>), SynthError> {
     let vocab = tokenizer.vocab_size() as i64;
     let mut remain = 10;
     loop {
-        let prompt = match first.take() {
-            Some((prompt, encoded)) => {
-                seq = encoded;
-                prompt
-            }
-            None => {
-                let prompt = tokenizer.decode(&seq)?;
-                seq = tokenizer.encode(&prompt)?;
-                prompt
-            }
+        let encoded = match first.take() {
+            Some(encoded) => encoded,
+            None => reencode(tokenizer, &seq)?,
         };
-        if remain <= 0 || seq.len() == target {
-            return Ok((prompt, seq));
+        if remain <= 0 || encoded.len() == target {
+            return Ok((tokenizer.decode(&seq.tokens)?, encoded));
         }
-        if seq.len() < target {
-            for _ in 0..target - seq.len() {
-                seq.push(rng.integers(0, vocab) as u32);
-            }
+        let mut next = Pieces::canonical(encoded);
+        if next.tokens.len() < target {
+            let topup = (next.tokens.len()..target)
+                .map(|_| rng.integers(0, vocab) as u32)
+                .collect();
+            next.append(Pieces::opaque(topup));
         } else {
-            seq.truncate(target);
+            next.truncate(target);
         }
+        seq = next;
         remain -= 1;
     }
 }
@@ -139,29 +138,34 @@ fn vllm(params: &BenchParams, tokenizer: &Tokenizer) -> Result<Vec<BenchRequest>
         let ids: Vec<u32> = (0..params.prefix_len)
             .map(|_| allowed[rng.integers(0, a as i64) as usize])
             .collect();
-        vllm_decode_to_target(tokenizer, ids, params.prefix_len, &mut rng, None)?.1
+        vllm_decode_to_target(
+            tokenizer,
+            Pieces::opaque(ids),
+            params.prefix_len,
+            &mut rng,
+            None,
+        )?
+        .1
     } else {
         Vec::new()
     };
     // Every request's starting sequence is known now, so the first decode → encode of each
     // is computed in parallel batches; the draws (top-ups) stay strictly in request order.
-    let initial = |i: usize| -> Vec<u32> {
+    let initial = |i: usize| -> Pieces {
         let len = input_lens[i].max(0) as usize;
         let base = offsets[i] as usize + i;
-        let mut seq = prefix.clone();
-        seq.extend((0..len).map(|j| allowed[(base + j) % a]));
+        let mut seq = Pieces::canonical(prefix.clone());
+        seq.append(Pieces::opaque(
+            (0..len).map(|j| allowed[(base + j) % a]).collect(),
+        ));
         seq
     };
     let mut out = Vec::with_capacity(n);
     for batch_start in (0..n).step_by(BATCH) {
         let batch: Vec<usize> = (batch_start..(batch_start + BATCH).min(n)).collect();
-        let firsts: Result<Vec<(String, Vec<u32>)>, SynthError> = batch
+        let firsts: Result<Vec<Vec<u32>>, SynthError> = batch
             .par_iter()
-            .map(|&i| {
-                let prompt = tokenizer.decode(&initial(i))?;
-                let encoded = tokenizer.encode(&prompt)?;
-                Ok((prompt, encoded))
-            })
+            .map(|&i| reencode(tokenizer, &initial(i)))
             .collect();
         for (i, first) in batch.into_iter().zip(firsts?) {
             let target = params.prefix_len + input_lens[i].max(0) as usize;

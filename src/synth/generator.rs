@@ -147,7 +147,7 @@ impl<T: Deref<Target = Tokenizer>> PromptGenerator<T> {
         let done: Result<Vec<SeqAndReencode>, SynthError> = seqs
             .into_par_iter()
             .map(|seq| {
-                let encoded = tok.encode(&tok.decode(&seq)?)?;
+                let encoded = reencode(tok, &Pieces::opaque(seq.clone()))?;
                 Ok((seq, encoded))
             })
             .collect();

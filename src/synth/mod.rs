@@ -11,6 +11,7 @@ pub mod error;
 pub mod generator;
 pub mod marker;
 pub mod params;
+pub mod placeholders;
 pub mod reencode;
 pub mod rng;
 pub mod stream;

@@ -9,7 +9,9 @@ use crate::synth::marker::CacheBustTarget;
 pub const DEFAULT_ISL: u64 = 550;
 
 /// `--prompt-corpus`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PromptCorpus {
     #[default]
@@ -17,6 +19,17 @@ pub enum PromptCorpus {
     Random,
     /// kvbust's own agentic-coding corpus ([`crate::synth::coding`]), sampled like sonnet.
     Coding,
+}
+
+impl PromptCorpus {
+    /// The name used on the command line, in configuration and in placeholders.
+    pub fn name(self) -> &'static str {
+        match self {
+            PromptCorpus::Sonnet => "sonnet",
+            PromptCorpus::Random => "random",
+            PromptCorpus::Coding => "coding",
+        }
+    }
 }
 
 impl std::str::FromStr for PromptCorpus {

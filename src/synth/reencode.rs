@@ -11,6 +11,16 @@
 //! "safe" positions, and a piece lying inside one canonical run, cut at safe positions of that
 //! run, re-encodes to itself. Only pieces touching a join or a cut edge are re-encoded.
 //! Tokenizers that do not match those facts exactly get the full path.
+//!
+//! The same fact makes the re-encode of any span a concatenation of the re-encodes of its
+//! sub-pieces between safe positions, which are pure functions of their ids: [`PieceMemo`]
+//! keeps them, so the random corpus (whose windows are all cut from one cycle of ids) re-encodes
+//! each piece of that cycle once per process instead of once per prompt.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use crate::synth::error::SynthError;
 use crate::synth::tokenizer::Tokenizer;
@@ -134,6 +144,188 @@ fn full(tokenizer: &Tokenizer, tokens: &[u32]) -> Result<Vec<u32>, SynthError> {
     tokenizer.encode(&tokenizer.decode(tokens)?)
 }
 
+/// A multiply-rotate hasher for short id slices (SipHash costs more than the lookup saves).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+type Shard = HashMap<Box<[u32]>, Box<[u32]>, BuildHasherDefault<IdHasher>>;
+
+/// Shards of the memo (so parallel prompt builders rarely wait on each other).
+const MEMO_SHARDS: usize = 16;
+/// Entries kept before a shard is emptied (bounds the memory at a few tens of MB).
+const MEMO_MAX_ENTRIES: usize = 1 << 18;
+/// Longer pieces are re-encoded every time (rare, and costly to hash and keep).
+const MEMO_MAX_PIECE: usize = 64;
+
+/// `encode(decode(piece))` for pieces that start and end at safe positions or text ends.
+/// A pure function of the ids, so a hit is always exact.
+pub struct PieceMemo {
+    shards: Vec<Mutex<Shard>>,
+    entries: AtomicUsize,
+}
+
+impl Default for PieceMemo {
+    fn default() -> Self {
+        PieceMemo {
+            shards: (0..MEMO_SHARDS).map(|_| Mutex::default()).collect(),
+            entries: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl PieceMemo {
+    fn shard(&self, key: &[u32]) -> std::sync::MutexGuard<'_, Shard> {
+        let mut h = IdHasher::default();
+        for &id in key {
+            h.write_u32(id);
+        }
+        let i = (h.finish() >> 59) as usize % MEMO_SHARDS;
+        // A panic while holding a shard cannot leave a half-written entry: keep using it.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends the memoized re-encode of `key` to `out`; false when it is not known.
+    fn extend_into(&self, key: &[u32], out: &mut Vec<u32>) -> bool {
+        if key.len() > MEMO_MAX_PIECE {
+            return false;
+        }
+        match self.shard(key).get(key) {
+            Some(v) => {
+                out.extend_from_slice(v);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn contains(&self, key: &[u32]) -> bool {
+        key.len() <= MEMO_MAX_PIECE && self.shard(key).contains_key(key)
+    }
+
+    fn insert(&self, key: &[u32], value: &[u32]) {
+        if key.len() > MEMO_MAX_PIECE {
+            return;
+        }
+        let mut shard = self.shard(key);
+        if self.entries.load(Ordering::Relaxed) >= MEMO_MAX_ENTRIES {
+            self.entries.fetch_sub(shard.len(), Ordering::Relaxed);
+            shard.clear();
+        }
+        if shard.insert(key.into(), value.into()).is_none() {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Number of memoized pieces.
+    pub fn len(&self) -> usize {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    /// Whether nothing is memoized.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Appends `encode(decode(x[a..b]))` to `out`, where `a` and `b` are safe positions or ends of
+/// `x`: piece by piece between the safe positions inside, from the memo where known; each run
+/// of unknown pieces is re-encoded in one call and cut back into pieces by the decoded length of
+/// every output id (a cut that does not land on a piece boundary falls back to one call per
+/// piece, so the result never depends on the cut).
+fn span(
+    tokenizer: &Tokenizer,
+    x: &[u32],
+    (a, b): (usize, usize),
+    safe: &dyn Fn(usize) -> bool,
+    out: &mut Vec<u32>,
+) -> Result<(), SynthError> {
+    let memo = tokenizer.piece_memo();
+    let mut cuts = Vec::with_capacity((b - a) / 3 + 2);
+    cuts.push(a);
+    cuts.extend((a + 1..b).filter(|&i| safe(i)));
+    cuts.push(b);
+    let pieces: Vec<&[u32]> = cuts.windows(2).map(|w| &x[w[0]..w[1]]).collect();
+    let mut i = 0;
+    while i < pieces.len() {
+        if memo.extend_into(pieces[i], out) {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < pieces.len() && !memo.contains(pieces[j]) {
+            j += 1;
+        }
+        encode_run(tokenizer, &pieces[i..j], out)?;
+        i = j;
+    }
+    Ok(())
+}
+
+/// Re-encodes consecutive pieces in one call, memoizing each piece's share.
+fn encode_run(
+    tokenizer: &Tokenizer,
+    pieces: &[&[u32]],
+    out: &mut Vec<u32>,
+) -> Result<(), SynthError> {
+    let memo = tokenizer.piece_memo();
+    let texts: Vec<String> = pieces
+        .iter()
+        .map(|p| tokenizer.decode(p))
+        .collect::<Result<_, _>>()?;
+    let encoded = tokenizer.encode(&texts.concat())?;
+    let mut shares: Vec<&[u32]> = Vec::with_capacity(pieces.len());
+    let mut at = 0;
+    let mut aligned = true;
+    for text in &texts {
+        let (mut bytes, start) = (0, at);
+        while bytes < text.len() && at < encoded.len() {
+            // An id that decodes to nothing could sit on either side of a cut: no shares then.
+            let len = tokenizer.token_len(encoded[at]);
+            aligned &= len > 0;
+            bytes += len;
+            at += 1;
+        }
+        if !aligned || bytes != text.len() {
+            aligned = false;
+            break;
+        }
+        shares.push(&encoded[start..at]);
+    }
+    if !aligned || at != encoded.len() {
+        for p in pieces {
+            let e = full(tokenizer, p)?;
+            memo.insert(p, &e);
+            out.extend_from_slice(&e);
+        }
+        return Ok(());
+    }
+    for (p, share) in pieces.iter().zip(shares) {
+        memo.insert(p, share);
+    }
+    out.extend_from_slice(&encoded);
+    Ok(())
+}
+
 /// `encode(decode(pieces.tokens))`, re-encoding only the neighbourhoods that can change.
 pub fn reencode(tokenizer: &Tokenizer, pieces: &Pieces) -> Result<Vec<u32>, SynthError> {
     let x = &pieces.tokens;
@@ -192,15 +384,12 @@ pub fn reencode(tokenizer: &Tokenizer, pieces: &Pieces) -> Result<Vec<u32>, Synt
             _ => merged.push((a, b)),
         }
     }
-    if merged.len() == 1 && merged[0] == (0, n) {
-        return full(tokenizer, x);
-    }
     let mut out = Vec::with_capacity(n + 8);
     let mut pos = 0;
     for (a, b) in merged {
         out.extend_from_slice(&x[pos..a]);
         if b > a {
-            out.extend(full(tokenizer, &x[a..b])?);
+            span(tokenizer, x, (a, b), &safe, &mut out)?;
         }
         pos = b;
     }

@@ -39,6 +39,7 @@ pub struct Tokenizer {
     fast_reencode: bool,
     boundary_flags: OnceLock<Option<Vec<u8>>>,
     byte_table: OnceLock<Option<ByteTable>>,
+    piece_memo: crate::synth::reencode::PieceMemo,
 }
 
 /// Every id's bytes, for decoding byte-level BPE without per-token allocations.
@@ -277,6 +278,7 @@ impl Tokenizer {
             fast_reencode: true,
             boundary_flags: OnceLock::new(),
             byte_table: OnceLock::new(),
+            piece_memo: Default::default(),
             inner,
         })
     }
@@ -406,6 +408,18 @@ impl Tokenizer {
                 )
             })
             .as_deref()
+    }
+
+    /// Re-encodes of pieces between safe positions, shared by everything using this tokenizer.
+    pub fn piece_memo(&self) -> &crate::synth::reencode::PieceMemo {
+        &self.piece_memo
+    }
+
+    /// The number of bytes `id` decodes to (0 for unknown ids, or without a byte table).
+    pub fn token_len(&self, id: u32) -> usize {
+        self.byte_table()
+            .and_then(|t| t.token(id))
+            .map_or(0, <[u8]>::len)
     }
 
     /// The underlying `tokenizers` tokenizer.

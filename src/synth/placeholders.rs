@@ -1,0 +1,285 @@
+//! Prompt lanes for `{{kvbust:prompt:N[:corpus]}}`: one prompt stream per (corpus, length),
+//! each with a small buffer generated ahead on the rayon pool, so a placeholder is usually a
+//! pop instead of a generation. Owns lane state and the corpora it builds (reading or writing
+//! only the corpus id cache); must never hold one lock across two lanes' work, so a small
+//! placeholder never waits behind a large one of another length.
+//!
+//! Reproducible: with a root seed, lane (corpus, N) draws from its own stream seeded by
+//! `derive_seed(root, "kvbust.placeholder.<corpus>.<N>")`, and hands its prompts out in the
+//! order it made them, so the k-th N-token prompt of a corpus does not depend on other traffic.
+
+use std::collections::VecDeque;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use lru::LruCache;
+
+use crate::synth::coding::CodingCorpus;
+use crate::synth::corpus::sonnet::SHAKESPEARE;
+use crate::synth::corpus::{RandomCorpusStyle, SonnetCorpus};
+use crate::synth::error::SynthError;
+use crate::synth::params::PromptCorpus;
+use crate::synth::rng::derive_seed;
+use crate::synth::stream::PromptStream;
+use crate::synth::tokenizer::Tokenizer;
+
+/// Lanes kept at once (least recently used dropped first).
+const MAX_LANES: usize = 32;
+/// Longest prompt generated ahead; longer ones are made on demand only (bounds the buffers to
+/// about `MAX_LANES × depth × 16k tokens`).
+pub const MAX_PREFETCH_TOKENS: usize = 16 << 10;
+
+/// A poisoned lock only means another prompt failed mid-way; the state stays usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Lane {
+    tokens: usize,
+    /// Generation is serialized per lane; this lock is never held across lanes.
+    stream: Mutex<PromptStream>,
+    /// Prompts made ahead, in the order the stream made them.
+    ready: Mutex<VecDeque<String>>,
+    refilling: AtomicBool,
+}
+
+impl Lane {
+    /// The next prompt in stream order: a buffered one, else one made now.
+    fn take(&self) -> Result<String, SynthError> {
+        if let Some(p) = lock(&self.ready).pop_front() {
+            return Ok(p);
+        }
+        let mut stream = lock(&self.stream);
+        // A refill may have pushed while we waited for the stream: older prompts go first.
+        if let Some(p) = lock(&self.ready).pop_front() {
+            return Ok(p);
+        }
+        stream.prompt(self.tokens)
+    }
+
+    fn refill(&self, depth: usize) {
+        loop {
+            let mut stream = lock(&self.stream);
+            if lock(&self.ready).len() >= depth {
+                break;
+            }
+            match stream.prompt(self.tokens) {
+                Ok(p) => lock(&self.ready).push_back(p),
+                Err(e) => {
+                    tracing::warn!(tokens = self.tokens, "placeholder prefetch stopped: {e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The corpora lanes draw from, built on first use.
+#[derive(Default)]
+struct Corpora {
+    sonnet: Mutex<Option<SonnetCorpus>>,
+    coding: Mutex<Option<SonnetCorpus>>,
+}
+
+/// Placeholder prompt lanes over one tokenizer.
+pub struct PromptLanes {
+    tokenizer: Arc<Tokenizer>,
+    style: RandomCorpusStyle,
+    root: u64,
+    depth: usize,
+    cache_dir: Option<PathBuf>,
+    corpora: Corpora,
+    lanes: Mutex<LruCache<(PromptCorpus, usize), Arc<Lane>>>,
+}
+
+impl PromptLanes {
+    /// Lanes over `tokenizer`; `depth` prompts are made ahead per lane (0: none); `seed` None
+    /// draws a random root; `cache_dir` holds corpus id caches.
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        style: RandomCorpusStyle,
+        seed: Option<u64>,
+        depth: usize,
+        cache_dir: Option<PathBuf>,
+    ) -> Arc<Self> {
+        Arc::new(PromptLanes {
+            tokenizer,
+            style,
+            root: seed.unwrap_or_else(rand::random),
+            depth,
+            cache_dir,
+            corpora: Corpora::default(),
+            lanes: Mutex::new(LruCache::new(
+                NonZeroUsize::new(MAX_LANES).unwrap_or(NonZeroUsize::MIN),
+            )),
+        })
+    }
+
+    /// The corpus token array for sonnet and coding lanes (built once, outside the lane map).
+    fn corpus(&self, corpus: PromptCorpus) -> Result<Option<SonnetCorpus>, SynthError> {
+        let slot = match corpus {
+            PromptCorpus::Sonnet => &self.corpora.sonnet,
+            PromptCorpus::Coding => &self.corpora.coding,
+            PromptCorpus::Random => return Ok(None),
+        };
+        let mut slot = lock(slot);
+        if let Some(c) = slot.as_ref() {
+            return Ok(Some(c.clone()));
+        }
+        let t0 = std::time::Instant::now();
+        let built = match corpus {
+            PromptCorpus::Coding => CodingCorpus::for_root_seed_cached(
+                self.root,
+                &self.tokenizer,
+                self.cache_dir.as_deref(),
+            )?
+            .as_sonnet()
+            .clone(),
+            _ => {
+                SonnetCorpus::build_cached(SHAKESPEARE, &self.tokenizer, self.cache_dir.as_deref())?
+            }
+        };
+        tracing::info!(corpus = corpus.name(), elapsed = ?t0.elapsed(), "placeholder corpus ready");
+        *slot = Some(built.clone());
+        Ok(Some(built))
+    }
+
+    fn lane(&self, corpus: PromptCorpus, tokens: usize) -> Result<Arc<Lane>, SynthError> {
+        if let Some(l) = lock(&self.lanes).get(&(corpus, tokens)) {
+            return Ok(l.clone());
+        }
+        let name = corpus.name();
+        let seed = derive_seed(self.root, &format!("kvbust.placeholder.{name}.{tokens}"));
+        let stream = PromptStream::new(
+            self.tokenizer.clone(),
+            corpus,
+            self.style,
+            self.corpus(corpus)?,
+            Some(seed),
+        )?;
+        let lane = Arc::new(Lane {
+            tokens,
+            stream: Mutex::new(stream),
+            ready: Mutex::new(VecDeque::new()),
+            refilling: AtomicBool::new(false),
+        });
+        // Two first requests may race to create a lane: the one already stored wins.
+        let mut lanes = lock(&self.lanes);
+        if let Some(l) = lanes.get(&(corpus, tokens)) {
+            return Ok(l.clone());
+        }
+        lanes.put((corpus, tokens), lane.clone());
+        Ok(lane)
+    }
+
+    /// A buffered prompt, without blocking on generation (None: none ready).
+    pub fn try_take(&self, corpus: PromptCorpus, tokens: usize) -> Option<String> {
+        let lane = lock(&self.lanes).get(&(corpus, tokens)).cloned()?;
+        let p = lock(&lane.ready).pop_front()?;
+        self.schedule_refill(&lane);
+        Some(p)
+    }
+
+    /// The next `tokens`-token prompt of `corpus` (blocking: may build the corpus or generate);
+    /// then schedules the lane's buffer to be topped up in the background.
+    pub fn take(&self, corpus: PromptCorpus, tokens: usize) -> Result<String, SynthError> {
+        let lane = self.lane(corpus, tokens)?;
+        let p = lane.take()?;
+        self.schedule_refill(&lane);
+        Ok(p)
+    }
+
+    fn schedule_refill(&self, lane: &Arc<Lane>) {
+        if self.depth == 0 || lane.tokens > MAX_PREFETCH_TOKENS {
+            return;
+        }
+        if lane.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (lane, depth) = (lane.clone(), self.depth);
+        rayon::spawn(move || {
+            lane.refill(depth);
+            lane.refilling.store(false, Ordering::Release);
+        });
+    }
+
+    /// Prompts currently buffered for (corpus, tokens).
+    pub fn buffered(&self, corpus: PromptCorpus, tokens: usize) -> usize {
+        lock(&self.lanes)
+            .peek(&(corpus, tokens))
+            .map_or(0, |l| lock(&l.ready).len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tok() -> Arc<Tokenizer> {
+        static T: std::sync::OnceLock<Arc<Tokenizer>> = std::sync::OnceLock::new();
+        T.get_or_init(|| Arc::new(Tokenizer::default_qwen3().unwrap()))
+            .clone()
+    }
+
+    #[test]
+    fn lanes_are_reproducible_and_independent_of_other_traffic() {
+        // Without prefetch, and with prefetch plus other lengths interleaved: same sequence.
+        let quiet = PromptLanes::new(tok(), RandomCorpusStyle::Vllm, Some(5), 0, None);
+        let busy = PromptLanes::new(tok(), RandomCorpusStyle::Vllm, Some(5), 3, None);
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for i in 0..6 {
+            a.push(quiet.take(PromptCorpus::Random, 40).unwrap());
+            busy.take(PromptCorpus::Random, 7 + i).unwrap();
+            b.push(busy.take(PromptCorpus::Random, 40).unwrap());
+        }
+        assert_eq!(a, b);
+        for p in &a {
+            assert_eq!(tok().encode(p).unwrap().len(), 40, "{p:?}");
+        }
+        let distinct: std::collections::HashSet<_> = a.iter().collect();
+        assert_eq!(distinct.len(), a.len(), "fresh prompts");
+        // Another length of the same corpus is another stream, not a prefix of this one.
+        let other = quiet.take(PromptCorpus::Random, 20).unwrap();
+        assert!(!a[0].starts_with(&other));
+    }
+
+    #[test]
+    fn a_busy_lane_does_not_hold_up_another() {
+        let lanes = PromptLanes::new(tok(), RandomCorpusStyle::Vllm, Some(1), 0, None);
+        let lane = lanes.lane(PromptCorpus::Random, 10).unwrap();
+        // As if a large prompt were being made on that lane right now.
+        let _busy = lock(&lane.stream);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| tx.send(lanes.take(PromptCorpus::Random, 12)));
+            let got = rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("another lane must not wait for a busy one");
+            assert_eq!(tok().encode(&got.unwrap()).unwrap().len(), 12);
+        });
+    }
+
+    #[test]
+    fn a_lane_refills_in_the_background_up_to_its_depth() {
+        let lanes = PromptLanes::new(tok(), RandomCorpusStyle::Vllm, Some(9), 4, None);
+        assert!(lanes.try_take(PromptCorpus::Random, 30).is_none());
+        lanes.take(PromptCorpus::Random, 30).unwrap();
+        // The refill runs on the rayon pool; wait for it by polling its observable effect.
+        let t0 = std::time::Instant::now();
+        while lanes.buffered(PromptCorpus::Random, 30) < 4 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "no refill"
+            );
+            std::thread::yield_now();
+        }
+        assert!(lanes.try_take(PromptCorpus::Random, 30).is_some());
+        // Lengths past the prefetch bound are never buffered.
+        let big = MAX_PREFETCH_TOKENS + 1;
+        lanes.take(PromptCorpus::Random, big).unwrap();
+        assert_eq!(lanes.buffered(PromptCorpus::Random, big), 0);
+    }
+}
