@@ -299,6 +299,9 @@ pub struct SynthConfig {
     /// Prompts generated ahead per (corpus, length) once that placeholder has been seen
     /// (lengths up to 16384 tokens); 0 → each prompt is made when a request asks for it.
     pub placeholder_prefetch: usize,
+    /// Placeholder prompts being made on demand at once, across all requests; a request that
+    /// would pass it is answered 503 with `retry-after` at once.
+    pub placeholder_queue: usize,
     /// The dataset served to synthetic requests, with `kvbust synth`'s parameters (snake_case).
     /// Set → built at start; not set → built on first use with the defaults (sonnet, ISL 550,
     /// 100 entries, seed 0).
@@ -316,6 +319,7 @@ impl Default for SynthConfig {
             max_placeholders: 64,
             max_placeholder_tokens: 131_072,
             placeholder_prefetch: 4,
+            placeholder_queue: 64,
             dataset: None,
         }
     }
@@ -740,6 +744,7 @@ impl Config {
                 "synth.max_placeholder_tokens",
                 self.synth.max_placeholder_tokens,
             ),
+            ("synth.placeholder_queue", self.synth.placeholder_queue),
         ] {
             if n == 0 {
                 return Err(ConfigError::new(

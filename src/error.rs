@@ -44,6 +44,13 @@ pub enum ProxyError {
     UpstreamBroken(String),
     #[error("kvbust is shutting down; retry against another replica")]
     Draining,
+    /// A bounded queue is full: 503 with `retry-after`.
+    #[error("{message}")]
+    Overloaded {
+        code: &'static str,
+        message: String,
+        retry_after_s: u64,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -64,7 +71,9 @@ impl ProxyError {
             ProxyError::UpstreamConnect { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamBroken(_) => Fault::Upstream,
-            ProxyError::Draining | ProxyError::Internal(_) => Fault::Internal,
+            ProxyError::Draining | ProxyError::Overloaded { .. } | ProxyError::Internal(_) => {
+                Fault::Internal
+            }
         }
     }
 
@@ -76,7 +85,7 @@ impl ProxyError {
                 StatusCode::BAD_GATEWAY
             }
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Draining | ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -91,6 +100,7 @@ impl ProxyError {
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::UpstreamBroken(_) => "upstream_broken",
             ProxyError::Draining => "draining",
+            ProxyError::Overloaded { code, .. } => code,
             ProxyError::Internal(_) => "internal_error",
         }
     }
@@ -109,7 +119,12 @@ impl ProxyError {
     }
 
     pub fn into_response<B: From<Bytes>>(&self) -> Response<B> {
-        json_response(self.status(), self.body())
+        let mut resp = json_response(self.status(), self.body());
+        if let ProxyError::Overloaded { retry_after_s, .. } = self {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
+        }
+        resp
     }
 }
 
@@ -193,6 +208,16 @@ mod tests {
                 "upstream_broken",
             ),
             (ProxyError::Draining, 503, Fault::Internal, "draining"),
+            (
+                ProxyError::Overloaded {
+                    code: "placeholder_queue_full",
+                    message: "full".into(),
+                    retry_after_s: 1,
+                },
+                503,
+                Fault::Internal,
+                "placeholder_queue_full",
+            ),
         ];
         for (err, status, fault, code) in cases {
             assert_eq!(err.status().as_u16(), status, "{err}");

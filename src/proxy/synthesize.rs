@@ -5,6 +5,7 @@
 
 use std::num::NonZeroUsize;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -366,6 +367,18 @@ pub struct Synthesizer {
     tokenizer: tokio::sync::OnceCell<Arc<Tokenizer>>,
     dataset: tokio::sync::OnceCell<Arc<Mutex<Built>>>,
     lanes: tokio::sync::OnceCell<Arc<PromptLanes>>,
+    /// Placeholder prompts being made on demand now (bounded by `synth.placeholder_queue`).
+    pending: Arc<AtomicUsize>,
+}
+
+/// One place in the on-demand queue, freed when the generation holding it ends (not when the
+/// request goes away, so the bound counts work that is really running).
+struct QueueSlot(Arc<AtomicUsize>);
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// What a synthetic fill produced.
@@ -395,7 +408,25 @@ impl Synthesizer {
             tokenizer: tokio::sync::OnceCell::new(),
             dataset: tokio::sync::OnceCell::new(),
             lanes: tokio::sync::OnceCell::new(),
+            pending: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// A place in the on-demand queue, or a 503 when `synth.placeholder_queue` are taken.
+    fn queue_slot(&self) -> Result<QueueSlot, ProxyError> {
+        let before = self.pending.fetch_add(1, Ordering::AcqRel);
+        let slot = QueueSlot(self.pending.clone());
+        if before >= self.cfg.placeholder_queue {
+            return Err(ProxyError::Overloaded {
+                code: "placeholder_queue_full",
+                message: format!(
+                    "synth.placeholder_queue = {} placeholder prompts are being made; retry shortly",
+                    self.cfg.placeholder_queue
+                ),
+                retry_after_s: 1,
+            });
+        }
+        Ok(slot)
     }
 
     async fn tokenizer(&self) -> Result<Arc<Tokenizer>, ProxyError> {
@@ -551,8 +582,9 @@ impl Synthesizer {
             let text = match lanes.try_take(corpus, n) {
                 Some(t) => t,
                 None => {
-                    let lanes = lanes.clone();
+                    let (lanes, slot) = (lanes.clone(), self.queue_slot()?);
                     blocking(move || {
+                        let _slot = slot;
                         lanes.take(corpus, n).map_err(|e| {
                             ProxyError::Internal(format!(
                                 "{} prompt of {n} tokens: {e}",
@@ -705,6 +737,25 @@ mod tests {
             assert!(err.to_string().contains(&bad[..bad.len().min(16)]), "{err}");
         }
         assert!(find_placeholders(br#"{"messages":[]}"#).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_placeholder_queue_is_a_503_with_retry_after() {
+        let cfg = SynthConfig {
+            placeholder_queue: 1,
+            ..SynthConfig::default()
+        };
+        let s = Synthesizer::new(cfg, crate::cachebust::Target::None);
+        let body = br#"{"messages":[{"role":"user","content":"{{kvbust:prompt:3:random}}"}]}"#;
+        let held = s.queue_slot().unwrap();
+        let err = s.expand(body).await.unwrap_err();
+        assert_eq!(err.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(err.code(), "placeholder_queue_full");
+        let resp = err.into_response::<bytes::Bytes>();
+        assert_eq!(resp.headers()[http::header::RETRY_AFTER], "1");
+        drop(held);
+        assert!(s.expand(body).await.unwrap().is_some());
+        assert_eq!(s.pending.load(Ordering::Acquire), 0);
     }
 
     #[test]
