@@ -244,41 +244,39 @@ async fn placeholder_amplifiers_are_refused_and_nothing_is_forwarded() {
             format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{content}"}}]}}"#);
         post(&h.url("/v1/chat/completions"), body, &[])
     };
-    // More placeholders than synth.max_placeholders (64).
-    let resp = send(&client, ask("{{kvbust:prompt:1:random}}".repeat(65))).await;
-    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    let v = json(resp).await;
-    assert_eq!(v["error"]["code"], "placeholder_limit");
-    assert!(v["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("synth.max_placeholders"));
-    // More tokens together than synth.max_placeholder_tokens (131072).
-    let resp = send(
-        &client,
-        ask("{{kvbust:prompt:100000:random}} {{kvbust:prompt:40000:random}}".into()),
-    )
-    .await;
-    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    let v = json(resp).await;
-    assert_eq!(v["error"]["code"], "placeholder_limit");
-    assert!(v["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("synth.max_placeholder_tokens"));
-    // Within both limits, but the expanded body would pass limits.max_body (16 KiB): a 413.
-    let resp = send(
-        &client,
-        ask("{{kvbust:prompt:6000:random}} {{kvbust:prompt:6000:random}}".into()),
-    )
-    .await;
-    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    let v = json(resp).await;
-    assert_eq!(v["error"]["code"], "body_too_large");
-    assert!(v["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("limits.max_body"));
+    let cases = [
+        // More placeholders than synth.max_placeholders (64).
+        (
+            "{{kvbust:prompt:1:random}}".repeat(65),
+            StatusCode::BAD_REQUEST,
+            "placeholder_limit",
+            "synth.max_placeholders",
+        ),
+        // More tokens together than synth.max_placeholder_tokens (131072).
+        (
+            "{{kvbust:prompt:100000:random}} {{kvbust:prompt:40000:random}}".into(),
+            StatusCode::BAD_REQUEST,
+            "placeholder_limit",
+            "synth.max_placeholder_tokens",
+        ),
+        // Within both, but the expanded body would pass limits.max_body (16 KiB).
+        (
+            "{{kvbust:prompt:6000:random}} {{kvbust:prompt:6000:random}}".into(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "limits.max_body",
+        ),
+    ];
+    for (content, status, code, names) in cases {
+        let resp = send(&client, ask(content)).await;
+        assert_eq!(resp.status(), status, "{names}");
+        let v = json(resp).await;
+        assert_eq!(v["error"]["code"], code);
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(names),
+            "{v}"
+        );
+    }
     assert_eq!(h.mock.recorder().requests_total(), 0);
     // A small placeholder still goes through.
     let resp = send(&client, ask("{{kvbust:prompt:20:random}}".into())).await;
