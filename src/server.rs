@@ -17,7 +17,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin;
 use crate::config::Config;
-use crate::proxy::forward::{self, Upstream};
+use crate::proxy::forward::{self, Affinity, Upstream};
 use crate::proxy::synthesize::Synthesizer;
 use crate::proxy::Proxy;
 use crate::runtime::Runtime;
@@ -105,7 +105,8 @@ pub async fn run(
     let config = rt.config.clone();
     // Everything that can fail is set up before any worker starts, so a mistake is one clear error.
     let upstream = Upstream::parse(upstream_url).map_err(ServerError::Upstream)?;
-    let client_tls = Arc::new(forward::tls_config(&config.upstream).map_err(ServerError::Upstream)?);
+    let client_tls =
+        Arc::new(forward::tls_config(&config.upstream).map_err(ServerError::Upstream)?);
     let tls = match &config.listen.tls {
         Some(files) => Some(tls_acceptor(&files.cert, &files.key).map_err(ServerError::Tls)?),
         None => None,
@@ -308,9 +309,14 @@ async fn serve_connection(
     watcher: hyper_util::server::graceful::Watcher,
 ) {
     let is_tls = tls.is_some();
+    // This connection's own upstream connection, for its HTTP/1.1 requests.
+    let affinity = Arc::new(Affinity::default());
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
-        async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, peer, is_tls).await) }
+        let affinity = affinity.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(proxy.handle(req, peer, is_tls, Some(affinity)).await)
+        }
     });
     let result = match tls {
         None => {
