@@ -17,7 +17,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin;
 use crate::config::Config;
-use crate::proxy::forward::{self, Upstream};
+use crate::proxy::forward::{self, Affinity, Upstream};
 use crate::proxy::synthesize::Synthesizer;
 use crate::proxy::Proxy;
 use crate::runtime::Runtime;
@@ -313,9 +313,14 @@ async fn serve_connection(
     watcher: hyper_util::server::graceful::Watcher,
 ) {
     let is_tls = tls.is_some();
+    // This connection's own upstream connection, for its HTTP/1.1 requests.
+    let affinity = Arc::new(Affinity::default());
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
-        async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, peer, is_tls).await) }
+        let affinity = affinity.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(proxy.handle(req, peer, is_tls, Some(affinity)).await)
+        }
     });
     let result = match tls {
         None => {
@@ -390,5 +395,26 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => tracing::info!("SIGINT received"),
         _ = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_listener_binds_one_port_for_every_worker_and_refuses_a_taken_port() {
+        let l = DataListener::bind("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        assert_eq!(l.sockets.len(), 3);
+        for s in &l.sockets {
+            assert_eq!(s.local_addr().unwrap(), l.local_addr());
+        }
+        let taken = DataListener::bind(l.local_addr(), 2)
+            .err()
+            .expect("the port is taken");
+        assert_eq!(taken.kind(), std::io::ErrorKind::AddrInUse);
+        let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = DataListener::bind(plain.local_addr().unwrap(), 1).err();
+        assert_eq!(taken.map(|e| e.kind()), Some(std::io::ErrorKind::AddrInUse));
     }
 }
