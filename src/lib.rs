@@ -8,6 +8,7 @@ pub mod cachebust;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod healthcheck;
 pub mod metrics;
 pub mod mock;
 pub mod proxy;
