@@ -62,6 +62,17 @@ impl Default for ListenConfig {
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// CA bundle (PEM): when set, clients must present a certificate it signed (mTLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<PathBuf>,
+    /// How often the files are checked for changes (reloaded when changed; SIGHUP reloads at
+    /// once). Zero: on SIGHUP only.
+    #[serde(default = "default_tls_watch", with = "duration_str")]
+    pub watch_interval: Duration,
+}
+
+fn default_tls_watch() -> Duration {
+    Duration::from_secs(10)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -714,7 +725,11 @@ impl Config {
             }
         }
         if let Some(tls) = &self.listen.tls {
-            for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)] {
+            let ca = tls.client_ca.as_ref().map(|p| ("listen.tls.client_ca", p));
+            for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)]
+                .into_iter()
+                .chain(ca)
+            {
                 if !p.is_file() {
                     return Err(ConfigError::new(
                         key,

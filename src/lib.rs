@@ -15,3 +15,4 @@ pub mod proxy;
 pub mod runtime;
 pub mod server;
 pub mod synth;
+pub mod tls;

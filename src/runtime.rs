@@ -29,6 +29,9 @@ impl Runtime {
             .benchmark_id
             .clone()
             .unwrap_or_else(crate::cachebust::random_benchmark_id);
+        metrics
+            .upstream_tls_insecure
+            .set(i64::from(config.upstream.tls.insecure_skip_verify));
         // `validate` rejects a zero capacity, so the fallback is never used.
         let cap = NonZeroUsize::new(config.cache_bust.ledger_capacity).unwrap_or(NonZeroUsize::MIN);
         Arc::new(Self {

@@ -19,6 +19,7 @@ use crate::admin;
 use crate::config::Config;
 use crate::proxy::Proxy;
 use crate::runtime::Runtime;
+use crate::tls::ReloadingTls;
 
 /// The two sockets `run` serves; bound by the caller so tests can use port 0.
 pub struct Listeners {
@@ -35,8 +36,8 @@ pub struct RunReport {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("listen.tls: {0}")]
-    Tls(String),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     #[error("upstream: {0}")]
     Upstream(String),
 }
@@ -52,9 +53,13 @@ pub async fn run(
     let config = rt.config.clone();
     let proxy = Proxy::new(rt.clone(), upstream_url).map_err(ServerError::Upstream)?;
     let tls = match &config.listen.tls {
-        Some(files) => Some(tls_acceptor(&files.cert, &files.key).map_err(ServerError::Tls)?),
+        Some(files) => Some(Arc::new(ReloadingTls::new(files)?)),
         None => None,
     };
+    // Reloads the certificate on SIGHUP or file change; stopped when `run` returns.
+    let tls_watch = tls
+        .as_ref()
+        .map(|t| tokio::spawn(t.clone().watch(rt.metrics.clone())));
     let builder = Arc::new(data_builder(&config));
     if config.synth.dataset.is_some() {
         // Build the configured dataset now, off the accept loop; requests wait for it if early.
@@ -87,7 +92,8 @@ pub async fn run(
                 let _ = stream.set_nodelay(true);
                 while conns.try_join_next().is_some() {}
                 conns.spawn(serve_connection(
-                    stream, peer, proxy.clone(), builder.clone(), tls.clone(), graceful.watcher(),
+                    stream, peer, proxy.clone(), builder.clone(),
+                    tls.as_ref().map(|t| t.acceptor()), graceful.watcher(),
                 ));
             }
         }
@@ -114,6 +120,9 @@ pub async fn run(
     }
     conns.abort_all();
     while conns.join_next().await.is_some() {}
+    if let Some(w) = tls_watch {
+        w.abort();
+    }
     let _ = admin_stop_tx.send(());
     let _ = admin_task.await;
     tracing::info!("stopped");
@@ -178,29 +187,6 @@ async fn serve_connection(
     if let Err(e) = result {
         tracing::debug!(%peer, "connection ended with an error: {e}");
     }
-}
-
-fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
-    let cert_pem = std::fs::read(cert).map_err(|e| format!("cert {}: {e}", cert.display()))?;
-    let key_pem = std::fs::read(key).map_err(|e| format!("key {}: {e}", key.display()))?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut cert_pem.as_slice())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("cert {}: {e}", cert.display()))?;
-    if certs.is_empty() {
-        return Err(format!("cert {} holds no PEM certificate", cert.display()));
-    }
-    let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
-        .map_err(|e| format!("key {}: {e}", key.display()))?
-        .ok_or_else(|| format!("key {} holds no PEM private key", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| e.to_string())?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(cfg)))
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).
