@@ -178,6 +178,13 @@ pub struct UpstreamTls {
     pub roots: RootStore,
     pub ca_file: Option<PathBuf>,
     pub insecure_skip_verify: bool,
+    /// Certificate chain (PEM) presented to an upstream that requires client certificates.
+    pub client_cert: Option<PathBuf>,
+    /// The private key (PEM) of `client_cert`.
+    pub client_key: Option<PathBuf>,
+    /// The name sent as SNI and checked against the upstream's certificate, instead of the
+    /// host of `upstream.url` (for an upstream reached by IP or through another name).
+    pub server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -737,6 +744,35 @@ impl Config {
                 "upstream.tls.insecure_skip_verify",
                 "set either insecure_skip_verify or ca_file, not both",
             ));
+        }
+        let t = &self.upstream.tls;
+        match (&t.client_cert, &t.client_key) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "upstream.tls.client_cert",
+                    "set both upstream.tls.client_cert and upstream.tls.client_key, or neither",
+                ))
+            }
+            _ => {}
+        }
+        for (key, p) in [
+            ("upstream.tls.client_cert", &t.client_cert),
+            ("upstream.tls.client_key", &t.client_key),
+        ] {
+            if let Some(p) = p.as_ref().filter(|p| !p.is_file()) {
+                return Err(ConfigError::new(
+                    key,
+                    format!("{} is not a readable file", p.display()),
+                ));
+            }
+        }
+        if let Some(name) = &t.server_name {
+            if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+                return Err(ConfigError::new(
+                    "upstream.tls.server_name",
+                    format!("`{name}` is not a DNS name or IP address (e.g. model.internal)"),
+                ));
+            }
         }
         if let Some(ca) = &self.upstream.tls.ca_file {
             if !ca.is_file() {

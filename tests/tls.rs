@@ -393,3 +393,86 @@ async fn sighup_reloads_the_certificate() {
     until_served_with(&new.roots(), h.proxy_addr.port()).await;
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn upstream_mtls_with_a_client_certificate_and_a_server_name_override() {
+    // The https upstream: a kvbust whose listener requires a client certificate from `pki`, in
+    // front of the mock.
+    let pki = Pki::new("upstream-mtls");
+    let server = pki.leaf("server", false);
+    let client_id = pki.leaf("client", true);
+    let tls = server.listener(Some(pki.ca_file()), 0);
+    let edge = start(move |c| c.listen.tls = Some(tls)).await;
+    let port = edge.proxy_addr.port();
+    let body = chat_body("through two proxies", true, 2);
+
+    // One request through a fresh front kvbust forwarding to `url`, with or without the client
+    // certificate and with an optional server name override: the status and body it answers.
+    let through = |url: String, client: bool, server_name: Option<&str>| {
+        let (ca, cert, key) = (pki.ca_file(), client_id.cert.clone(), client_id.key.clone());
+        let server_name = server_name.map(str::to_string);
+        let body = body.clone();
+        async move {
+            let front = start_proxy(&url, move |c| {
+                c.upstream.tls.ca_file = Some(ca);
+                if client {
+                    c.upstream.tls.client_cert = Some(cert);
+                    c.upstream.tls.client_key = Some(key);
+                }
+                c.upstream.tls.server_name = server_name;
+            })
+            .await;
+            let resp = send(&h1(), post(&front.url("/v1/chat/completions"), body, &[])).await;
+            let status = resp.status();
+            let bytes = body_bytes(resp).await;
+            front.shutdown().await;
+            (status, bytes)
+        }
+    };
+
+    let by_name = format!("https://localhost:{port}");
+    let (status, bytes) = through(by_name.clone(), true, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sse_data(&bytes).last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(edge.mock.recorder().requests_total(), 1);
+
+    // Without the client certificate the upstream refuses the connection: a 502.
+    let (status, _) = through(by_name, false, None).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+
+    // By IP address the certificate (for localhost) does not match, unless the server name
+    // sent and checked is overridden.
+    let by_ip = format!("https://127.0.0.1:{port}");
+    let (status, _) = through(by_ip.clone(), true, None).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let (status, _) = through(by_ip, true, Some("localhost")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(edge.mock.recorder().requests_total(), 2);
+    edge.shutdown().await;
+}
+
+#[tokio::test]
+async fn insecure_skip_verify_shows_on_config_and_as_a_metric() {
+    for insecure in [false, true] {
+        let h = start(move |c| c.upstream.tls.insecure_skip_verify = insecure).await;
+        let config = String::from_utf8(
+            body_bytes(send(&h1(), get(&h.admin_url("/config"))).await)
+                .await
+                .to_vec(),
+        )
+        .unwrap();
+        assert!(
+            config.contains(&format!("insecure_skip_verify = {insecure}")),
+            "{config}"
+        );
+        let m = metrics_text(&h).await;
+        assert!(
+            m.contains(&format!(
+                "kvbust_upstream_tls_insecure_skip_verify {}",
+                u8::from(insecure)
+            )),
+            "{m}"
+        );
+        h.shutdown().await;
+    }
+}
