@@ -79,7 +79,7 @@ fn split_at_line_starts(text: &str, pieces: usize) -> Vec<&str> {
     let mut at = step;
     while at < b.len() {
         let mut p = at;
-        while p < b.len() && !(b[p - 1] == b'\n' && !b[p].is_ascii_whitespace()) {
+        while p < b.len() && (b[p - 1] != b'\n' || b[p].is_ascii_whitespace()) {
             p += 1;
         }
         if p >= b.len() {
