@@ -268,3 +268,22 @@ fn a_tokenizer_that_cannot_encode_the_pool_is_refused() {
     assert!(msg.contains("cannot encode the coding corpus"), "{msg}");
     assert!(msg.contains("unknown token"), "{msg}");
 }
+
+#[test]
+fn fast_pool_encoding_equals_the_tokenizer() {
+    // The pool's shortcut encoder against the full `tokenizers` pipeline, for more seeds and
+    // for Llama-3.2 (digit runs of up to three, a BOS it must not add).
+    let llama = Tokenizer::from_path(&fixture("tokenizers/llama-3.2")).expect("llama");
+    for tok in [tokenizer(), &llama] {
+        for seed in [1u64, 7, 1234] {
+            let text = kvbust::synth::coding::pool_blocks(seed, 1.0)
+                .unwrap()
+                .join(kvbust::synth::coding::SEPARATOR);
+            assert_eq!(
+                kvbust::synth::coding::encode_large(tok, &text).unwrap(),
+                tok.encode(&text).unwrap(),
+                "seed {seed}"
+            );
+        }
+    }
+}

@@ -253,6 +253,17 @@ impl Value {
         })
     }
 
+    /// `len(x)` without copying the items.
+    fn len(&self) -> Result<usize, Error> {
+        Ok(match self {
+            Value::List(l) => l.borrow().len(),
+            Value::Tuple(t) => t.len(),
+            Value::Str(t) => t.chars().count(),
+            Value::Dict(d) | Value::SafeMap(d) => d.len(),
+            other => return Err(format!("len() of {other:?}")),
+        })
+    }
+
     fn as_int(&self) -> Result<i64, Error> {
         match self {
             Value::Int(i) => Ok(*i),
@@ -684,11 +695,13 @@ impl<'r> Interp<'r> {
         };
         Ok(match (&obj, name) {
             (Value::Rng, "choice") => {
-                let items = arg(0)?.items()?;
-                if items.is_empty() {
+                let seq = arg(0)?;
+                let n = seq.len()?;
+                if n == 0 {
                     return Err("choice from an empty sequence".into());
                 }
-                items[self.rng.choice_index(items.len())].clone()
+                let i = self.rng.choice_index(n);
+                index_of(seq, &Value::Int(i as i64))?
             }
             (Value::Rng, "randint") => {
                 let (a, b) = (arg(0)?.as_int()?, arg(1)?.as_int()?);
@@ -970,10 +983,7 @@ fn builtin(
         best.ok_or_else(|| format!("{name}() of an empty sequence"))
     };
     Ok(match name {
-        "len" => Value::Int(match arg(0)? {
-            Value::Str(t) => t.chars().count(),
-            other => other.items()?.len(),
-        } as i64),
+        "len" => Value::Int(arg(0)?.len()? as i64),
         "min" => extreme(false)?,
         "max" => extreme(true)?,
         "sum" => {

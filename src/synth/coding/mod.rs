@@ -6,6 +6,7 @@
 //! `assets/aiperf-coding/templates.json`, see [`interp`]), and never touch the network or the
 //! clock; it reads or writes files only through the id cache of [`CodingPool::build_cached`].
 
+mod encode;
 pub mod interp;
 mod pyfmt;
 
@@ -34,14 +35,6 @@ pub const CORPUS_STREAM: &str = "dataset.coding_content.corpus";
 /// What joins two blocks of the pool.
 pub const SEPARATOR: &str = "\n\n";
 
-/// The texts this many bytes or more are split (at line starts that are pre-token boundaries)
-/// and encoded in parallel.
-const PARALLEL_ENCODE_MIN_BYTES: usize = 64 * 1024;
-
-/// Pieces a large text is encoded in (a fixed number, so the work split does not depend on the
-/// machine; the result never depends on it).
-const ENCODE_PIECES: usize = 16;
-
 fn template_error(generator: &str, e: interp::Error) -> SynthError {
     SynthError::invalid(format!(
         "coding corpus template {generator} failed: {e} (assets/aiperf-coding/templates.json \
@@ -66,50 +59,24 @@ pub fn pool_blocks(root_seed: u64, pool_scale: f64) -> Result<Vec<String>, Synth
     Ok(blocks)
 }
 
-/// Splits `text` into about `pieces` parts at line starts (after `\n`, before a non-whitespace
-/// character). For the byte-level BPE tokenizers [`crate::synth::reencode::eligible`] accepts,
-/// every such point is a pre-token boundary (a newline run always ends its pre-token, and a
-/// non-space character never extends a preceding one), so encoding the parts equals encoding
-/// the whole.
-fn split_at_line_starts(text: &str, pieces: usize) -> Vec<&str> {
-    let b = text.as_bytes();
-    let step = (text.len() / pieces.max(1)).max(1);
-    let mut out = Vec::with_capacity(pieces);
-    let mut start = 0;
-    let mut at = step;
-    while at < b.len() {
-        let mut p = at;
-        while p < b.len() && (b[p - 1] != b'\n' || b[p].is_ascii_whitespace()) {
-            p += 1;
-        }
-        if p >= b.len() {
-            break;
-        }
-        out.push(&text[start..p]);
-        start = p;
-        at = p + step;
-    }
-    out.push(&text[start..]);
-    out
-}
-
-/// `tokenizer.encode(text)` for a large text: in parallel pieces when that is provably the same.
+/// `tokenizer.encode(text)` for the pool's text, through [`encode::encode`]'s exact shortcut
+/// where the tokenizer is eligible.
 pub fn encode_large(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, SynthError> {
-    if text.len() < PARALLEL_ENCODE_MIN_BYTES
-        || !crate::synth::reencode::eligible(tokenizer.inner())
-    {
-        return tokenizer.encode(text);
-    }
-    let parts: Vec<String> = split_at_line_starts(text, ENCODE_PIECES)
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    Ok(tokenizer.encode_batch(parts)?.concat())
+    encode::encode(tokenizer, text)
 }
 
 /// The id of the model's unknown token, if it has one.
 fn unk_id(tokenizer: &Tokenizer) -> Option<u32> {
-    let model = serde_json::to_value(tokenizer.inner().get_model()).ok()?;
+    let inner = tokenizer.inner();
+    match inner.get_model() {
+        // The common models expose it directly (serializing a large BPE model costs far more).
+        tokenizers::ModelWrapper::BPE(bpe) => {
+            return bpe.unk_token.as_deref().and_then(|t| inner.token_to_id(t))
+        }
+        tokenizers::ModelWrapper::WordPiece(wp) => return inner.token_to_id(&wp.unk_token),
+        _ => {}
+    }
+    let model = serde_json::to_value(inner.get_model()).ok()?;
     if let Some(id) = model.get("unk_id").and_then(serde_json::Value::as_u64) {
         return u32::try_from(id).ok();
     }
@@ -465,17 +432,6 @@ mod tests {
         assert_eq!(pool.window(3, 2), [3, 4]);
         // Longer than the pool: the wrap is appended once, capped at the pool.
         assert_eq!(pool.window(5, 25).len(), 5 + 10);
-    }
-
-    #[test]
-    fn line_start_split_keeps_text() {
-        let text = "a\n\nb c\n  d\n\n\ne\nf".repeat(50);
-        let parts = split_at_line_starts(&text, 7);
-        assert!(parts.len() > 1);
-        assert_eq!(parts.concat(), text);
-        for p in &parts[1..] {
-            assert!(!p.as_bytes()[0].is_ascii_whitespace());
-        }
     }
 
     #[test]
