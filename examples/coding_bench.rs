@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvbust::synth::coding::{self, CodingPool, CodingPrompts};
+use kvbust::synth::coding_exact::CodingCorpus;
 use kvbust::synth::Tokenizer;
 
 fn best_of<T>(runs: usize, mut f: impl FnMut() -> T) -> (f64, T) {
@@ -23,6 +24,16 @@ fn best_of<T>(runs: usize, mut f: impl FnMut() -> T) -> (f64, T) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seed: u64 = std::env::args().nth(1).map_or(Ok(42), |s| s.parse())?;
+    if let Some(n) = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        // `coding_bench SEED N`: only the templates, N times (for a profiler).
+        for _ in 0..n {
+            coding::pool_blocks(seed, 1.0)?;
+        }
+        return Ok(());
+    }
     let tok = Tokenizer::default_qwen3()?;
     // Warm the tokenizer's lazy tables and the parsed template asset once.
     CodingPool::build(seed.wrapping_add(1), &tok)?;
@@ -37,7 +48,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (t_warm, cached) = best_of(5, || CodingPool::build_cached(seed, &tok, Some(&dir)));
     assert_eq!(cached?.tokens(), pool.tokens());
     assert_eq!(ids?, pool.tokens());
-    let _ = std::fs::remove_dir_all(&dir);
 
     println!(
         "seed {seed}: {} blocks, {} bytes, {} tokens",
@@ -55,6 +65,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("  pool build, cold (no cache):     {:8.2} ms", t_cold * 1e3);
     println!("  pool build, warm (id cache):     {:8.2} ms", t_warm * 1e3);
+
+    // kvbust's own corpus, for the README's comparison.
+    let (t_exact, exact) = best_of(3, || CodingCorpus::build(seed, &tok));
+    let exact = exact?;
+    CodingCorpus::build_cached(seed, &tok, Some(&dir))?;
+    let (t_exact_warm, _) = best_of(3, || CodingCorpus::build_cached(seed, &tok, Some(&dir)));
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "  coding-exact ({} tokens): cold {:.2} ms, warm (id cache) {:.2} ms",
+        exact.len(),
+        t_exact * 1e3,
+        t_exact_warm * 1e3
+    );
 
     let mut gen = CodingPrompts::new(Arc::new(pool), &tok);
     let n = 20_000;

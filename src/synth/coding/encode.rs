@@ -7,37 +7,14 @@
 //! shortcut; must never return anything but what `Tokenizer::encode` returns (the tests compare
 //! the two on the pools and on random ASCII).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use rayon::prelude::*;
 use tokenizers::Model;
 
+use super::FastMap;
 use crate::synth::error::SynthError;
 use crate::synth::tokenizer::{byte_level_alphabet, Tokenizer};
 
-/// FNV-1a: pre-tokens are short, and SipHash would cost more than the lookup saves.
-#[derive(Default)]
-struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.0
-        };
-        for &b in bytes {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        self.0 = h;
-    }
-}
-
-type Memo<'t> = HashMap<&'t [u8], Vec<u32>, BuildHasherDefault<Fnv>>;
+type Memo<'t> = FastMap<&'t [u8], Vec<u32>>;
 
 /// Where `text` may be cut: after a `\n`, before a printable ASCII character. No alternative of
 /// either split regex carries a newline into a following non-space character, NFC cannot

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use serde::Deserialize;
 
 use super::pyfmt::{self, Arg, Piece};
+use super::FastMap;
 use crate::synth::rng::PyRandom;
 
 const TEMPLATES_JSON: &str = include_str!("../../../assets/aiperf-coding/templates.json");
@@ -161,7 +162,7 @@ pub struct Templates {
     pub text_pool_blocks: usize,
     pub baseline_pool_tokens: u64,
     constants: HashMap<String, serde_json::Value>,
-    methods: HashMap<String, Method>,
+    methods: FastMap<String, Method>,
 }
 
 /// The parsed asset (parsed once per process).
@@ -172,6 +173,23 @@ pub fn templates() -> &'static Templates {
     T.get_or_init(|| serde_json::from_str(TEMPLATES_JSON).expect("embedded templates.json parses"))
 }
 
+/// A Python `str`: a literal of the asset (no copy) or a string made at run time.
+#[derive(Clone, Debug)]
+enum PyStr {
+    Static(&'static str),
+    Owned(Rc<str>),
+}
+
+impl std::ops::Deref for PyStr {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            PyStr::Static(t) => t,
+            PyStr::Owned(t) => t,
+        }
+    }
+}
+
 /// A Python value.
 #[derive(Clone, Debug)]
 enum Value {
@@ -179,7 +197,7 @@ enum Value {
     Bool(bool),
     Int(i64),
     Float(f64),
-    Str(Rc<str>),
+    Str(PyStr),
     List(Rc<RefCell<Vec<Value>>>),
     Tuple(Rc<Vec<Value>>),
     Dict(Rc<Vec<(Value, Value)>>),
@@ -193,13 +211,13 @@ enum Value {
     SelfObj,
 }
 
-type Env = HashMap<&'static str, Value>;
+type Env = FastMap<&'static str, Value>;
 
 /// An evaluation error: the template uses something the interpreter does not support.
 pub type Error = String;
 
 fn s(v: &str) -> Value {
-    Value::Str(Rc::from(v))
+    Value::Str(PyStr::Owned(Rc::from(v)))
 }
 
 fn from_json(v: &serde_json::Value) -> Value {
@@ -317,7 +335,7 @@ impl Value {
 fn py_eq(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::None, Value::None) => true,
-        (Value::Str(x), Value::Str(y)) => x == y,
+        (Value::Str(x), Value::Str(y)) => **x == **y,
         (Value::Float(_), _) | (_, Value::Float(_)) => match (a.as_f64(), b.as_f64()) {
             (Ok(x), Ok(y)) => x == y,
             _ => false,
@@ -385,7 +403,7 @@ impl<'r> Interp<'r> {
             .methods
             .get(name)
             .ok_or_else(|| format!("no template method {name}"))?;
-        let mut env = Env::new();
+        let mut env = Env::default();
         env.insert("self", Value::SelfObj);
         if args.len() > m.params.len() {
             return Err(format!("{name}: too many arguments"));
@@ -469,7 +487,7 @@ impl<'r> Interp<'r> {
             Expr::Bool { v } => Value::Bool(*v),
             Expr::Int { v } => Value::Int(*v),
             Expr::Float { v } => Value::Float(*v),
-            Expr::Str { v } => s(v),
+            Expr::Str { v } => Value::Str(PyStr::Static(v)),
             Expr::Name { id } => match env
                 .get(id.as_str())
                 .or_else(|| self.globals.get(id.as_str()))
@@ -599,17 +617,26 @@ impl<'r> Interp<'r> {
 
     /// An f-string body (also a nested format spec): literal parts and `{value:spec}` fields.
     fn fstring(&mut self, parts: &'static [Expr], env: &mut Env) -> Result<String, Error> {
-        let mut out = String::new();
+        let mut out = String::with_capacity(256);
         for p in parts {
             match p {
                 Expr::Str { v } => out.push_str(v),
                 Expr::Fmt { value, spec } => {
                     let v = self.eval(value, env)?;
-                    let spec = match spec {
-                        Some(parts) => self.fstring(parts, env)?,
-                        None => String::new(),
-                    };
-                    out.push_str(&v.format(&spec)?);
+                    match (spec, &v) {
+                        // The common cases, without a temporary string.
+                        (None, Value::Str(t)) => out.push_str(t),
+                        (None, Value::Int(i)) => {
+                            use std::fmt::Write as _;
+                            // Writing into a String cannot fail.
+                            let _ = write!(out, "{i}");
+                        }
+                        (None, _) => out.push_str(&v.format("")?),
+                        (Some(parts), _) => {
+                            let spec = self.fstring(parts, env)?;
+                            out.push_str(&v.format(&spec)?);
+                        }
+                    }
                 }
                 other => return Err(format!("unexpected f-string part {other:?}")),
             }
@@ -715,19 +742,23 @@ impl<'r> Interp<'r> {
                 Value::Float(self.rng.uniform(arg(0)?.as_f64()?, arg(1)?.as_f64()?))
             }
             (Value::Rng, "sample") => {
-                let items = arg(0)?.items()?;
+                let population = arg(0)?;
+                let n = population.len()?;
                 let k = match args.get(1) {
                     Some(k) => k.as_int()?,
                     None => kwarg(&kwargs, "k")?.as_int()?,
                 };
                 let k = usize::try_from(k).map_err(|_| "negative sample size".to_string())?;
-                if k > items.len() {
+                if k > n {
                     return Err("sample larger than population".into());
                 }
-                let idx = self.rng.sample_indices(items.len(), k);
-                Value::List(Rc::new(RefCell::new(
-                    idx.into_iter().map(|i| items[i].clone()).collect(),
-                )))
+                let picked = self
+                    .rng
+                    .sample_indices(n, k)
+                    .into_iter()
+                    .map(|i| index_of(population, &Value::Int(i as i64)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Value::List(Rc::new(RefCell::new(picked)))
             }
             (Value::Str(t), "title") => s(&pyfmt::title(t)),
             (Value::Str(t), "lower") => s(&t.to_lowercase()),
@@ -868,7 +899,7 @@ fn index_of(c: &Value, i: &Value) -> Result<Value, Error> {
 fn binop(op: &str, a: &Value, b: &Value) -> Result<Value, Error> {
     use Value::{Float, Int, List, Str, Tuple};
     Ok(match (op, a, b) {
-        ("+", Str(x), Str(y)) => s(&format!("{x}{y}")),
+        ("+", Str(x), Str(y)) => s(&format!("{}{}", &**x, &**y)),
         ("+", List(x), List(y)) => {
             let mut v = x.borrow().clone();
             v.extend(y.borrow().iter().cloned());
@@ -922,14 +953,14 @@ fn compare(op: &str, a: &Value, b: &Value) -> Result<bool, Error> {
         "is not" => !compare("is", a, b)?,
         "in" | "not in" => {
             let found = match (a, b) {
-                (Value::Str(x), Value::Str(y)) => y.contains(x.as_ref()),
+                (Value::Str(x), Value::Str(y)) => y.contains(&**x),
                 (x, c) => c.items()?.iter().any(|it| py_eq(it, x)),
             };
             found == (op == "in")
         }
         _ => {
             let ord = match (a, b) {
-                (Value::Str(x), Value::Str(y)) => x.cmp(y),
+                (Value::Str(x), Value::Str(y)) => (**x).cmp(&**y),
                 _ => a
                     .as_f64()?
                     .partial_cmp(&b.as_f64()?)

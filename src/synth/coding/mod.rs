@@ -35,6 +35,31 @@ pub const CORPUS_STREAM: &str = "dataset.coding_content.corpus";
 /// What joins two blocks of the pool.
 pub const SEPARATOR: &str = "\n\n";
 
+/// FNV-1a: the keys hashed here (names, pre-tokens) are short, and SipHash would cost more
+/// than the lookups save. No key comes from outside the process.
+#[derive(Default)]
+pub(crate) struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+/// A hash map with [`Fnv`] hashing.
+pub(crate) type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+
 fn template_error(generator: &str, e: interp::Error) -> SynthError {
     SynthError::invalid(format!(
         "coding corpus template {generator} failed: {e} (assets/aiperf-coding/templates.json \
