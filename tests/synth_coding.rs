@@ -54,9 +54,18 @@ fn argv(case: &Value) -> Vec<String> {
 /// Maps a case's AIPerf argv onto [`SynthParams`].
 fn params_from_argv(argv: &[String]) -> SynthParams {
     let mut p = SynthParams::default();
-    for pair in argv.chunks(2) {
-        let (flag, val) = (pair[0].as_str(), pair[1].as_str());
+    let mut args = argv.iter().map(String::as_str);
+    while let Some(flag) = args.next() {
+        if flag == "--apply-chat-template" {
+            p.apply_chat_template = true;
+            continue;
+        }
+        let val = args.next().expect("a value");
         match flag {
+            "--osl-stddev" => p.osl_stddev = val.parse().unwrap(),
+            "--session-turns-stddev" => p.session_turns_stddev = val.parse().unwrap(),
+            "--system-prompt" => p.system_prompt = Some(val.to_owned()),
+            "--random-range-ratio" => p.range_ratio = Some(val.parse().unwrap()),
             "--isl" => p.isl = Some(val.parse().unwrap()),
             "--isl-stddev" => p.isl_stddev = val.parse().unwrap(),
             "--osl" => p.osl = Some(val.parse().unwrap()),
@@ -284,6 +293,55 @@ fn fast_pool_encoding_equals_the_tokenizer() {
                 tok.encode(&text).unwrap(),
                 "seed {seed}"
             );
+        }
+    }
+}
+
+fn digest(s: Option<&str>) -> Value {
+    s.map_or(Value::Null, |t| {
+        Value::String(hex::encode(Sha256::digest(t.as_bytes())))
+    })
+}
+
+#[test]
+fn more_seeds_lengths_and_flags_match_aiperf() {
+    // `coding_extra.json`: AIPerf 0.13.0's own composer, texts as sha256 (see its README row).
+    let text = std::fs::read_to_string(fixture("coding_extra.json")).expect("coding_extra.json");
+    let v: Value = serde_json::from_str(&text).expect("valid JSON");
+    let llama = Tokenizer::from_path(&fixture("tokenizers/llama-3.2")).expect("llama");
+    let cases = v["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 8);
+    for (name, case) in cases {
+        let tok = match case["tokenizer"].as_str().unwrap() {
+            "qwen3" => tokenizer(),
+            _ => &llama,
+        };
+        let params = params_from_argv(&argv(case));
+        let got = compose(&params, tok, None, &mut |_, _| {}).unwrap();
+        let want = case["conversations"].as_array().unwrap();
+        assert_eq!(got.conversations.len(), want.len(), "{name}");
+        for (c, (g, w)) in got.conversations.iter().zip(want).enumerate() {
+            assert_eq!(g.session_id, w["session_id"].as_str().unwrap(), "{name}");
+            assert_eq!(
+                digest(g.system_message.as_deref()),
+                w["system_message"],
+                "{name} {c}"
+            );
+            assert_eq!(
+                digest(g.user_context_message.as_deref()),
+                w["user_context_message"],
+                "{name} {c}"
+            );
+            let wt = w["turns"].as_array().unwrap();
+            assert_eq!(g.turns.len(), wt.len(), "{name} {c}");
+            for (t, (gt, wt)) in g.turns.iter().zip(wt).enumerate() {
+                assert_eq!(
+                    digest(Some(&gt.text)),
+                    wt["text"],
+                    "{name} conversation {c} turn {t}"
+                );
+                assert_eq!(gt.max_tokens, wt["max_tokens"].as_u64(), "{name} {c} {t}");
+            }
         }
     }
 }
