@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full};
 use crate::cachebust::Shape;
 use crate::error::ProxyError;
 use crate::runtime::Runtime;
-use forward::{Upstream, UpstreamClient};
+use forward::{Affinity, Upstream, UpstreamClient};
 use observe::{Observed, Observer};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -95,34 +95,29 @@ struct Exchange {
 }
 
 impl Proxy {
-    pub fn new(rt: Arc<Runtime>, upstream_url: &str) -> Result<Arc<Self>, String> {
-        let upstream = Upstream::parse(upstream_url)?;
-        let client = forward::build_client(&rt.config.upstream)?;
-        let synth =
-            synthesize::Synthesizer::new(rt.config.synth.clone(), rt.config.cache_bust.target);
-        Ok(Arc::new(Self {
+    /// One worker's proxy: `client` is that worker's pool; `synth` is shared by all workers.
+    pub fn new(
+        rt: Arc<Runtime>,
+        upstream: Upstream,
+        client: UpstreamClient,
+        synth: Arc<synthesize::Synthesizer>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
             rt,
             client,
             upstream,
             synth,
-        }))
+        })
     }
 
-    /// The synthesis state (built lazily, or at start when a dataset is configured).
-    pub fn synthesizer(&self) -> &Arc<synthesize::Synthesizer> {
-        &self.synth
-    }
-
-    pub fn runtime(&self) -> &Arc<Runtime> {
-        &self.rt
-    }
-
-    /// Serves one request. Never fails: errors become OpenAI-shaped responses.
+    /// Serves one request. Never fails: errors become OpenAI-shaped responses. `affinity`: the
+    /// client connection's own upstream connection (HTTP/1.1 clients), if it keeps one.
     pub fn handle<B>(
         self: Arc<Self>,
         req: Request<B>,
         peer: SocketAddr,
         tls: bool,
+        affinity: Option<Arc<Affinity>>,
     ) -> Pin<Box<dyn Future<Output = Response<Body>> + Send + 'static>>
     where
         B: HttpBody<Data = Bytes> + Send + Sync + 'static,
@@ -131,7 +126,7 @@ impl Proxy {
         // Erase the body type up front; boxing the future pins its Send-ness to concrete
         // lifetimes (hyper's service bounds trip rustc's higher-ranked inference otherwise).
         let req = req.map(|b| b.map_err(Into::into).boxed());
-        Box::pin(self.handle_erased(req, peer, tls))
+        Box::pin(self.handle_erased(req, peer, tls, affinity))
     }
 
     async fn handle_erased(
@@ -139,6 +134,7 @@ impl Proxy {
         req: Request<Body>,
         peer: SocketAddr,
         tls: bool,
+        affinity: Option<Arc<Affinity>>,
     ) -> Response<Body> {
         let start = Instant::now();
         let route = Route::classify(req.method(), req.uri().path());
@@ -148,7 +144,11 @@ impl Proxy {
             target: "none",
             rid: None,
         };
-        let result = self.forward(req, peer, tls, start, &mut ex).await;
+        // HTTP/2 streams share their connection: they go through the worker's pool.
+        let affinity = affinity.filter(|_| req.version() < http::Version::HTTP_2);
+        let result = self
+            .forward(req, peer, tls, affinity.as_deref(), start, &mut ex)
+            .await;
         let resp = match result {
             Ok(resp) => resp,
             Err(err) => {
@@ -186,20 +186,27 @@ impl Proxy {
         req: Request<Body>,
         peer: SocketAddr,
         tls: bool,
+        affinity: Option<&Affinity>,
         start: Instant,
         ex: &mut Exchange,
     ) -> Result<Response<Body>, ProxyError> {
         let cfg = &self.rt.config;
         let (mut parts, body) = req.into_parts();
-        let uri = self.upstream.join(parts.uri.path_and_query())?;
+        let affinity = affinity.filter(|_| self.upstream.uses_affinity(cfg.upstream.http2));
+        let uri = match affinity {
+            Some(_) => self.upstream.origin_form(parts.uri.path_and_query())?,
+            None => self.upstream.join(parts.uri.path_and_query())?,
+        };
 
         // Decide what this request needs from the headers alone; collect the body only if so.
         let mut upstream_body = body;
         if let Some(shape) = ex.route.shape() {
-            let mut decision = rewrite::decide(&parts.headers, &self.rt)?;
+            let control = rewrite::has_control_headers(&parts.headers, &cfg.headers);
+            let mut decision = rewrite::decide(&parts.headers, control, &self.rt)?;
             ex.phase = decision.phase.as_str();
             ex.target = decision.target.as_str();
-            let synth = synthesize::wants_synthesis(&parts.headers, parts.uri.path(), cfg)?;
+            let synth =
+                synthesize::wants_synthesis(&parts.headers, control, parts.uri.path(), cfg)?;
             if synth && shape != Shape::Chat {
                 return Err(ProxyError::bad_request(
                     "synthesis_unsupported",
@@ -283,16 +290,20 @@ impl Proxy {
                 cfg.upstream.first_byte_timeout,
             ),
         };
-        let resp = match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
-            Err(_) => return Err(ProxyError::UpstreamTimeout { stage, after }),
-            Ok(Err(e)) => {
-                return Err(forward::classify(
-                    e,
-                    &self.upstream,
-                    cfg.upstream.connect_timeout,
-                ))
+        let sent = async {
+            match affinity {
+                Some(a) => {
+                    forward::send_with_affinity(a, &self.upstream, &cfg.upstream, upstream_req)
+                        .await
+                }
+                None => self.client.request(upstream_req).await.map_err(|e| {
+                    forward::classify(e, &self.upstream, cfg.upstream.connect_timeout)
+                }),
             }
-            Ok(Ok(resp)) => resp,
+        };
+        let resp = match tokio::time::timeout(timeout, sent).await {
+            Err(_) => return Err(ProxyError::UpstreamTimeout { stage, after }),
+            Ok(result) => result?,
         };
 
         let (mut rparts, rbody) = resp.into_parts();
@@ -343,7 +354,8 @@ impl Proxy {
     }
 }
 
-/// Collects a request body that must be rewritten, refusing more than `limit` bytes.
+/// Collects a request body that must be rewritten, refusing more than `limit` bytes. A body that
+/// arrives in one frame (the usual case for a small chat request) is kept as it is, not copied.
 async fn collect_limited(
     body: Body,
     headers: &http::HeaderMap,
@@ -359,17 +371,34 @@ async fn collect_limited(
     // A plain loop rather than `Limited`: its boxed error type trips rustc's Send inference
     // for this future.
     let mut body = body;
-    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut total = 0u64;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ProxyError::ClientBody(forward::error_chain(e.as_ref())))?;
-        if let Ok(data) = frame.into_data() {
-            if (buf.len() + data.len()) as u64 > limit {
-                return Err(ProxyError::BodyTooLarge { limit });
-            }
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total += data.len() as u64;
+        if total > limit {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+        if let Some(buf) = joined.as_mut() {
             buf.extend_from_slice(&data);
+        } else if let Some(head) = first.take() {
+            let cap = declared.unwrap_or(total).max(total).min(limit) as usize;
+            let mut buf = bytes::BytesMut::with_capacity(cap);
+            buf.extend_from_slice(&head);
+            buf.extend_from_slice(&data);
+            joined = Some(buf);
+        } else {
+            first = Some(data);
         }
     }
-    Ok(buf.freeze())
+    Ok(match joined {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]
