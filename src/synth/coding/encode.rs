@@ -58,10 +58,13 @@ fn pre_token_end(s: &[u8], i: usize, max_digits: usize) -> usize {
         }
         j
     };
-    if c != b'\r' && c != b'\n' && !c.is_ascii_alphanumeric() && i + 1 < n {
-        if s[i + 1].is_ascii_alphabetic() {
-            return letters(i + 1);
-        }
+    if c != b'\r'
+        && c != b'\n'
+        && !c.is_ascii_alphanumeric()
+        && i + 1 < n
+        && s[i + 1].is_ascii_alphabetic()
+    {
+        return letters(i + 1);
     }
     if c.is_ascii_alphabetic() {
         return letters(i);
