@@ -274,15 +274,10 @@ fn parse_placeholder(text: &str, range: Range<usize>) -> Result<Placeholder, Pro
     }
     let corpus = match parts.next() {
         None => None,
-        Some("sonnet") => Some(PromptCorpus::Sonnet),
-        Some("random") => Some(PromptCorpus::Random),
-        Some("coding") => Some(PromptCorpus::Coding),
-        Some(other) => {
-            return Err(malformed(
-                text,
-                &format!("unknown corpus `{other}` (sonnet, random or coding)"),
-            ))
-        }
+        Some(name) => Some(
+            name.parse::<PromptCorpus>()
+                .map_err(|e| malformed(text, &e))?,
+        ),
     };
     if parts.next().is_some() {
         return Err(malformed(text, "too many `:` fields"));
@@ -593,7 +588,7 @@ impl Synthesizer {
                         lanes.take(corpus, n).map_err(|e| {
                             ProxyError::Internal(format!(
                                 "{} prompt of {n} tokens: {e}",
-                                corpus.name()
+                                corpus.as_str()
                             ))
                         })
                     })

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use lru::LruCache;
 
-use crate::synth::coding::CodingCorpus;
+use crate::synth::coding_exact::CodingCorpus;
 use crate::synth::corpus::sonnet::SHAKESPEARE;
 use crate::synth::corpus::{RandomCorpusStyle, SonnetCorpus};
 use crate::synth::error::SynthError;
@@ -117,12 +117,13 @@ impl PromptLanes {
         })
     }
 
-    /// The corpus token array for sonnet and coding lanes (built once, outside the lane map).
+    /// The corpus token array for sonnet and coding-exact lanes (built once, outside the lane
+    /// map). AIPerf's `coding` pool depends on the stream's own seed, so its stream builds it.
     fn corpus(&self, corpus: PromptCorpus) -> Result<Option<SonnetCorpus>, SynthError> {
         let slot = match corpus {
             PromptCorpus::Sonnet => &self.corpora.sonnet,
-            PromptCorpus::Coding => &self.corpora.coding,
-            PromptCorpus::Random => return Ok(None),
+            PromptCorpus::CodingExact => &self.corpora.coding,
+            PromptCorpus::Random | PromptCorpus::Coding => return Ok(None),
         };
         let mut slot = lock(slot);
         if let Some(c) = slot.as_ref() {
@@ -130,7 +131,7 @@ impl PromptLanes {
         }
         let t0 = std::time::Instant::now();
         let built = match corpus {
-            PromptCorpus::Coding => CodingCorpus::for_root_seed_cached(
+            PromptCorpus::CodingExact => CodingCorpus::for_root_seed_cached(
                 self.root,
                 &self.tokenizer,
                 self.cache_dir.as_deref(),
@@ -141,7 +142,7 @@ impl PromptLanes {
                 SonnetCorpus::build_cached(SHAKESPEARE, &self.tokenizer, self.cache_dir.as_deref())?
             }
         };
-        tracing::info!(corpus = corpus.name(), elapsed = ?t0.elapsed(), "placeholder corpus ready");
+        tracing::info!(corpus = corpus.as_str(), elapsed = ?t0.elapsed(), "placeholder corpus ready");
         *slot = Some(built.clone());
         Ok(Some(built))
     }
@@ -150,7 +151,7 @@ impl PromptLanes {
         if let Some(l) = lock(&self.lanes).get(&(corpus, tokens)) {
             return Ok(l.clone());
         }
-        let name = corpus.name();
+        let name = corpus.as_str();
         let seed = derive_seed(self.root, &format!("kvbust.placeholder.{name}.{tokens}"));
         let stream = PromptStream::new(
             self.tokenizer.clone(),
