@@ -183,13 +183,17 @@ async fn placeholders_become_fresh_token_exact_prompts_from_each_corpus() {
     let client = h1();
     let body = r#"{"model":"m","messages":[{"role":"user","content":"A<<{{kvbust:prompt:50}}>>B<<{{kvbust:prompt:33:random}}>>C<<{{kvbust:prompt:40:coding-exact}}>>D<<{{kvbust:prompt:40:coding}}>>E"}],"max_tokens":2}"#;
     // AIPerf's coding corpus is not token-exact: its prompts are the decoded windows of
-    // AIPerf's generator under the placeholder seed, in order.
+    // AIPerf's generator under the seed of the (coding, 40) placeholder lane, in order.
     let mut aiperf_coding = PromptStream::new(
         std::sync::Arc::new(Tokenizer::default_qwen3().unwrap()),
         PromptCorpus::Coding,
         RandomCorpusStyle::Vllm,
         None,
-        Some(3),
+        Some(kvbust::synth::placeholders::lane_seed(
+            3,
+            PromptCorpus::Coding,
+            40,
+        )),
     )
     .unwrap();
     let mut seen = Vec::new();

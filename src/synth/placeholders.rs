@@ -94,6 +94,15 @@ pub struct PromptLanes {
     lanes: Mutex<LruCache<(PromptCorpus, usize), Arc<Lane>>>,
 }
 
+/// The root seed of lane (corpus, `tokens`) under the placeholder root seed: its k-th prompt is
+/// the k-th of a [`PromptStream`] over that corpus with this seed.
+pub fn lane_seed(root: u64, corpus: PromptCorpus, tokens: usize) -> u64 {
+    derive_seed(
+        root,
+        &format!("kvbust.placeholder.{}.{tokens}", corpus.as_str()),
+    )
+}
+
 impl PromptLanes {
     /// Lanes over `tokenizer`; `depth` prompts are made ahead per lane (0: none); `seed` None
     /// draws a random root; `cache_dir` holds corpus id caches.
@@ -151,8 +160,7 @@ impl PromptLanes {
         if let Some(l) = lock(&self.lanes).get(&(corpus, tokens)) {
             return Ok(l.clone());
         }
-        let name = corpus.as_str();
-        let seed = derive_seed(self.root, &format!("kvbust.placeholder.{name}.{tokens}"));
+        let seed = lane_seed(self.root, corpus, tokens);
         let stream = PromptStream::new(
             self.tokenizer.clone(),
             corpus,
