@@ -562,6 +562,7 @@ mod tests {
                 .map(|t| Turn {
                     text: t.to_string(),
                     max_tokens: Some(7),
+                    ..Turn::default()
                 })
                 .collect(),
         }

@@ -171,7 +171,8 @@ impl Lengths {
     }
 }
 
-fn uuid4() -> String {
+/// A random uuid4 string (AIPerf's session ids without a seed).
+pub(crate) fn uuid4() -> String {
     let b: [u8; 16] = rand::random();
     let mut b = b;
     b[6] = (b[6] & 0x0f) | 0x40;
@@ -208,6 +209,9 @@ pub fn build_dataset_with(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Dataset, SynthError> {
     params.validate()?;
+    if params.input_file.is_some() {
+        return crate::synth::trace::build_from_params(params, tokenizer, cache_dir);
+    }
     let sonnet = match params.prompt_corpus {
         PromptCorpus::Sonnet => Some(SonnetCorpus::build_cached(
             SHAKESPEARE,
@@ -238,6 +242,11 @@ pub fn compose(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Dataset, SynthError> {
     params.validate()?;
+    if params.input_file.is_some() {
+        return Err(SynthError::invalid(
+            "compose builds synthetic datasets; build a trace with build_dataset or synth::trace",
+        ));
+    }
     if tokenizer.vocab_size() == 0 {
         return Err(SynthError::invalid("the tokenizer has an empty vocabulary"));
     }
@@ -432,7 +441,11 @@ pub fn compose(
                 gen.sample_length(isl as f64, params.isl_stddev)
             };
             let text = gen.generate_prompt(body_len, prefix)?;
-            turns.push(Turn { text, max_tokens });
+            turns.push(Turn {
+                text,
+                max_tokens,
+                ..Turn::default()
+            });
         }
         conversations.push(Conversation {
             session_id,

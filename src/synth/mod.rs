@@ -8,6 +8,7 @@ pub mod composer;
 pub mod corpus;
 pub mod dataset;
 pub mod error;
+pub mod export;
 pub mod generator;
 pub mod marker;
 pub mod params;
@@ -15,6 +16,7 @@ pub mod reencode;
 pub mod rng;
 pub mod stream;
 pub mod tokenizer;
+pub mod trace;
 
 pub use composer::{build_dataset, build_dataset_with, compose};
 pub use corpus::{RandomCorpusStyle, SonnetCorpus};
