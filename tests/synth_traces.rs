@@ -277,7 +277,13 @@ fn bad_traces_exit_2_naming_file_line_and_field() {
     // is not JSON, a partial last block outside 1..=block size, an empty file, an unknown
     // --custom-dataset-type and one AIPerf has but kvbust does not reproduce, the random
     // corpus (AIPerf's reason).
-    let cases: [(&str, &str, &[&str], &[&str]); 7] = [
+    let cases: [(&str, &str, &[&str], &[&str]); 8] = [
+        (
+            "osl0",
+            "{\"input_length\": 3, \"output_length\": 0}\n",
+            &[],
+            &["osl0.jsonl:1:", "`output_length`", "at least 1"],
+        ),
         (
             "no_loader",
             "{\"input_length\": 3}\n{\"output_length\": 3}\n",
@@ -355,7 +361,7 @@ fn mixed_sessions_and_verbatim_turns() {
     let path = scratch("verbatim.jsonl");
     std::fs::write(
         &path,
-        "{\"session_id\": \"a\", \"payload\": {\"z\": 1, \"a\": [2]}, \"output_length\": 0}\n{\"text_input\": \"hello\", \"timestamp\": 5.0, \"extra\": {\"b\": 1, \"a\": 2}}\n",
+        "{\"session_id\": \"a\", \"payload\": {\"z\": 1, \"a\": [2]}, \"output_length\": 2}\n{\"text_input\": \"hello\", \"timestamp\": 5.0, \"extra\": {\"b\": 1, \"a\": 2}}\n",
     )
     .unwrap();
     let lines = run_lines(
@@ -371,8 +377,7 @@ fn mixed_sessions_and_verbatim_turns() {
     assert!(raw.contains(r#""raw_payload":{"z": 1, "a": [2]}"#), "{raw}");
     assert!(raw.contains(r#""extra_body":{"b": 1, "a": 2}"#), "{raw}");
     assert_eq!(lines[0]["session_id"], "a");
-    // output_length 0 is clamped to 1, as AIPerf does.
-    assert_eq!(lines[0]["turns"][0]["max_tokens"], 1);
+    assert_eq!(lines[0]["turns"][0]["max_tokens"], 2);
     assert_eq!(lines[1]["session_id"], "session_000000");
     assert_eq!(lines[1]["turns"][0]["text"], "hello");
     assert!(raw.contains(r#""timestamp":5.0"#), "{raw}");

@@ -23,6 +23,9 @@ use crate::synth::SonnetCorpus;
 use blocks::{HashBlocks, LayoutError};
 use record::{Entry, Input};
 
+/// Hash-id sequences decoded together (bounds the token sequences held at once).
+const DECODE_BATCH: usize = 512;
+
 /// `--custom-dataset-type`: the trace loaders kvbust reproduces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -220,9 +223,12 @@ impl TraceFile {
             .collect();
         match ok.as_slice() {
             [k] => Ok(*k),
+            // Neither accepts it: read it as the type it resembles, whose error names the field.
+            [] if text.contains("\"chat_id\"") => Ok(TraceKind::BailianTrace),
+            [] => Ok(TraceKind::MooncakeTrace),
             _ => Err(self.line_error(
                 *line,
-                "cannot tell whether this is a mooncake_trace or a bailian_trace line; pass \
+                "both mooncake_trace and bailian_trace accept this line; pass \
                  --custom-dataset-type",
             )),
         }
@@ -473,12 +479,22 @@ pub fn build(
     };
     let mut blocks = HashBlocks::new(content.corpus_seed(), file.trace_id.clone(), separator);
     let corpus = content.block_corpus();
-    // Prompts in AIPerf's request order; hash-id sequences are decoded afterwards, in parallel.
-    let mut texts: Vec<Vec<Option<String>>> = Vec::with_capacity(sessions.len());
-    let mut pending: Vec<(usize, usize, Vec<u32>)> = Vec::new();
-    for (si, (_, entries)) in sessions.iter().enumerate() {
-        let mut row = Vec::with_capacity(entries.len());
-        for (ti, e) in entries.iter().enumerate() {
+    // Prompts in AIPerf's request order (one flat list, session by session). Hash-id
+    // sequences make no draws when decoded, so they are decoded in parallel batches.
+    let mut flat: Vec<Option<String>> = Vec::new();
+    let mut pending: Vec<(usize, Vec<u32>)> = Vec::new();
+    let flush = |pending: &mut Vec<(usize, Vec<u32>)>, flat: &mut Vec<Option<String>>| {
+        let decoded: Vec<String> = pending
+            .par_iter()
+            .map(|(_, seq)| tokenizer.decode(seq))
+            .collect::<Result<_, _>>()?;
+        for ((i, _), text) in pending.drain(..).zip(decoded) {
+            flat[i] = Some(text);
+        }
+        Ok::<(), SynthError>(())
+    };
+    for (_, entries) in &sessions {
+        for e in entries {
             let text = match &e.input {
                 Input::Text(t) => Some(t.clone()),
                 Input::Messages { .. } | Input::Payload(_) => Some(String::new()),
@@ -494,30 +510,29 @@ pub fn build(
                             &mut |k| content.sample_tokens(k),
                         )
                         .map_err(|err| layout_error(file, e, *n, block_size, err))?;
-                    pending.push((si, ti, seq));
+                    pending.push((flat.len(), seq));
                     None
                 }
             };
-            row.push(text);
+            flat.push(text);
+            if pending.len() >= DECODE_BATCH {
+                flush(&mut pending, &mut flat)?;
+            }
         }
-        texts.push(row);
     }
-    let decoded: Vec<String> = pending
-        .par_iter()
-        .map(|(_, _, seq)| tokenizer.decode(seq))
-        .collect::<Result<_, _>>()?;
-    for ((si, ti, _), text) in pending.iter().zip(decoded) {
-        texts[*si][*ti] = Some(text);
-    }
+    flush(&mut pending, &mut flat)?;
+    let mut texts = flat.into_iter();
 
     let mut max_tokens_rng = DerivedRng::derive(root_seed, "composer.turn.max_tokens").py;
     let osl_stddev = params.osl_stddev.trunc();
     let mut conversations = Vec::with_capacity(sessions.len());
-    for ((sid, entries), row) in sessions.into_iter().zip(texts) {
+    for (sid, entries) in sessions {
         let mut turns = Vec::with_capacity(entries.len());
-        for (e, text) in entries.into_iter().zip(row) {
+        for e in entries {
+            let text = texts.next().flatten();
             let max_tokens = match (e.output_length, params.osl) {
-                (Some(n), _) => Some(n.max(1) as u64),
+                // At least 1: checked when the line was read.
+                (Some(n), _) => Some(n as u64),
                 (None, Some(m)) if m > 0 => Some(
                     max_tokens_rng
                         .sample_positive_normal_integer(m as f64, osl_stddev)

@@ -248,8 +248,10 @@ fn mooncake(line: usize, f: &Fields) -> Result<Entry, FieldError> {
         if messages.is_none() {
             return Err(bad("tools", "is only allowed when 'messages' is given"));
         }
-        if !matches!(serde_json::from_str::<Value>(t.get()), Ok(Value::Array(a)) if !a.is_empty()) {
-            return Err(bad("tools", "must be a non-empty list"));
+        let ok = matches!(serde_json::from_str::<Value>(t.get()),
+            Ok(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_object));
+        if !ok {
+            return Err(bad("tools", "must be a non-empty list of objects"));
         }
     }
     if let Some(m) = &messages {
@@ -285,7 +287,7 @@ fn mooncake(line: usize, f: &Fields) -> Result<Entry, FieldError> {
     Ok(Entry {
         line,
         input,
-        output_length: int_field(f, "output_length")?,
+        output_length: output_length(int_field(f, "output_length")?)?,
         hash_ids: hash_ids.unwrap_or_default(),
         timestamp: number_field(f, "timestamp")?,
         delay: number_field(f, "delay")?,
@@ -293,6 +295,17 @@ fn mooncake(line: usize, f: &Fields) -> Result<Entry, FieldError> {
         chat: None,
         extra: extra_field(f)?,
     })
+}
+
+/// AIPerf's `Turn.max_tokens` is `ge=1`: a smaller `output_length` fails its validation.
+fn output_length(n: Option<i64>) -> Result<Option<i64>, FieldError> {
+    match n {
+        Some(n) if n < 1 => Err(bad(
+            "output_length",
+            format!("is {n}, but it must be at least 1 (AIPerf refuses max_tokens below 1)"),
+        )),
+        other => Ok(other),
+    }
 }
 
 fn required<T>(v: Option<T>, key: &str) -> Result<T, FieldError> {
@@ -310,7 +323,10 @@ fn bailian(line: usize, f: &Fields) -> Result<Entry, FieldError> {
         .and_then(Number::from_f64)
         .ok_or_else(|| bad("timestamp", "must be a finite number of seconds"))?;
     let input_length = required(int_field(f, "input_length")?, "input_length")?;
-    let output_length = required(int_field(f, "output_length")?, "output_length")?;
+    let output_length = output_length(Some(required(
+        int_field(f, "output_length")?,
+        "output_length",
+    )?))?;
     str_field(f, "type")?;
     let turn = int_field(f, "turn")?.unwrap_or(1);
     let hash_ids = match f.get("hash_ids") {
@@ -328,7 +344,7 @@ fn bailian(line: usize, f: &Fields) -> Result<Entry, FieldError> {
     Ok(Entry {
         line,
         input,
-        output_length: Some(output_length),
+        output_length,
         hash_ids,
         timestamp: Some(ms),
         delay: number_field(f, "delay")?,
