@@ -141,7 +141,13 @@ async fn bind(addr: std::net::SocketAddr, what: &str, key: &str) -> Result<TcpLi
 
 async fn serve(config: Config) -> Result<(), AppError> {
     let config = Arc::new(config);
-    let data = bind(config.listen.addr, "data port", "listen.addr / --listen").await?;
+    let data = server::DataListener::bind(config.listen.addr, config.listen.worker_count())
+        .map_err(|e| {
+            AppError::Other(anyhow::anyhow!(
+                "cannot listen on {} for the data port: {e} (change listen.addr / --listen or free the port)",
+                config.listen.addr
+            ))
+        })?;
     let admin = bind(
         config.admin.addr,
         "admin port",

@@ -43,6 +43,18 @@ pub struct ListenConfig {
     pub http2_stream_window: ByteSize,
     /// HTTP/2 per-connection receive window.
     pub http2_connection_window: ByteSize,
+    /// Data-port worker threads, each with its own runtime and upstream pool; 0: one per core.
+    pub workers: usize,
+}
+
+impl ListenConfig {
+    /// The number of data workers to start: `workers`, or one per available core.
+    pub fn worker_count(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
 }
 
 impl Default for ListenConfig {
@@ -53,6 +65,7 @@ impl Default for ListenConfig {
             http2_max_concurrent_streams: 1024,
             http2_stream_window: ByteSize(1 << 20),
             http2_connection_window: ByteSize(16 << 20),
+            workers: 0,
         }
     }
 }
@@ -678,6 +691,15 @@ impl Config {
                     "must not carry a query string",
                 ));
             }
+        }
+        if self.listen.workers > 1024 {
+            return Err(ConfigError::new(
+                "listen.workers",
+                format!(
+                    "{} worker threads is far more than any machine has cores; use 0 for one per core",
+                    self.listen.workers
+                ),
+            ));
         }
         if self.upstream.tls.insecure_skip_verify && self.upstream.tls.ca_file.is_some() {
             return Err(ConfigError::new(

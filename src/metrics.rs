@@ -1,6 +1,8 @@
 //! The one Prometheus registry and its metric families (prefix `kvbust_`). Owns names, labels and
 //! buckets; never blocks and never allocates label sets that grow without bound.
 
+use std::sync::Arc;
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
@@ -17,8 +19,19 @@ const OVERHEAD_BUCKETS: &[f64] = &[
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.1, 1.0,
 ];
 
+/// The registry and its families. Cloning is one reference count: observers hold a clone per
+/// exchange, and each family handle inside would otherwise be its own atomic increment.
 #[derive(Clone)]
-pub struct Metrics {
+pub struct Metrics(Arc<Families>);
+
+impl std::ops::Deref for Metrics {
+    type Target = Families;
+    fn deref(&self) -> &Families {
+        &self.0
+    }
+}
+
+pub struct Families {
     registry: Registry,
     pub requests: IntCounterVec,
     pub in_flight: IntGauge,
@@ -61,7 +74,7 @@ impl Metrics {
             )
         }
         let r = Registry::new_custom(Some("kvbust".into()), None).expect("valid registry prefix");
-        Self {
+        Self(Arc::new(Families {
             requests: counter(
                 &r,
                 "requests_total",
@@ -168,7 +181,7 @@ impl Metrics {
                 .expect("valid"),
             ),
             registry: r,
-        }
+        }))
     }
 
     pub fn error(&self, source: &str, code: &str) {

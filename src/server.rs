@@ -17,13 +17,58 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin;
 use crate::config::Config;
+use crate::proxy::forward::{self, Upstream};
+use crate::proxy::synthesize::Synthesizer;
 use crate::proxy::Proxy;
 use crate::runtime::Runtime;
 
-/// The two sockets `run` serves; bound by the caller so tests can use port 0.
+/// The sockets `run` serves; bound by the caller so tests can use port 0.
 pub struct Listeners {
-    pub data: TcpListener,
+    pub data: DataListener,
     pub admin: TcpListener,
+}
+
+/// The data port: one listening socket per worker, all bound to one address with `SO_REUSEPORT`,
+/// so the kernel spreads new connections over the workers (as nginx's `reuseport` does). A
+/// single shared socket would not: the first worker to wake takes every connection of a burst.
+pub struct DataListener {
+    sockets: Vec<std::net::TcpListener>,
+    addr: SocketAddr,
+}
+
+impl DataListener {
+    /// Binds `workers` sockets to `addr` (port 0: one free port for all). Fails with "address in
+    /// use" when anything already listens there, even another reuseport group, which could
+    /// otherwise silently share the port with a second kvbust.
+    pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Self> {
+        if addr.port() != 0 {
+            // A plain bind cannot join a reuseport group: it fails if the port is taken at all.
+            drop(std::net::TcpListener::bind(addr)?);
+        }
+        let first = reuseport_socket(addr)?;
+        let addr = first.local_addr()?;
+        let mut sockets = vec![first];
+        for _ in 1..workers.max(1) {
+            sockets.push(reuseport_socket(addr)?);
+        }
+        Ok(Self { sockets, addr })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+fn reuseport_socket(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    #[cfg(unix)]
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
 }
 
 /// What happened during shutdown.
@@ -39,10 +84,18 @@ pub enum ServerError {
     Tls(String),
     #[error("upstream: {0}")]
     Upstream(String),
+    #[error("data listener: {0}")]
+    Listener(std::io::Error),
 }
 
 /// Serves until `shutdown` resolves, then drains: readiness turns 503, no new connections are
 /// accepted, in-flight requests get `shutdown.grace` to finish, the rest are closed and counted.
+///
+/// The data port is served thread-per-core, as nginx's workers are: one OS thread per socket of
+/// the [`DataListener`], each with its own current-thread runtime, its own socket, its own
+/// upstream connection pool and its own timers. A request lives on the worker that accepted its
+/// connection from start to end, so the hot path has no cross-thread wake-ups and no shared pool.
+/// The admin port (and a configured dataset's build) runs on the caller's runtime.
 pub async fn run(
     rt: Arc<Runtime>,
     upstream_url: &str,
@@ -50,16 +103,52 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<RunReport, ServerError> {
     let config = rt.config.clone();
-    let proxy = Proxy::new(rt.clone(), upstream_url).map_err(ServerError::Upstream)?;
+    // Everything that can fail is set up before any worker starts, so a mistake is one clear error.
+    let upstream = Upstream::parse(upstream_url).map_err(ServerError::Upstream)?;
+    let client_tls = Arc::new(forward::tls_config(&config.upstream).map_err(ServerError::Upstream)?);
     let tls = match &config.listen.tls {
         Some(files) => Some(tls_acceptor(&files.cert, &files.key).map_err(ServerError::Tls)?),
         None => None,
     };
-    let builder = Arc::new(data_builder(&config));
+    let synth = Synthesizer::new(config.synth.clone(), config.cache_bust.target);
     if config.synth.dataset.is_some() {
-        // Build the configured dataset now, off the accept loop; requests wait for it if early.
-        let synth = proxy.synthesizer().clone();
+        // Build the configured dataset now, off the data path; requests wait for it if early.
+        let synth = synth.clone();
         tokio::spawn(async move { synth.prewarm().await });
+    }
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut workers = Vec::new();
+    // One worker per data socket (`DataListener::bind` made `listen.workers` of them).
+    for (i, listener) in listeners.data.sockets.into_iter().enumerate() {
+        let client = forward::build_client(&config.upstream, client_tls.clone());
+        let proxy = Proxy::new(rt.clone(), upstream.clone(), client, synth.clone());
+        let worker = Worker {
+            proxy,
+            builder: data_builder(&config),
+            tls: tls.clone(),
+            grace: config.shutdown.grace,
+        };
+        let stop = stop_rx.clone();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<usize>();
+        std::thread::Builder::new()
+            .name(format!("kvbust-worker-{i}"))
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!("worker {i}: cannot start its runtime: {e}");
+                        return;
+                    }
+                };
+                let aborted = runtime.block_on(worker.serve(listener, stop));
+                let _ = done_tx.send(aborted);
+            })
+            .map_err(ServerError::Listener)?;
+        workers.push(done_rx);
     }
 
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -67,57 +156,131 @@ pub async fn run(
         let _ = admin_stop_rx.await;
     }));
 
-    let graceful = GracefulShutdown::new();
-    let mut conns = JoinSet::new();
-    let data = listeners.data;
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = data.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // Usually EMFILE; back off briefly instead of spinning.
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                while conns.try_join_next().is_some() {}
-                conns.spawn(serve_connection(
-                    stream, peer, proxy.clone(), builder.clone(), tls.clone(), graceful.watcher(),
-                ));
-            }
-        }
-    }
+    shutdown.await;
 
     rt.start_draining();
-    drop(data);
-    let open = graceful.count();
-    tracing::info!(open_connections = open, grace = ?config.shutdown.grace, "draining");
+    let _ = stop_tx.send(true);
+    tracing::info!(grace = ?config.shutdown.grace, "draining");
     let mut report = RunReport::default();
-    if tokio::time::timeout(config.shutdown.grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        while conns.try_join_next().is_some() {}
-        report.aborted_connections = conns.len();
+    for done in workers {
+        match done.await {
+            Ok(aborted) => report.aborted_connections += aborted,
+            Err(_) => tracing::error!("a worker thread ended without reporting"),
+        }
+    }
+    if report.aborted_connections > 0 {
         rt.metrics
             .shutdown_aborted_connections
-            .inc_by(conns.len() as u64);
+            .inc_by(report.aborted_connections as u64);
         tracing::warn!(
-            aborted = conns.len(),
-            "shutdown grace period over; closing remaining connections"
+            aborted = report.aborted_connections,
+            "shutdown grace period over; closed the remaining connections"
         );
     }
-    conns.abort_all();
-    while conns.join_next().await.is_some() {}
     let _ = admin_stop_tx.send(());
     let _ = admin_task.await;
     tracing::info!("stopped");
     Ok(report)
+}
+
+/// What one data worker owns: its proxy (with its own upstream pool), its HTTP settings and the
+/// TLS acceptor. Everything here is used on the worker's thread only.
+struct Worker {
+    proxy: Arc<Proxy>,
+    builder: auto::Builder<TokioExecutor>,
+    tls: Option<TlsAcceptor>,
+    grace: Duration,
+}
+
+impl Worker {
+    /// Accepts and serves connections until `stop` turns true, then drains its own connections
+    /// for up to `grace`. Returns how many it had to close by force.
+    async fn serve(
+        self,
+        listener: std::net::TcpListener,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> usize {
+        let listener = match TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("worker cannot register the listener: {e}");
+                return 0;
+            }
+        };
+        let builder = Arc::new(self.builder);
+        let graceful = GracefulShutdown::new();
+        let mut conns = JoinSet::new();
+        let mut backoff = AcceptBackoff::default();
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            backoff.failed("data", &e).await;
+                            continue;
+                        }
+                    };
+                    backoff.reset();
+                    let _ = stream.set_nodelay(true);
+                    while conns.try_join_next().is_some() {}
+                    conns.spawn(serve_connection(
+                        stream,
+                        peer,
+                        self.proxy.clone(),
+                        builder.clone(),
+                        self.tls.clone(),
+                        graceful.watcher(),
+                    ));
+                }
+            }
+        }
+        drop(listener);
+        let mut aborted = 0;
+        if tokio::time::timeout(self.grace, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            while conns.try_join_next().is_some() {}
+            aborted = conns.len();
+        }
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
+        aborted
+    }
+}
+
+/// Accept errors: per-connection ones are skipped at once; resource exhaustion (EMFILE, ENFILE,
+/// ENOBUFS) backs off with a growing pause, logged once per streak instead of once per try.
+#[derive(Default)]
+pub(crate) struct AcceptBackoff {
+    streak: u32,
+}
+
+impl AcceptBackoff {
+    pub(crate) async fn failed(&mut self, port: &str, e: &std::io::Error) {
+        use std::io::ErrorKind::*;
+        if matches!(
+            e.kind(),
+            ConnectionRefused | ConnectionAborted | ConnectionReset | Interrupted | WouldBlock
+        ) {
+            return;
+        }
+        if self.streak == 0 {
+            tracing::warn!("{port} port: accept failed ({e}); backing off until it recovers");
+        }
+        self.streak = self.streak.saturating_add(1);
+        let pause = Duration::from_millis(10u64 << self.streak.min(6));
+        tokio::time::sleep(pause).await;
+    }
+
+    pub(crate) fn reset(&mut self) {
+        if self.streak > 0 {
+            tracing::info!("accepting again after {} failed tries", self.streak);
+            self.streak = 0;
+        }
+    }
 }
 
 fn data_builder(config: &Config) -> auto::Builder<TokioExecutor> {

@@ -72,15 +72,15 @@ impl Upstream {
     }
 }
 
-/// Builds the pooled client: keep-alive, HTTP/2 by ALPN (or prior knowledge when configured).
-pub fn build_client(cfg: &UpstreamConfig) -> Result<UpstreamClient, String> {
+/// Builds one worker's pooled client: keep-alive, HTTP/2 by ALPN (or prior knowledge when
+/// configured). `tls` comes from [`tls_config`], checked once at start.
+pub fn build_client(cfg: &UpstreamConfig, tls: Arc<rustls::ClientConfig>) -> UpstreamClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(cfg.connect_timeout));
-    let tls = tls_config(cfg)?;
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
+        .with_tls_config((*tls).clone())
         .https_or_http();
     let connector = match cfg.http2 {
         Http2Mode::Auto => builder.enable_all_versions().wrap_connector(http),
@@ -96,10 +96,11 @@ pub fn build_client(cfg: &UpstreamConfig) -> Result<UpstreamClient, String> {
         .http2_adaptive_window(true)
         .http2_keep_alive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keep_alive_while_idle(false);
-    Ok(b.build(connector))
+    b.build(connector)
 }
 
-fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
+/// The upstream TLS settings; every error names the key to fix.
+pub fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -215,6 +216,10 @@ const HOP_BY_HOP: &[&str] = &[
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names first: most messages carry none, and a removal hashes each name.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

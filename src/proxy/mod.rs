@@ -95,26 +95,19 @@ struct Exchange {
 }
 
 impl Proxy {
-    pub fn new(rt: Arc<Runtime>, upstream_url: &str) -> Result<Arc<Self>, String> {
-        let upstream = Upstream::parse(upstream_url)?;
-        let client = forward::build_client(&rt.config.upstream)?;
-        let synth =
-            synthesize::Synthesizer::new(rt.config.synth.clone(), rt.config.cache_bust.target);
-        Ok(Arc::new(Self {
+    /// One worker's proxy: `client` is that worker's pool; `synth` is shared by all workers.
+    pub fn new(
+        rt: Arc<Runtime>,
+        upstream: Upstream,
+        client: UpstreamClient,
+        synth: Arc<synthesize::Synthesizer>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
             rt,
             client,
             upstream,
             synth,
-        }))
-    }
-
-    /// The synthesis state (built lazily, or at start when a dataset is configured).
-    pub fn synthesizer(&self) -> &Arc<synthesize::Synthesizer> {
-        &self.synth
-    }
-
-    pub fn runtime(&self) -> &Arc<Runtime> {
-        &self.rt
+        })
     }
 
     /// Serves one request. Never fails: errors become OpenAI-shaped responses.
@@ -196,10 +189,12 @@ impl Proxy {
         // Decide what this request needs from the headers alone; collect the body only if so.
         let mut upstream_body = body;
         if let Some(shape) = ex.route.shape() {
-            let mut decision = rewrite::decide(&parts.headers, &self.rt)?;
+            let control = rewrite::has_control_headers(&parts.headers, &cfg.headers);
+            let mut decision = rewrite::decide(&parts.headers, control, &self.rt)?;
             ex.phase = decision.phase.as_str();
             ex.target = decision.target.as_str();
-            let synth = synthesize::wants_synthesis(&parts.headers, parts.uri.path(), cfg)?;
+            let synth =
+                synthesize::wants_synthesis(&parts.headers, control, parts.uri.path(), cfg)?;
             if synth && shape != Shape::Chat {
                 return Err(ProxyError::bad_request(
                     "synthesis_unsupported",
@@ -343,7 +338,8 @@ impl Proxy {
     }
 }
 
-/// Collects a request body that must be rewritten, refusing more than `limit` bytes.
+/// Collects a request body that must be rewritten, refusing more than `limit` bytes. A body that
+/// arrives in one frame (the usual case for a small chat request) is kept as it is, not copied.
 async fn collect_limited(
     body: Body,
     headers: &http::HeaderMap,
@@ -359,17 +355,34 @@ async fn collect_limited(
     // A plain loop rather than `Limited`: its boxed error type trips rustc's Send inference
     // for this future.
     let mut body = body;
-    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut total = 0u64;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ProxyError::ClientBody(forward::error_chain(e.as_ref())))?;
-        if let Ok(data) = frame.into_data() {
-            if (buf.len() + data.len()) as u64 > limit {
-                return Err(ProxyError::BodyTooLarge { limit });
-            }
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total += data.len() as u64;
+        if total > limit {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+        if let Some(buf) = joined.as_mut() {
             buf.extend_from_slice(&data);
+        } else if let Some(head) = first.take() {
+            let cap = declared.unwrap_or(total).max(total).min(limit) as usize;
+            let mut buf = bytes::BytesMut::with_capacity(cap);
+            buf.extend_from_slice(&head);
+            buf.extend_from_slice(&data);
+            joined = Some(buf);
+        } else {
+            first = Some(data);
         }
     }
-    Ok(buf.freeze())
+    Ok(match joined {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]

@@ -26,6 +26,10 @@ pub struct Labels {
 /// What the observer learns from one response, and where to count it.
 pub struct Observer {
     metrics: Metrics,
+    // Resolved once per exchange, not per event: a label lookup hashes and takes a lock. The
+    // inter-token series is resolved at the second content event, so non-streams never create it.
+    inter_token: Option<prometheus::Histogram>,
+    duration: prometheus::Histogram,
     route: &'static str,
     phase: &'static str,
     target: &'static str,
@@ -123,6 +127,8 @@ impl Observer {
         };
         metrics.in_flight.inc();
         Self {
+            inter_token: None,
+            duration: metrics.duration.with_label_values(&[route]),
             metrics,
             route,
             phase,
@@ -137,7 +143,8 @@ impl Observer {
         }
     }
 
-    fn on_data(&mut self, data: &[u8], now: Instant) {
+    /// Reads one response frame (public for the micro-benchmark).
+    pub fn on_data(&mut self, data: &[u8], now: Instant) {
         match &mut self.mode {
             Scan::Off => {}
             Scan::Json {
@@ -209,9 +216,8 @@ impl Observer {
                         .observe(secs(now - self.start));
                 }
                 Some(prev) => self
-                    .metrics
                     .inter_token
-                    .with_label_values(&[self.route])
+                    .get_or_insert_with(|| self.metrics.inter_token.with_label_values(&[self.route]))
                     .observe(secs(now - prev)),
             }
             self.last_content = Some(now);
@@ -270,10 +276,7 @@ impl Drop for Observer {
             // Dropped before the end: the client went away (or the server closed it on shutdown).
             self.abort("client_disconnect");
         }
-        self.metrics
-            .duration
-            .with_label_values(&[self.route])
-            .observe(secs(self.start.elapsed()));
+        self.duration.observe(secs(self.start.elapsed()));
         self.metrics.in_flight.dec();
     }
 }
@@ -310,9 +313,12 @@ pin_project! {
     pub struct Observed<B> {
         #[pin]
         inner: B,
+        // Armed lazily: a frame only records when it came; the timer is moved only when it fires
+        // early, so a stream of many small events costs no timer-wheel work per event.
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
+        last_frame: tokio::time::Instant,
         // `upstream.total_timeout`: the whole exchange, headers included, must end by then.
         deadline: Option<(Pin<Box<Sleep>>, Duration)>,
         observer: Observer,
@@ -340,6 +346,7 @@ impl<B> Observed<B> {
             inner,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
+            last_frame: tokio::time::Instant::now(),
             deadline,
             observer,
         }
@@ -365,9 +372,7 @@ where
                 if let Some(data) = frame.data_ref() {
                     this.observer.on_data(data, now);
                 }
-                this.idle
-                    .as_mut()
-                    .reset(tokio::time::Instant::from_std(now) + *this.idle_timeout);
+                *this.last_frame = tokio::time::Instant::from_std(now);
                 if this.inner.is_end_stream() {
                     this.observer.finish();
                 }
@@ -387,7 +392,13 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.idle.as_mut().poll(cx).is_ready() {
+                while this.idle.as_mut().poll(cx).is_ready() {
+                    let due = *this.last_frame + *this.idle_timeout;
+                    if tokio::time::Instant::now() < due {
+                        // A frame came since the timer was set: move it, poll it again.
+                        this.idle.as_mut().reset(due);
+                        continue;
+                    }
                     let err = IdleTimeout(*this.idle_timeout);
                     tracing::warn!(route = this.observer.route, "{err}; closing the response");
                     this.observer

@@ -45,8 +45,27 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Pro
     }
 }
 
-pub fn decide(headers: &HeaderMap, rt: &Runtime) -> Result<Decision, ProxyError> {
+/// Whether the request carries any kvbust control header. Most requests carry none; one pass
+/// over the names then spares the header-by-header look-ups.
+pub fn has_control_headers(headers: &HeaderMap, names: &HeaderNames) -> bool {
+    headers.keys().any(|k| {
+        let k = k.as_str();
+        k.starts_with("x-kvbust-") || names.control().contains(&k)
+    })
+}
+
+/// Reads the request's phase, target and digest headers (`control`: from
+/// [`has_control_headers`]; without any, everything comes from the configuration).
+pub fn decide(headers: &HeaderMap, control: bool, rt: &Runtime) -> Result<Decision, ProxyError> {
     let cfg = &rt.config.cache_bust;
+    if !control {
+        return Ok(Decision {
+            phase: rt.unphased_request_phase(),
+            target: cfg.target,
+            explicit: None,
+            user_context_messages: cfg.user_context_messages,
+        });
+    }
     let names = &rt.config.headers;
     let (h_phase, h_target, h_ctx) = (&names.phase, &names.target, &names.user_context_messages);
     let phase = match header(headers, h_phase)? {

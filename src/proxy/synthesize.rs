@@ -255,17 +255,22 @@ fn malformed(text: &str, why: &str) -> ProxyError {
     )
 }
 
+/// SIMD substring search: every chat body is scanned for placeholders, so this is on the hot path.
 fn memfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(hay, needle)
 }
 
-/// Whether this request asks for a synthetic body.
+/// Whether this request asks for a synthetic body (`control`: it carries kvbust headers).
 pub fn wants_synthesis(
     headers: &http::HeaderMap,
+    control: bool,
     path: &str,
     config: &Config,
 ) -> Result<bool, ProxyError> {
     let (cfg, name) = (&config.synth, config.headers.synth.as_str());
+    if !control && cfg.routes.is_empty() {
+        return Ok(false);
+    }
     match headers.get(name).map(|v| v.to_str().map(str::trim)) {
         Some(Ok("1" | "true" | "yes")) => return Ok(true),
         Some(Ok("0" | "false" | "no")) => return Ok(false),

@@ -73,7 +73,7 @@ pub async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Har
     cfg.cache_bust.benchmark_id = Some("0123456789ab".into());
     tweak(&mut cfg);
     cfg.validate().expect("test config is valid");
-    let data = TcpListener::bind(cfg.listen.addr).await.unwrap();
+    let data = server::DataListener::bind(cfg.listen.addr, cfg.listen.worker_count()).unwrap();
     let admin = TcpListener::bind(cfg.admin.addr).await.unwrap();
     let proxy_addr = data.local_addr().unwrap();
     let admin_addr = admin.local_addr().unwrap();
