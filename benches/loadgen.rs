@@ -68,7 +68,9 @@ async fn connect(uri: &Uri) -> Sender {
     .expect("the URL names an IP address");
     let tcp = TcpStream::connect(addr).await.expect("connects");
     tcp.set_nodelay(true).ok();
-    let (send, conn) = http1::handshake(TokioIo::new(tcp)).await.expect("handshake");
+    let (send, conn) = http1::handshake(TokioIo::new(tcp))
+        .await
+        .expect("handshake");
     tokio::spawn(conn);
     send
 }
@@ -119,7 +121,9 @@ async fn read_stream(
             stats.failed += 1;
             return;
         };
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         let now = Instant::now();
         carry.extend_from_slice(&data);
         // Events end with a blank line; count each complete `data:` event once.
@@ -128,8 +132,12 @@ async fn read_stream(
             if event.starts_with(b"data:") {
                 n += 1;
                 match last {
-                    None => stats.ttft_us.push(now.duration_since(start).as_micros() as u64),
-                    Some(prev) => stats.gap_us.push(now.duration_since(prev).as_micros() as u64),
+                    None => stats
+                        .ttft_us
+                        .push(now.duration_since(start).as_micros() as u64),
+                    Some(prev) => stats
+                        .gap_us
+                        .push(now.duration_since(prev).as_micros() as u64),
                 }
                 last = Some(now);
             }
@@ -263,12 +271,11 @@ async fn connect_h2(uri: &Uri) -> hyper::client::conn::http2::SendRequest<Full<B
     .expect("the URL names an IP address");
     let tcp = TcpStream::connect(addr).await.expect("connects");
     tcp.set_nodelay(true).ok();
-    let (send, conn) = hyper::client::conn::http2::Builder::new(
-        hyper_util::rt::TokioExecutor::new(),
-    )
-    .handshake(TokioIo::new(tcp))
-    .await
-    .expect("h2c handshake");
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(TokioIo::new(tcp))
+            .await
+            .expect("h2c handshake");
     tokio::spawn(conn);
     send
 }

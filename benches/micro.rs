@@ -19,7 +19,8 @@ use kvbust::proxy::synthesize::{find_placeholders, Synthesizer};
 /// escapes and non-ASCII, as multi-turn benchmark clients send them.
 fn chat_body(size: usize) -> Vec<u8> {
     let filler = "All the world's a stage, and all the men and women merely players; \u{e9}\u{1f600} \"quoted\"\n";
-    let mut messages = vec![serde_json::json!({"role": "system", "content": "You are a helpful assistant."})];
+    let mut messages =
+        vec![serde_json::json!({"role": "system", "content": "You are a helpful assistant."})];
     let mut len = 200;
     let mut i = 0;
     while len < size {
@@ -83,9 +84,11 @@ fn rewrite(c: &mut Criterion) {
                 },
             );
         }
-        g.bench_with_input(BenchmarkId::new("placeholder_scan", label), &body, |b, body| {
-            b.iter(|| black_box(find_placeholders(black_box(body)).expect("scans")))
-        });
+        g.bench_with_input(
+            BenchmarkId::new("placeholder_scan", label),
+            &body,
+            |b, body| b.iter(|| black_box(find_placeholders(black_box(body)).expect("scans"))),
+        );
     }
     g.finish();
 }
@@ -93,7 +96,13 @@ fn rewrite(c: &mut Criterion) {
 fn marker(c: &mut Criterion) {
     let inputs = inputs();
     c.bench_function("marker/first_turn_prefix", |b| {
-        b.iter(|| black_box(build_marker(Target::FirstTurnPrefix, Phase::Profiling, black_box(&inputs))))
+        b.iter(|| {
+            black_box(build_marker(
+                Target::FirstTurnPrefix,
+                Phase::Profiling,
+                black_box(&inputs),
+            ))
+        })
     });
 }
 
@@ -137,8 +146,7 @@ fn placeholders(c: &mut Criterion) {
             r#"{{"model":"m","messages":[{{"role":"user","content":"{{{{kvbust:prompt:1024:{corpus}}}}}"}}]}}"#
         );
         // The first expansion builds the corpus; measure the steady state after it.
-        rt.block_on(synth.expand(body.as_bytes()))
-            .expect("expands");
+        rt.block_on(synth.expand(body.as_bytes())).expect("expands");
         g.bench_function(BenchmarkId::new(corpus, "1024 tokens"), |b| {
             b.iter(|| {
                 black_box(

@@ -105,7 +105,8 @@ pub async fn run(
     let config = rt.config.clone();
     // Everything that can fail is set up before any worker starts, so a mistake is one clear error.
     let upstream = Upstream::parse(upstream_url).map_err(ServerError::Upstream)?;
-    let client_tls = Arc::new(forward::tls_config(&config.upstream).map_err(ServerError::Upstream)?);
+    let client_tls =
+        Arc::new(forward::tls_config(&config.upstream).map_err(ServerError::Upstream)?);
     let tls = match &config.listen.tls {
         Some(files) => Some(tls_acceptor(&files.cert, &files.key).map_err(ServerError::Tls)?),
         None => None,

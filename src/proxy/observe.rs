@@ -217,7 +217,9 @@ impl Observer {
                 }
                 Some(prev) => self
                     .inter_token
-                    .get_or_insert_with(|| self.metrics.inter_token.with_label_values(&[self.route]))
+                    .get_or_insert_with(|| {
+                        self.metrics.inter_token.with_label_values(&[self.route])
+                    })
                     .observe(secs(now - prev)),
             }
             self.last_content = Some(now);

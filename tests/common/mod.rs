@@ -75,7 +75,7 @@ pub async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Har
     cfg.validate().expect("test config is valid");
     let data = server::DataListener::bind(cfg.listen.addr, cfg.listen.worker_count()).unwrap();
     let admin = TcpListener::bind(cfg.admin.addr).await.unwrap();
-    let proxy_addr = data.local_addr().unwrap();
+    let proxy_addr = data.local_addr();
     let admin_addr = admin.local_addr().unwrap();
     let runtime = Runtime::new(Arc::new(cfg), Metrics::new());
     let (tx, rx) = oneshot::channel::<()>();
