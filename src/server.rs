@@ -17,7 +17,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin;
 use crate::config::Config;
-use crate::proxy::forward::{self, Upstream};
+use crate::proxy::forward::{self, Affinity, Upstream};
 use crate::proxy::synthesize::Synthesizer;
 use crate::proxy::Proxy;
 use crate::runtime::Runtime;
@@ -309,9 +309,14 @@ async fn serve_connection(
     watcher: hyper_util::server::graceful::Watcher,
 ) {
     let is_tls = tls.is_some();
+    // This connection's own upstream connection, for its HTTP/1.1 requests.
+    let affinity = Arc::new(Affinity::default());
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
-        async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, peer, is_tls).await) }
+        let affinity = affinity.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(proxy.handle(req, peer, is_tls, Some(affinity)).await)
+        }
     });
     let result = match tls {
         None => {

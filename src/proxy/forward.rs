@@ -18,6 +18,142 @@ use crate::error::ProxyError;
 
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
 
+/// One HTTP/1.1 client connection's own upstream connection. Requests on an HTTP/1.1 client
+/// connection come one after another, so a single upstream connection serves them all with no
+/// pool look-up, no dispatch channel hop and no shared state, as nginx's keep-alive proxying and
+/// the thread-per-core design want. Used for plain-http upstreams; TLS upstreams and HTTP/2
+/// clients (many streams per connection) use the worker's pool.
+#[derive(Default)]
+pub struct Affinity(std::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Body>>>);
+
+impl Affinity {
+    fn take(&self) -> Option<hyper::client::conn::http1::SendRequest<Body>> {
+        // Poisoning needs a panic while the lock is held, and the critical sections only move
+        // an Option; the state stays valid either way.
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn put(&self, send: hyper::client::conn::http1::SendRequest<Body>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(send);
+    }
+}
+
+impl Upstream {
+    /// Whether HTTP/1.1 client connections keep their own upstream connection.
+    pub fn uses_affinity(&self, mode: Http2Mode) -> bool {
+        self.scheme == Scheme::HTTP && mode != Http2Mode::Always
+    }
+
+    /// The request target for a direct HTTP/1.1 connection: origin form (path and query).
+    pub fn origin_form(&self, pq: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
+        let pq = pq.map(|p| p.as_str()).unwrap_or("/");
+        let target = if self.base_path.is_empty() {
+            Uri::try_from(pq)
+        } else {
+            Uri::try_from(format!("{}{}", self.base_path, pq))
+        };
+        target.map_err(|e| {
+            ProxyError::bad_request(
+                "invalid_uri",
+                format!("request target cannot be forwarded: {e}"),
+            )
+        })
+    }
+}
+
+/// Sends `req` on the client connection's own upstream connection, opening one when there is
+/// none or the kept one was closed. A request that was never written to a kept connection (the
+/// upstream closed it while idle) is retried once on a new one; nothing is retried after any of
+/// it was sent.
+pub async fn send_with_affinity(
+    affinity: &Affinity,
+    upstream: &Upstream,
+    cfg: &UpstreamConfig,
+    mut req: http::Request<Body>,
+) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
+    if !req.headers().contains_key(header::HOST) {
+        // The pooled client derives Host from an absolute URI; here the target is origin-form.
+        if let Ok(v) = HeaderValue::from_str(upstream.authority.as_str()) {
+            req.headers_mut().insert(header::HOST, v);
+        }
+    }
+    if let Some(mut send) = affinity.take() {
+        if send.ready().await.is_ok() {
+            match send.try_send_request(req).await {
+                Ok(resp) => {
+                    affinity.put(send);
+                    return Ok(resp);
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => req = unsent,
+                    None => return Err(ProxyError::UpstreamBroken(error_chain(e.error()))),
+                },
+            }
+        }
+    }
+    let mut send = connect_h1(upstream, cfg).await?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| ProxyError::UpstreamBroken(error_chain(&e)))?;
+    affinity.put(send);
+    Ok(resp)
+}
+
+/// Opens a plain HTTP/1.1 connection to the upstream and runs it on this worker.
+async fn connect_h1(
+    upstream: &Upstream,
+    cfg: &UpstreamConfig,
+) -> Result<hyper::client::conn::http1::SendRequest<Body>, ProxyError> {
+    let host = upstream.authority.host();
+    // `Authority::host` keeps an IPv6 literal's brackets; the resolver wants it bare.
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = upstream.authority.port_u16().unwrap_or(80);
+    let connect = async {
+        let mut last = None;
+        for addr in tokio::net::lookup_host((host, port)).await? {
+            match tokio::net::TcpStream::connect(addr).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the host name resolved to no address",
+            )
+        }))
+    };
+    let stream = match tokio::time::timeout(cfg.connect_timeout, connect).await {
+        Err(_) => {
+            return Err(ProxyError::UpstreamTimeout {
+                stage: "accept the connection",
+                after: cfg.connect_timeout,
+            })
+        }
+        Ok(Err(e)) => {
+            return Err(ProxyError::UpstreamConnect {
+                upstream: upstream.display.clone(),
+                detail: e.to_string(),
+            })
+        }
+        Ok(Ok(s)) => s,
+    };
+    let _ = stream.set_nodelay(true);
+    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .map_err(|e| ProxyError::UpstreamConnect {
+            upstream: upstream.display.clone(),
+            detail: error_chain(&e),
+        })?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!("upstream connection ended: {e}");
+        }
+    });
+    Ok(send)
+}
+
 /// Where requests go: the upstream's scheme and authority plus an optional base path.
 #[derive(Debug, Clone)]
 pub struct Upstream {

@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full};
 use crate::cachebust::Shape;
 use crate::error::ProxyError;
 use crate::runtime::Runtime;
-use forward::{Upstream, UpstreamClient};
+use forward::{Affinity, Upstream, UpstreamClient};
 use observe::{Observed, Observer};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -112,12 +112,14 @@ impl Proxy {
         })
     }
 
-    /// Serves one request. Never fails: errors become OpenAI-shaped responses.
+    /// Serves one request. Never fails: errors become OpenAI-shaped responses. `affinity`: the
+    /// client connection's own upstream connection (HTTP/1.1 clients), if it keeps one.
     pub fn handle<B>(
         self: Arc<Self>,
         req: Request<B>,
         peer: SocketAddr,
         tls: bool,
+        affinity: Option<Arc<Affinity>>,
     ) -> Pin<Box<dyn Future<Output = Response<Body>> + Send + 'static>>
     where
         B: HttpBody<Data = Bytes> + Send + Sync + 'static,
@@ -126,7 +128,7 @@ impl Proxy {
         // Erase the body type up front; boxing the future pins its Send-ness to concrete
         // lifetimes (hyper's service bounds trip rustc's higher-ranked inference otherwise).
         let req = req.map(|b| b.map_err(Into::into).boxed());
-        Box::pin(self.handle_erased(req, peer, tls))
+        Box::pin(self.handle_erased(req, peer, tls, affinity))
     }
 
     async fn handle_erased(
@@ -134,6 +136,7 @@ impl Proxy {
         req: Request<Body>,
         peer: SocketAddr,
         tls: bool,
+        affinity: Option<Arc<Affinity>>,
     ) -> Response<Body> {
         let start = Instant::now();
         let route = Route::classify(req.method(), req.uri().path());
@@ -144,7 +147,11 @@ impl Proxy {
             rid: None,
             trace_timestamp: None,
         };
-        let result = self.forward(req, peer, tls, start, &mut ex).await;
+        // HTTP/2 streams share their connection: they go through the worker's pool.
+        let affinity = affinity.filter(|_| req.version() < http::Version::HTTP_2);
+        let result = self
+            .forward(req, peer, tls, affinity.as_deref(), start, &mut ex)
+            .await;
         let resp = match result {
             Ok(resp) => resp,
             Err(err) => {
@@ -182,12 +189,17 @@ impl Proxy {
         req: Request<Body>,
         peer: SocketAddr,
         tls: bool,
+        affinity: Option<&Affinity>,
         start: Instant,
         ex: &mut Exchange,
     ) -> Result<Response<Body>, ProxyError> {
         let cfg = &self.rt.config;
         let (mut parts, body) = req.into_parts();
-        let uri = self.upstream.join(parts.uri.path_and_query())?;
+        let affinity = affinity.filter(|_| self.upstream.uses_affinity(cfg.upstream.http2));
+        let uri = match affinity {
+            Some(_) => self.upstream.origin_form(parts.uri.path_and_query())?,
+            None => self.upstream.join(parts.uri.path_and_query())?,
+        };
 
         // Decide what this request needs from the headers alone; collect the body only if so.
         let mut upstream_body = body;
@@ -282,16 +294,20 @@ impl Proxy {
                 cfg.upstream.first_byte_timeout,
             ),
         };
-        let resp = match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
-            Err(_) => return Err(ProxyError::UpstreamTimeout { stage, after }),
-            Ok(Err(e)) => {
-                return Err(forward::classify(
-                    e,
-                    &self.upstream,
-                    cfg.upstream.connect_timeout,
-                ))
+        let sent = async {
+            match affinity {
+                Some(a) => {
+                    forward::send_with_affinity(a, &self.upstream, &cfg.upstream, upstream_req)
+                        .await
+                }
+                None => self.client.request(upstream_req).await.map_err(|e| {
+                    forward::classify(e, &self.upstream, cfg.upstream.connect_timeout)
+                }),
             }
-            Ok(Ok(resp)) => resp,
+        };
+        let resp = match tokio::time::timeout(timeout, sent).await {
+            Err(_) => return Err(ProxyError::UpstreamTimeout { stage, after }),
+            Ok(result) => result?,
         };
 
         let (mut rparts, rbody) = resp.into_parts();
