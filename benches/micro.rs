@@ -139,8 +139,10 @@ fn placeholders(c: &mut Criterion) {
     let mut g = c.benchmark_group("placeholder_expand");
     g.sample_size(20);
     for corpus in ["sonnet", "random", "coding"] {
-        let mut cfg = kvbust::config::SynthConfig::default();
-        cfg.placeholder_seed = Some(0);
+        let cfg = kvbust::config::SynthConfig {
+            placeholder_seed: Some(0),
+            ..Default::default()
+        };
         let synth = Synthesizer::new(cfg, Target::None);
         let body = format!(
             r#"{{"model":"m","messages":[{{"role":"user","content":"{{{{kvbust:prompt:1024:{corpus}}}}}"}}]}}"#
