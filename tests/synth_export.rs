@@ -45,9 +45,10 @@ fn jsonl(text: &str) -> Vec<Value> {
         .collect()
 }
 
-/// A small multi-turn mooncake trace with timestamps, delays and hash ids.
-fn trace_file() -> PathBuf {
-    let path = scratch("trace.jsonl");
+/// A small multi-turn mooncake trace with timestamps, delays and hash ids, in a file of its
+/// own per test (tests run in parallel).
+fn trace_file(name: &str) -> PathBuf {
+    let path = scratch(&format!("{name}.trace.jsonl"));
     std::fs::write(
         &path,
         concat!(
@@ -84,7 +85,7 @@ fn strs(v: &[String]) -> Vec<&str> {
 
 #[test]
 fn conversations_carry_timestamp_and_delay() {
-    let t = trace_file();
+    let t = trace_file("t1");
     let convs = jsonl(&synth(&strs(&trace_args(&t)), "conv.jsonl"));
     assert_eq!(convs.len(), 2);
     assert_eq!(convs[0]["session_id"], "c0");
@@ -140,7 +141,7 @@ fn vllm_custom_loads_like_vllm() {
         assert_eq!(t.encode(o["prompt"].as_str().unwrap()).unwrap().len(), 64);
     }
     // From a trace: the prompts are the dataset's texts, in order.
-    let tr = trace_file();
+    let tr = trace_file("t2");
     let conv = jsonl(&synth(&strs(&trace_args(&tr)), "c2.jsonl"));
     let custom = jsonl(&synth(
         &strs(&with(&trace_args(&tr), &["--format", "vllm-custom"])),
@@ -221,7 +222,7 @@ fn sharegpt_loads_like_vllm_and_sglang() {
 
 #[test]
 fn mooncake_export_replays_verbatim_through_the_trace_loader() {
-    let tr = trace_file();
+    let tr = trace_file("t3");
     let original = jsonl(&synth(&strs(&trace_args(&tr)), "m-src.jsonl"));
     let exported = synth(
         &strs(&with(&trace_args(&tr), &["--format", "mooncake"])),
@@ -281,7 +282,7 @@ fn mooncake_export_replays_verbatim_through_the_trace_loader() {
 
 #[test]
 fn openai_chat_multi_turn_bodies() {
-    let tr = trace_file();
+    let tr = trace_file("t4");
     let conv = jsonl(&synth(&strs(&trace_args(&tr)), "o-src.jsonl"));
     let bodies = jsonl(&synth(
         &strs(&with(
