@@ -393,3 +393,24 @@ pub async fn shutdown_signal() {
         _ = term => tracing::info!("SIGTERM received"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_listener_binds_one_port_for_every_worker_and_refuses_a_taken_port() {
+        let l = DataListener::bind("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        assert_eq!(l.sockets.len(), 3);
+        for s in &l.sockets {
+            assert_eq!(s.local_addr().unwrap(), l.local_addr());
+        }
+        let taken = DataListener::bind(l.local_addr(), 2)
+            .err()
+            .expect("the port is taken");
+        assert_eq!(taken.kind(), std::io::ErrorKind::AddrInUse);
+        let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = DataListener::bind(plain.local_addr().unwrap(), 1).err();
+        assert_eq!(taken.map(|e| e.kind()), Some(std::io::ErrorKind::AddrInUse));
+    }
+}

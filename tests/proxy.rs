@@ -507,3 +507,99 @@ async fn total_timeout_cuts_a_stream_and_bounds_the_wait_for_headers() {
     );
     h.shutdown().await;
 }
+
+/// A tiny upstream that counts the connections it accepts and answers every request with a
+/// fixed chat completion; with `close`, it ends each connection after one response.
+async fn counting_upstream(
+    close: bool,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| async move {
+                    let mut resp = http::Response::new(Full::new(bytes::Bytes::from_static(
+                        br#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#,
+                    )));
+                    resp.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    if close {
+                        resp.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}"), accepted)
+}
+
+/// Sends `n` chat requests one after another on one HTTP/1.1 client connection.
+async fn sequential_on_one_connection(h: &Harness, n: usize) {
+    let tcp = tokio::net::TcpStream::connect(h.proxy_addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    for i in 0..n {
+        send.ready().await.unwrap();
+        let req = Request::post("/v1/chat/completions")
+            .header("host", "kvbust")
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(chat_body(
+                &format!("turn {i}"),
+                false,
+                4,
+            ))))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "request {i}");
+        resp.into_body().collect().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_http1_client_connection_keeps_one_upstream_connection() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream(false).await;
+    let h = start_proxy(&url, |_| {}).await;
+    sequential_on_one_connection(&h, 5).await;
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "five requests, one upstream connection"
+    );
+    sequential_on_one_connection(&h, 2).await;
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "a second client connection gets its own"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_upstream_that_closes_after_each_response_gets_a_fresh_connection_each_time() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream(true).await;
+    let h = start_proxy(&url, |_| {}).await;
+    sequential_on_one_connection(&h, 4).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 4);
+    h.shutdown().await;
+}
