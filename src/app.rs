@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::cachebust::{build_marker, digest, DigestInputs, Phase, Target};
-use crate::cli::{Cli, Command, ConfigCommand, ConfigFlags, MarkerArgs, MockArgs};
+use crate::cli::{Cli, Command, ConfigCommand, ConfigFlags, HealthcheckArgs, MarkerArgs, MockArgs};
 use crate::config::{Config, ConfigError, LogFormat};
 use crate::metrics::Metrics;
 use crate::runtime::Runtime;
@@ -78,7 +78,29 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             print!("{}", c.redacted().to_toml());
             Ok(())
         }
+        Command::Healthcheck(args) => healthcheck(&args),
     }
+}
+
+fn healthcheck(args: &HealthcheckArgs) -> Result<(), AppError> {
+    if !args.path.starts_with('/') {
+        return Err(AppError::Usage(format!(
+            "--path `{}` must start with / (e.g. /readyz)",
+            args.path
+        )));
+    }
+    let timeout = humantime::parse_duration(&args.timeout).map_err(|e| {
+        AppError::Usage(format!(
+            "--timeout `{}` is not a duration like \"2s\": {e}",
+            args.timeout
+        ))
+    })?;
+    let config = load(&args.flags)?;
+    let addr = crate::healthcheck::probe_addr(config.admin.addr);
+    let line = crate::healthcheck::check(addr, &args.path, timeout)
+        .map_err(|e| AppError::Other(e.into()))?;
+    println!("{line}");
+    Ok(())
 }
 
 fn env_snapshot() -> Vec<(String, String)> {

@@ -1,4 +1,5 @@
-//! Command-line definitions (clap): `serve`, `mock`, `synth`, `marker`, `config check|show`.
+//! Command-line definitions (clap): `serve`, `mock`, `synth`, `marker`, `config check|show`,
+//! `healthcheck`.
 //! Only describes flags; never does work.
 
 use std::net::SocketAddr;
@@ -32,6 +33,21 @@ pub enum Command {
     /// Validate or print the effective configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Exit 0 when the admin port answers 200 on /readyz (or --path), 1 otherwise: a probe for
+    /// container images without curl. Finds the port from the same configuration as `serve`.
+    Healthcheck(HealthcheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HealthcheckArgs {
+    #[command(flatten)]
+    pub flags: ConfigFlags,
+    /// Admin path to request: /readyz (serving, not draining) or /healthz (alive).
+    #[arg(long, default_value = "/readyz", value_name = "PATH")]
+    pub path: String,
+    /// Give up after this long, e.g. "2s".
+    #[arg(long, default_value = "2s", value_name = "DURATION")]
+    pub timeout: String,
 }
 
 #[derive(Debug, Args, Clone, Default)]

@@ -75,6 +75,17 @@ impl Default for ListenConfig {
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// CA bundle (PEM): when set, clients must present a certificate it signed (mTLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<PathBuf>,
+    /// How often the files are checked for changes (reloaded when changed; SIGHUP reloads at
+    /// once). Zero: on SIGHUP only.
+    #[serde(default = "default_tls_watch", with = "duration_str")]
+    pub watch_interval: Duration,
+}
+
+fn default_tls_watch() -> Duration {
+    Duration::from_secs(10)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -83,6 +94,9 @@ pub struct AdminConfig {
     pub addr: SocketAddr,
     /// Bearer token required by mutating admin calls (`PUT /phase`). Redacted in `config show`.
     pub token: Option<String>,
+    /// Serve a non-loopback admin address without a token. Off: such a start is refused, since
+    /// anyone who reaches the port could flip the phase of a running benchmark.
+    pub allow_unauthenticated: bool,
 }
 
 impl Default for AdminConfig {
@@ -90,6 +104,7 @@ impl Default for AdminConfig {
         Self {
             addr: SocketAddr::from(([127, 0, 0, 1], 9090)),
             token: None,
+            allow_unauthenticated: false,
         }
     }
 }
@@ -163,6 +178,13 @@ pub struct UpstreamTls {
     pub roots: RootStore,
     pub ca_file: Option<PathBuf>,
     pub insecure_skip_verify: bool,
+    /// Certificate chain (PEM) presented to an upstream that requires client certificates.
+    pub client_cert: Option<PathBuf>,
+    /// The private key (PEM) of `client_cert`.
+    pub client_key: Option<PathBuf>,
+    /// The name sent as SNI and checked against the upstream's certificate, instead of the
+    /// host of `upstream.url` (for an upstream reached by IP or through another name).
+    pub server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -229,6 +251,19 @@ pub enum SessionSource {
     FirstUserTurn,
 }
 
+/// Where a session's marker counter comes from.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LedgerMode {
+    /// AIPerf's counter: each new session key mints the next counter in this process's ledger.
+    /// Byte-identical to AIPerf, but replicas that see one session's turns disagree.
+    #[default]
+    Local,
+    /// No counter: the digest inputs are `(benchmark_id, 0, 0, session_key)`, a function of the
+    /// request alone, so any number of replicas agree without shared state or sticky routing.
+    Stateless,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheBustConfig {
@@ -244,6 +279,8 @@ pub struct CacheBustConfig {
     pub user_context_messages: usize,
     pub list_parts: ListPartsMode,
     pub session_sources: Vec<SessionSource>,
+    /// `local` (AIPerf's per-process counter) or `stateless` (replicas agree).
+    pub ledger: LedgerMode,
     /// Sessions remembered by the ledger (LRU); evictions are counted.
     pub ledger_capacity: usize,
     pub on_unparseable: OnUnparseable,
@@ -267,6 +304,7 @@ impl Default for CacheBustConfig {
                 SessionSource::BodyUser,
                 SessionSource::FirstUserTurn,
             ],
+            ledger: LedgerMode::Local,
             ledger_capacity: 100_000,
             on_unparseable: OnUnparseable::Reject,
             response_headers: true,
@@ -707,6 +745,35 @@ impl Config {
                 "set either insecure_skip_verify or ca_file, not both",
             ));
         }
+        let t = &self.upstream.tls;
+        match (&t.client_cert, &t.client_key) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "upstream.tls.client_cert",
+                    "set both upstream.tls.client_cert and upstream.tls.client_key, or neither",
+                ))
+            }
+            _ => {}
+        }
+        for (key, p) in [
+            ("upstream.tls.client_cert", &t.client_cert),
+            ("upstream.tls.client_key", &t.client_key),
+        ] {
+            if let Some(p) = p.as_ref().filter(|p| !p.is_file()) {
+                return Err(ConfigError::new(
+                    key,
+                    format!("{} is not a readable file", p.display()),
+                ));
+            }
+        }
+        if let Some(name) = &t.server_name {
+            if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+                return Err(ConfigError::new(
+                    "upstream.tls.server_name",
+                    format!("`{name}` is not a DNS name or IP address (e.g. model.internal)"),
+                ));
+            }
+        }
         if let Some(ca) = &self.upstream.tls.ca_file {
             if !ca.is_file() {
                 return Err(ConfigError::new(
@@ -716,7 +783,11 @@ impl Config {
             }
         }
         if let Some(tls) = &self.listen.tls {
-            for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)] {
+            let ca = tls.client_ca.as_ref().map(|p| ("listen.tls.client_ca", p));
+            for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)]
+                .into_iter()
+                .chain(ca)
+            {
                 if !p.is_file() {
                     return Err(ConfigError::new(
                         key,
@@ -802,6 +873,30 @@ impl Config {
                 "must not be empty; omit it to disable auth",
             ));
         }
+        if !self.admin.addr.ip().is_loopback()
+            && self.admin.token.is_none()
+            && !self.admin.allow_unauthenticated
+        {
+            return Err(ConfigError::new(
+                "admin.token",
+                format!(
+                    "admin.addr {} is reachable from other hosts but no token is set, so anyone \
+                     could change the phase of a running benchmark: set admin.token \
+                     (KVBUST_ADMIN__TOKEN), listen on 127.0.0.1, or set \
+                     admin.allow_unauthenticated = true on a trusted network",
+                    self.admin.addr
+                ),
+            ));
+        }
+        if self.cache_bust.ledger == LedgerMode::Stateless && self.cache_bust.benchmark_id.is_none()
+        {
+            return Err(ConfigError::new(
+                "cache_bust.benchmark_id",
+                "cache_bust.ledger = \"stateless\" needs a benchmark id shared by every replica \
+                 (a random one per process would make replicas disagree): set \
+                 cache_bust.benchmark_id (KVBUST_CACHE_BUST__BENCHMARK_ID), new for each run",
+            ));
+        }
         if self.listen.http2_max_concurrent_streams == 0 {
             return Err(ConfigError::new(
                 "listen.http2_max_concurrent_streams",
@@ -874,17 +969,22 @@ fn from_figment(e: figment::Error) -> ConfigError {
                 Some(_) => format!("{key}.{field}"),
                 None => field.clone(),
             };
-            return ConfigError::new(
-                full,
-                format!(
-                    "unknown key; valid keys here are: {}",
-                    expected
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
+            let mut message = format!(
+                "unknown key; valid keys here are: {}",
+                expected
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
+            if looks_like_service_link(&full) {
+                message.push_str(&format!(
+                    ". KVBUST_{} looks like a variable Kubernetes sets for a Service named \
+                     kvbust...: set enableServiceLinks: false in the pod spec",
+                    full.to_ascii_uppercase()
+                ));
+            }
+            return ConfigError::new(full, message);
         }
         other => {
             let mut m = other.to_string();
@@ -895,6 +995,19 @@ fn from_figment(e: figment::Error) -> ConfigError {
         }
     };
     ConfigError::new(key, message)
+}
+
+/// Kubernetes gives every pod `<SERVICE>_SERVICE_HOST`, `<SERVICE>_PORT`, `<SERVICE>_PORT_<n>_TCP...`
+/// variables for each Service in its namespace (unless `enableServiceLinks: false`); a Service
+/// named `kvbust` or `kvbust-...` turns them into `KVBUST_*` variables, read here as top-level keys.
+fn looks_like_service_link(key: &str) -> bool {
+    !key.contains('.')
+        && (key.ends_with("service_host")
+            || key.contains("service_port")
+            || key == "port"
+            || key.ends_with("_port")
+            || key.starts_with("port_")
+            || key.contains("_port_"))
 }
 
 /// A layer of already-built values, named for error messages.
@@ -1082,6 +1195,73 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/kvbust.toml");
         let c = Config::load(Some(&path), &[], &CliOverrides::default()).unwrap();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn a_public_admin_port_needs_a_token_or_an_explicit_opt_out() {
+        let load = |pairs: &[(&str, &str)]| Config::load(None, &env(pairs), &Default::default());
+        for addr in ["0.0.0.0:9090", "10.0.0.7:9090"] {
+            let a = ("KVBUST_ADMIN__ADDR", addr);
+            assert_eq!(load(&[a]).unwrap_err().key, "admin.token", "{addr}");
+            assert!(load(&[a, ("KVBUST_ADMIN__TOKEN", "s3cret")]).is_ok());
+            assert!(load(&[a, ("KVBUST_ADMIN__ALLOW_UNAUTHENTICATED", "true")]).is_ok());
+        }
+        let cli = |addr: &str| CliOverrides {
+            admin_listen: Some(addr.into()),
+            ..Default::default()
+        };
+        let err = Config::load(None, &[], &cli("[::]:9090")).unwrap_err();
+        assert_eq!(err.key, "admin.token");
+        for addr in ["127.0.0.1:9090", "127.0.0.2:1", "[::1]:9090"] {
+            assert!(Config::load(None, &[], &cli(addr)).is_ok(), "{addr}");
+        }
+    }
+
+    #[test]
+    fn kubernetes_service_link_variables_get_a_hint() {
+        for (var, key) in [
+            ("KVBUST_SERVICE_HOST", "service_host"),
+            ("KVBUST_PORT", "port"),
+            (
+                "KVBUST_GATEWAY_SERVICE_PORT_HTTP",
+                "gateway_service_port_http",
+            ),
+            (
+                "KVBUST_GATEWAY_PORT_80_TCP_ADDR",
+                "gateway_port_80_tcp_addr",
+            ),
+        ] {
+            let err =
+                Config::load(None, &env(&[(var, "10.0.0.1")]), &Default::default()).unwrap_err();
+            assert_eq!(err.key, key);
+            assert!(err.message.contains("enableServiceLinks: false"), "{err}");
+            assert!(err.message.contains(var), "{err}");
+        }
+        let err = Config::load(
+            None,
+            &env(&[("KVBUST_UPSTREAM_URL", "x")]),
+            &Default::default(),
+        )
+        .unwrap_err();
+        assert!(!err.message.contains("enableServiceLinks"), "{err}");
+    }
+
+    #[test]
+    fn stateless_ledger_needs_a_shared_benchmark_id() {
+        let load = |pairs: &[(&str, &str)]| Config::load(None, &env(pairs), &Default::default());
+        let stateless = ("KVBUST_CACHE_BUST__LEDGER", "stateless");
+        assert_eq!(
+            load(&[stateless]).unwrap_err().key,
+            "cache_bust.benchmark_id"
+        );
+        let c = load(&[stateless, ("KVBUST_CACHE_BUST__BENCHMARK_ID", "run-7")]).unwrap();
+        assert_eq!(c.cache_bust.ledger, LedgerMode::Stateless);
+        assert_eq!(
+            load(&[("KVBUST_CACHE_BUST__LEDGER", "shared")])
+                .unwrap_err()
+                .key,
+            "cache_bust.ledger"
+        );
     }
 
     #[test]

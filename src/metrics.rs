@@ -48,6 +48,8 @@ pub struct Families {
     pub unparseable_passthrough: IntCounter,
     pub streams_aborted: IntCounterVec,
     pub shutdown_aborted_connections: IntCounter,
+    pub tls_reloads: IntCounterVec,
+    pub upstream_tls_insecure: IntGauge,
 }
 
 impl Metrics {
@@ -177,6 +179,20 @@ impl Metrics {
                 IntCounter::new(
                     "shutdown_aborted_connections_total",
                     "Connections closed when the shutdown grace ran out.",
+                )
+                .expect("valid"),
+            ),
+            tls_reloads: counter(
+                &r,
+                "tls_reloads_total",
+                "Listener certificate reloads (SIGHUP or changed files), by result (ok, error).",
+                &["result"],
+            ),
+            upstream_tls_insecure: reg(
+                &r,
+                IntGauge::new(
+                    "upstream_tls_insecure_skip_verify",
+                    "1 when the upstream's certificate is not verified (upstream.tls.insecure_skip_verify).",
                 )
                 .expect("valid"),
             ),

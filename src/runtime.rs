@@ -1,12 +1,13 @@
 //! Run-time state shared by the data path and the admin port: the default phase switch, the
-//! draining flag, the session ledger, the benchmark id and the metrics. Holds no I/O handles.
+//! draining flag, the session ledger (absent in stateless mode), the benchmark id and the
+//! metrics. Holds no I/O handles.
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::cachebust::{Ledger, Phase};
-use crate::config::Config;
+use crate::config::{Config, LedgerMode};
 use crate::metrics::Metrics;
 
 pub struct Runtime {
@@ -17,7 +18,8 @@ pub struct Runtime {
     draining: AtomicBool,
     /// API requests seen without a phase header, for `cache_bust.auto_warmup_requests`.
     unphased_requests: AtomicU64,
-    ledger: Mutex<Ledger>,
+    /// `None` in `cache_bust.ledger = "stateless"` mode, which keeps no per-session state.
+    ledger: Option<Mutex<Ledger>>,
 }
 
 impl Runtime {
@@ -27,6 +29,9 @@ impl Runtime {
             .benchmark_id
             .clone()
             .unwrap_or_else(crate::cachebust::random_benchmark_id);
+        metrics
+            .upstream_tls_insecure
+            .set(i64::from(config.upstream.tls.insecure_skip_verify));
         // `validate` rejects a zero capacity, so the fallback is never used.
         let cap = NonZeroUsize::new(config.cache_bust.ledger_capacity).unwrap_or(NonZeroUsize::MIN);
         Arc::new(Self {
@@ -34,7 +39,10 @@ impl Runtime {
             default_phase: AtomicU8::new(phase_to_u8(config.cache_bust.default_phase)),
             draining: AtomicBool::new(false),
             unphased_requests: AtomicU64::new(0),
-            ledger: Mutex::new(Ledger::new(cap)),
+            ledger: match config.cache_bust.ledger {
+                LedgerMode::Local => Some(Mutex::new(Ledger::new(cap))),
+                LedgerMode::Stateless => None,
+            },
             metrics,
             config,
         })
@@ -67,11 +75,16 @@ impl Runtime {
         self.draining.store(true, Ordering::Relaxed);
     }
 
-    /// Resolves a session key to its minted counter (AIPerf's `_cache_bust_pass`).
+    /// Resolves a session key to its counter: minted by the ledger in `local` mode (AIPerf's
+    /// `_cache_bust_pass`); always 0 in `stateless` mode, so the marker depends on the request
+    /// alone and every replica computes the same one.
     pub fn resolve_session(&self, key: &str) -> u64 {
+        let Some(ledger) = &self.ledger else {
+            return 0;
+        };
         // A poisoned lock means a panic elsewhere while holding it; the ledger's state is still
         // a valid LRU, so keep serving rather than failing every later request.
-        let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
         let r = ledger.resolve(key);
         if r.evicted {
             self.metrics.ledger_evictions.inc();

@@ -21,6 +21,7 @@ use crate::proxy::forward::{self, Affinity, Upstream};
 use crate::proxy::synthesize::Synthesizer;
 use crate::proxy::Proxy;
 use crate::runtime::Runtime;
+use crate::tls::ReloadingTls;
 
 /// The sockets `run` serves; bound by the caller so tests can use port 0.
 pub struct Listeners {
@@ -80,8 +81,8 @@ pub struct RunReport {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("listen.tls: {0}")]
-    Tls(String),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     #[error("upstream: {0}")]
     Upstream(String),
     #[error("data listener: {0}")]
@@ -108,9 +109,14 @@ pub async fn run(
     let client_tls =
         Arc::new(forward::tls_config(&config.upstream).map_err(ServerError::Upstream)?);
     let tls = match &config.listen.tls {
-        Some(files) => Some(tls_acceptor(&files.cert, &files.key).map_err(ServerError::Tls)?),
+        Some(files) => Some(Arc::new(ReloadingTls::new(files)?)),
         None => None,
     };
+    // Reloads the certificate on SIGHUP or file change, on the caller's runtime; every worker
+    // takes the newest configuration for its next connection. Stopped when `run` returns.
+    let tls_watch = tls
+        .as_ref()
+        .map(|t| tokio::spawn(t.clone().watch(rt.metrics.clone())));
     let synth = Synthesizer::new(config.synth.clone(), config.cache_bust.target);
     if config.synth.dataset.is_some() {
         // Build the configured dataset now, off the data path; requests wait for it if early.
@@ -178,6 +184,9 @@ pub async fn run(
             "shutdown grace period over; closed the remaining connections"
         );
     }
+    if let Some(w) = tls_watch {
+        w.abort();
+    }
     let _ = admin_stop_tx.send(());
     let _ = admin_task.await;
     tracing::info!("stopped");
@@ -185,11 +194,11 @@ pub async fn run(
 }
 
 /// What one data worker owns: its proxy (with its own upstream pool), its HTTP settings and the
-/// TLS acceptor. Everything here is used on the worker's thread only.
+/// listener TLS, shared with the reloader. Everything else is used on the worker's thread only.
 struct Worker {
     proxy: Arc<Proxy>,
     builder: auto::Builder<TokioExecutor>,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ReloadingTls>>,
     grace: Duration,
 }
 
@@ -231,7 +240,7 @@ impl Worker {
                         peer,
                         self.proxy.clone(),
                         builder.clone(),
-                        self.tls.clone(),
+                        self.tls.as_ref().map(|t| t.acceptor()),
                         graceful.watcher(),
                     ));
                 }
@@ -347,29 +356,6 @@ async fn serve_connection(
     if let Err(e) = result {
         tracing::debug!(%peer, "connection ended with an error: {e}");
     }
-}
-
-fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
-    let cert_pem = std::fs::read(cert).map_err(|e| format!("cert {}: {e}", cert.display()))?;
-    let key_pem = std::fs::read(key).map_err(|e| format!("key {}: {e}", key.display()))?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut cert_pem.as_slice())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("cert {}: {e}", cert.display()))?;
-    if certs.is_empty() {
-        return Err(format!("cert {} holds no PEM certificate", cert.display()));
-    }
-    let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
-        .map_err(|e| format!("key {}: {e}", key.display()))?
-        .ok_or_else(|| format!("key {} holds no PEM private key", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| e.to_string())?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(cfg)))
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).

@@ -1,393 +1,347 @@
-//! kvbust's coding corpus: deterministic per seed and different across seeds, tokenized once,
-//! every requested length token-exact, the category mix by block count, block variety, no
-//! chat-template tokens, and `kvbust synth --prompt-corpus coding` end to end.
+//! `--prompt-corpus coding` against AIPerf 0.13.0 (`tests/fixtures/synth/coding.json`, made by
+//! AIPerf's own composer and trace loader with the Qwen3 tokenizer): every synthetic case byte
+//! for byte through `compose`; the mooncake-trace case's texts through the hash-id API
+//! ([`CodingPrompts::hash_id_prompt`]), since the trace loader itself (sessions, timestamps) is
+//! issue #9's. Also the pool's size and id hash for two seeds (printed by AIPerf), the placeholder
+//! stream, and the clear error for a tokenizer that cannot encode the pool.
 
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
-use clap::Parser;
-use kvbust::synth::cli::{run, SynthArgs};
-use kvbust::synth::coding::{self, Category, CodingCorpus, BLOCK_COUNT, TOKENIZE_GROUPS};
-use kvbust::synth::{PromptCorpus, PromptStream, RandomCorpusStyle, Tokenizer};
-use rand::{Rng, SeedableRng};
+use kvbust::synth::coding::{CodingPool, CodingPrompts};
+use kvbust::synth::{
+    compose, CacheBustTarget, Dataset, PromptCorpus, PromptStream, RandomCorpusStyle, SynthParams,
+    Tokenizer,
+};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
-const SEED: u64 = 42;
+/// Parts of a case not checked here, with the reason.
+const PENDING: &[(&str, &str)] = &[(
+    "coding_mooncake_trace",
+    "session ids, timestamps and the trace-file plumbing need the mooncake_trace loader \
+     (issue #9, branch `traces`); its turn texts are checked through the hash-id API here",
+)];
 
-fn tokenizer() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| Tokenizer::default_qwen3().expect("embedded tokenizer loads"))
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/synth")
+        .join(name)
 }
 
-/// The corpus for [`SEED`], built once per test binary.
-fn corpus() -> &'static CodingCorpus {
-    static C: OnceLock<CodingCorpus> = OnceLock::new();
-    C.get_or_init(|| {
-        let t0 = Instant::now();
-        let c = CodingCorpus::build(SEED, tokenizer()).expect("corpus builds");
-        eprintln!(
-            "coding corpus: {} blocks, {} tokens, built in {:?}",
-            c.blocks().len(),
-            c.len(),
-            t0.elapsed()
-        );
-        c
+fn vectors() -> &'static Value {
+    static V: OnceLock<Value> = OnceLock::new();
+    V.get_or_init(|| {
+        let text = std::fs::read_to_string(fixture("coding.json")).expect("coding.json");
+        serde_json::from_str(&text).expect("valid JSON")
     })
 }
 
-fn texts(blocks: &[coding::Block]) -> Vec<&str> {
-    blocks.iter().map(|b| b.text.as_str()).collect()
+fn tokenizer() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| Tokenizer::default_qwen3().expect("qwen3"))
 }
 
-#[test]
-fn same_seed_same_bytes_other_seed_other_corpus() {
-    let a = coding::blocks(7);
-    let b = coding::blocks(7);
-    assert_eq!(a, b);
-    assert_eq!(coding::corpus_text(&a), coding::corpus_text(&b));
-    // The corpus built for SEED holds exactly the blocks generated for SEED, in the same order.
-    assert_eq!(texts(corpus().blocks()), texts(&coding::blocks(SEED)));
-    assert_eq!(corpus().seed(), SEED);
-
-    let c = coding::blocks(8);
-    assert_ne!(coding::corpus_text(&a), coding::corpus_text(&c));
-    let in_a: HashSet<&str> = texts(&a).into_iter().collect();
-    let shared = texts(&c).iter().filter(|t| in_a.contains(*t)).count();
-    assert!(
-        shared * 100 < c.len(),
-        "{shared} of {} blocks of seed 8 also occur in seed 7",
-        c.len()
-    );
-    // Block order is shuffled: the first blocks are not all of the first category.
-    let head: HashSet<Category> = a[..50].iter().map(|b| b.category).collect();
-    assert!(head.len() >= 4, "{head:?}");
+fn argv(case: &Value) -> Vec<String> {
+    case["argv"]
+        .as_array()
+        .expect("argv")
+        .iter()
+        .map(|s| s.as_str().expect("string").to_owned())
+        .collect()
 }
 
-#[test]
-fn tokenized_once_over_the_joined_text() {
-    let c = corpus();
-    assert!(c.len() >= 1_000_000, "pool has {} tokens", c.len());
-    assert_eq!(c.joins().len(), TOKENIZE_GROUPS - 1);
-    // The first two groups, encoded as one text, equal the token array up to the second join:
-    // group-wise encoding is the same as encoding the joined text once.
-    let per_group = BLOCK_COUNT.div_ceil(TOKENIZE_GROUPS);
-    let text = format!(
-        "{}{}",
-        coding::corpus_text(&c.blocks()[..2 * per_group]),
-        coding::SEPARATOR
-    );
-    let ids = tokenizer().encode(&text).expect("encode");
-    assert_eq!(ids.as_slice(), &c.tokens()[..c.joins()[1]]);
-    // And the last group's text ends the array without a separator.
-    let last = coding::corpus_text(&c.blocks()[(TOKENIZE_GROUPS - 1) * per_group..]);
-    let ids = tokenizer().encode(&last).expect("encode");
-    assert_eq!(
-        ids.as_slice(),
-        &c.tokens()[c.joins()[TOKENIZE_GROUPS - 2]..]
-    );
-}
-
-#[test]
-fn every_requested_length_is_token_exact() {
-    let c = corpus();
-    let t = tokenizer();
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(5);
-    let mut lengths: Vec<usize> = (0..240).map(|_| rng.random_range(1..=4096)).collect();
-    lengths.extend([1, 2, 3, 7, 64, 1024, 4095, 4096]);
-    for &n in &lengths {
-        let p = c.prompt(t, &mut rng, n).expect("prompt");
-        assert_eq!(t.encode(&p).expect("encode").len(), n, "length {n}: {p:?}");
-    }
-    // Windows that wrap past the end of the pool, and starts right at group joins.
-    let mut starts = vec![c.len() - 1, c.len() - 500, 0];
-    starts.extend(c.joins().iter().take(8).map(|j| j - 3));
-    for (i, &s) in starts.iter().enumerate() {
-        let n = 300 + 97 * i;
-        let p = c.prompt_at(t, s, n).expect("prompt");
-        assert_eq!(t.encode(&p).expect("encode").len(), n, "start {s}");
-        assert_eq!(p, c.prompt_at(t, s, n).expect("prompt"), "deterministic");
-    }
-    assert_eq!(c.prompt_at(t, 123, 0).expect("empty prompt"), "");
-}
-
-#[test]
-fn category_mix_by_block_count_is_on_target() {
-    let blocks = corpus().blocks();
-    assert_eq!(blocks.len(), BLOCK_COUNT);
-    let mut counts: HashMap<Category, usize> = HashMap::new();
-    for b in blocks {
-        *counts.entry(b.category).or_default() += 1;
-    }
-    let total: f64 = Category::ALL.iter().map(|c| c.share()).sum();
-    assert!((total - 1.0).abs() < 1e-9);
-    for c in Category::ALL {
-        let got = counts.get(&c).copied().unwrap_or(0) as f64 / blocks.len() as f64;
-        assert!(
-            (got - c.share()).abs() <= 0.03,
-            "{}: {:.1}% of blocks, target {:.1}%",
-            c.as_str(),
-            100.0 * got,
-            100.0 * c.share()
-        );
-    }
-    // The shares named by the issue.
-    let want = [
-        ("code", 0.28),
-        ("ml", 0.11),
-        ("shell", 0.20),
-        ("json", 0.11),
-        ("error", 0.09),
-        ("sql", 0.03),
-        ("other", 0.10),
-        ("user_prompt", 0.08),
-    ];
-    for (c, (name, share)) in Category::ALL.iter().zip(want) {
-        assert_eq!((c.as_str(), c.share()), (name, share));
-    }
-}
-
-/// Lines of at least 30 characters that occur more than once in a window of `n` tokens.
-fn repeated_line_fraction(text: &str) -> f64 {
-    let lines: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| l.len() >= 30)
-        .collect();
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for l in &lines {
-        *seen.entry(l).or_default() += 1;
-    }
-    let dup: usize = seen.values().filter(|&&v| v > 1).sum();
-    dup as f64 / lines.len().max(1) as f64
-}
-
-#[test]
-fn blocks_are_distinct_and_windows_do_not_repeat() {
-    let c = corpus();
-    let distinct = coding::distinct(c.blocks());
-    eprintln!("{distinct} distinct blocks of {}", c.blocks().len());
-    assert!(
-        distinct * 100 >= c.blocks().len() * 99,
-        "only {distinct} distinct blocks of {}",
-        c.blocks().len()
-    );
-    // In 32k-token windows, few long lines occur twice (imports and boilerplate do).
-    let t = tokenizer();
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(11);
-    for _ in 0..4 {
-        let start = rng.random_range(0..c.len());
-        let text = t.decode(&c.window(start, 32_768).tokens).expect("decode");
-        let f = repeated_line_fraction(&text);
-        assert!(
-            f < 0.2,
-            "{:.1}% of long lines repeat in a 32k window",
-            100.0 * f
-        );
-    }
-}
-
-#[test]
-fn no_chat_template_tokens_in_the_corpus() {
-    let added: Vec<String> = tokenizer()
-        .inner()
-        .get_added_tokens_decoder()
-        .values()
-        .map(|t| t.content.clone())
-        .collect();
-    assert!(added.iter().any(|t| t == "<|im_start|>"));
-    for b in corpus().blocks() {
-        for a in &added {
-            assert!(!b.text.contains(a.as_str()), "{a} in {:?}", b.text);
+/// Maps a case's AIPerf argv onto [`SynthParams`].
+fn params_from_argv(argv: &[String]) -> SynthParams {
+    let mut p = SynthParams::default();
+    let mut args = argv.iter().map(String::as_str);
+    while let Some(flag) = args.next() {
+        if flag == "--apply-chat-template" {
+            p.apply_chat_template = true;
+            continue;
+        }
+        let val = args.next().expect("a value");
+        match flag {
+            "--osl-stddev" => p.osl_stddev = val.parse().unwrap(),
+            "--session-turns-stddev" => p.session_turns_stddev = val.parse().unwrap(),
+            "--system-prompt" => p.system_prompt = Some(val.to_owned()),
+            "--random-range-ratio" => p.range_ratio = Some(val.parse().unwrap()),
+            "--isl" => p.isl = Some(val.parse().unwrap()),
+            "--isl-stddev" => p.isl_stddev = val.parse().unwrap(),
+            "--osl" => p.osl = Some(val.parse().unwrap()),
+            "--random-seed" => p.random_seed = Some(val.parse().unwrap()),
+            "--num-dataset-entries" => p.num_dataset_entries = val.parse().unwrap(),
+            "--prompt-corpus" => p.prompt_corpus = val.parse::<PromptCorpus>().unwrap(),
+            "--num-prefix-prompts" => p.num_prefix_prompts = val.parse().unwrap(),
+            "--prefix-prompt-length" => p.prefix_prompt_length = val.parse().unwrap(),
+            "--shared-system-prompt-length" => {
+                p.shared_system_prompt_length = Some(val.parse().unwrap())
+            }
+            "--user-context-prompt-length" => {
+                p.user_context_prompt_length = Some(val.parse().unwrap())
+            }
+            "--session-turns-mean" => p.session_turns_mean = val.parse().unwrap(),
+            "--cache-bust" => p.cache_bust = val.parse::<CacheBustTarget>().unwrap(),
+            other => panic!("flag {other} is not mapped"),
         }
     }
+    p
 }
 
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SynthArgs,
+fn opt_str(v: &Value) -> Option<String> {
+    v.as_str().map(str::to_owned)
 }
 
-fn scratch_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("synth-coding-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+/// Compares one synthetic case; returns the first difference.
+fn check_case(name: &str) -> Result<(), String> {
+    let case = &vectors()["cases"][name];
+    let params = params_from_argv(&argv(case));
+    assert_eq!(params.prompt_corpus, PromptCorpus::Coding);
+    let got: Dataset = compose(&params, tokenizer(), None, &mut |_, _| {})
+        .map_err(|e| format!("{name}: error {e}"))?;
+    let want = case["conversations"].as_array().expect("conversations");
+    if got.conversations.len() != want.len() {
+        return Err(format!("{name}: {} conversations", got.conversations.len()));
+    }
+    for (c, (g, w)) in got.conversations.iter().zip(want).enumerate() {
+        let ctx = format!("{name} conversation {c}");
+        if g.session_id != w["session_id"].as_str().unwrap() {
+            return Err(format!("{ctx}: session id {}", g.session_id));
+        }
+        if g.system_message != opt_str(&w["system_message"]) {
+            return Err(format!("{ctx}: system message {:?}", g.system_message));
+        }
+        if g.user_context_message != opt_str(&w["user_context_message"]) {
+            return Err(format!("{ctx}: user context {:?}", g.user_context_message));
+        }
+        let wt = w["turns"].as_array().expect("turns");
+        if g.turns.len() != wt.len() {
+            return Err(format!("{ctx}: {} turns want {}", g.turns.len(), wt.len()));
+        }
+        for (t, (gt, wt)) in g.turns.iter().zip(wt).enumerate() {
+            let want_text = wt["text"].as_str().unwrap();
+            if gt.text != want_text {
+                return Err(format!(
+                    "{ctx} turn {t}: text\n got {:?}\nwant {want_text:?}",
+                    gt.text
+                ));
+            }
+            if gt.max_tokens != wt["max_tokens"].as_u64() {
+                return Err(format!("{ctx} turn {t}: max_tokens {:?}", gt.max_tokens));
+            }
+        }
+    }
+    Ok(())
 }
 
-fn scratch(name: &str) -> PathBuf {
-    scratch_dir().join(name)
+#[test]
+fn every_case_is_checked() {
+    let names: Vec<&String> = vectors()["cases"].as_object().unwrap().keys().collect();
+    assert_eq!(names.len(), 5);
+    for (name, why) in PENDING {
+        assert!(names.iter().any(|n| n == name), "{name}");
+        eprintln!("{name}: partly pending: {why}");
+    }
 }
 
-fn synth(argv: &[&str], out: &str) -> Vec<Value> {
-    let out = scratch(out);
-    let mut full = vec!["synth".to_owned()];
-    full.extend(argv.iter().map(|s| s.to_string()));
-    full.extend(["-o".into(), out.display().to_string()]);
-    let args = Wrapper::try_parse_from(full).expect("flags parse").args;
-    run(&args).expect("synth runs");
-    std::fs::read_to_string(&out)
-        .expect("output")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
+#[test]
+fn isl256() {
+    check_case("coding_isl256").unwrap();
+}
+
+#[test]
+fn isl2048_seed42() {
+    check_case("coding_isl2048_seed42").unwrap();
+}
+
+#[test]
+fn mixed_stddev_turns_system_and_user_context() {
+    check_case("coding_mix").unwrap();
+}
+
+#[test]
+fn prefix_pool() {
+    check_case("coding_prefix_pool").unwrap();
+}
+
+/// The trace file AIPerf read: one `json.dumps(line)` per line (Python's default separators).
+fn trace_file_bytes(trace: &[Value]) -> String {
+    trace
+        .iter()
+        .map(|l| {
+            let ids: Vec<String> = l["hash_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(Value::to_string)
+                .collect();
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": {}, \"output_length\": {}, \"hash_ids\": [{}]}}\n",
+                l["timestamp"],
+                l["input_length"],
+                l["output_length"],
+                ids.join(", ")
+            )
+        })
         .collect()
 }
 
 #[test]
-fn synth_cli_prompt_corpus_coding() {
-    assert_eq!("coding".parse::<PromptCorpus>(), Ok(PromptCorpus::Coding));
-    let e = "poetry"
-        .parse::<PromptCorpus>()
-        .expect_err("unknown corpus");
-    assert!(e.contains("sonnet, random or coding"), "{e}");
-
-    let cache = scratch("cache");
-    let cache = cache.display().to_string();
-    let argv = [
-        "--prompt-corpus",
-        "coding",
-        "--random-seed",
-        "42",
-        "--isl",
-        "300",
-        "--num-dataset-entries",
-        "6",
-        "--shared-system-prompt-length",
-        "40",
-        "--corpus-cache-dir",
-        cache.as_str(),
-    ];
-    let first = synth(&argv, "a.jsonl");
-    let t0 = Instant::now();
-    let second = synth(&argv, "b.jsonl");
-    eprintln!("second run (cached corpus) took {:?}", t0.elapsed());
-    assert_eq!(
-        first, second,
-        "same seed, same dataset (built, then from the cache)"
-    );
-    let cached: Vec<String> = std::fs::read_dir(scratch("cache"))
-        .expect("cache dir")
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("coding-ids-v1-"))
-        .collect();
-    assert_eq!(cached.len(), 1, "{cached:?}");
-    assert_eq!(first.len(), 6);
-    let t = tokenizer();
-    let mut seen = HashSet::new();
-    for conv in &first {
-        let sys = conv["system_message"].as_str().expect("system prompt");
-        assert_eq!(t.encode(sys).expect("encode").len(), 40);
-        for turn in conv["turns"].as_array().expect("turns") {
-            let text = turn["text"].as_str().expect("text");
-            assert_eq!(t.encode(text).expect("encode").len(), 300, "{text:?}");
-            assert!(seen.insert(text.to_owned()), "prompts differ");
-        }
-    }
-    std::fs::remove_dir_all(scratch_dir()).expect("remove scratch files");
-}
-
-#[test]
-fn prompt_stream_serves_the_coding_corpus() {
-    let tok = Arc::new(Tokenizer::default_qwen3().expect("tokenizer"));
-    let corpus = Some(corpus().as_sonnet().clone());
-    let stream = |corpus| {
-        PromptStream::new(
-            tok.clone(),
-            PromptCorpus::Coding,
-            RandomCorpusStyle::Vllm,
-            corpus,
-            Some(3),
-        )
-        .expect("stream")
-    };
-    let (mut a, mut b) = (stream(corpus.clone()), stream(corpus));
-    let mut seen = HashSet::new();
-    for n in [1, 17, 256, 1024, 3000] {
-        let p = a.prompt(n).expect("prompt");
-        assert_eq!(tok.encode(&p).expect("encode").len(), n);
-        assert_eq!(p, b.prompt(n).expect("prompt"), "same seed, same prompts");
-        assert!(seen.insert(p), "successive prompts differ");
+fn mooncake_trace_texts_through_the_hash_id_api() {
+    let case = &vectors()["cases"]["coding_mooncake_trace"];
+    let seed: u64 = argv(case)[1].parse().unwrap();
+    let trace = case["trace"].as_array().unwrap();
+    // AIPerf scopes hash ids to the file: trace_id = sha256(file bytes)[:16].
+    let trace_id = hex::encode(Sha256::digest(trace_file_bytes(trace).as_bytes()))[..16].to_owned();
+    let pool = Arc::new(CodingPool::build(seed, tokenizer()).unwrap());
+    let mut gen = CodingPrompts::new(pool, tokenizer());
+    gen.set_trace_id(&trace_id);
+    let convs = case["conversations"].as_array().unwrap();
+    assert_eq!(convs.len(), trace.len());
+    for (line, conv) in trace.iter().zip(convs) {
+        let hash_ids: Vec<u64> = line["hash_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let n = line["input_length"].as_u64().unwrap() as usize;
+        // AIPerf's default --isl-block-size.
+        let got = gen.hash_id_prompt(tokenizer(), n, &hash_ids, 512).unwrap();
+        assert_eq!(got, conv["turns"][0]["text"].as_str().unwrap(), "{line}");
     }
 }
 
-/// Figures for the report: run with `cargo test --test synth_coding -- --ignored --nocapture`.
 #[test]
-#[ignore]
-fn report() {
-    let t = tokenizer();
-    let t0 = Instant::now();
-    let c = CodingCorpus::build(SEED + 1, t).expect("corpus builds");
-    let build = t0.elapsed();
-    let dir = scratch_dir().join("report-cache");
-    CodingCorpus::build_cached(SEED + 1, t, Some(&dir)).expect("cached build");
-    let t0 = Instant::now();
-    let cached = CodingCorpus::build_cached(SEED + 1, t, Some(&dir)).expect("cached build");
-    eprintln!("build from the id cache: {:?}", t0.elapsed());
-    assert_eq!(cached.tokens(), c.tokens());
-    std::fs::remove_dir_all(scratch_dir()).expect("remove scratch files");
-    let t0 = Instant::now();
-    let blocks = coding::blocks(SEED + 2);
-    let generate = t0.elapsed();
-    let s = c.stats(t).expect("stats");
-    eprintln!(
-        "build {build:?} (block generation alone {generate:?} for {} blocks)",
-        blocks.len()
-    );
-    eprintln!(
-        "blocks {} distinct {} bytes {} tokens {}",
-        s.blocks, s.distinct_blocks, s.bytes, s.tokens
-    );
-    let alone: usize = s.per_category.iter().map(|(_, _, t)| t).sum();
-    for (cat, n, tok) in &s.per_category {
-        eprintln!(
-            "{:<12} blocks {:>5} ({:>5.1}%)  tokens {:>8} ({:>5.1}%)  avg {:>4.0}",
-            cat.as_str(),
-            n,
-            100.0 * *n as f64 / s.blocks as f64,
-            tok,
-            100.0 * *tok as f64 / alone as f64,
-            *tok as f64 / *n as f64
+fn pool_matches_aiperf_for_two_seeds() {
+    // len(_tool_pool) and sha256(json.dumps(_tool_pool)) printed by AIPerf 0.13.0's
+    // CodingContentGenerator under rng.init(seed) with the Qwen3 tokenizer.
+    for (seed, len, sha) in [
+        (
+            0u64,
+            283_860usize,
+            "d946e06b1fb120a2c6ff6e6461d4917f819c88b4f07149b5ecc71b6cdfb315f9",
+        ),
+        (
+            42,
+            276_439,
+            "a793466afffca024407d8bb0df4cc71ffc976b6b50a6344b1abbc8aa86b012b0",
+        ),
+    ] {
+        let pool = CodingPool::build(seed, tokenizer()).unwrap();
+        assert_eq!(pool.len(), len, "seed {seed}");
+        let ids: Vec<String> = pool.tokens().iter().map(u32::to_string).collect();
+        let json = format!("[{}]", ids.join(", "));
+        assert_eq!(
+            hex::encode(Sha256::digest(json.as_bytes())),
+            sha,
+            "seed {seed}"
         );
     }
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(9);
-    let mut worst: f64 = 0.0;
-    let mut mean = 0.0;
-    for _ in 0..20 {
-        let start = rng.random_range(0..c.len());
-        let f = repeated_line_fraction(&t.decode(&c.window(start, 32_768).tokens).expect("decode"));
-        worst = worst.max(f);
-        mean += f / 20.0;
-    }
-    eprintln!(
-        "32k windows: repeated long lines mean {:.1}%, worst {:.1}%",
-        100.0 * mean,
-        100.0 * worst
-    );
-    let n = 300;
-    let t0 = Instant::now();
-    for _ in 0..n {
-        c.prompt(t, &mut rng, 1024).expect("prompt");
-    }
-    eprintln!(
-        "{:.0} prompts/s at 1024 tokens",
-        n as f64 / t0.elapsed().as_secs_f64()
-    );
-    if let Ok(dir) = std::env::var("CODING_DUMP") {
-        std::fs::write(format!("{dir}/corpus.txt"), coding::corpus_text(c.blocks())).expect("dump");
+}
+
+#[test]
+fn placeholder_stream_draws_like_the_composer() {
+    // The n-th placeholder prompt equals the n-th prompt AIPerf's generator makes for the seed:
+    // the ISL-256 case has no length draws, so its bodies are the first eight windows.
+    let case = &vectors()["cases"]["coding_isl256"];
+    let mut stream = PromptStream::new(
+        Arc::new(Tokenizer::default_qwen3().unwrap()),
+        PromptCorpus::Coding,
+        RandomCorpusStyle::Vllm,
+        None,
+        Some(0),
+    )
+    .unwrap();
+    for conv in case["conversations"].as_array().unwrap() {
+        assert_eq!(
+            stream.prompt(256).unwrap(),
+            conv["turns"][0]["text"].as_str().unwrap()
+        );
     }
 }
 
-/// A few blocks of each category, to read: `cargo test --test synth_coding -- --ignored
-/// --nocapture dump_samples`.
 #[test]
-#[ignore]
-fn dump_samples() {
-    let blocks = coding::blocks(99);
-    for c in Category::ALL {
-        for b in blocks.iter().filter(|b| b.category == c).take(3) {
-            println!("=== {c}\n{}", b.text);
+fn a_tokenizer_that_cannot_encode_the_pool_is_refused() {
+    // A word-level vocabulary of a few words with an unknown token.
+    let json = r#"{
+      "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+      "normalizer": null,
+      "pre_tokenizer": {"type": "Whitespace"},
+      "post_processor": null, "decoder": null,
+      "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "def": 1, "return": 2}, "unk_token": "[UNK]"}
+    }"#;
+    let tok = Tokenizer::from_bytes(json.as_bytes(), None).expect("tiny tokenizer loads");
+    let err = CodingPool::build(1, &tok).expect_err("must be refused");
+    let msg = err.to_string();
+    assert!(msg.contains("cannot encode the coding corpus"), "{msg}");
+    assert!(msg.contains("unknown token"), "{msg}");
+}
+
+#[test]
+fn fast_pool_encoding_equals_the_tokenizer() {
+    // The pool's shortcut encoder against the full `tokenizers` pipeline, for more seeds and
+    // for Llama-3.2 (digit runs of up to three, a BOS it must not add).
+    let llama = Tokenizer::from_path(&fixture("tokenizers/llama-3.2")).expect("llama");
+    for tok in [tokenizer(), &llama] {
+        for seed in [1u64, 7, 1234] {
+            let text = kvbust::synth::coding::pool_blocks(seed, 1.0)
+                .unwrap()
+                .join(kvbust::synth::coding::SEPARATOR);
+            assert_eq!(
+                kvbust::synth::coding::encode_large(tok, &text).unwrap(),
+                tok.encode(&text).unwrap(),
+                "seed {seed}"
+            );
+        }
+    }
+}
+
+fn digest(s: Option<&str>) -> Value {
+    s.map_or(Value::Null, |t| {
+        Value::String(hex::encode(Sha256::digest(t.as_bytes())))
+    })
+}
+
+#[test]
+fn more_seeds_lengths_and_flags_match_aiperf() {
+    // `coding_extra.json`: AIPerf 0.13.0's own composer, texts as sha256 (see its README row).
+    let text = std::fs::read_to_string(fixture("coding_extra.json")).expect("coding_extra.json");
+    let v: Value = serde_json::from_str(&text).expect("valid JSON");
+    let llama = Tokenizer::from_path(&fixture("tokenizers/llama-3.2")).expect("llama");
+    let cases = v["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 8);
+    for (name, case) in cases {
+        let tok = match case["tokenizer"].as_str().unwrap() {
+            "qwen3" => tokenizer(),
+            _ => &llama,
+        };
+        let params = params_from_argv(&argv(case));
+        let got = compose(&params, tok, None, &mut |_, _| {}).unwrap();
+        let want = case["conversations"].as_array().unwrap();
+        assert_eq!(got.conversations.len(), want.len(), "{name}");
+        for (c, (g, w)) in got.conversations.iter().zip(want).enumerate() {
+            assert_eq!(g.session_id, w["session_id"].as_str().unwrap(), "{name}");
+            assert_eq!(
+                digest(g.system_message.as_deref()),
+                w["system_message"],
+                "{name} {c}"
+            );
+            assert_eq!(
+                digest(g.user_context_message.as_deref()),
+                w["user_context_message"],
+                "{name} {c}"
+            );
+            let wt = w["turns"].as_array().unwrap();
+            assert_eq!(g.turns.len(), wt.len(), "{name} {c}");
+            for (t, (gt, wt)) in g.turns.iter().zip(wt).enumerate() {
+                assert_eq!(
+                    digest(Some(&gt.text)),
+                    wt["text"],
+                    "{name} conversation {c} turn {t}"
+                );
+                assert_eq!(gt.max_tokens, wt["max_tokens"].as_u64(), "{name} {c} {t}");
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
-//! Every non-coding case of `tests/fixtures/synth/prompts.json` (AIPerf 0.13.0's own composer)
-//! through the library: texts byte-identical, `max_tokens`, system and user-context messages
-//! equal. Also the corpus facts. The coding case is out of scope and listed in `SKIPPED`.
+//! Every case of `tests/fixtures/synth/prompts.json` (AIPerf 0.13.0's own composer) through the
+//! library: texts byte-identical, `max_tokens`, system and user-context messages equal. Also the
+//! corpus facts. Cases not run would be listed in `SKIPPED` with the reason.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -14,10 +14,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// Cases not run, with the reason.
-const SKIPPED: &[(&str, &str)] = &[(
-    "coding_isl64_seed42_qwen3",
-    "kvbust's coding corpus is its own, not a port of AIPerf's (tests/synth_coding.rs)",
-)];
+const SKIPPED: &[(&str, &str)] = &[];
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -209,6 +206,11 @@ fn sonnet_llama_cases() {
 #[test]
 fn random_cases() {
     run_cases(|n| n.starts_with("random"));
+}
+
+#[test]
+fn coding_cases() {
+    run_cases(|n| n.starts_with("coding"));
 }
 
 fn corpus_facts(tok: &str) {

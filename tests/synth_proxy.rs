@@ -8,7 +8,10 @@ use std::sync::OnceLock;
 use common::*;
 use http::StatusCode;
 use kvbust::cachebust::{build_marker, DigestInputs, Phase, Target};
-use kvbust::synth::{build_dataset, CacheBustTarget, Dataset, SynthParams, Tokenizer};
+use kvbust::synth::{
+    build_dataset, CacheBustTarget, Dataset, PromptCorpus, PromptStream, RandomCorpusStyle,
+    SynthParams, Tokenizer,
+};
 use serde_json::Value;
 
 fn tokenizer() -> &'static Tokenizer {
@@ -180,7 +183,17 @@ fn between(v: &Value, open: &str, close: &str) -> String {
 async fn placeholders_become_fresh_token_exact_prompts_from_each_corpus() {
     let h = start(|c| c.synth.placeholder_seed = Some(3)).await;
     let client = h1();
-    let body = r#"{"model":"m","messages":[{"role":"user","content":"A<<{{kvbust:prompt:50}}>>B<<{{kvbust:prompt:33:random}}>>C<<{{kvbust:prompt:40:coding}}>>D"}],"max_tokens":2}"#;
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"A<<{{kvbust:prompt:50}}>>B<<{{kvbust:prompt:33:random}}>>C<<{{kvbust:prompt:40:coding-exact}}>>D<<{{kvbust:prompt:40:coding}}>>E"}],"max_tokens":2}"#;
+    // AIPerf's coding corpus is not token-exact: its prompts are the decoded windows of
+    // AIPerf's generator under the placeholder seed, in order.
+    let mut aiperf_coding = PromptStream::new(
+        std::sync::Arc::new(Tokenizer::default_qwen3().unwrap()),
+        PromptCorpus::Coding,
+        RandomCorpusStyle::Vllm,
+        None,
+        Some(3),
+    )
+    .unwrap();
     let mut seen = Vec::new();
     for _ in 0..2 {
         let resp = send(&client, post(&h.url("/v1/chat/completions"), body, &[])).await;
@@ -193,6 +206,8 @@ async fn placeholders_become_fresh_token_exact_prompts_from_each_corpus() {
             between(&v, "B<<", ">>C"),
             between(&v, "C<<", ">>D"),
         );
+        let d = between(&v, "D<<", ">>E");
+        assert_eq!(d, aiperf_coding.prompt(40).unwrap());
         for (text, n) in [(&a, 50), (&b, 33), (&c, 40)] {
             assert_eq!(tokenizer().encode(text).unwrap().len(), n, "{text:?}");
         }

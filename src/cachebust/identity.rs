@@ -10,6 +10,9 @@
 //! `X-Correlation-ID`), otherwise the replay is treated as the same session and gets the same
 //! marker. The ledger is bounded (LRU); a session evicted and seen again is a new session with a
 //! new counter, so the capacity must exceed the number of sessions alive at once.
+//!
+//! The counter lives in one process. With `cache_bust.ledger = "stateless"` the proxy keeps no
+//! ledger and uses counter 0 for every session, so replicas agree (the `runtime` decides).
 
 use std::num::NonZeroUsize;
 

@@ -215,9 +215,19 @@ pub fn build_client(cfg: &UpstreamConfig, tls: Arc<rustls::ClientConfig>) -> Ups
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(cfg.connect_timeout));
-    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+    let mut builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config((*tls).clone())
         .https_or_http();
+    // `validate` checked that the name parses; an unparsable one would keep the URL's host.
+    if let Some(Ok(name)) = cfg
+        .tls
+        .server_name
+        .as_ref()
+        .map(|n| rustls::pki_types::ServerName::try_from(n.clone()))
+    {
+        builder =
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
     let connector = match cfg.http2 {
         Http2Mode::Auto => builder.enable_all_versions().wrap_connector(http),
         Http2Mode::Always => builder.enable_http2().wrap_connector(http),
@@ -237,19 +247,37 @@ pub fn build_client(cfg: &UpstreamConfig, tls: Arc<rustls::ClientConfig>) -> Ups
 
 /// The upstream TLS settings; every error names the key to fix.
 pub fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = crate::tls::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("upstream.tls: {e}"))?;
+    // A client certificate for upstreams that require one (mTLS).
+    let identity = match (&cfg.tls.client_cert, &cfg.tls.client_key) {
+        (Some(cert), Some(key)) => Some((
+            crate::tls::load_certs("upstream.tls.client_cert", cert).map_err(|e| e.to_string())?,
+            crate::tls::load_key("upstream.tls.client_key", key).map_err(|e| e.to_string())?,
+        )),
+        _ => None,
+    };
+    let finish =
+        |b: rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>| {
+            match identity {
+                Some((chain, key)) => b.with_client_auth_cert(chain, key).map_err(|e| {
+                    format!("upstream.tls.client_key does not match upstream.tls.client_cert: {e}")
+                }),
+                None => Ok(b.with_no_client_auth()),
+            }
+        };
     if cfg.tls.insecure_skip_verify {
         tracing::warn!(
             "upstream.tls.insecure_skip_verify is ON: the upstream's certificate is NOT verified; \
              anyone on the path can read and change traffic. Use upstream.tls.ca_file instead."
         );
-        return Ok(builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
-            .with_no_client_auth());
+        return finish(
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoVerify(provider))),
+        );
     }
     let mut roots = rustls::RootCertStore::empty();
     match cfg.tls.roots {
@@ -270,24 +298,11 @@ pub fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> 
         }
     }
     if let Some(path) = &cfg.tls.ca_file {
-        let pem = std::fs::read(path)
-            .map_err(|e| format!("upstream.tls.ca_file {}: {e}", path.display()))?;
-        let mut n = 0;
-        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-            let cert = cert.map_err(|e| format!("upstream.tls.ca_file {}: {e}", path.display()))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("upstream.tls.ca_file {}: {e}", path.display()))?;
-            n += 1;
-        }
-        if n == 0 {
-            return Err(format!(
-                "upstream.tls.ca_file {} holds no PEM certificate",
-                path.display()
-            ));
-        }
+        let extra =
+            crate::tls::load_roots("upstream.tls.ca_file", path).map_err(|e| e.to_string())?;
+        roots.roots.extend(extra.roots);
     }
-    Ok(builder.with_root_certificates(roots).with_no_client_auth())
+    finish(builder.with_root_certificates(roots))
 }
 
 /// Accepts any certificate; only reachable through `insecure_skip_verify`.

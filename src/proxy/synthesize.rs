@@ -229,15 +229,10 @@ fn parse_placeholder(text: &str, range: Range<usize>) -> Result<Placeholder, Pro
     }
     let corpus = match parts.next() {
         None => None,
-        Some("sonnet") => Some(PromptCorpus::Sonnet),
-        Some("random") => Some(PromptCorpus::Random),
-        Some("coding") => Some(PromptCorpus::Coding),
-        Some(other) => {
-            return Err(malformed(
-                text,
-                &format!("unknown corpus `{other}` (sonnet, random or coding)"),
-            ))
-        }
+        Some(name) => Some(
+            name.parse::<PromptCorpus>()
+                .map_err(|e| malformed(text, &e))?,
+        ),
     };
     if parts.next().is_some() {
         return Err(malformed(text, "too many `:` fields"));
@@ -514,11 +509,7 @@ fn new_stream(
 }
 
 fn corpus_name(c: PromptCorpus) -> &'static str {
-    match c {
-        PromptCorpus::Sonnet => "sonnet",
-        PromptCorpus::Random => "random",
-        PromptCorpus::Coding => "coding",
-    }
+    c.as_str()
 }
 
 /// The contract's defaults for a dataset built on first use.

@@ -61,7 +61,8 @@ pub struct SynthArgs {
     /// Default: the shipped Qwen3 tokenizer. [config: synth.tokenizer]
     #[arg(long, value_name = "PATH", env = "KVBUST_SYNTH__TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
-    /// Prompt corpus: sonnet, random or coding (kvbust's own agentic-coding corpus).
+    /// Prompt corpus: sonnet, random, coding (AIPerf's coding corpus) or coding-exact (kvbust's
+    /// own token-exact agentic-coding corpus).
     #[arg(long, value_name = "CORPUS", default_value = "sonnet")]
     pub prompt_corpus: PromptCorpus,
     /// Mean input sequence length in tokens (AIPerf default 550).

@@ -4,7 +4,10 @@
 //! `build_dataset*` conveniences read or write the corpus id cache).
 
 use crate::synth::chat_template::{estimate_overheads, ChatTemplateOverheads};
-use crate::synth::coding::CodingCorpus;
+use std::sync::Arc;
+
+use crate::synth::coding::{self, CodingPool};
+use crate::synth::coding_exact::CodingCorpus;
 use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
 use crate::synth::corpus::{RandomCorpusStyle, RandomPools, SonnetCorpus};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
@@ -212,33 +215,47 @@ pub fn build_dataset_with(
     if params.input_file.is_some() {
         return crate::synth::trace::build_from_params(params, tokenizer, cache_dir);
     }
-    let sonnet = match params.prompt_corpus {
-        PromptCorpus::Sonnet => Some(SonnetCorpus::build_cached(
+    let source = match (params.prompt_corpus, params.random_seed) {
+        (PromptCorpus::Sonnet, _) => Some(CorpusSource::Sonnet(SonnetCorpus::build_cached(
             SHAKESPEARE,
             tokenizer,
             cache_dir,
-        )?),
-        PromptCorpus::Coding => match params.random_seed {
-            Some(seed) => Some(
-                CodingCorpus::for_root_seed_cached(seed, tokenizer, cache_dir)?
-                    .as_sonnet()
-                    .clone(),
-            ),
-            None => None,
-        },
+        )?)),
+        (PromptCorpus::Coding, Some(seed)) => Some(CorpusSource::Coding(Arc::new(
+            CodingPool::build_cached(seed, tokenizer, cache_dir)?,
+        ))),
+        (PromptCorpus::CodingExact, Some(seed)) => Some(CorpusSource::Sonnet(
+            CodingCorpus::for_root_seed_cached(seed, tokenizer, cache_dir)?
+                .as_sonnet()
+                .clone(),
+        )),
         _ => None,
     };
-    compose(params, tokenizer, sonnet.as_ref(), progress)
+    compose_from(params, tokenizer, source, progress)
 }
 
 /// Builds the dataset AIPerf 0.13.0 would build for `params` and `tokenizer`. The sonnet corpus
-/// must be given when `params.prompt_corpus` is sonnet (see [`SonnetCorpus::build`]); for coding,
-/// a prebuilt [`CodingCorpus`]'s token array may be given, else it is built from the root seed.
+/// must be given when `params.prompt_corpus` is sonnet (see [`SonnetCorpus::build`]); for
+/// coding-exact, a prebuilt [`CodingCorpus`]'s token array may be given, else it is built from
+/// the root seed; for coding, `sonnet` is ignored and AIPerf's pool is built from the root seed.
 /// `progress` is told after each conversation `(done, total)`.
 pub fn compose(
     params: &SynthParams,
     tokenizer: &Tokenizer,
     sonnet: Option<&SonnetCorpus>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Dataset, SynthError> {
+    let source = sonnet.map(|s| CorpusSource::Sonnet(s.clone()));
+    compose_from(params, tokenizer, source, progress)
+}
+
+/// [`compose`] with the corpus given as a prompt source: [`CorpusSource::Sonnet`] for sonnet
+/// and coding-exact, [`CorpusSource::Coding`] for a prebuilt coding pool (used when it was
+/// built for the same root seed), `None` to build what is needed.
+pub fn compose_from(
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    source: Option<CorpusSource>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Dataset, SynthError> {
     params.validate()?;
@@ -309,25 +326,37 @@ pub fn compose(
     };
 
     // 1c. Prompt generator and the shared system prompt.
-    let corpus = match params.prompt_corpus {
-        PromptCorpus::Sonnet => CorpusSource::Sonnet(
-            sonnet
-                .cloned()
-                .ok_or_else(|| SynthError::invalid("the sonnet corpus was not provided"))?,
-        ),
-        PromptCorpus::Random => {
+    let corpus = match (params.prompt_corpus, source) {
+        (PromptCorpus::Sonnet, Some(s @ CorpusSource::Sonnet(_))) => s,
+        (PromptCorpus::Sonnet, _) => {
+            return Err(SynthError::invalid("the sonnet corpus was not provided"))
+        }
+        (PromptCorpus::Random, _) => {
             CorpusSource::Random(RandomPools::new(tokenizer, params.random_corpus_style))
         }
+        // AIPerf's coding pool: windows decoded as is, on the `dataset.coding_content.*` streams.
+        (PromptCorpus::Coding, Some(CorpusSource::Coding(p))) if p.root_seed() == root_seed => {
+            CorpusSource::Coding(p)
+        }
+        (PromptCorpus::Coding, _) => {
+            CorpusSource::Coding(Arc::new(CodingPool::build(root_seed, tokenizer)?))
+        }
         // kvbust's own coding corpus, served by the sonnet path (windows + fix-up).
-        PromptCorpus::Coding => CorpusSource::Sonnet(match sonnet {
-            Some(c) => c.clone(),
-            None => CodingCorpus::for_root_seed(root_seed, tokenizer)?
+        (PromptCorpus::CodingExact, Some(s @ CorpusSource::Sonnet(_))) => s,
+        (PromptCorpus::CodingExact, _) => CorpusSource::Sonnet(
+            CodingCorpus::for_root_seed(root_seed, tokenizer)?
                 .as_sonnet()
                 .clone(),
-        }),
+        ),
     };
     let is_random = matches!(corpus, CorpusSource::Random(_));
-    let mut gen = PromptGenerator::new(tokenizer, corpus, GeneratorRngs::derive(root_seed));
+    let is_coding = matches!(corpus, CorpusSource::Coding(_));
+    let rngs = if is_coding {
+        GeneratorRngs::derive_under(root_seed, coding::STREAM_PREFIX)
+    } else {
+        GeneratorRngs::derive(root_seed)
+    };
+    let mut gen = PromptGenerator::new(tokenizer, corpus, rngs);
     let shared_system = match comp.shared_system_length {
         Some(len) => Some(gen.generate_prompt(len, None)?),
         None => None,
@@ -373,6 +402,12 @@ pub fn compose(
     if params.prefix_pool_enabled() {
         let len = params.prefix_prompt_length;
         for _ in 0..params.num_prefix_prompts {
+            if is_coding {
+                // AIPerf's coding generator keeps the raw window ids (built in its constructor,
+                // before the shared system prompt; the two are never combined).
+                prefix_pool.push(gen.sample_pieces(len).tokens);
+                continue;
+            }
             let tokens = if is_random {
                 gen.random_prefix_tokens(len)
             } else {

