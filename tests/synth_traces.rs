@@ -25,7 +25,8 @@ struct Vectors {
 
 #[derive(Deserialize)]
 struct RawCase<'a> {
-    #[serde(borrow)]
+    /// Absent in coding.json's synthetic cases.
+    #[serde(borrow, default)]
     trace: Vec<&'a RawValue>,
 }
 
@@ -381,4 +382,51 @@ fn mixed_sessions_and_verbatim_turns() {
     assert_eq!(lines[1]["session_id"], "session_000000");
     assert_eq!(lines[1]["turns"][0]["text"], "hello");
     assert!(raw.contains(r#""timestamp":5.0"#), "{raw}");
+}
+
+#[test]
+fn coding_corpus_trace_vector_byte_exact() {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synth/coding.json"),
+    )
+    .unwrap();
+    #[derive(Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow)]
+        cases: std::collections::HashMap<String, RawCase<'a>>,
+    }
+    let raw: Top = serde_json::from_str(&text).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let case = &v["cases"]["coding_mooncake_trace"];
+    let trace = write_trace("coding_mooncake", &raw.cases["coding_mooncake_trace"].trace);
+    let mut argv = vec!["--input-file".to_owned(), trace.display().to_string()];
+    argv.extend(
+        case["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned()),
+    );
+    let got = run_lines(argv, &scratch("coding_mooncake.out.jsonl"));
+    let want = case["conversations"].as_array().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g["session_id"], w["session_id"]);
+        for (a, b) in g["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(w["turns"].as_array().unwrap())
+        {
+            let t = a["text"].as_str().unwrap();
+            assert_eq!(
+                hex::encode(Sha256::digest(t.as_bytes())),
+                b["text_sha256"].as_str().unwrap(),
+                "{}: {t:.120}",
+                w["session_id"]
+            );
+            assert_eq!(a["max_tokens"], b["max_tokens"]);
+            assert_eq!(a["timestamp"], b["timestamp"]);
+        }
+    }
 }

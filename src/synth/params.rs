@@ -320,7 +320,10 @@ impl SynthParams {
 
     /// The rules for a trace (`--input-file`): AIPerf's corpus rule, and no synthetic-only flag.
     fn validate_trace(&self) -> Result<(), SynthError> {
-        if self.prompt_corpus != PromptCorpus::Sonnet {
+        if !matches!(
+            self.prompt_corpus,
+            PromptCorpus::Sonnet | PromptCorpus::Coding
+        ) {
             return Err(SynthError::InvalidParams(corpus_refusal(
                 self.prompt_corpus,
             )));

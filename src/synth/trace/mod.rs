@@ -338,6 +338,48 @@ impl TraceContent for SonnetContent<'_> {
     }
 }
 
+/// AIPerf's coding corpus (`CodingContentGenerator`): blocks cut from its tool pool, plain
+/// prompts decoded as sampled (no fix-up), tails on its `.corpus` stream.
+pub struct CodingContent<'t> {
+    prompts: crate::synth::coding::CodingPrompts,
+    corpus: SonnetCorpus,
+    tokenizer: &'t Tokenizer,
+    seed: u64,
+}
+
+impl<'t> CodingContent<'t> {
+    /// The generator a trace loader gets for `pool` (built for the run's root seed).
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        pool: std::sync::Arc<crate::synth::coding::CodingPool>,
+    ) -> Self {
+        let seed = derive_seed(pool.root_seed(), "dataset.coding_content.corpus");
+        let corpus = SonnetCorpus::from_parts(pool.tokens().to_vec(), Vec::new());
+        CodingContent {
+            prompts: crate::synth::coding::CodingPrompts::new(pool, tokenizer),
+            corpus,
+            tokenizer,
+            seed,
+        }
+    }
+}
+
+impl TraceContent for CodingContent<'_> {
+    fn block_corpus(&self) -> SonnetCorpus {
+        self.corpus.clone()
+    }
+    fn corpus_seed(&self) -> u64 {
+        self.seed
+    }
+    fn sample_tokens(&mut self, n: usize) -> Vec<u32> {
+        self.prompts.sample_tokens(n)
+    }
+    fn plain_prompt(&mut self, input_length: i64) -> Result<String, SynthError> {
+        let ids = self.prompts.sample_tokens(input_length.max(1) as usize);
+        self.tokenizer.decode(&ids)
+    }
+}
+
 /// Groups entries into sessions in AIPerf's order: mooncake by `session_id` (or a fresh id per
 /// line), bailian by the root of each `parent_chat_id` chain, sorted by `turn`.
 fn group(kind: TraceKind, entries: Vec<Entry>, seeded: bool) -> Vec<(String, Vec<Entry>)> {
@@ -588,16 +630,24 @@ pub fn build_from_params(
         osl_stddev: params.osl_stddev,
         system_prompt: params.system_prompt.clone(),
     };
-    let corpus = match params.prompt_corpus {
-        PromptCorpus::Sonnet => SonnetCorpus::build_cached(SHAKESPEARE, tokenizer, cache_dir)?,
+    match params.prompt_corpus {
+        PromptCorpus::Sonnet => {
+            let corpus = SonnetCorpus::build_cached(SHAKESPEARE, tokenizer, cache_dir)?;
+            let mut content = SonnetContent::new(tokenizer, corpus, root_seed);
+            build(&file, &trace, tokenizer, &mut content, root_seed)
+        }
+        PromptCorpus::Coding => {
+            let pool =
+                crate::synth::coding::CodingPool::build_cached(root_seed, tokenizer, cache_dir)?;
+            let mut content = CodingContent::new(tokenizer, std::sync::Arc::new(pool));
+            build(&file, &trace, tokenizer, &mut content, root_seed)
+        }
         // Checked by SynthParams::validate; kept for callers that skip it.
-        other => return Err(SynthError::invalid(corpus_refusal(other))),
-    };
-    let mut content = SonnetContent::new(tokenizer, corpus, root_seed);
-    build(&file, &trace, tokenizer, &mut content, root_seed)
+        other => Err(SynthError::invalid(corpus_refusal(other))),
+    }
 }
 
-/// Why `corpus` cannot feed a trace (empty for sonnet, which can).
+/// Why `corpus` cannot feed a trace (empty for sonnet and coding, which can).
 pub fn corpus_refusal(corpus: PromptCorpus) -> String {
     match corpus {
         PromptCorpus::Sonnet => String::new(),
@@ -606,10 +656,7 @@ pub fn corpus_refusal(corpus: PromptCorpus) -> String {
             hash_id, and there is no corpus to draw from with the random corpus (AIPerf's rule). \
             Use --prompt-corpus sonnet, or drop --input-file for a synthetic dataset"
             .into(),
-        PromptCorpus::Coding => "--prompt-corpus coding is not wired to traces yet (AIPerf cuts \
-            trace blocks from its coding tool pool; kvbust's port of that corpus has just landed \
-            and the trace path still uses sonnet only). Use --prompt-corpus sonnet"
-            .into(),
+        PromptCorpus::Coding => String::new(),
         PromptCorpus::CodingExact => "--prompt-corpus coding-exact is kvbust's own corpus and \
             AIPerf has no trace equivalent to match. Use --prompt-corpus sonnet"
             .into(),
