@@ -50,11 +50,13 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             runtime()?.block_on(mock(config, args.listen))
         }
         Command::Synth(args) => crate::synth::cli::run(&args).map_err(|e| {
-            // Flag mistakes are usage errors (exit 2); everything else is a failure.
+            // Flag mistakes and bad trace input are usage errors (exit 2); everything else is a
+            // failure.
             match e.downcast_ref::<crate::synth::SynthError>() {
                 Some(
                     crate::synth::SynthError::InvalidParams(_)
-                    | crate::synth::SynthError::TokenizerMissing { .. },
+                    | crate::synth::SynthError::TokenizerMissing { .. }
+                    | crate::synth::SynthError::Trace(_),
                 ) => AppError::Usage(format!("{e:#}")),
                 _ => AppError::Other(e),
             }

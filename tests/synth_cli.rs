@@ -163,9 +163,10 @@ fn openai_chat_format() {
         "{second}"
     );
     assert!(second.contains("],\"model\":\"m\",\"stream\":false,\"max_completion_tokens\":8}"));
+    // Turn 2 holds turn 1 and its answer: system, user, assistant, user.
     let msgs = lines[1]["messages"].as_array().unwrap();
-    assert_eq!(msgs.len(), 3);
-    assert_eq!(msgs[0]["role"], "system");
+    let roles: Vec<&str> = msgs.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "user"]);
     assert_eq!(lines[1]["max_completion_tokens"], 8);
 }
 

@@ -78,6 +78,8 @@ async fn synthetic_requests_get_dataset_entries_in_order_with_markers_on_top() {
         )
         .await;
         assert_eq!(resp.status(), StatusCode::OK);
+        // Synthetic entries have no trace timestamp to report.
+        assert!(resp.headers().get("x-kvbust-trace-timestamp").is_none());
         body_bytes(resp).await;
         let got = h.mock.recorder().requests().pop().unwrap();
         let v: Value = serde_json::from_slice(&got.body).unwrap();
@@ -303,4 +305,55 @@ async fn placeholder_amplifiers_are_refused_and_nothing_is_forwarded() {
     body_bytes(resp).await;
     assert_eq!(h.mock.recorder().requests_total(), 1);
     h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_trace_dataset_replays_its_entries_in_order_with_their_timestamps() {
+    let trace = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("proxy-trace-{}.jsonl", std::process::id()));
+    std::fs::write(
+        &trace,
+        concat!(
+            "{\"timestamp\": 5, \"input_length\": 40, \"output_length\": 6, \"hash_ids\": [1, 2, 3]}\n",
+            "{\"timestamp\": 7.5, \"input_length\": 36, \"output_length\": 4, \"hash_ids\": [1, 2, 4]}\n",
+        ),
+    )
+    .unwrap();
+    let p = SynthParams {
+        input_file: Some(trace.clone()),
+        isl_block_size: Some(16),
+        random_seed: Some(3),
+        ..SynthParams::default()
+    };
+    let ds = build_dataset(&p, tokenizer()).unwrap();
+    let h = start(|c| c.synth.dataset = Some(p.clone())).await;
+    let client = h1();
+    for (i, stamp) in ["5", "7.5", "5"].iter().enumerate() {
+        let resp = send(
+            &client,
+            post(
+                &h.url("/v1/chat/completions"),
+                CLIENT_BODY,
+                &[("x-kvbust-synth", "1")],
+            ),
+        )
+        .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["x-kvbust-trace-timestamp"], *stamp);
+        body_bytes(resp).await;
+        let got = h.mock.recorder().requests().pop().unwrap();
+        let v: Value = serde_json::from_slice(&got.body).unwrap();
+        let turn = &ds.conversations[i % 2].turns[0];
+        assert_eq!(v["messages"][0]["content"], turn.text.as_str(), "entry {i}");
+        assert_eq!(v["max_tokens"], turn.max_tokens.unwrap());
+    }
+    // The two entries share their first two blocks, as the trace says.
+    let (a, b) = (
+        &ds.conversations[0].turns[0].text,
+        &ds.conversations[1].turns[0].text,
+    );
+    let shared = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+    assert!(shared > 40, "{shared}");
+    h.shutdown().await;
+    std::fs::remove_file(&trace).unwrap();
 }

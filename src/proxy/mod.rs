@@ -92,6 +92,8 @@ struct Exchange {
     phase: &'static str,
     target: &'static str,
     rid: Option<String>,
+    /// The synthesized entry's trace timestamp (ms), when it has one.
+    trace_timestamp: Option<String>,
 }
 
 impl Proxy {
@@ -143,6 +145,7 @@ impl Proxy {
             phase: "none",
             target: "none",
             rid: None,
+            trace_timestamp: None,
         };
         // HTTP/2 streams share their connection: they go through the worker's pool.
         let affinity = affinity.filter(|_| req.version() < http::Version::HTTP_2);
@@ -230,6 +233,7 @@ impl Proxy {
                     // AIPerf's placement: first-turn targets skip the user-context message.
                     decision.user_context_messages = filled.user_context_messages;
                     session = Some(key.unwrap_or(filled.session_id));
+                    ex.trace_timestamp = filled.trace_timestamp;
                     bytes = Bytes::from(filled.body);
                     changed = true;
                 }
@@ -324,6 +328,14 @@ impl Proxy {
                 HeaderName::from_static("x-kvbust-overhead-us"),
                 HeaderValue::from(overhead.as_micros() as u64),
             );
+        }
+        // The trace's schedule, for a client that wants to follow it (a number: a valid value).
+        if let Some(v) = ex.trace_timestamp.as_deref() {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                rparts
+                    .headers
+                    .insert(HeaderName::from_static("x-kvbust-trace-timestamp"), v);
+            }
         }
         let content_type = rparts
             .headers

@@ -1,6 +1,7 @@
 //! In-flight synthesis: fills a chat request's `messages` from the synthetic dataset
 //! (`x-kvbust-synth: 1` or a synthetic route) and expands `{{kvbust:prompt:N[:corpus]}}`
-//! placeholders. Splices into the client's bytes so every other member stays as sent; builds the
+//! placeholders; a `[synth.dataset]` naming a trace (`input_file`) replays its entries in order.
+//! Splices into the client's bytes so every other member stays as sent; builds the
 //! dataset and prompt streams once, off the async threads. Never parses bodies that need neither.
 
 use std::num::NonZeroUsize;
@@ -386,6 +387,8 @@ pub struct Filled {
     pub body: Vec<u8>,
     pub user_context_messages: usize,
     pub session_id: String,
+    /// The entry's trace `timestamp` (ms), for the `x-kvbust-trace-timestamp` response header.
+    pub trace_timestamp: Option<String>,
 }
 
 impl Synthesizer {
@@ -524,13 +527,21 @@ impl Synthesizer {
             }
             (b.dataset.conversations[ci].clone(), k)
         };
-        let assistant = assistant_messages(body);
-        let (messages, ctx) = conversation_messages(&conv, k, &assistant);
-        let max = conv.turns.get(k).and_then(|t| t.max_tokens);
+        let turn = conv.turns.get(k);
+        // A trace's verbatim `messages` replace the body's as they are.
+        let (messages, ctx) = match turn.and_then(|t| t.raw_messages.as_ref()) {
+            Some(raw) => (raw.get().to_owned(), 0),
+            None => conversation_messages(&conv, k, &assistant_messages(body)),
+        };
+        let max = turn.and_then(|t| t.max_tokens);
+        let trace_timestamp = turn
+            .and_then(|t| t.timestamp.as_ref())
+            .map(|n| n.to_string());
         Ok(Filled {
             body: fill_body(body, &messages, max)?,
             user_context_messages: ctx,
             session_id: conv.session_id,
+            trace_timestamp,
         })
     }
 
@@ -669,6 +680,7 @@ mod tests {
                 .map(|t| Turn {
                     text: t.to_string(),
                     max_tokens: Some(7),
+                    ..Turn::default()
                 })
                 .collect(),
         }

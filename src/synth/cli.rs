@@ -21,23 +21,36 @@ use anyhow::Context;
 use crate::synth::bench::{bench_requests, BenchParams, BenchRequest, BenchTool};
 use crate::synth::composer::build_dataset_with;
 use crate::synth::corpus::sonnet::default_cache_dir;
+use crate::synth::corpus::sonnet::SHAKESPEARE;
 use crate::synth::corpus::RandomCorpusStyle;
-use crate::synth::dataset::{ChatBody, ChatMessage, Dataset};
+use crate::synth::corpus::SonnetCorpus;
+use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
+use crate::synth::export::{self, Answers, ChatOptions};
 use crate::synth::marker::CacheBustTarget;
 use crate::synth::params::{PromptCorpus, RangeRatio, SynthParams};
 use crate::synth::tokenizer::Tokenizer;
+use crate::synth::trace::{BlockTerminator, TraceKind};
 
-/// What each output line is.
+/// What the output file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum OutputFormat {
     /// One conversation per line: `session_id`, `system_message`, `user_context_message`,
-    /// `turns[{text, max_tokens}]` (with `--bench-compat`: `request_id`, `prompt`, `prompt_len`,
-    /// `expected_output_len`).
+    /// `turns[{text, max_tokens, timestamp?, delay?}]` (with `--bench-compat`: `request_id`,
+    /// `prompt`, `prompt_len`, `expected_output_len`).
     #[default]
     Conversations,
-    /// One OpenAI `/v1/chat/completions` request body per turn.
+    /// One OpenAI `/v1/chat/completions` body per turn; a later turn's body holds the earlier
+    /// turns, each followed by an assistant answer of that turn's output length (sonnet text).
     OpenaiChat,
+    /// `{"prompt", "output_tokens"}` per turn for `vllm bench serve --dataset-name custom`.
+    VllmCustom,
+    /// A JSON array of `{"id", "conversations": [human, gpt, …]}` for the ShareGPT loaders of
+    /// vLLM and SGLang; each `gpt` value is exactly the turn's output length in tokens.
+    Sharegpt,
+    /// AIPerf `mooncake_trace` lines (`text_input`, `output_length`, `session_id`,
+    /// `timestamp`/`delay`): `aiperf --custom-dataset-type mooncake_trace` replays them as is.
+    Mooncake,
 }
 
 /// Flags of `kvbust synth` (names follow AIPerf's; the `--random-input-len` group and
@@ -127,6 +140,26 @@ pub struct SynthArgs {
     /// Model name written into openai-chat bodies.
     #[arg(long, value_name = "NAME", default_value = "model")]
     pub model: String,
+    /// openai-chat: streaming bodies (`"stream": true` and `stream_options.include_usage`).
+    #[arg(long)]
+    pub stream: bool,
+    /// Replay a hash-id trace (JSONL) instead of synthesizing conversations, as
+    /// `aiperf profile --input-file FILE` does.
+    #[arg(long, value_name = "FILE")]
+    pub input_file: Option<PathBuf>,
+    /// The trace's format: mooncake_trace or bailian_trace (default: detected from the first
+    /// line).
+    #[arg(long, value_name = "TYPE")]
+    pub custom_dataset_type: Option<TraceKind>,
+    /// Tokens per hash-id block (default 512 for mooncake_trace, 16 for bailian_trace).
+    #[arg(long, value_name = "N")]
+    pub isl_block_size: Option<usize>,
+    /// What starts each trace block. `aiperf` (default, byte-exact): the tokenizer's BOS, else
+    /// its EOS (`<|im_end|>` for Qwen3). `none` (kvbust extension): corpus tokens only — use it
+    /// when the server parses special-token text in user content, which would otherwise see an
+    /// end-of-message token at every block start.
+    #[arg(long, value_enum, value_name = "WHICH", default_value_t = BlockTerminator::Aiperf)]
+    pub trace_block_terminator: BlockTerminator,
     /// Folder for cached corpus token ids (default: $KVBUST_CACHE_DIR, $XDG_CACHE_HOME/kvbust or
     /// ~/.cache/kvbust).
     #[arg(long, value_name = "DIR")]
@@ -177,6 +210,10 @@ impl SynthArgs {
             session_turns_stddev: self.session_turns_stddev,
             cache_bust: self.cache_bust,
             apply_chat_template: self.apply_chat_template,
+            input_file: self.input_file.clone(),
+            custom_dataset_type: self.custom_dataset_type,
+            isl_block_size: self.isl_block_size,
+            trace_block_terminator: self.trace_block_terminator,
         }
     }
 
@@ -290,62 +327,94 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
-fn chat_body(model: &str, prompt: &str, max_tokens: u64) -> String {
-    let body = ChatBody {
-        messages: vec![ChatMessage {
-            role: "user",
-            content: prompt,
-        }],
-        model,
-        stream: false,
-        max_completion_tokens: Some(max_tokens),
-    };
-    // Strings, booleans and integers always serialise.
-    serde_json::to_string(&body).expect("body serialises")
-}
-
-fn write_bench(
-    out: &mut dyn Write,
-    requests: &[BenchRequest],
-    format: OutputFormat,
-    model: &str,
-) -> std::io::Result<()> {
-    for r in requests {
-        let line = match format {
-            OutputFormat::Conversations => {
-                // Plain strings and integers always serialise.
-                serde_json::to_string(r).expect("request serialises")
-            }
-            OutputFormat::OpenaiChat => chat_body(model, &r.prompt, r.expected_output_len),
-        };
-        out.write_all(line.as_bytes())?;
-        out.write_all(b"\n")?;
+/// The bench requests as single-turn conversations (session id = request id), for the
+/// formats other than `conversations`.
+fn bench_dataset(requests: &[BenchRequest]) -> Dataset {
+    Dataset {
+        conversations: requests
+            .iter()
+            .map(|r| Conversation {
+                session_id: r.request_id.clone(),
+                system_message: None,
+                user_context_message: None,
+                turns: vec![Turn {
+                    text: r.prompt.clone(),
+                    max_tokens: Some(r.expected_output_len),
+                    ..Turn::default()
+                }],
+            })
+            .collect(),
     }
-    Ok(())
 }
 
-/// Writes a dataset as JSONL in `format`.
+/// How `write_dataset` writes: the format and its options.
+pub struct WriteOptions<'a> {
+    pub format: OutputFormat,
+    pub model: &'a str,
+    pub stream: bool,
+}
+
+/// Writes a dataset in `opts.format`. `answers` supplies assistant texts (openai-chat
+/// multi-turn, sharegpt); `None` is fine for the other formats.
 pub fn write_dataset(
     out: &mut dyn Write,
     dataset: &Dataset,
-    format: OutputFormat,
-    model: &str,
-) -> std::io::Result<()> {
-    for conv in &dataset.conversations {
-        match format {
-            OutputFormat::Conversations => {
-                out.write_all(conv.to_json_line().as_bytes())?;
-                out.write_all(b"\n")?;
+    opts: &WriteOptions,
+    answers: Option<&mut Answers>,
+) -> Result<(), SynthError> {
+    let need = || SynthError::invalid("this format needs answer texts (an Answers source)");
+    match opts.format {
+        OutputFormat::Conversations => {
+            for conv in &dataset.conversations {
+                writeln!(out, "{}", conv.to_json_line())?;
             }
-            OutputFormat::OpenaiChat => {
-                for body in conv.to_openai_chat_bodies(model) {
-                    out.write_all(body.as_bytes())?;
-                    out.write_all(b"\n")?;
-                }
-            }
+            Ok(())
         }
+        OutputFormat::OpenaiChat => export::write_openai_chat(
+            out,
+            dataset,
+            answers.ok_or_else(need)?,
+            ChatOptions {
+                model: opts.model,
+                stream: opts.stream,
+            },
+        ),
+        OutputFormat::VllmCustom => export::write_vllm_custom(out, dataset),
+        OutputFormat::Sharegpt => export::write_sharegpt(out, dataset, answers.ok_or_else(need)?),
+        OutputFormat::Mooncake => export::write_mooncake(out, dataset),
     }
-    Ok(())
+}
+
+/// Writes to `path` through a temporary file renamed into place, so a failure never leaves a
+/// partial file behind; `None` writes to standard output.
+fn write_output(
+    path: Option<&Path>,
+    write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let Some(path) = path else {
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        write(&mut out)?;
+        out.flush()?;
+        return Ok(());
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.kvbust-{}.tmp", std::process::id()));
+    let result = (|| -> anyhow::Result<()> {
+        let file =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", path.display()))?;
+        let mut out = std::io::BufWriter::new(file);
+        write(&mut out)?;
+        out.flush()?;
+        drop(out);
+        std::fs::rename(&tmp, path).with_context(|| format!("creating {}", path.display()))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
 
 /// Runs `kvbust synth`. Usage problems (flag combinations, values, a tokenizer path that does
@@ -364,28 +433,47 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         }
     };
     let tokenizer = load_tokenizer(args.tokenizer.as_deref())?;
-    let open_output = || -> anyhow::Result<Box<dyn Write>> {
-        Ok(match &args.output {
-            Some(p) => Box::new(std::io::BufWriter::new(
-                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+    let cache_dir = if args.no_corpus_cache {
+        None
+    } else {
+        args.corpus_cache_dir.clone().or_else(default_cache_dir)
+    };
+    let opts = WriteOptions {
+        format: args.format,
+        model: &args.model,
+        stream: args.stream,
+    };
+    // Assistant answers (sonnet texts) for the formats that carry them.
+    let answers_for = |seed: Option<u64>| -> Result<Option<Answers>, SynthError> {
+        Ok(match args.format {
+            OutputFormat::OpenaiChat | OutputFormat::Sharegpt => Some(Answers::new(
+                &tokenizer,
+                SonnetCorpus::build_cached(SHAKESPEARE, &tokenizer, cache_dir.as_deref())?,
+                seed.unwrap_or(0),
             )),
-            None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+            _ => None,
         })
     };
     match job {
         Job::Bench(params) => {
             let requests = bench_requests(&params, &tokenizer)?;
-            let mut sink = open_output()?;
-            write_bench(&mut sink, &requests, args.format, &args.model)?;
-            sink.flush()?;
+            let mut answers = answers_for(Some(params.seed))?;
+            write_output(args.output.as_deref(), |out| {
+                if args.format == OutputFormat::Conversations {
+                    for r in &requests {
+                        // Plain strings and integers always serialise.
+                        let line = serde_json::to_string(r).expect("request serialises");
+                        writeln!(out, "{line}")?;
+                    }
+                } else {
+                    write_dataset(out, &bench_dataset(&requests), &opts, answers.as_mut())?;
+                }
+                Ok(())
+            })?;
         }
         Job::Aiperf(params) => {
-            let cache_dir = if args.no_corpus_cache {
-                None
-            } else {
-                args.corpus_cache_dir.clone().or_else(default_cache_dir)
-            };
-            let bar = progress_bar(params.num_dataset_entries as u64);
+            let bar = progress_bar(params.num_dataset_entries as u64)
+                .filter(|_| params.input_file.is_none());
             let mut tick = |done: usize, _total: usize| {
                 if let Some(b) = &bar {
                     b.set_position(done as u64);
@@ -395,9 +483,10 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
             if let Some(b) = &bar {
                 b.finish_and_clear();
             }
-            let mut sink = open_output()?;
-            write_dataset(&mut sink, &dataset, args.format, &args.model)?;
-            sink.flush()?;
+            let mut answers = answers_for(params.random_seed)?;
+            write_output(args.output.as_deref(), |out| {
+                Ok(write_dataset(out, &dataset, &opts, answers.as_mut())?)
+            })?;
             tracing::debug!(
                 conversations = dataset.conversations.len(),
                 elapsed_ms = started.elapsed().as_millis() as u64,

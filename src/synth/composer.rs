@@ -174,7 +174,8 @@ impl Lengths {
     }
 }
 
-fn uuid4() -> String {
+/// A random uuid4 string (AIPerf's session ids without a seed).
+pub(crate) fn uuid4() -> String {
     let b: [u8; 16] = rand::random();
     let mut b = b;
     b[6] = (b[6] & 0x0f) | 0x40;
@@ -211,6 +212,9 @@ pub fn build_dataset_with(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Dataset, SynthError> {
     params.validate()?;
+    if params.input_file.is_some() {
+        return crate::synth::trace::build_from_params(params, tokenizer, cache_dir);
+    }
     let source = match (params.prompt_corpus, params.random_seed) {
         (PromptCorpus::Sonnet, _) => Some(CorpusSource::Sonnet(SonnetCorpus::build_cached(
             SHAKESPEARE,
@@ -255,6 +259,11 @@ pub fn compose_from(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Dataset, SynthError> {
     params.validate()?;
+    if params.input_file.is_some() {
+        return Err(SynthError::invalid(
+            "compose builds synthetic datasets; build a trace with build_dataset or synth::trace",
+        ));
+    }
     if tokenizer.vocab_size() == 0 {
         return Err(SynthError::invalid("the tokenizer has an empty vocabulary"));
     }
@@ -467,7 +476,11 @@ pub fn compose_from(
                 gen.sample_length(isl as f64, params.isl_stddev)
             };
             let text = gen.generate_prompt(body_len, prefix)?;
-            turns.push(Turn { text, max_tokens });
+            turns.push(Turn {
+                text,
+                max_tokens,
+                ..Turn::default()
+            });
         }
         conversations.push(Conversation {
             session_id,

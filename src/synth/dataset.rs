@@ -2,14 +2,59 @@
 //! Owns the data shapes and serialisation; must never generate content.
 
 use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Number;
 
 /// One user turn.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub struct Turn {
-    /// The prompt text.
+    /// The prompt text (empty for a verbatim `messages` / `payload` trace turn).
     pub text: String,
     /// The OSL for this turn, when one is configured.
     pub max_tokens: Option<u64>,
+    /// When to send it, in ms from the start (traces); int or float as the trace wrote it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<Number>,
+    /// How long to wait after the previous turn, in ms (multi-turn traces).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<Number>,
+    /// A trace's verbatim OpenAI `messages` (sent instead of `text`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_messages: Option<RawJson>,
+    /// The `tools` that go with `raw_messages`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_tools: Option<RawJson>,
+    /// A trace's complete request body, sent verbatim.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_payload: Option<RawJson>,
+    /// A trace's `extra`: members shallow-merged into the request body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra_body: Option<RawJson>,
+}
+
+/// A JSON value kept byte for byte as the input wrote it (member order included).
+#[derive(Debug, Clone)]
+pub struct RawJson(pub Box<RawValue>);
+
+impl RawJson {
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for RawJson {}
+
+impl Serialize for RawJson {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
 }
 
 /// One conversation (AIPerf `Conversation`).
@@ -34,63 +79,4 @@ impl Conversation {
         // Serialising plain strings and integers cannot fail.
         serde_json::to_string(self).expect("conversation serialises")
     }
-
-    /// OpenAI chat request bodies, one per turn, in AIPerf's message order: system message,
-    /// user-context message, then the user turns up to this one. Assistant replies are not
-    /// known at synthesis time, so earlier user turns appear without them. Key order:
-    /// `messages`, `model`, `stream`, `max_completion_tokens`.
-    pub fn to_openai_chat_bodies(&self, model: &str) -> Vec<String> {
-        let mut bodies = Vec::with_capacity(self.turns.len());
-        for (i, turn) in self.turns.iter().enumerate() {
-            let mut messages = Vec::new();
-            if let Some(s) = self.system_message.as_deref().filter(|s| !s.is_empty()) {
-                messages.push(ChatMessage {
-                    role: "system",
-                    content: s,
-                });
-            }
-            if let Some(c) = self
-                .user_context_message
-                .as_deref()
-                .filter(|s| !s.is_empty())
-            {
-                messages.push(ChatMessage {
-                    role: "user",
-                    content: c,
-                });
-            }
-            for earlier in &self.turns[..=i] {
-                messages.push(ChatMessage {
-                    role: "user",
-                    content: &earlier.text,
-                });
-            }
-            let body = ChatBody {
-                messages,
-                model,
-                stream: false,
-                max_completion_tokens: turn.max_tokens,
-            };
-            // Strings, booleans and integers always serialise.
-            bodies.push(serde_json::to_string(&body).expect("body serialises"));
-        }
-        bodies
-    }
-}
-
-/// One chat message of a request body.
-#[derive(Serialize)]
-pub struct ChatMessage<'a> {
-    pub role: &'a str,
-    pub content: &'a str,
-}
-
-/// An OpenAI chat request body with AIPerf's key order.
-#[derive(Serialize)]
-pub struct ChatBody<'a> {
-    pub messages: Vec<ChatMessage<'a>>,
-    pub model: &'a str,
-    pub stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_completion_tokens: Option<u64>,
 }

@@ -22,6 +22,10 @@ pub enum SynthError {
     InvalidParams(String),
     #[error("chat template could not be rendered: {0}")]
     ChatTemplate(String),
+    #[error("writing the output failed: {0}")]
+    Output(#[from] std::io::Error),
+    #[error(transparent)]
+    Trace(#[from] crate::synth::trace::TraceError),
 }
 
 impl SynthError {

@@ -9,6 +9,7 @@ pub mod composer;
 pub mod corpus;
 pub mod dataset;
 pub mod error;
+pub mod export;
 pub mod generator;
 pub mod marker;
 pub mod params;
@@ -17,6 +18,7 @@ pub mod reencode;
 pub mod rng;
 pub mod stream;
 pub mod tokenizer;
+pub mod trace;
 
 pub use composer::{build_dataset, build_dataset_with, compose, compose_from};
 pub use corpus::{RandomCorpusStyle, SonnetCorpus};

@@ -1,9 +1,12 @@
 //! Synthesis parameters (AIPerf's flag set) and their validation.
 //! Owns the meaning and the consistency rules of the parameters; must never draw or tokenize.
 
+use std::path::PathBuf;
+
 use crate::synth::corpus::RandomCorpusStyle;
 use crate::synth::error::SynthError;
 use crate::synth::marker::CacheBustTarget;
+use crate::synth::trace::{corpus_refusal, BlockTerminator, TraceKind};
 
 /// AIPerf's default ISL mean when `--isl` is not given.
 pub const DEFAULT_ISL: u64 = 550;
@@ -133,6 +136,14 @@ pub struct SynthParams {
     pub session_turns_stddev: f64,
     pub cache_bust: CacheBustTarget,
     pub apply_chat_template: bool,
+    /// `--input-file`: replay this hash-id trace instead of synthesizing conversations.
+    pub input_file: Option<PathBuf>,
+    /// `--custom-dataset-type` (None: detected from the first line).
+    pub custom_dataset_type: Option<TraceKind>,
+    /// `--isl-block-size` (None: the trace type's default, 512 mooncake / 16 bailian).
+    pub isl_block_size: Option<usize>,
+    /// `--trace-block-terminator`.
+    pub trace_block_terminator: BlockTerminator,
 }
 
 impl serde::Serialize for RangeRatio {
@@ -195,6 +206,10 @@ impl Default for SynthParams {
             session_turns_stddev: 0.0,
             cache_bust: CacheBustTarget::None,
             apply_chat_template: false,
+            input_file: None,
+            custom_dataset_type: None,
+            isl_block_size: None,
+            trace_block_terminator: BlockTerminator::Aiperf,
         }
     }
 }
@@ -208,6 +223,22 @@ impl SynthParams {
     /// Rejects combinations AIPerf rejects (or that cannot work), saying what to change.
     pub fn validate(&self) -> Result<(), SynthError> {
         let bad = |m: &str| Err(SynthError::invalid(m));
+        if self.input_file.is_some() {
+            return self.validate_trace();
+        }
+        let trace_only = [
+            (self.custom_dataset_type.is_some(), "--custom-dataset-type"),
+            (self.isl_block_size.is_some(), "--isl-block-size"),
+            (
+                self.trace_block_terminator != BlockTerminator::Aiperf,
+                "--trace-block-terminator",
+            ),
+        ];
+        if let Some((_, flag)) = trace_only.iter().find(|(set, _)| *set) {
+            return Err(SynthError::InvalidParams(format!(
+                "{flag} applies to trace replay; add --input-file TRACE.jsonl"
+            )));
+        }
         if self.num_dataset_entries == 0 {
             return bad("--num-dataset-entries must be at least 1");
         }
@@ -285,6 +316,52 @@ impl SynthParams {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The rules for a trace (`--input-file`): AIPerf's corpus rule, and no synthetic-only flag.
+    fn validate_trace(&self) -> Result<(), SynthError> {
+        if !matches!(
+            self.prompt_corpus,
+            PromptCorpus::Sonnet | PromptCorpus::Coding
+        ) {
+            return Err(SynthError::InvalidParams(corpus_refusal(
+                self.prompt_corpus,
+            )));
+        }
+        if self.isl_block_size == Some(0) {
+            return Err(SynthError::invalid("--isl-block-size must be at least 1"));
+        }
+        let synthetic_only = [
+            (self.isl.is_some(), "--isl"),
+            (self.isl_stddev > 0.0, "--isl-stddev"),
+            (self.range_ratio.is_some(), "--random-range-ratio"),
+            (self.num_prefix_prompts > 0, "--num-prefix-prompts"),
+            (
+                self.shared_system_prompt_length.is_some(),
+                "--shared-system-prompt-length",
+            ),
+            (
+                self.user_context_prompt_length.is_some(),
+                "--user-context-prompt-length",
+            ),
+            (
+                self.session_turns_mean != 1.0 || self.session_turns_stddev > 0.0,
+                "--session-turns-mean/--session-turns-stddev",
+            ),
+            (self.apply_chat_template, "--apply-chat-template"),
+        ];
+        if let Some((_, flag)) = synthetic_only.iter().find(|(set, _)| *set) {
+            return Err(SynthError::InvalidParams(format!(
+                "{flag} shapes synthetic datasets and does not apply to a trace (--input-file): \
+                 the trace gives each request's input length, output length and turns"
+            )));
+        }
+        if self.osl_stddev < 0.0 {
+            return Err(SynthError::invalid(
+                "standard deviations must not be negative",
+            ));
         }
         Ok(())
     }

@@ -1,0 +1,378 @@
+//! Export formats: a dataset as the files vLLM, SGLang and AIPerf read (`vllm-custom`,
+//! `sharegpt`, `mooncake`) and as fixed OpenAI chat bodies (one per turn, earlier answers
+//! filled in). Owns those shapes and the answer texts; must never change a prompt.
+
+use std::io::Write;
+
+use serde::de::{MapAccess, Visitor};
+use serde::Deserializer as _;
+use serde_json::value::RawValue;
+
+use crate::synth::dataset::{Conversation, Dataset, Turn};
+use crate::synth::error::SynthError;
+use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
+use crate::synth::rng::derive_seed;
+use crate::synth::tokenizer::Tokenizer;
+use crate::synth::SonnetCorpus;
+
+/// The stream answer texts are drawn from (kvbust's own; AIPerf never draws it).
+const ANSWERS_STREAM: &str = "kvbust.export.answers";
+
+/// Assistant answers: sonnet texts of exactly a turn's output length, deterministic per seed.
+pub struct Answers<'t> {
+    gen: PromptGenerator<&'t Tokenizer>,
+}
+
+impl<'t> Answers<'t> {
+    /// Answers under `root_seed` (the dataset's `--random-seed`, 0 without one).
+    pub fn new(tokenizer: &'t Tokenizer, sonnet: SonnetCorpus, root_seed: u64) -> Self {
+        let rngs = GeneratorRngs::derive(derive_seed(root_seed, ANSWERS_STREAM));
+        Answers {
+            gen: PromptGenerator::new(tokenizer, CorpusSource::Sonnet(sonnet), rngs),
+        }
+    }
+
+    /// The answers to turns `0..n` of `conv`, each `max_tokens` tokens long.
+    fn for_turns(
+        &mut self,
+        conv: &Conversation,
+        n: usize,
+        format: &str,
+    ) -> Result<Vec<String>, SynthError> {
+        conv.turns[..n]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let len = t.max_tokens.ok_or_else(|| {
+                    SynthError::InvalidParams(format!(
+                        "{format} needs each answered turn's output length, but turn {i} of \
+                         {} has none; pass --osl (or give output_length in the trace)",
+                        conv.session_id
+                    ))
+                })?;
+                self.gen.generate_prompt(len.max(1) as usize, None)
+            })
+            .collect()
+    }
+}
+
+/// A JSON string literal.
+fn js(s: &str) -> String {
+    // Serialising a string cannot fail.
+    serde_json::to_string(s).expect("string serialises")
+}
+
+/// A JSON object's members in their written order, values raw.
+fn ordered_members(json: &str) -> Result<Vec<(String, Box<RawValue>)>, serde_json::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<(String, Box<RawValue>)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(kv) = map.next_entry::<String, Box<RawValue>>()? {
+                out.push(kv);
+            }
+            Ok(out)
+        }
+    }
+    serde_json::Deserializer::from_str(json).deserialize_map(V)
+}
+
+/// An object built member by member; a later `set` of a key replaces its value in place
+/// (Python's `dict.update`).
+#[derive(Default)]
+struct Obj(Vec<(String, String)>);
+
+impl Obj {
+    fn set(&mut self, k: &str, raw: String) {
+        match self.0.iter_mut().find(|(key, _)| key == k) {
+            Some(slot) => slot.1 = raw,
+            None => self.0.push((k.to_owned(), raw)),
+        }
+    }
+    fn has(&self, k: &str) -> bool {
+        self.0.iter().any(|(key, _)| key == k)
+    }
+    fn render(&self) -> String {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|(k, v)| format!("{}:{v}", js(k)))
+            .collect();
+        format!("{{{}}}", parts.join(","))
+    }
+}
+
+fn msg(role: &str, content: &str) -> String {
+    format!("{{\"role\":{},\"content\":{}}}", js(role), js(content))
+}
+
+/// Options of the `openai-chat` format.
+#[derive(Debug, Clone, Copy)]
+pub struct ChatOptions<'a> {
+    pub model: &'a str,
+    /// `"stream": true` plus `stream_options.include_usage`, as AIPerf sends streaming bodies.
+    pub stream: bool,
+}
+
+/// One OpenAI chat body for turn `i` of `conv` in AIPerf's key order (`messages`, `model`,
+/// `stream`, `tools`, `max_completion_tokens`, the turn's `extra`, `stream_options`):
+/// system message, user-context message, then the earlier turns each followed by its answer.
+/// A trace's verbatim `payload` is the body itself.
+fn chat_body(
+    conv: &Conversation,
+    i: usize,
+    answers: &[String],
+    opts: ChatOptions,
+) -> Result<String, SynthError> {
+    let turn = &conv.turns[i];
+    if let Some(p) = &turn.raw_payload {
+        return Ok(p.get().to_owned());
+    }
+    let messages = match &turn.raw_messages {
+        Some(m) => m.get().to_owned(),
+        None => {
+            let mut parts = Vec::new();
+            if let Some(s) = conv.system_message.as_deref().filter(|s| !s.is_empty()) {
+                parts.push(msg("system", s));
+            }
+            if let Some(c) = conv
+                .user_context_message
+                .as_deref()
+                .filter(|s| !s.is_empty())
+            {
+                parts.push(msg("user", c));
+            }
+            for (j, earlier) in conv.turns[..i].iter().enumerate() {
+                parts.push(msg("user", &earlier.text));
+                parts.push(msg("assistant", &answers[j]));
+            }
+            parts.push(msg("user", &turn.text));
+            format!("[{}]", parts.join(","))
+        }
+    };
+    let mut body = Obj::default();
+    body.set("messages", messages);
+    body.set("model", js(opts.model));
+    body.set("stream", opts.stream.to_string());
+    if let Some(t) = &turn.raw_tools {
+        body.set("tools", t.get().to_owned());
+    }
+    if let Some(n) = turn.max_tokens {
+        body.set("max_completion_tokens", n.to_string());
+    }
+    if let Some(extra) = &turn.extra_body {
+        let members = ordered_members(extra.get())
+            .map_err(|e| SynthError::invalid(format!("a turn's `extra` is not an object: {e}")))?;
+        for (k, v) in members {
+            body.set(&k, v.get().to_owned());
+        }
+    }
+    if opts.stream && !body.has("stream_options") {
+        body.set("stream_options", r#"{"include_usage":true}"#.to_owned());
+    }
+    Ok(body.render())
+}
+
+fn refuse_context(conv: &Conversation, format: &str) -> Result<(), SynthError> {
+    if conv.system_message.is_some() || conv.user_context_message.is_some() {
+        return Err(SynthError::InvalidParams(format!(
+            "{format} carries user turns only, but {} has a system or user-context message; \
+             use --format openai-chat or conversations (AIPerf: give the system prompt with \
+             its own --system-prompt)",
+            conv.session_id
+        )));
+    }
+    Ok(())
+}
+
+fn refuse_raw(conv: &Conversation, turn: &Turn, format: &str) -> Result<(), SynthError> {
+    if turn.raw_messages.is_some() || turn.raw_payload.is_some() {
+        return Err(SynthError::InvalidParams(format!(
+            "{format} needs a prompt text, but {} holds verbatim messages/payload turns; use \
+             --format mooncake, openai-chat or conversations",
+            conv.session_id
+        )));
+    }
+    Ok(())
+}
+
+/// `openai-chat`: one body per turn.
+pub fn write_openai_chat(
+    out: &mut dyn Write,
+    dataset: &Dataset,
+    answers: &mut Answers,
+    opts: ChatOptions,
+) -> Result<(), SynthError> {
+    for conv in &dataset.conversations {
+        let needs_answers = conv.turns.len() > 1
+            && conv
+                .turns
+                .iter()
+                .any(|t| t.raw_messages.is_none() && t.raw_payload.is_none());
+        let given = if needs_answers {
+            answers.for_turns(conv, conv.turns.len() - 1, "--format openai-chat")?
+        } else {
+            Vec::new()
+        };
+        for i in 0..conv.turns.len() {
+            let body = chat_body(conv, i, &given, opts)?;
+            writeln!(out, "{body}")?;
+        }
+    }
+    Ok(())
+}
+
+/// `vllm-custom`: `{"prompt", "output_tokens"}` per turn for `vllm bench serve --dataset-name
+/// custom` (`output_tokens` left out when unknown: then give `--custom-output-len`).
+pub fn write_vllm_custom(out: &mut dyn Write, dataset: &Dataset) -> Result<(), SynthError> {
+    for conv in &dataset.conversations {
+        refuse_context(conv, "--format vllm-custom")?;
+        for turn in &conv.turns {
+            refuse_raw(conv, turn, "--format vllm-custom")?;
+            let mut o = Obj::default();
+            o.set("prompt", js(&turn.text));
+            if let Some(n) = turn.max_tokens {
+                o.set("output_tokens", n.to_string());
+            }
+            writeln!(out, "{}", o.render())?;
+        }
+    }
+    Ok(())
+}
+
+/// `sharegpt`: one JSON array of `{"id", "conversations": [human, gpt, …]}`; each `gpt` value is
+/// a sonnet text of exactly the turn's output length (the loaders take the length from it).
+pub fn write_sharegpt(
+    out: &mut dyn Write,
+    dataset: &Dataset,
+    answers: &mut Answers,
+) -> Result<(), SynthError> {
+    writeln!(out, "[")?;
+    for (ci, conv) in dataset.conversations.iter().enumerate() {
+        refuse_context(conv, "--format sharegpt")?;
+        for turn in &conv.turns {
+            refuse_raw(conv, turn, "--format sharegpt")?;
+        }
+        let given = answers.for_turns(conv, conv.turns.len(), "--format sharegpt")?;
+        let parts: Vec<String> = conv
+            .turns
+            .iter()
+            .zip(&given)
+            .map(|(t, a)| {
+                format!(
+                    "{{\"from\":\"human\",\"value\":{}}},{{\"from\":\"gpt\",\"value\":{}}}",
+                    js(&t.text),
+                    js(a)
+                )
+            })
+            .collect();
+        let comma = if ci + 1 < dataset.conversations.len() {
+            ","
+        } else {
+            ""
+        };
+        writeln!(
+            out,
+            "{{\"id\":{},\"conversations\":[{}]}}{comma}",
+            js(&conv.session_id),
+            parts.join(",")
+        )?;
+    }
+    writeln!(out, "]")?;
+    Ok(())
+}
+
+/// `mooncake`: AIPerf `mooncake_trace` lines carrying the texts (`text_input`, or the verbatim
+/// `messages`/`payload`), `output_length`, `session_id`, `timestamp` and `delay`, so that
+/// `aiperf --custom-dataset-type mooncake_trace` replays this dataset as it is.
+pub fn write_mooncake(out: &mut dyn Write, dataset: &Dataset) -> Result<(), SynthError> {
+    for conv in &dataset.conversations {
+        refuse_context(conv, "--format mooncake")?;
+        for turn in &conv.turns {
+            let mut o = Obj::default();
+            o.set("session_id", js(&conv.session_id));
+            match (&turn.raw_messages, &turn.raw_payload) {
+                (Some(m), _) => {
+                    o.set("messages", m.get().to_owned());
+                    if let Some(t) = &turn.raw_tools {
+                        o.set("tools", t.get().to_owned());
+                    }
+                }
+                (None, Some(p)) => o.set("payload", p.get().to_owned()),
+                (None, None) => o.set("text_input", js(&turn.text)),
+            }
+            if let Some(n) = turn.max_tokens {
+                o.set("output_length", n.to_string());
+            }
+            if let Some(t) = &turn.timestamp {
+                o.set("timestamp", t.to_string());
+            }
+            if let Some(d) = &turn.delay {
+                o.set("delay", d.to_string());
+            }
+            if let Some(e) = &turn.extra_body {
+                o.set("extra", e.get().to_owned());
+            }
+            writeln!(out, "{}", o.render())?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::dataset::RawJson;
+
+    fn conv(turns: &[(&str, Option<u64>)]) -> Conversation {
+        Conversation {
+            session_id: "s".into(),
+            system_message: Some("S".into()),
+            user_context_message: None,
+            turns: turns
+                .iter()
+                .map(|(t, m)| Turn {
+                    text: t.to_string(),
+                    max_tokens: *m,
+                    ..Turn::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn chat_bodies_alternate_and_keep_aiperf_key_order() {
+        let mut c = conv(&[("t0", Some(3)), ("t1", Some(4))]);
+        c.turns[1].extra_body = Some(RawJson(
+            RawValue::from_string(r#"{"temperature":0,"model":"x"}"#.into()).unwrap(),
+        ));
+        let answers = vec!["a0".to_owned()];
+        let opts = ChatOptions {
+            model: "m",
+            stream: true,
+        };
+        assert_eq!(
+            chat_body(&c, 0, &answers, opts).unwrap(),
+            r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"t0"}],"model":"m","stream":true,"max_completion_tokens":3,"stream_options":{"include_usage":true}}"#
+        );
+        assert_eq!(
+            chat_body(&c, 1, &answers, opts).unwrap(),
+            r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"t0"},{"role":"assistant","content":"a0"},{"role":"user","content":"t1"}],"model":"x","stream":true,"max_completion_tokens":4,"temperature":0,"stream_options":{"include_usage":true}}"#
+        );
+    }
+
+    #[test]
+    fn formats_refuse_what_they_cannot_carry() {
+        let c = conv(&[("t0", Some(3))]);
+        let d = Dataset {
+            conversations: vec![c],
+        };
+        let e = write_vllm_custom(&mut Vec::new(), &d).unwrap_err();
+        assert!(e.to_string().contains("system or user-context"), "{e}");
+        assert!(write_mooncake(&mut Vec::new(), &d).is_err());
+    }
+}

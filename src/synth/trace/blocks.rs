@@ -1,0 +1,219 @@
+//! AIPerf 0.13.0's hash-id blocks: `HashIdRandomGenerator` (one CPython generator re-seeded
+//! per `(base seed, trace file, hash id)`), `sample_tokens_from_corpus` with the block
+//! separator, one block cache per dataset, and `_build_token_sequence`'s three layouts.
+//! Owns block content and its cache; must never draw from any other stream than the one
+//! passed in for tails.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+
+use crate::synth::rng::PyRandom;
+
+/// `int.from_bytes(sha256(f"{base}:{trace_id}:{hash_id}")[:8], "big")`.
+pub fn hash_id_seed(base_seed: u64, trace_id: &str, hash_id: i64) -> u64 {
+    let digest = Sha256::digest(format!("{base_seed}:{trace_id}:{hash_id}").as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first)
+}
+
+/// The per-file scope AIPerf gives hash ids: the first 16 hex digits of the file's sha256.
+pub fn trace_id(file_bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(file_bytes))[..16].to_owned()
+}
+
+/// `sample_tokens_from_corpus(corpus, n, rng, sep)`: the separator (taking one slot), then a
+/// window at `rng.randrange(len(corpus))` that wraps once past the end.
+fn sample_block(corpus: &[u32], n: usize, rng: &mut PyRandom, sep: Option<u32>) -> Vec<u32> {
+    let mut out = Vec::with_capacity(n);
+    let mut n = n;
+    if let Some(s) = sep {
+        out.push(s);
+        n = n.saturating_sub(1);
+    }
+    let len = corpus.len();
+    if len == 0 {
+        return out;
+    }
+    let start = rng.randrange(len as u64) as usize;
+    let end = start + n;
+    if end <= len {
+        out.extend_from_slice(&corpus[start..end]);
+    } else {
+        out.extend_from_slice(&corpus[start..]);
+        out.extend_from_slice(&corpus[..(end - len).min(len)]);
+    }
+    out
+}
+
+/// Why a token sequence cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayoutError {
+    /// `input_length <= 0` (or block size 0).
+    NotPositive,
+    /// The last block would hold `final_size` tokens, outside `1..=block_size`.
+    FinalBlock { final_size: i64 },
+    /// The hash id was built at another size before (on `first_line`).
+    SizeConflict {
+        hash_id: i64,
+        size: usize,
+        first_size: usize,
+        first_line: usize,
+    },
+}
+
+/// The block cache of one dataset.
+pub struct HashBlocks {
+    base_seed: u64,
+    trace_id: String,
+    separator: Option<u32>,
+    /// hash id → (tokens, line that built it).
+    cache: HashMap<i64, (Vec<u32>, usize)>,
+}
+
+impl HashBlocks {
+    /// Blocks seeded from `base_seed` (the corpus stream's seed) for the file `trace_id`;
+    /// `separator` starts every block (AIPerf: BOS, else EOS; `None` for the extension).
+    pub fn new(base_seed: u64, trace_id: String, separator: Option<u32>) -> Self {
+        HashBlocks {
+            base_seed,
+            trace_id,
+            separator,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// `_build_token_sequence(num_tokens, hash_ids, block_size)` for a non-empty `hash_ids`:
+    /// exact tile, last block partial, or prefix only with a tail from `tail(n)`.
+    pub fn token_sequence(
+        &mut self,
+        corpus: &[u32],
+        num_tokens: i64,
+        hash_ids: &[i64],
+        block_size: usize,
+        line: usize,
+        tail: &mut dyn FnMut(usize) -> Vec<u32>,
+    ) -> Result<Vec<u32>, LayoutError> {
+        if num_tokens <= 0 || block_size == 0 {
+            return Err(LayoutError::NotPositive);
+        }
+        let m = hash_ids.len() as i64;
+        let bs = block_size as i64;
+        let final_size = if m * bs > num_tokens {
+            let f = num_tokens - (m - 1) * bs;
+            if f <= 0 || f > bs {
+                return Err(LayoutError::FinalBlock { final_size: f });
+            }
+            f as usize
+        } else {
+            block_size
+        };
+        let mut out = Vec::with_capacity(num_tokens as usize);
+        for (i, &h) in hash_ids.iter().enumerate() {
+            let size = if i + 1 == hash_ids.len() {
+                final_size
+            } else {
+                block_size
+            };
+            match self.cache.get(&h) {
+                Some((b, first_line)) if b.len() != size => {
+                    return Err(LayoutError::SizeConflict {
+                        hash_id: h,
+                        size,
+                        first_size: b.len(),
+                        first_line: *first_line,
+                    })
+                }
+                Some((b, _)) => out.extend_from_slice(b),
+                None => {
+                    let mut rng = PyRandom::new(hash_id_seed(self.base_seed, &self.trace_id, h));
+                    let b = sample_block(corpus, size, &mut rng, self.separator);
+                    out.extend_from_slice(&b);
+                    self.cache.insert(h, (b, line));
+                }
+            }
+        }
+        let have = out.len() as i64;
+        if num_tokens > have {
+            out.extend(tail((num_tokens - have) as usize));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn corpus() -> Vec<u32> {
+        (0..1000).collect()
+    }
+
+    #[test]
+    fn layouts_and_cache() {
+        let c = corpus();
+        let mut b = HashBlocks::new(7, "abc".into(), Some(9999));
+        let mut no_tail = |_: usize| -> Vec<u32> { panic!("no tail expected") };
+        // Exact tile: 2 blocks of 4, each starting with the separator.
+        let s = b
+            .token_sequence(&c, 8, &[1, 2], 4, 1, &mut no_tail)
+            .unwrap();
+        assert_eq!(s.len(), 8);
+        assert_eq!((s[0], s[4]), (9999, 9999));
+        // The same id reuses its block; the last block is partial (6 - 4 = 2 tokens).
+        let t = b
+            .token_sequence(&c, 6, &[1, 3], 4, 2, &mut no_tail)
+            .unwrap();
+        assert_eq!(&t[..4], &s[..4]);
+        assert_eq!(t.len(), 6);
+        // Prefix only: the tail comes from the caller's stream.
+        let mut tail = |n: usize| vec![5u32; n];
+        let u = b.token_sequence(&c, 11, &[1], 4, 3, &mut tail).unwrap();
+        assert_eq!(&u[4..], &[5; 7]);
+        // Same id at another size: AIPerf's check, naming where it was first built.
+        let e = b
+            .token_sequence(&c, 3, &[3], 4, 4, &mut no_tail)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            LayoutError::SizeConflict {
+                hash_id: 3,
+                size: 3,
+                first_size: 2,
+                first_line: 2
+            }
+        );
+    }
+
+    #[test]
+    fn layout_errors() {
+        let c = corpus();
+        let mut b = HashBlocks::new(7, "abc".into(), None);
+        let mut no_tail = |_: usize| -> Vec<u32> { Vec::new() };
+        assert_eq!(
+            b.token_sequence(&c, 0, &[1], 4, 1, &mut no_tail),
+            Err(LayoutError::NotPositive)
+        );
+        assert_eq!(
+            b.token_sequence(&c, 4, &[1, 2], 4, 1, &mut no_tail),
+            Err(LayoutError::FinalBlock { final_size: 0 })
+        );
+        // Without a separator a block is all corpus tokens, a window of the corpus.
+        let s = b.token_sequence(&c, 4, &[5], 4, 1, &mut no_tail).unwrap();
+        assert_eq!(s[1], s[0] + 1);
+    }
+
+    #[test]
+    fn seeds_follow_the_formula() {
+        const SEED_7_ABC_1: u64 = 1_255_829_016_790_058_206;
+        const RANDRANGE_7_ABC_1: u64 = 782;
+        // int.from_bytes(hashlib.sha256(b"7:abc:1").digest()[:8], "big") in Python, and
+        // random.Random(that).randrange(1000).
+        let seed = hash_id_seed(7, "abc", 1);
+        assert_eq!(seed, SEED_7_ABC_1);
+        assert_eq!(PyRandom::new(seed).randrange(1000), RANDRANGE_7_ABC_1);
+        assert_eq!(trace_id(b"").len(), 16);
+        assert_eq!(trace_id(b""), "e3b0c44298fc1c14");
+    }
+}

@@ -1,0 +1,783 @@
+//! Hash-id trace replay: AIPerf 0.13.0's `CustomDatasetComposer` with the `mooncake_trace` and
+//! `bailian_trace` loaders — lines, sessions, turn order, `max_tokens`, timestamps, delays and
+//! prompts built from hash-id blocks, byte for byte. Reads the trace file; never writes files
+//! and never draws from a stream AIPerf does not draw from.
+
+pub mod blocks;
+pub mod record;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::synth::composer::uuid4;
+use crate::synth::corpus::sonnet::SHAKESPEARE;
+use crate::synth::dataset::{Conversation, Dataset, Turn};
+use crate::synth::error::SynthError;
+use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
+use crate::synth::params::{PromptCorpus, SynthParams};
+use crate::synth::rng::{derive_seed, DerivedRng};
+use crate::synth::tokenizer::Tokenizer;
+use crate::synth::SonnetCorpus;
+use blocks::{HashBlocks, LayoutError};
+use record::{Entry, Input};
+
+/// Hash-id sequences decoded together (bounds the token sequences held at once).
+const DECODE_BATCH: usize = 512;
+
+/// `--custom-dataset-type`: the trace loaders kvbust reproduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceKind {
+    /// Mooncake: `input_length` + `hash_ids`, or `text_input` / `messages` / `payload`;
+    /// `timestamp`, or `session_id` + `delay` for multi-turn.
+    MooncakeTrace,
+    /// Alibaba Bailian: `chat_id` / `parent_chat_id` / `turn` chains, timestamps in seconds.
+    BailianTrace,
+}
+
+/// AIPerf's other `--custom-dataset-type` values (named in the error for a better hint).
+const OTHER_AIPERF_TYPES: &[&str] = &[
+    "single_turn",
+    "multi_turn",
+    "random_pool",
+    "raw_payload",
+    "inputs_json",
+    "baseten_trace",
+    "burst_gpt_trace",
+    "sagemaker_data_capture",
+    "weka_trace",
+    "dag_jsonl",
+];
+
+impl TraceKind {
+    /// AIPerf's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TraceKind::MooncakeTrace => "mooncake_trace",
+            TraceKind::BailianTrace => "bailian_trace",
+        }
+    }
+
+    /// The plugin's `default_block_size` (`--isl-block-size` overrides it).
+    pub fn default_block_size(self) -> usize {
+        match self {
+            TraceKind::MooncakeTrace => 512,
+            TraceKind::BailianTrace => 16,
+        }
+    }
+
+    fn other(self) -> Self {
+        match self {
+            TraceKind::MooncakeTrace => TraceKind::BailianTrace,
+            TraceKind::BailianTrace => TraceKind::MooncakeTrace,
+        }
+    }
+}
+
+impl std::fmt::Display for TraceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TraceKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "mooncake_trace" => Ok(TraceKind::MooncakeTrace),
+            "bailian_trace" => Ok(TraceKind::BailianTrace),
+            other if OTHER_AIPERF_TYPES.contains(&other) => Err(format!(
+                "{other} is an AIPerf dataset type kvbust does not reproduce; kvbust reads \
+                 mooncake_trace and bailian_trace"
+            )),
+            other => Err(format!(
+                "unknown custom dataset type {other:?}; use mooncake_trace or bailian_trace"
+            )),
+        }
+    }
+}
+
+/// `--trace-block-terminator`: what starts each synthesized hash-id block.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockTerminator {
+    /// AIPerf's: the tokenizer's BOS, else its EOS (Qwen3: `<|im_end|>`), as the first token
+    /// of every block.
+    #[default]
+    Aiperf,
+    /// kvbust extension: blocks are corpus tokens only.
+    None,
+}
+
+/// Bad trace input: always names the file, and the line and field when there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("cannot read trace file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} holds no trace lines (empty, or only blank lines); give a JSONL file with one \
+         {kind} entry per line"
+    )]
+    Empty { path: PathBuf, kind: String },
+    #[error("{path}:{line}: {message}")]
+    Line {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+/// A trace file as read from disk: its bytes decide the hash-id scope.
+#[derive(Debug, Clone)]
+pub struct TraceFile {
+    pub path: PathBuf,
+    /// The first 16 hex digits of the file's sha256 (AIPerf's `trace_id`).
+    pub trace_id: String,
+    /// `(line number, stripped text)` of every non-blank line.
+    pub lines: Vec<(usize, String)>,
+}
+
+impl TraceFile {
+    /// Reads `path`: UTF-8, universal newlines, blank lines skipped.
+    pub fn read(path: &Path) -> Result<Self, TraceError> {
+        let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_bytes(path, &bytes)
+    }
+
+    /// The same from bytes already in memory (`path` is used for messages only).
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self, TraceError> {
+        if bytes.starts_with(&[0x1f, 0x8b]) {
+            return Err(TraceError::File {
+                path: path.to_path_buf(),
+                message: "is gzip-compressed; kvbust reads plain JSONL traces (gunzip it first)"
+                    .into(),
+            });
+        }
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            let line = 1 + bytes[..e.valid_up_to()]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count();
+            TraceError::Line {
+                path: path.to_path_buf(),
+                line,
+                message: "is not valid UTF-8".into(),
+            }
+        })?;
+        let text = text.replace("\r\n", "\n").replace('\r', "\n");
+        let lines = text
+            .split('\n')
+            .enumerate()
+            .filter_map(|(i, l)| {
+                let t = l.trim();
+                (!t.is_empty()).then(|| (i + 1, t.to_owned()))
+            })
+            .collect();
+        Ok(TraceFile {
+            path: path.to_path_buf(),
+            trace_id: blocks::trace_id(bytes),
+            lines,
+        })
+    }
+
+    fn line_error(&self, line: usize, message: impl Into<String>) -> TraceError {
+        TraceError::Line {
+            path: self.path.clone(),
+            line,
+            message: message.into(),
+        }
+    }
+
+    /// The loader for this file: `kind` when given, else the one that accepts the first line
+    /// (AIPerf's structural inference between the two).
+    pub fn detect(&self, kind: Option<TraceKind>) -> Result<TraceKind, TraceError> {
+        if let Some(k) = kind {
+            return Ok(k);
+        }
+        let Some((line, text)) = self.lines.first() else {
+            return Err(self.empty("a mooncake_trace or bailian_trace"));
+        };
+        let ok: Vec<TraceKind> = [TraceKind::MooncakeTrace, TraceKind::BailianTrace]
+            .into_iter()
+            .filter(|k| record::parse(*k, *line, text).is_ok())
+            .collect();
+        match ok.as_slice() {
+            [k] => Ok(*k),
+            // Neither accepts it: read it as the type it resembles, whose error names the field.
+            [] if text.contains("\"chat_id\"") => Ok(TraceKind::BailianTrace),
+            [] => Ok(TraceKind::MooncakeTrace),
+            _ => Err(self.line_error(
+                *line,
+                "both mooncake_trace and bailian_trace accept this line; pass \
+                 --custom-dataset-type",
+            )),
+        }
+    }
+
+    fn empty(&self, kind: &str) -> TraceError {
+        TraceError::Empty {
+            path: self.path.clone(),
+            kind: kind.to_owned(),
+        }
+    }
+
+    /// Every line parsed as `kind`; the first bad line stops it with its field named.
+    pub fn entries(&self, kind: TraceKind) -> Result<Vec<Entry>, TraceError> {
+        if self.lines.is_empty() {
+            return Err(self.empty(kind.as_str()));
+        }
+        self.lines
+            .iter()
+            .map(|(line, text)| {
+                record::parse(kind, *line, text).map_err(|(field, why)| {
+                    let hint = if record::parse(kind.other(), *line, text).is_ok() {
+                        format!(
+                            "; this looks like a {} line: pass --custom-dataset-type {}",
+                            kind.other(),
+                            kind.other()
+                        )
+                    } else {
+                        String::new()
+                    };
+                    let what = if field.is_empty() {
+                        "the line".to_owned()
+                    } else {
+                        format!("field `{field}`")
+                    };
+                    self.line_error(*line, format!("{kind} {what} {why}{hint}"))
+                })
+            })
+            .collect()
+    }
+}
+
+/// What shapes a trace dataset besides the file.
+#[derive(Debug, Clone, Default)]
+pub struct TraceParams {
+    /// `--custom-dataset-type` (None: detected from the first line).
+    pub kind: Option<TraceKind>,
+    /// `--isl-block-size` (None: 512 for mooncake, 16 for bailian).
+    pub isl_block_size: Option<usize>,
+    pub random_seed: Option<u64>,
+    pub terminator: BlockTerminator,
+    /// `--osl` / `--osl-stddev`: `max_tokens` for lines without `output_length`.
+    pub osl: Option<u64>,
+    pub osl_stddev: f64,
+    /// `--system-prompt`, given to every conversation.
+    pub system_prompt: Option<String>,
+}
+
+/// Where prompt content comes from: AIPerf's `PromptGenerator` for sonnet (and, once ported,
+/// its coding generator). The hash-id blocks are cut from `tokens`.
+pub trait TraceContent {
+    /// The flat token array blocks are cut from (a cheap shared handle).
+    fn block_corpus(&self) -> SonnetCorpus;
+    /// The seed of the generator's corpus stream (it seeds `HashIdRandomGenerator`).
+    fn corpus_seed(&self) -> u64;
+    /// `_sample_tokens(n)` on the corpus stream (a prefix-only line's tail).
+    fn sample_tokens(&mut self, n: usize) -> Vec<u32>;
+    /// `generate(mean=input_length, stddev=0)` for a line without hash ids.
+    fn plain_prompt(&mut self, input_length: i64) -> Result<String, SynthError>;
+}
+
+/// The sonnet corpus through AIPerf's `PromptGenerator` streams.
+pub struct SonnetContent<'t> {
+    gen: PromptGenerator<&'t Tokenizer>,
+    corpus: SonnetCorpus,
+    seed: u64,
+}
+
+impl<'t> SonnetContent<'t> {
+    /// The generator a trace loader gets under `root_seed`.
+    pub fn new(tokenizer: &'t Tokenizer, corpus: SonnetCorpus, root_seed: u64) -> Self {
+        SonnetContent {
+            gen: PromptGenerator::new(
+                tokenizer,
+                CorpusSource::Sonnet(corpus.clone()),
+                GeneratorRngs::derive(root_seed),
+            ),
+            corpus,
+            seed: derive_seed(root_seed, "dataset.prompt.corpus"),
+        }
+    }
+}
+
+impl TraceContent for SonnetContent<'_> {
+    fn block_corpus(&self) -> SonnetCorpus {
+        self.corpus.clone()
+    }
+    fn corpus_seed(&self) -> u64 {
+        self.seed
+    }
+    fn sample_tokens(&mut self, n: usize) -> Vec<u32> {
+        self.gen.sample_tokens(n)
+    }
+    fn plain_prompt(&mut self, input_length: i64) -> Result<String, SynthError> {
+        // sample_positive_normal_integer(mean, 0) = max(1, round(mean)), no draw.
+        self.gen.generate_prompt(input_length.max(1) as usize, None)
+    }
+}
+
+/// AIPerf's coding corpus (`CodingContentGenerator`): blocks cut from its tool pool, plain
+/// prompts decoded as sampled (no fix-up), tails on its `.corpus` stream.
+pub struct CodingContent<'t> {
+    prompts: crate::synth::coding::CodingPrompts,
+    corpus: SonnetCorpus,
+    tokenizer: &'t Tokenizer,
+    seed: u64,
+}
+
+impl<'t> CodingContent<'t> {
+    /// The generator a trace loader gets for `pool` (built for the run's root seed).
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        pool: std::sync::Arc<crate::synth::coding::CodingPool>,
+    ) -> Self {
+        let seed = derive_seed(pool.root_seed(), "dataset.coding_content.corpus");
+        let corpus = SonnetCorpus::from_parts(pool.tokens().to_vec(), Vec::new());
+        CodingContent {
+            prompts: crate::synth::coding::CodingPrompts::new(pool, tokenizer),
+            corpus,
+            tokenizer,
+            seed,
+        }
+    }
+}
+
+impl TraceContent for CodingContent<'_> {
+    fn block_corpus(&self) -> SonnetCorpus {
+        self.corpus.clone()
+    }
+    fn corpus_seed(&self) -> u64 {
+        self.seed
+    }
+    fn sample_tokens(&mut self, n: usize) -> Vec<u32> {
+        self.prompts.sample_tokens(n)
+    }
+    fn plain_prompt(&mut self, input_length: i64) -> Result<String, SynthError> {
+        let ids = self.prompts.sample_tokens(input_length.max(1) as usize);
+        self.tokenizer.decode(&ids)
+    }
+}
+
+/// Groups entries into sessions in AIPerf's order: mooncake by `session_id` (or a fresh id per
+/// line), bailian by the root of each `parent_chat_id` chain, sorted by `turn`.
+fn group(kind: TraceKind, entries: Vec<Entry>, seeded: bool) -> Vec<(String, Vec<Entry>)> {
+    let mut order: Vec<(String, Vec<Entry>)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut push = |key: String, e: Entry, order: &mut Vec<(String, Vec<Entry>)>| {
+        let i = *index.entry(key.clone()).or_insert_with(|| {
+            order.push((key, Vec::new()));
+            order.len() - 1
+        });
+        order[i].1.push(e);
+    };
+    match kind {
+        TraceKind::MooncakeTrace => {
+            let mut counter = 0usize;
+            for e in entries {
+                let key = match &e.session_id {
+                    Some(s) => s.clone(),
+                    None if seeded => {
+                        counter += 1;
+                        format!("session_{:06}", counter - 1)
+                    }
+                    None => uuid4(),
+                };
+                push(key, e, &mut order);
+            }
+        }
+        TraceKind::BailianTrace => {
+            let parent: HashMap<i64, i64> = entries
+                .iter()
+                .filter_map(|e| e.chat.map(|c| (c.chat_id, c.parent_chat_id)))
+                .collect();
+            let mut roots: HashMap<i64, i64> = HashMap::new();
+            for e in entries {
+                let id = e.chat.map_or(-1, |c| c.chat_id);
+                let root = find_root(id, &parent, &mut roots);
+                push(root.to_string(), e, &mut order);
+            }
+            for (_, turns) in &mut order {
+                // A stable sort, as Python's list.sort.
+                turns.sort_by_key(|e| e.chat.map_or(1, |c| c.turn));
+            }
+        }
+    }
+    order
+}
+
+/// Bailian's `find_root`: follow parents until a root (-1), a missing or self parent, or a
+/// cycle; caches the walked path (path compression), exactly as AIPerf.
+fn find_root(chat_id: i64, parent: &HashMap<i64, i64>, cache: &mut HashMap<i64, i64>) -> i64 {
+    if let Some(r) = cache.get(&chat_id) {
+        return *r;
+    }
+    let mut path = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut current = chat_id;
+    while let Some(&p) = parent.get(&current) {
+        if p == -1 || !seen.insert(current) {
+            break;
+        }
+        if p == current || !parent.contains_key(&p) {
+            break;
+        }
+        path.push(current);
+        current = p;
+    }
+    for node in path {
+        cache.insert(node, current);
+    }
+    cache.insert(chat_id, current);
+    current
+}
+
+/// Mooncake's rule: a session is all verbatim (`messages` or `payload`, not both) or all
+/// synthesized/text.
+fn check_session(file: &TraceFile, sid: &str, entries: &[Entry]) -> Result<(), TraceError> {
+    let is_msg = |e: &&Entry| matches!(e.input, Input::Messages { .. });
+    let is_payload = |e: &&Entry| matches!(e.input, Input::Payload(_));
+    let msgs: Vec<&Entry> = entries.iter().filter(is_msg).collect();
+    let payloads: Vec<&Entry> = entries.iter().filter(is_payload).collect();
+    if let (Some(m), Some(p)) = (msgs.first(), payloads.first()) {
+        return Err(file.line_error(
+            m.line.max(p.line),
+            format!(
+                "session {sid:?} mixes {} `messages` line(s) and {} `payload` line(s) (lines {} \
+                 and {}); each session must use exactly one mode",
+                msgs.len(),
+                payloads.len(),
+                m.line,
+                p.line
+            ),
+        ));
+    }
+    let verbatim = msgs.len() + payloads.len();
+    if verbatim > 0 && verbatim < entries.len() {
+        let first_raw = msgs.first().or(payloads.first()).map_or(0, |e| e.line);
+        let other = entries
+            .iter()
+            .find(|e| matches!(e.input, Input::Length(_) | Input::Text(_)))
+            .map_or(0, |e| e.line);
+        return Err(file.line_error(
+            first_raw.max(other),
+            format!(
+                "session {sid:?} mixes raw `messages`/`payload` lines (line {first_raw}) with \
+                 synthesized or text prompts (line {other}); AIPerf does not support mixed \
+                 mooncake sessions: give them different session_ids"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Builds the dataset AIPerf 0.13.0 builds for this trace file, with `content` supplying the
+/// prompt corpus (made under the same `root_seed`).
+pub fn build(
+    file: &TraceFile,
+    params: &TraceParams,
+    tokenizer: &Tokenizer,
+    content: &mut dyn TraceContent,
+    root_seed: u64,
+) -> Result<Dataset, SynthError> {
+    let kind = file.detect(params.kind)?;
+    let block_size = params
+        .isl_block_size
+        .unwrap_or_else(|| kind.default_block_size());
+    if block_size == 0 {
+        return Err(SynthError::invalid("--isl-block-size must be at least 1"));
+    }
+    let entries = file.entries(kind)?;
+    let sessions = group(kind, entries, params.random_seed.is_some());
+    if kind == TraceKind::MooncakeTrace {
+        for (sid, entries) in &sessions {
+            check_session(file, sid, entries)?;
+        }
+    }
+    let separator = match params.terminator {
+        BlockTerminator::Aiperf => tokenizer.bos_token_id().or(tokenizer.eos_token_id()),
+        BlockTerminator::None => None,
+    };
+    let mut blocks = HashBlocks::new(content.corpus_seed(), file.trace_id.clone(), separator);
+    let corpus = content.block_corpus();
+    // Prompts in AIPerf's request order (one flat list, session by session). Hash-id
+    // sequences make no draws when decoded, so they are decoded in parallel batches.
+    let mut flat: Vec<Option<String>> = Vec::new();
+    let mut pending: Vec<(usize, Vec<u32>)> = Vec::new();
+    let flush = |pending: &mut Vec<(usize, Vec<u32>)>, flat: &mut Vec<Option<String>>| {
+        let decoded: Vec<String> = pending
+            .par_iter()
+            .map(|(_, seq)| tokenizer.decode(seq))
+            .collect::<Result<_, _>>()?;
+        for ((i, _), text) in pending.drain(..).zip(decoded) {
+            flat[i] = Some(text);
+        }
+        Ok::<(), SynthError>(())
+    };
+    for (_, entries) in &sessions {
+        for e in entries {
+            let text = match &e.input {
+                Input::Text(t) => Some(t.clone()),
+                Input::Messages { .. } | Input::Payload(_) => Some(String::new()),
+                Input::Length(n) if e.hash_ids.is_empty() => Some(content.plain_prompt(*n)?),
+                Input::Length(n) => {
+                    let seq = blocks
+                        .token_sequence(
+                            corpus.tokens(),
+                            *n,
+                            &e.hash_ids,
+                            block_size,
+                            e.line,
+                            &mut |k| content.sample_tokens(k),
+                        )
+                        .map_err(|err| layout_error(file, e, *n, block_size, err))?;
+                    pending.push((flat.len(), seq));
+                    None
+                }
+            };
+            flat.push(text);
+            if pending.len() >= DECODE_BATCH {
+                flush(&mut pending, &mut flat)?;
+            }
+        }
+    }
+    flush(&mut pending, &mut flat)?;
+    let mut texts = flat.into_iter();
+
+    let mut max_tokens_rng = DerivedRng::derive(root_seed, "composer.turn.max_tokens").py;
+    let osl_stddev = params.osl_stddev.trunc();
+    let mut conversations = Vec::with_capacity(sessions.len());
+    for (sid, entries) in sessions {
+        let mut turns = Vec::with_capacity(entries.len());
+        for e in entries {
+            let text = texts.next().flatten();
+            let max_tokens = match (e.output_length, params.osl) {
+                // At least 1: checked when the line was read.
+                (Some(n), _) => Some(n as u64),
+                (None, Some(m)) if m > 0 => Some(
+                    max_tokens_rng
+                        .sample_positive_normal_integer(m as f64, osl_stddev)
+                        .max(1),
+                ),
+                _ => None,
+            };
+            let (raw_messages, raw_tools, raw_payload) = match e.input {
+                Input::Messages { messages, tools } => (Some(messages), tools, None),
+                Input::Payload(p) => (None, None, Some(p)),
+                _ => (None, None, None),
+            };
+            turns.push(Turn {
+                text: text.unwrap_or_default(),
+                max_tokens,
+                timestamp: e.timestamp,
+                delay: e.delay,
+                raw_messages,
+                raw_tools,
+                raw_payload,
+                extra_body: e.extra,
+            });
+        }
+        conversations.push(Conversation {
+            session_id: sid,
+            system_message: params.system_prompt.clone(),
+            user_context_message: None,
+            turns,
+        });
+    }
+    Ok(Dataset { conversations })
+}
+
+/// The dataset for `params.input_file` (see [`SynthParams`]): reads the trace, builds the
+/// corpus it asks for (sonnet: shipped ids, or the id cache in `cache_dir`) and replays it.
+pub fn build_from_params(
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    cache_dir: Option<&Path>,
+) -> Result<Dataset, SynthError> {
+    let path = params
+        .input_file
+        .as_deref()
+        .ok_or_else(|| SynthError::invalid("a trace dataset needs --input-file"))?;
+    let file = TraceFile::read(path)?;
+    let root_seed = params.random_seed.unwrap_or_else(rand::random);
+    let trace = TraceParams {
+        kind: params.custom_dataset_type,
+        isl_block_size: params.isl_block_size,
+        random_seed: params.random_seed,
+        terminator: params.trace_block_terminator,
+        osl: params.osl,
+        osl_stddev: params.osl_stddev,
+        system_prompt: params.system_prompt.clone(),
+    };
+    match params.prompt_corpus {
+        PromptCorpus::Sonnet => {
+            let corpus = SonnetCorpus::build_cached(SHAKESPEARE, tokenizer, cache_dir)?;
+            let mut content = SonnetContent::new(tokenizer, corpus, root_seed);
+            build(&file, &trace, tokenizer, &mut content, root_seed)
+        }
+        PromptCorpus::Coding => {
+            let pool =
+                crate::synth::coding::CodingPool::build_cached(root_seed, tokenizer, cache_dir)?;
+            let mut content = CodingContent::new(tokenizer, std::sync::Arc::new(pool));
+            build(&file, &trace, tokenizer, &mut content, root_seed)
+        }
+        // Checked by SynthParams::validate; kept for callers that skip it.
+        other => Err(SynthError::invalid(corpus_refusal(other))),
+    }
+}
+
+/// Why `corpus` cannot feed a trace (empty for sonnet and coding, which can).
+pub fn corpus_refusal(corpus: PromptCorpus) -> String {
+    match corpus {
+        PromptCorpus::Sonnet => String::new(),
+        PromptCorpus::Random => "--prompt-corpus random is not compatible with a trace \
+            (--input-file): trace loaders synthesize prompt content from a text corpus keyed by \
+            hash_id, and there is no corpus to draw from with the random corpus (AIPerf's rule). \
+            Use --prompt-corpus sonnet, or drop --input-file for a synthetic dataset"
+            .into(),
+        PromptCorpus::Coding => String::new(),
+        PromptCorpus::CodingExact => "--prompt-corpus coding-exact is kvbust's own corpus and \
+            AIPerf has no trace equivalent to match. Use --prompt-corpus sonnet"
+            .into(),
+    }
+}
+
+fn layout_error(
+    file: &TraceFile,
+    e: &Entry,
+    n: i64,
+    block_size: usize,
+    err: LayoutError,
+) -> TraceError {
+    let m = e.hash_ids.len();
+    let message = match err {
+        LayoutError::NotPositive => format!(
+            "field `input_length` is {n}, but a line with hash_ids needs a positive input_length"
+        ),
+        LayoutError::FinalBlock { final_size } => format!(
+            "field `input_length` {n} does not fit {m} hash_ids of {block_size} tokens: the last \
+             block would hold {final_size} tokens (must be 1..={block_size}); check \
+             --isl-block-size (default {} for this trace type)",
+            match e.chat {
+                Some(_) => TraceKind::BailianTrace.default_block_size(),
+                None => TraceKind::MooncakeTrace.default_block_size(),
+            }
+        ),
+        LayoutError::SizeConflict {
+            hash_id,
+            size,
+            first_size,
+            first_line,
+        } => format!(
+            "field `hash_ids`: hash_id {hash_id} is needed at {size} tokens here but was built \
+             at {first_size} tokens on line {first_line}; a hash_id maps to one fixed block \
+             size, so the trace is corrupt or --isl-block-size ({block_size}) disagrees with \
+             the recorded blocks"
+        ),
+    };
+    file.line_error(e.line, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> TraceFile {
+        TraceFile::from_bytes(Path::new("t.jsonl"), text.as_bytes()).unwrap()
+    }
+
+    fn sessions(f: &TraceFile) -> Vec<(String, Vec<Entry>)> {
+        let entries = f.entries(TraceKind::MooncakeTrace).unwrap();
+        group(TraceKind::MooncakeTrace, entries, true)
+    }
+
+    #[test]
+    fn lines_and_numbers() {
+        let f = file("\n{\"a\":1}\r\n  \r{\"b\":2}\n");
+        assert_eq!(
+            f.lines,
+            vec![(2, "{\"a\":1}".to_owned()), (4, "{\"b\":2}".to_owned())]
+        );
+        let e = TraceFile::from_bytes(Path::new("x"), b"{}\n\xff\n").unwrap_err();
+        assert_eq!(e.to_string(), "x:2: is not valid UTF-8");
+        let e = file("\n\n").entries(TraceKind::MooncakeTrace).unwrap_err();
+        assert!(
+            e.to_string().starts_with("t.jsonl holds no trace lines"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn errors_name_line_and_field_and_hint_the_other_kind() {
+        let f = file("{\"input_length\": 5}\n\n{\"chat_id\":1,\"timestamp\":1,\"input_length\":3,\"output_length\":2,\"type\":\"text\"}\n");
+        let e = f.entries(TraceKind::MooncakeTrace).unwrap_err().to_string();
+        assert!(
+            e.starts_with("t.jsonl:3: mooncake_trace field `type`")
+                && e.ends_with("pass --custom-dataset-type bailian_trace"),
+            "{e}"
+        );
+        assert_eq!(f.detect(None).unwrap(), TraceKind::MooncakeTrace);
+    }
+
+    #[test]
+    fn bailian_roots_follow_aiperf() {
+        let parent: HashMap<i64, i64> = [(1, -1), (2, 1), (3, 2), (4, 99), (5, 6), (6, 5)]
+            .into_iter()
+            .collect();
+        let mut cache = HashMap::new();
+        assert_eq!(find_root(3, &parent, &mut cache), 1);
+        assert_eq!(find_root(4, &parent, &mut cache), 4);
+        // A cycle stops where it closes.
+        assert_eq!(find_root(5, &parent, &mut cache), 5);
+        assert_eq!(cache.get(&2), Some(&1));
+    }
+
+    #[test]
+    fn mooncake_sessions_keep_first_appearance_order() {
+        let f = file(
+            "{\"input_length\":1,\"session_id\":\"b\"}\n{\"input_length\":1}\n{\"input_length\":1,\"session_id\":\"a\"}\n{\"input_length\":2,\"session_id\":\"b\"}\n{\"input_length\":1}\n",
+        );
+        let g = sessions(&f);
+        let keys: Vec<(&str, usize)> = g.iter().map(|(k, v)| (k.as_str(), v.len())).collect();
+        assert_eq!(
+            keys,
+            [
+                ("b", 2),
+                ("session_000000", 1),
+                ("a", 1),
+                ("session_000001", 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn mixed_sessions_are_refused() {
+        let f = file(
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"session_id\":\"s\"}\n{\"text_input\":\"y\",\"session_id\":\"s\"}\n",
+        );
+        let g = sessions(&f);
+        let e = check_session(&f, &g[0].0, &g[0].1).unwrap_err().to_string();
+        assert!(e.starts_with("t.jsonl:2: session \"s\" mixes"), "{e}");
+    }
+}
