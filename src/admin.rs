@@ -9,7 +9,7 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
@@ -20,15 +20,34 @@ use crate::runtime::Runtime;
 
 type AdminBody = Full<Bytes>;
 
+/// How long a client on the admin port may take to send its request headers.
+const ADMIN_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, shutdown: impl Future<Output = ()>) {
     let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client that opens the admin port and sends nothing must not hold a socket forever.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT);
+    let mut backoff = crate::server::AcceptBackoff::default();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                // EMFILE and the like: back off instead of spinning on the failing accept.
+                let stream = match accepted {
+                    Ok((stream, _)) => {
+                        backoff.reset();
+                        stream
+                    }
+                    Err(e) => {
+                        backoff.failed("admin", &e).await;
+                        continue;
+                    }
+                };
                 let rt = rt.clone();
                 let service = service_fn(move |req| {
                     let rt = rt.clone();
