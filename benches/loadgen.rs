@@ -58,7 +58,8 @@ fn main() {
     }
 }
 
-async fn connect(uri: &Uri) -> Sender {
+/// A TCP connection to the URL's address (an IP literal), with Nagle off.
+async fn tcp_connect(uri: &Uri) -> TcpStream {
     let addr: SocketAddr = format!(
         "{}:{}",
         uri.host().expect("host"),
@@ -68,6 +69,11 @@ async fn connect(uri: &Uri) -> Sender {
     .expect("the URL names an IP address");
     let tcp = TcpStream::connect(addr).await.expect("connects");
     tcp.set_nodelay(true).ok();
+    tcp
+}
+
+async fn connect(uri: &Uri) -> Sender {
+    let tcp = tcp_connect(uri).await;
     let (send, conn) = http1::handshake(TokioIo::new(tcp))
         .await
         .expect("handshake");
@@ -274,15 +280,7 @@ async fn hold(uri: Uri, n: usize, h2: bool) {
 }
 
 async fn connect_h2(uri: &Uri) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
-    let addr: SocketAddr = format!(
-        "{}:{}",
-        uri.host().expect("host"),
-        uri.port_u16().unwrap_or(80)
-    )
-    .parse()
-    .expect("the URL names an IP address");
-    let tcp = TcpStream::connect(addr).await.expect("connects");
-    tcp.set_nodelay(true).ok();
+    let tcp = tcp_connect(uri).await;
     let (send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .handshake(TokioIo::new(tcp))
