@@ -46,18 +46,7 @@ impl Upstream {
 
     /// The request target for a direct HTTP/1.1 connection: origin form (path and query).
     pub fn origin_form(&self, pq: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
-        let pq = pq.map(|p| p.as_str()).unwrap_or("/");
-        let target = if self.base_path.is_empty() {
-            Uri::try_from(pq)
-        } else {
-            Uri::try_from(format!("{}{}", self.base_path, pq))
-        };
-        target.map_err(|e| {
-            ProxyError::bad_request(
-                "invalid_uri",
-                format!("request target cannot be forwarded: {e}"),
-            )
-        })
+        Ok(Uri::from(self.path_and_query(pq)?))
     }
 }
 
@@ -188,24 +177,33 @@ impl Upstream {
 
     /// The upstream URI for a client request's path and query.
     pub fn join(&self, pq: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
-        let pq = pq.map(|p| p.as_str()).unwrap_or("/");
-        let joined = if self.base_path.is_empty() {
-            pq.to_string()
-        } else {
-            format!("{}{}", self.base_path, pq)
-        };
         Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())
-            .path_and_query(joined)
+            .path_and_query(self.path_and_query(pq)?)
             .build()
-            .map_err(|e| {
-                ProxyError::bad_request(
-                    "invalid_uri",
-                    format!("request target cannot be forwarded: {e}"),
-                )
-            })
+            .map_err(invalid_target)
     }
+
+    /// The client's path and query under the base path. Without a base path the client's own
+    /// (shared, already parsed) value is reused rather than copied and parsed again.
+    fn path_and_query(&self, pq: Option<&PathAndQuery>) -> Result<PathAndQuery, ProxyError> {
+        match (pq, self.base_path.is_empty()) {
+            (Some(pq), true) => Ok(pq.clone()),
+            (None, true) => Ok(PathAndQuery::from_static("/")),
+            (pq, false) => {
+                let pq = pq.map(|p| p.as_str()).unwrap_or("/");
+                PathAndQuery::try_from(format!("{}{}", self.base_path, pq)).map_err(invalid_target)
+            }
+        }
+    }
+}
+
+fn invalid_target(e: impl std::fmt::Display) -> ProxyError {
+    ProxyError::bad_request(
+        "invalid_uri",
+        format!("request target cannot be forwarded: {e}"),
+    )
 }
 
 /// Builds one worker's pooled client: keep-alive, HTTP/2 by ALPN (or prior knowledge when
