@@ -49,7 +49,8 @@ impl UpstreamStatus {
                 Some(format!("the upstream is not up yet: {e}"))
             }
             UpstreamStatus::Down { failures, last } => Some(format!(
-                "the upstream is down ({failures} failed health probes in a row): {last}"
+                "the upstream is down ({} in a row): {last}",
+                failed_probes(*failures)
             )),
         }
     }
@@ -106,6 +107,13 @@ pub enum Transition {
     Up { was_down: bool },
     /// Down after `failures` failed probes in a row.
     Down { failures: u32, last: String },
+}
+
+fn failed_probes(n: u32) -> String {
+    match n {
+        1 => "1 failed health probe".into(),
+        n => format!("{n} failed health probes"),
+    }
 }
 
 /// Counts probe results in a row and decides the status, with the thresholds as hysteresis: an
@@ -318,8 +326,9 @@ pub fn spawn(
                     tracing::info!(upstream = %prober.upstream.display, "upstream is up again; ready")
                 }
                 Some(Transition::Down { failures, last }) => tracing::warn!(
-                    "upstream is down after {failures} failed health probes in a row ({last}); \
-                     /readyz answers 503 until it is up again"
+                    "upstream is down after {} in a row ({last}); /readyz answers 503 until it \
+                     is up again",
+                    failed_probes(failures)
                 ),
             }
         }
