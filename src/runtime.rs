@@ -16,6 +16,8 @@ pub struct Runtime {
     pub benchmark_id: String,
     /// What the health probe knows about the upstream; `/readyz` follows it.
     pub upstream_health: Arc<crate::health::Readiness>,
+    /// Request bodies buffered for rewriting, all workers together (`limits.max_buffered_total`).
+    pub bodies: crate::proxy::budget::BodyBudget,
     default_phase: AtomicU8,
     draining: AtomicBool,
     /// API requests seen without a phase header, for `cache_bust.auto_warmup_requests`.
@@ -39,6 +41,9 @@ impl Runtime {
         Arc::new(Self {
             benchmark_id,
             upstream_health: Arc::new(crate::health::Readiness::new(config.upstream.health_probe)),
+            bodies: crate::proxy::budget::BodyBudget::new(
+                config.limits.max_buffered_total.as_u64(),
+            ),
             default_phase: AtomicU8::new(phase_to_u8(config.cache_bust.default_phase)),
             draining: AtomicBool::new(false),
             unphased_requests: AtomicU64::new(0),
@@ -98,8 +103,9 @@ impl Runtime {
         };
         // A poisoned lock means a panic elsewhere while holding it; the ledger's state is still
         // a valid LRU, so keep serving rather than failing every later request.
+        let key = crate::cachebust::KeyDigest::of(key);
         let mut ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
-        let r = ledger.resolve(key);
+        let r = ledger.resolve_digest(key);
         if r.evicted {
             self.metrics.ledger_evictions.inc();
         }

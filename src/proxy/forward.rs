@@ -90,10 +90,8 @@ pub async fn send_with_affinity(
 ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
     if !req.headers().contains_key(header::HOST) {
         // The pooled client derives Host from an absolute URI; here the target is origin-form.
-        // The request authority: `upstream.authority` when set, else the URL's.
-        if let Ok(v) = HeaderValue::from_str(upstream.request_authority.as_str()) {
-            req.headers_mut().insert(header::HOST, v);
-        }
+        req.headers_mut()
+            .insert(header::HOST, upstream.host_header.clone());
     }
     if let Some(mut send) = affinity.take() {
         if send.ready().await.is_ok() {
@@ -104,16 +102,13 @@ pub async fn send_with_affinity(
                 }
                 Err(mut e) => match e.take_message() {
                     Some(unsent) => req = unsent,
-                    None => return Err(ProxyError::UpstreamBroken(error_chain(e.error()))),
+                    None => return Err(broken(e.error())),
                 },
             }
         }
     }
     let mut send = connect_h1(upstream, cfg).await?;
-    let resp = send
-        .send_request(req)
-        .await
-        .map_err(|e| ProxyError::UpstreamBroken(error_chain(&e)))?;
+    let resp = send.send_request(req).await.map_err(|e| broken(&e))?;
     affinity.put(send);
     Ok(resp)
 }
@@ -184,28 +179,44 @@ pub struct Upstream {
     /// Without a trailing slash; empty for a bare host.
     pub base_path: String,
     pub display: String,
+    /// `Host` for origin-form requests: the authority without any user-info (a password in the
+    /// URL must never reach the upstream as part of `Host`).
+    pub host_header: HeaderValue,
 }
 
 impl Upstream {
     pub fn parse(url: &str) -> Result<Self, String> {
+        let shown = crate::config::redact_url(url);
         let uri: Uri = url
             .parse()
-            .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+            .map_err(|e| format!("`{shown}` is not a URL: {e}"))?;
         let scheme = uri
             .scheme()
             .cloned()
-            .ok_or_else(|| format!("`{url}` has no scheme"))?;
+            .ok_or_else(|| format!("`{shown}` has no scheme"))?;
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("`{url}` has no host"))?;
+            .ok_or_else(|| format!("`{shown}` has no host"))?;
         let base_path = uri.path().trim_end_matches('/').to_string();
+        let host_port = authority
+            .as_str()
+            .rsplit_once('@')
+            .map_or(authority.as_str(), |(_, h)| h);
+        let host_header = HeaderValue::from_str(host_port)
+            .map_err(|e| format!("`{shown}` has an invalid host: {e}"))?;
+        // Requests name the host without user-info too: HTTP/2 sends the URI's authority as
+        // `:authority` verbatim.
+        let request_authority = host_port
+            .parse()
+            .map_err(|e| format!("`{shown}` has an invalid host: {e}"))?;
         Ok(Self {
+            host_header,
             scheme,
-            request_authority: authority.clone(),
+            request_authority,
             authority,
             base_path,
-            display: url.trim_end_matches('/').to_string(),
+            display: crate::config::redact_url(url.trim_end_matches('/')),
         })
     }
 
@@ -213,9 +224,11 @@ impl Upstream {
     /// while connections still go to the URL's address. `None` keeps the URL's.
     pub fn with_authority(mut self, authority: Option<&str>) -> Result<Self, String> {
         if let Some(a) = authority {
-            self.request_authority = a
-                .parse()
-                .map_err(|e| format!("upstream.authority `{a}` is not a valid host[:port]: {e}"))?;
+            let invalid = |e: &dyn std::fmt::Display| {
+                format!("upstream.authority `{a}` is not a valid host[:port]: {e}")
+            };
+            self.request_authority = a.parse().map_err(|e| invalid(&e))?;
+            self.host_header = HeaderValue::from_str(a).map_err(|e| invalid(&e))?;
         }
         Ok(self)
     }
@@ -497,6 +510,9 @@ pub fn classify(
     upstream: &Upstream,
     connect_timeout: std::time::Duration,
 ) -> ProxyError {
+    if let Some(after) = crate::conn::body_timeout_in(&err) {
+        return ProxyError::ClientBodyTimeout { after };
+    }
     let detail = error_chain(&err);
     if err.is_connect() {
         if detail.contains("timed out") || detail.contains("TimedOut") {
@@ -511,6 +527,15 @@ pub fn classify(
         };
     }
     ProxyError::UpstreamBroken(detail)
+}
+
+/// An exchange that failed after the request was handed to the upstream connection: the
+/// client's body stalling is the client's fault, anything else the upstream's.
+fn broken(err: &hyper::Error) -> ProxyError {
+    match crate::conn::body_timeout_in(err) {
+        Some(after) => ProxyError::ClientBodyTimeout { after },
+        None => ProxyError::UpstreamBroken(error_chain(err)),
+    }
 }
 
 /// Joins an error with its sources, which is where hyper keeps the useful part.
@@ -560,11 +585,17 @@ mod tests {
             "https://model.example:9000/prefix/v1/models"
         );
         assert_eq!(u.dial_uri().to_string(), "https://10.0.0.1:8443/");
+        assert_eq!(u.host_header, "model.example:9000");
         let plain = Upstream::parse("http://h:1")
             .unwrap()
             .with_authority(None)
             .unwrap();
         assert_eq!(plain.request_authority, plain.authority);
+        // A password in the URL never reaches the upstream, as Host or as :authority.
+        let secret = Upstream::parse("http://u:s3cret@h:1").unwrap();
+        assert_eq!(secret.request_authority, "h:1");
+        assert_eq!(secret.host_header, "h:1");
+        assert_eq!(secret.join(None).unwrap().to_string(), "http://h:1/");
         assert!(Upstream::parse("http://h:1")
             .unwrap()
             .with_authority(Some("bad host"))
