@@ -94,9 +94,10 @@ pub const MAX_BODY_BYTES: usize = 256 << 20;
 pub const CREATED: u64 = 1_735_689_600;
 
 /// Prompts larger than this (in bytes) are rendered and tokenized on a blocking thread when a real tokenizer is
-/// configured. Qwen3 encodes about 10 MB/s here (release build; see the README's mock section), so this bounds
-/// the time a prompt holds an async worker to about 0.8 ms while sparing small prompts the thread hand-off.
-const BLOCKING_TOKENIZE_BYTES: usize = 8 << 10;
+/// configured. Qwen3 encodes only about 1.5-2 MB/s on the shared 2-core test machine (release build: a 1 KB
+/// completions prompt caps the mock at about 1,850 requests/s), so this bounds the time a prompt holds an async
+/// worker (and delays other streams' events) to about half a millisecond; the hand-off costs tens of µs.
+const BLOCKING_TOKENIZE_BYTES: usize = 1 << 10;
 
 /// Bodies larger than this are hashed on a blocking thread (sha256 runs at several hundred MB/s).
 const BLOCKING_DIGEST_BYTES: usize = 1 << 20;
