@@ -232,17 +232,21 @@ async fn load_mock(cfg: &crate::mock::MockConfig) -> Result<Arc<crate::mock::Moc
     let cfg = cfg.clone();
     tokio::task::spawn_blocking(move || {
         let setting = cfg.tokenizer.clone();
-        crate::mock::Mock::from_config(cfg)
-            .map_err(|e| AppError::Other(anyhow::anyhow!("mock.tokenizer = {setting}: {e}")))
+        let t0 = std::time::Instant::now();
+        let mock = crate::mock::Mock::from_config(cfg)
+            .map_err(|e| AppError::Other(anyhow::anyhow!("mock.tokenizer = {setting}: {e}")))?;
+        tracing::info!(tokenizer = %setting, elapsed = ?t0.elapsed(), "mock tokenizer loaded");
+        Ok(mock)
     })
     .await
     .map_err(|e| AppError::Other(e.into()))?
 }
 
 async fn mock(config: Config, listen: std::net::SocketAddr) -> Result<(), AppError> {
-    let l = bind(listen, "mock model server", "--listen").await?;
-    tracing::info!(addr = %listen, model = %config.mock.model, "kvbust mock model server");
+    // Tokenizer first: a port that accepts before the mock can answer would charge the load to the first requests.
     let mock = load_mock(&config.mock).await?;
+    let l = bind(listen, "mock model server", "--listen").await?;
+    tracing::info!(addr = %listen, model = %config.mock.model, tokenizer = %config.mock.tokenizer, "kvbust mock model server");
     crate::mock::serve(l, mock, server::shutdown_signal())
         .await
         .map_err(|e| AppError::Other(e.into()))
