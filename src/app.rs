@@ -191,7 +191,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
             let l = bind(([127, 0, 0, 1], 0).into(), "built-in mock", "upstream.url").await?;
             let addr = l.local_addr().map_err(|e| AppError::Other(e.into()))?;
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let mock = crate::mock::Mock::new(config.mock.clone(), None);
+            let mock = load_mock(&config.mock).await?;
             let task = tokio::spawn(crate::mock::serve(l, mock, async {
                 let _ = rx.await;
             }));
@@ -233,10 +233,26 @@ async fn serve(config: Config) -> Result<(), AppError> {
     Ok(())
 }
 
+/// The mock with its configured tokenizer, loaded off the async threads.
+async fn load_mock(cfg: &crate::mock::MockConfig) -> Result<Arc<crate::mock::Mock>, AppError> {
+    let cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || {
+        let setting = cfg.tokenizer.clone();
+        let t0 = std::time::Instant::now();
+        let mock = crate::mock::Mock::from_config(cfg)
+            .map_err(|e| AppError::Other(anyhow::anyhow!("mock.tokenizer = {setting}: {e}")))?;
+        tracing::info!(tokenizer = %setting, elapsed = ?t0.elapsed(), "mock tokenizer loaded");
+        Ok(mock)
+    })
+    .await
+    .map_err(|e| AppError::Other(e.into()))?
+}
+
 async fn mock(config: Config, listen: std::net::SocketAddr) -> Result<(), AppError> {
+    // Tokenizer first: a port that accepts before the mock can answer would charge the load to the first requests.
+    let mock = load_mock(&config.mock).await?;
     let l = bind(listen, "mock model server", "--listen").await?;
-    tracing::info!(addr = %listen, model = %config.mock.model, "kvbust mock model server");
-    let mock = crate::mock::Mock::new(config.mock.clone(), None);
+    tracing::info!(addr = %listen, model = %config.mock.model, tokenizer = %config.mock.tokenizer, "kvbust mock model server");
     crate::mock::serve(l, mock, server::shutdown_signal())
         .await
         .map_err(|e| AppError::Other(e.into()))
