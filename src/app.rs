@@ -95,12 +95,8 @@ fn healthcheck(args: &HealthcheckArgs) -> Result<(), AppError> {
             args.path
         )));
     }
-    let timeout = humantime::parse_duration(&args.timeout).map_err(|e| {
-        AppError::Usage(format!(
-            "--timeout `{}` is not a duration like \"2s\": {e}",
-            args.timeout
-        ))
-    })?;
+    let timeout = crate::duration::parse_or_explain(&args.timeout)
+        .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
     let config = load(&args.flags)?;
     let addr = crate::healthcheck::probe_addr(config.admin.addr);
     let line = crate::healthcheck::check(addr, &args.path, timeout)
@@ -131,9 +127,9 @@ fn mock_config(args: &MockArgs) -> Result<Config, AppError> {
         ("--base-delay", &args.base_delay, &mut c.mock.base_delay),
     ] {
         if let Some(v) = v {
-            *slot = humantime::parse_duration(v).map_err(|e| ConfigError {
+            *slot = crate::duration::parse_or_explain(v).map_err(|message| ConfigError {
                 key: key.into(),
-                message: format!("`{v}` is not a duration like \"15ms\": {e}"),
+                message,
             })?;
         }
     }

@@ -45,7 +45,6 @@
 
 pub mod anthropic;
 pub mod config;
-pub mod duration_serde;
 pub mod openai;
 pub mod output;
 pub mod prefix_cache;
@@ -142,7 +141,7 @@ impl Overrides {
                 )
             };
             let text = v.to_str().map_err(|_| bad())?;
-            duration_serde::parse(text).map(Some).map_err(|_| bad())
+            crate::duration::parse(text).map(Some).map_err(|_| bad())
         };
         Ok(Overrides {
             first_token_delay: get(HEADER_FIRST_TOKEN_DELAY)?,
