@@ -213,7 +213,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
     tracing::info!(
         data = %config.listen.addr,
         admin = %config.admin.addr,
-        upstream = %upstream,
+        upstream = %crate::config::redact_url(&upstream),
         target = config.cache_bust.target.as_str(),
         phase = rt.default_phase().as_str(),
         benchmark_id = %rt.benchmark_id,

@@ -45,6 +45,17 @@ pub struct ListenConfig {
     pub http2_connection_window: ByteSize,
     /// Data-port worker threads, each with its own runtime and upstream pool; 0: one per core.
     pub workers: usize,
+    /// From accept to a complete first request head (TLS handshake, HTTP/2 preface included).
+    /// Both ports.
+    #[serde(with = "duration_str")]
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in flight (from the end of its last
+    /// response to the next complete request head). Both ports.
+    #[serde(with = "duration_str")]
+    pub idle_timeout: Duration,
+    /// Longest gap while reading a request body, on every route.
+    #[serde(with = "duration_str")]
+    pub body_read_timeout: Duration,
 }
 
 impl ListenConfig {
@@ -53,6 +64,14 @@ impl ListenConfig {
         match self.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
+        }
+    }
+
+    /// The idle deadlines every connection (data and admin) is held to.
+    pub fn conn_timeouts(&self) -> crate::conn::ConnTimeouts {
+        crate::conn::ConnTimeouts {
+            first_request: self.header_read_timeout,
+            idle: self.idle_timeout,
         }
     }
 }
@@ -66,6 +85,9 @@ impl Default for ListenConfig {
             http2_stream_window: ByteSize(1 << 20),
             http2_connection_window: ByteSize(16 << 20),
             workers: 0,
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            body_read_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -192,12 +214,19 @@ pub struct UpstreamTls {
 pub struct LimitsConfig {
     /// Largest body accepted on routes that are rewritten (the rest streams unbounded).
     pub max_body: ByteSize,
+    /// Memory all request bodies buffered at once (for rewriting) may take together; a request
+    /// that would go past it is answered 503 at once instead of queueing.
+    pub max_buffered_total: ByteSize,
+    /// Longest value of a control (`x-kvbust-*`) or session header (`x-correlation-id`, …).
+    pub max_control_header: ByteSize,
 }
 
 impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_body: ByteSize(64 << 20),
+            max_buffered_total: ByteSize(1 << 30),
+            max_control_header: ByteSize(1 << 10),
         }
     }
 }
@@ -726,10 +755,12 @@ impl Config {
     /// Checks that serde cannot express. Runs once at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(url) = &self.upstream.url {
+            // Messages never repeat a password given in the URL.
+            let shown = redact_url(url);
             let uri: http::Uri = url.parse().map_err(|e| {
                 ConfigError::new(
                     "upstream.url",
-                    format!("`{url}` is not a URL ({e}); write e.g. http://127.0.0.1:8000"),
+                    format!("`{shown}` is not a URL ({e}); write e.g. http://127.0.0.1:8000"),
                 )
             })?;
             match uri.scheme_str() {
@@ -737,14 +768,14 @@ impl Config {
                 _ => {
                     return Err(ConfigError::new(
                         "upstream.url",
-                        format!("`{url}` must start with http:// or https://"),
+                        format!("`{shown}` must start with http:// or https://"),
                     ))
                 }
             }
             if uri.authority().is_none() {
                 return Err(ConfigError::new(
                     "upstream.url",
-                    format!("`{url}` has no host"),
+                    format!("`{shown}` has no host"),
                 ));
             }
             if uri.query().is_some() {
@@ -827,6 +858,12 @@ impl Config {
                 self.upstream.first_byte_timeout,
             ),
             ("upstream.idle_timeout", self.upstream.idle_timeout),
+            (
+                "listen.header_read_timeout",
+                self.listen.header_read_timeout,
+            ),
+            ("listen.idle_timeout", self.listen.idle_timeout),
+            ("listen.body_read_timeout", self.listen.body_read_timeout),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::new(
@@ -839,6 +876,21 @@ impl Config {
             return Err(ConfigError::new(
                 "limits.max_body",
                 "must be greater than zero (e.g. \"64MiB\")",
+            ));
+        }
+        if self.limits.max_buffered_total.0 < self.limits.max_body.0 {
+            return Err(ConfigError::new(
+                "limits.max_buffered_total",
+                format!(
+                    "must be at least limits.max_body ({}), or no body of the largest allowed size could ever be buffered",
+                    self.limits.max_body
+                ),
+            ));
+        }
+        if self.limits.max_control_header.0 == 0 {
+            return Err(ConfigError::new(
+                "limits.max_control_header",
+                "must be greater than zero (e.g. \"1KiB\")",
             ));
         }
         for (key, n) in [
@@ -976,12 +1028,32 @@ impl Config {
         if c.admin.token.is_some() {
             c.admin.token = Some("<redacted>".into());
         }
+        c.upstream.url = c.upstream.url.as_deref().map(redact_url);
         c
     }
 
     pub fn to_toml(&self) -> String {
         toml_string(self)
     }
+}
+
+/// `url` with the password of its user-info replaced (`http://user:<redacted>@host/`), for
+/// anything shown to people: `/config`, `config show`, logs and error messages. A URL without
+/// a password (or not a URL at all) comes back as it was.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(auth_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_string();
+    };
+    let user = match userinfo.split_once(':') {
+        Some((user, _password)) => user,
+        None => return url.to_string(),
+    };
+    format!("{scheme}://{user}:<redacted>@{host}{tail}")
 }
 
 fn toml_string(c: &Config) -> String {
@@ -1301,6 +1373,31 @@ mod tests {
                 .key,
             "cache_bust.ledger"
         );
+    }
+
+    #[test]
+    fn url_passwords_are_redacted_and_everything_else_kept() {
+        let cases = [
+            (
+                "http://u:s3cret@host:8000/v1",
+                "http://u:<redacted>@host:8000/v1",
+            ),
+            ("https://u:p%40ss@h/x?y#z", "https://u:<redacted>@h/x?y#z"),
+            ("http://u:a:b@h", "http://u:<redacted>@h"),
+            ("http://user@host", "http://user@host"),
+            ("http://host:1/a@b", "http://host:1/a@b"),
+            ("http://host", "http://host"),
+            ("not a url", "not a url"),
+        ];
+        for (url, want) in cases {
+            assert_eq!(redact_url(url), want, "{url}");
+        }
+        let mut c = Config::default();
+        c.upstream.url = Some("http://u:s3cret@h:1".into());
+        assert!(!c.redacted().to_toml().contains("s3cret"));
+        c.upstream.url = Some("ftp://u:s3cret@h:1".into());
+        let e = c.validate().unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("could not read the request body: {0}")]
     ClientBody(String),
+    #[error("the client sent no request body bytes for {} (listen.body_read_timeout); send the body without pauses", humantime::format_duration(*after))]
+    ClientBodyTimeout { after: Duration },
     #[error("{message}")]
     BadRequest { code: &'static str, message: String },
     #[error("upstream {upstream} is unreachable: {detail}")]
@@ -67,6 +69,7 @@ impl ProxyError {
         match self {
             ProxyError::BodyTooLarge { .. }
             | ProxyError::ClientBody(_)
+            | ProxyError::ClientBodyTimeout { .. }
             | ProxyError::BadRequest { .. } => Fault::Client,
             ProxyError::UpstreamConnect { .. }
             | ProxyError::UpstreamTimeout { .. }
@@ -80,6 +83,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ClientBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::ClientBody(_) | ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamBroken(_) => {
                 StatusCode::BAD_GATEWAY
@@ -95,6 +99,7 @@ impl ProxyError {
         match self {
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ClientBody(_) => "client_body_error",
+            ProxyError::ClientBodyTimeout { .. } => "request_body_timeout",
             ProxyError::BadRequest { code, .. } => code,
             ProxyError::UpstreamConnect { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -208,6 +213,14 @@ mod tests {
                 "upstream_broken",
             ),
             (ProxyError::Draining, 503, Fault::Internal, "draining"),
+            (
+                ProxyError::ClientBodyTimeout {
+                    after: Duration::from_secs(60),
+                },
+                408,
+                Fault::Client,
+                "request_body_timeout",
+            ),
             (
                 ProxyError::Overloaded {
                     code: "placeholder_queue_full",

@@ -8,6 +8,7 @@ pub mod app;
 pub mod cachebust;
 pub mod cli;
 pub mod config;
+pub mod conn;
 pub mod error;
 pub mod healthcheck;
 pub mod metrics;

@@ -14,6 +14,8 @@ pub struct Runtime {
     pub config: Arc<Config>,
     pub metrics: Metrics,
     pub benchmark_id: String,
+    /// Request bodies buffered for rewriting, all workers together (`limits.max_buffered_total`).
+    pub bodies: crate::proxy::budget::BodyBudget,
     default_phase: AtomicU8,
     draining: AtomicBool,
     /// API requests seen without a phase header, for `cache_bust.auto_warmup_requests`.
@@ -36,6 +38,9 @@ impl Runtime {
         let cap = NonZeroUsize::new(config.cache_bust.ledger_capacity).unwrap_or(NonZeroUsize::MIN);
         Arc::new(Self {
             benchmark_id,
+            bodies: crate::proxy::budget::BodyBudget::new(
+                config.limits.max_buffered_total.as_u64(),
+            ),
             default_phase: AtomicU8::new(phase_to_u8(config.cache_bust.default_phase)),
             draining: AtomicBool::new(false),
             unphased_requests: AtomicU64::new(0),
@@ -84,8 +89,9 @@ impl Runtime {
         };
         // A poisoned lock means a panic elsewhere while holding it; the ledger's state is still
         // a valid LRU, so keep serving rather than failing every later request.
+        let key = crate::cachebust::KeyDigest::of(key);
         let mut ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
-        let r = ledger.resolve(key);
+        let r = ledger.resolve_digest(key);
         if r.evicted {
             self.metrics.ledger_evictions.inc();
         }

@@ -17,9 +17,10 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin;
 use crate::config::Config;
-use crate::proxy::forward::{self, Affinity, Upstream};
+use crate::conn::{ConnTimeouts, TimedIo};
+use crate::proxy::forward::{self, Upstream};
 use crate::proxy::synthesize::Synthesizer;
-use crate::proxy::Proxy;
+use crate::proxy::{Downstream, Proxy};
 use crate::runtime::Runtime;
 use crate::tls::ReloadingTls;
 
@@ -139,6 +140,7 @@ pub async fn run(
             builder: data_builder(&config),
             tls: tls.clone(),
             grace: config.shutdown.grace,
+            timeouts: config.listen.conn_timeouts(),
         };
         let stop = stop_rx.clone();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<usize>();
@@ -204,6 +206,7 @@ struct Worker {
     builder: auto::Builder<TokioExecutor>,
     tls: Option<Arc<ReloadingTls>>,
     grace: Duration,
+    timeouts: ConnTimeouts,
 }
 
 impl Worker {
@@ -224,32 +227,23 @@ impl Worker {
         let builder = Arc::new(self.builder);
         let graceful = GracefulShutdown::new();
         let mut conns = JoinSet::new();
-        let mut backoff = AcceptBackoff::default();
-        loop {
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                accepted = listener.accept() => {
-                    let (stream, peer) = match accepted {
-                        Ok(a) => a,
-                        Err(e) => {
-                            backoff.failed("data", &e).await;
-                            continue;
-                        }
-                    };
-                    backoff.reset();
-                    let _ = stream.set_nodelay(true);
-                    while conns.try_join_next().is_some() {}
-                    conns.spawn(serve_connection(
-                        stream,
-                        peer,
-                        self.proxy.clone(),
-                        builder.clone(),
-                        self.tls.as_ref().map(|t| t.acceptor()),
-                        graceful.watcher(),
-                    ));
-                }
-            }
-        }
+        let timeouts = self.timeouts;
+        let stopped = async {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        crate::conn::accept_loop(&listener, "data", stopped, |stream, peer| {
+            while conns.try_join_next().is_some() {}
+            conns.spawn(serve_connection(
+                stream,
+                peer,
+                self.proxy.clone(),
+                builder.clone(),
+                self.tls.as_ref().map(|t| t.acceptor()),
+                timeouts,
+                graceful.watcher(),
+            ));
+        })
+        .await;
         drop(listener);
         let mut aborted = 0;
         if tokio::time::timeout(self.grace, graceful.shutdown())
@@ -265,43 +259,13 @@ impl Worker {
     }
 }
 
-/// Accept errors: per-connection ones are skipped at once; resource exhaustion (EMFILE, ENFILE,
-/// ENOBUFS) backs off with a growing pause, logged once per streak instead of once per try.
-#[derive(Default)]
-pub(crate) struct AcceptBackoff {
-    streak: u32,
-}
-
-impl AcceptBackoff {
-    pub(crate) async fn failed(&mut self, port: &str, e: &std::io::Error) {
-        use std::io::ErrorKind::*;
-        if matches!(
-            e.kind(),
-            ConnectionRefused | ConnectionAborted | ConnectionReset | Interrupted | WouldBlock
-        ) {
-            return;
-        }
-        if self.streak == 0 {
-            tracing::warn!("{port} port: accept failed ({e}); backing off until it recovers");
-        }
-        self.streak = self.streak.saturating_add(1);
-        let pause = Duration::from_millis(10u64 << self.streak.min(6));
-        tokio::time::sleep(pause).await;
-    }
-
-    pub(crate) fn reset(&mut self) {
-        if self.streak > 0 {
-            tracing::info!("accepting again after {} failed tries", self.streak);
-            self.streak = 0;
-        }
-    }
-}
-
 fn data_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(60))
+        // `TimedIo` holds every connection to listen.header_read_timeout / idle_timeout; hyper's
+        // own head timer would add a timer per request and cut keep-alive at 30 s.
+        .header_read_timeout(None)
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())
@@ -313,23 +277,23 @@ fn data_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     b
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     proxy: Arc<Proxy>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     tls: Option<TlsAcceptor>,
+    timeouts: ConnTimeouts,
     watcher: hyper_util::server::graceful::Watcher,
 ) {
-    let is_tls = tls.is_some();
-    // This connection's own upstream connection, for its HTTP/1.1 requests.
-    let affinity = Arc::new(Affinity::default());
+    let client = Arc::new(Downstream::new(peer, tls.is_some()));
+    // Below TLS, so a stalled handshake is timed out like a silent connection.
+    let stream = TimedIo::new(stream, client.activity.clone(), timeouts);
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
-        let affinity = affinity.clone();
-        async move {
-            Ok::<_, std::convert::Infallible>(proxy.handle(req, peer, is_tls, Some(affinity)).await)
-        }
+        let client = client.clone();
+        async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, client).await) }
     });
     let result = match tls {
         None => {

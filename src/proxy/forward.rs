@@ -62,9 +62,8 @@ pub async fn send_with_affinity(
 ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
     if !req.headers().contains_key(header::HOST) {
         // The pooled client derives Host from an absolute URI; here the target is origin-form.
-        if let Ok(v) = HeaderValue::from_str(upstream.authority.as_str()) {
-            req.headers_mut().insert(header::HOST, v);
-        }
+        req.headers_mut()
+            .insert(header::HOST, upstream.host_header.clone());
     }
     if let Some(mut send) = affinity.take() {
         if send.ready().await.is_ok() {
@@ -75,7 +74,7 @@ pub async fn send_with_affinity(
                 }
                 Err(mut e) => match e.take_message() {
                     Some(unsent) => req = unsent,
-                    None => return Err(ProxyError::UpstreamBroken(error_chain(e.error()))),
+                    None => return Err(broken(e.error())),
                 },
             }
         }
@@ -83,10 +82,7 @@ pub async fn send_with_affinity(
     let opened = std::time::Instant::now();
     let mut send = connect_h1(upstream, cfg).await?;
     let connect = UpstreamConnect(opened.elapsed());
-    let mut resp = send
-        .send_request(req)
-        .await
-        .map_err(|e| ProxyError::UpstreamBroken(error_chain(&e)))?;
+    let mut resp = send.send_request(req).await.map_err(|e| broken(&e))?;
     resp.extensions_mut().insert(connect);
     affinity.put(send);
     Ok(resp)
@@ -159,27 +155,38 @@ pub struct Upstream {
     /// Without a trailing slash; empty for a bare host.
     pub base_path: String,
     pub display: String,
+    /// `Host` for origin-form requests: the authority without any user-info (a password in the
+    /// URL must never reach the upstream as part of `Host`).
+    pub host_header: HeaderValue,
 }
 
 impl Upstream {
     pub fn parse(url: &str) -> Result<Self, String> {
+        let shown = crate::config::redact_url(url);
         let uri: Uri = url
             .parse()
-            .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+            .map_err(|e| format!("`{shown}` is not a URL: {e}"))?;
         let scheme = uri
             .scheme()
             .cloned()
-            .ok_or_else(|| format!("`{url}` has no scheme"))?;
+            .ok_or_else(|| format!("`{shown}` has no scheme"))?;
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("`{url}` has no host"))?;
+            .ok_or_else(|| format!("`{shown}` has no host"))?;
         let base_path = uri.path().trim_end_matches('/').to_string();
+        let host_port = authority
+            .as_str()
+            .rsplit_once('@')
+            .map_or(authority.as_str(), |(_, h)| h);
+        let host_header = HeaderValue::from_str(host_port)
+            .map_err(|e| format!("`{shown}` has an invalid host: {e}"))?;
         Ok(Self {
+            host_header,
             scheme,
             authority,
             base_path,
-            display: url.trim_end_matches('/').to_string(),
+            display: crate::config::redact_url(url.trim_end_matches('/')),
         })
     }
 
@@ -439,6 +446,9 @@ pub fn classify(
     upstream: &Upstream,
     connect_timeout: std::time::Duration,
 ) -> ProxyError {
+    if let Some(after) = crate::conn::body_timeout_in(&err) {
+        return ProxyError::ClientBodyTimeout { after };
+    }
     let detail = error_chain(&err);
     if err.is_connect() {
         if detail.contains("timed out") || detail.contains("TimedOut") {
@@ -453,6 +463,15 @@ pub fn classify(
         };
     }
     ProxyError::UpstreamBroken(detail)
+}
+
+/// An exchange that failed after the request was handed to the upstream connection: the
+/// client's body stalling is the client's fault, anything else the upstream's.
+fn broken(err: &hyper::Error) -> ProxyError {
+    match crate::conn::body_timeout_in(err) {
+        Some(after) => ProxyError::ClientBodyTimeout { after },
+        None => ProxyError::UpstreamBroken(error_chain(err)),
+    }
 }
 
 /// Joins an error with its sources, which is where hyper keeps the useful part.

@@ -76,6 +76,9 @@ pub struct Observer {
     aborted: Option<&'static str>,
     /// The access-log line, written when the response body ends or is dropped.
     access: Option<crate::access_log::Entry>,
+    /// The request's place in `kvbust_in_flight_requests` and in its connection's activity,
+    /// released when the response body ends or is dropped.
+    in_flight: Option<super::InFlight>,
 }
 
 enum Scan {
@@ -320,8 +323,8 @@ impl Observer {
             },
             _ => Scan::Off,
         };
-        metrics.in_flight.inc();
         Self {
+            in_flight: None,
             inter_token: None,
             duration: metrics.duration.with_label_values(&[route, phase, target]),
             metrics,
@@ -478,6 +481,14 @@ impl Observer {
     }
 }
 
+impl Observer {
+    /// Keeps `guard` until the response body ends or is dropped.
+    pub fn holding(mut self, guard: super::InFlight) -> Self {
+        self.in_flight = Some(guard);
+        self
+    }
+}
+
 impl Drop for Observer {
     fn drop(&mut self) {
         if !self.ended && self.aborted.is_none() {
@@ -486,7 +497,6 @@ impl Drop for Observer {
         }
         let elapsed = self.start.elapsed();
         self.duration.observe(secs(elapsed));
-        self.metrics.in_flight.dec();
         if let Some(entry) = self.access.take() {
             let streamed = matches!(self.mode, Scan::Sse { .. });
             entry.write(&crate::access_log::Outcome {
@@ -871,6 +881,7 @@ mod tests {
     fn dropped_before_end_counts_a_disconnect() {
         let o = observer("text/event-stream");
         let m = o.metrics.clone();
+        let o = o.holding(super::super::InFlight::begin(&m, None));
         assert_eq!(m.in_flight.get(), 1);
         drop(o);
         assert_eq!(m.in_flight.get(), 0);
