@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::cachebust::{build_marker, digest, DigestInputs, Phase, Target};
 use crate::cli::{Cli, Command, ConfigCommand, ConfigFlags, HealthcheckArgs, MarkerArgs, MockArgs};
-use crate::config::{Config, ConfigError, LogFormat};
+use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::runtime::Runtime;
 use crate::server::{self, Listeners};
@@ -47,12 +47,12 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
     match cli.command {
         Command::Serve(args) => {
             let config = load(&args.flags)?;
-            init_logging(&config);
+            let _flush = init_logging(&config);
             runtime()?.block_on(serve(config))
         }
         Command::Mock(args) => {
             let config = mock_config(&args)?;
-            init_logging(&config);
+            let _flush = init_logging(&config);
             runtime()?.block_on(mock(config, args.listen))
         }
         Command::Synth(args) => crate::synth::cli::run(&args).map_err(|e| {
@@ -143,16 +143,29 @@ fn runtime() -> Result<tokio::runtime::Runtime, AppError> {
         .map_err(|e| AppError::Other(anyhow::anyhow!("cannot start the async runtime: {e}")))
 }
 
-fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match config.log.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
+/// Sets up logging; the returned guard flushes the lines still queued when it is dropped, so
+/// it must live until the command ends.
+fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    use std::io::IsTerminal;
+    // Lines (one per request with the access log) go to a background thread that writes them
+    // to stderr in batches: written on the request path, each would cost a `write` system call
+    // and could block a worker on a slow terminal or pipe. Lossy: past 128k queued lines new ones
+    // are dropped rather than blocking requests.
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name("kvbust-log")
+        .finish(std::io::BufWriter::with_capacity(
+            64 << 10,
+            std::io::stderr(),
+        ));
+    let rust_log = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    // Colour codes only for a person at a terminal, never into a file or a log collector.
+    let ansi = std::io::stderr().is_terminal();
+    let subscriber = crate::access_log::subscriber(&config.log, rust_log.as_deref(), writer, ansi);
+    tracing::subscriber::set_global_default(subscriber).ok()?;
+    Some(guard)
 }
 
 async fn bind(addr: std::net::SocketAddr, what: &str, key: &str) -> Result<TcpListener, AppError> {

@@ -374,12 +374,18 @@ pub struct ObserveConfig {
     /// Copy at most this much of a non-streaming JSON response to read its `usage` (the bytes
     /// are forwarded immediately either way).
     pub max_usage_scan: ByteSize,
+    /// Add `stream_options.include_usage` to chat and completions streams that do not ask for
+    /// it, count the usage, and remove the usage chunk (and the `"usage":null` members) from
+    /// what the client receives. Such requests' bodies are then buffered (up to
+    /// `limits.max_body`) and parsed.
+    pub request_usage: bool,
 }
 
 impl Default for ObserveConfig {
     fn default() -> Self {
         Self {
             max_usage_scan: ByteSize(1 << 20),
+            request_usage: false,
         }
     }
 }
@@ -512,6 +518,9 @@ pub struct LogConfig {
     /// A tracing filter directive, e.g. `info` or `kvbust=debug`; `RUST_LOG` wins when set.
     pub level: String,
     pub format: LogFormat,
+    /// One access-log line per data-port request (tracing target `access_log`), whatever `level`
+    /// says; a request id (`x-request-id`, the client's or a new one) goes with it.
+    pub access: bool,
 }
 
 impl Default for LogConfig {
@@ -519,6 +528,7 @@ impl Default for LogConfig {
         Self {
             level: "info".into(),
             format: LogFormat::Text,
+            access: true,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! The library owns every piece; `main.rs` only parses the command line and calls in here.
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod cachebust;
