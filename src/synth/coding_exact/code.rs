@@ -60,9 +60,9 @@ fn py_stmt(d: &mut Draw, out: &mut String, ind: &str, vars: &[String]) {
             );
         }
         2 => {
-            let item = d.s(vocab::NOUNS);
+            let item = d.s(&vocab::NOUNS);
             w!(out, "{ind}for {item} in {v}:");
-            w!(out, "{ind}    if not {item}.{}:", d.s(vocab::ADJS));
+            w!(out, "{ind}    if not {item}.{}:", d.s(&vocab::ADJS));
             w!(out, "{ind}        continue");
             w!(
                 out,
@@ -225,7 +225,7 @@ fn python(d: &mut Draw) -> String {
         w!(out, "from __future__ import annotations");
         w!(out);
     }
-    let mut mods = d.sample_n(vocab::PY_STDLIB, 2, 5);
+    let mut mods = d.sample_n(&vocab::PY_STDLIB, 2, 5);
     mods.sort_unstable();
     for m in mods {
         w!(out, "import {m}");
@@ -247,7 +247,7 @@ fn python(d: &mut Draw) -> String {
             out,
             "from {}.{} import {}, {}",
             d.project().replace('-', "_"),
-            d.s(vocab::SUB_DIRS),
+            d.s(&vocab::SUB_DIRS),
             d.pascal(),
             d.fn_snake()
         );
@@ -356,7 +356,7 @@ fn python(d: &mut Draw) -> String {
                         w!(
                             out,
                             "    with pytest.raises({}):",
-                            d.s(vocab::PY_EXCEPTIONS)
+                            d.s(&vocab::PY_EXCEPTIONS)
                         );
                         w!(out, "        {subject}({})", py_value(d));
                     }
@@ -479,7 +479,7 @@ fn go_function(d: &mut Draw, out: &mut String, recv: Option<&str>) {
                 w!(
                     out,
                     "\tfor i, {} := range {v} {{",
-                    d.s(vocab::NOUNS).replace('_', "")
+                    d.s(&vocab::NOUNS).replace('_', "")
                 );
                 w!(out, "\t\tif i >= {} {{", d.int(8, 1024));
                 w!(out, "\t\t\tbreak");
@@ -532,14 +532,14 @@ fn go_zero(ty: &str) -> &'static str {
 
 fn go(d: &mut Draw) -> String {
     let mut out = String::new();
-    let pkg = d.s(vocab::SUB_DIRS);
+    let pkg = d.s(&vocab::SUB_DIRS);
     if d.chance(0.4) {
         w!(out, "// {}", d.path("go"));
     }
     w!(out, "package {pkg}");
     w!(out);
     w!(out, "import (");
-    let mut imports = d.sample_n(vocab::GO_IMPORTS, 3, 6);
+    let mut imports = d.sample_n(&vocab::GO_IMPORTS, 3, 6);
     imports.sort_unstable();
     for i in imports {
         w!(out, "\t\"{i}\"");
@@ -551,7 +551,7 @@ fn go(d: &mut Draw) -> String {
             "\t\"github.com/{}/{}/internal/{}\"",
             d.user(),
             d.project(),
-            d.s(vocab::SUB_DIRS)
+            d.s(&vocab::SUB_DIRS)
         );
     }
     w!(out, ")");
@@ -561,7 +561,7 @@ fn go(d: &mut Draw) -> String {
             out,
             "var Err{} = errors.New(\"{}\")",
             d.pascal(),
-            d.s(vocab::ERROR_PHRASES)
+            d.s(&vocab::ERROR_PHRASES)
         );
         w!(out);
     }
@@ -673,7 +673,7 @@ fn rust(d: &mut Draw) -> String {
         w!(out, "{u}");
     }
     w!(out);
-    for c in d.sample_n(vocab::RUST_CRATES, 1, 3) {
+    for c in d.sample_n(&vocab::RUST_CRATES, 1, 3) {
         match c {
             "serde" => w!(out, "use serde::{{Deserialize, Serialize}};"),
             "tokio" => w!(out, "use tokio::sync::{{mpsc, RwLock}};"),
@@ -803,7 +803,7 @@ fn rust(d: &mut Draw) -> String {
                     w!(
                         out,
                         "        for (i, {}) in self.{f}.iter().enumerate() {{",
-                        d.s(vocab::NOUNS)
+                        d.s(&vocab::NOUNS)
                     );
                     w!(
                         out,
@@ -924,7 +924,7 @@ fn typescript(d: &mut Draw) -> String {
     if d.chance(0.4) {
         w!(out, "// {}", d.path("ts"));
     }
-    for p in d.sample_n(vocab::TS_PACKAGES, 1, 3) {
+    for p in d.sample_n(&vocab::TS_PACKAGES, 1, 3) {
         w!(
             out,
             "import {{ {} }} from \"{p}\";",
@@ -935,7 +935,7 @@ fn typescript(d: &mut Draw) -> String {
         out,
         "import type {{ {} }} from \"./{}\";",
         d.pascal(),
-        d.s(vocab::FILE_STEMS)
+        d.s(&vocab::FILE_STEMS)
     );
     w!(out);
     let iface = d.pascal();
@@ -993,7 +993,7 @@ fn typescript(d: &mut Draw) -> String {
                         2 => w!(out, "  const {} = input.{f}.filter((x) => x.{} !== undefined).map((x) => x.{});", d.camel(), d.camel(), d.camel()),
                         3 => w!(out, "  logger.{}({{ {f}: input.{f} }}, \"{}\");", d.s(&["info", "debug", "warn"]), d.sentence().to_lowercase()),
                         4 => {
-                            w!(out, "  for (const {} of input.{f}) {{", d.s(vocab::NOUNS).replace('_', ""));
+                            w!(out, "  for (const {} of input.{f}) {{", d.s(&vocab::NOUNS).replace('_', ""));
                             w!(out, "    total += {};", d.int(1, 9));
                             w!(out, "  }}");
                         }

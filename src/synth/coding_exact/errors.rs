@@ -90,7 +90,7 @@ fn python_traceback(d: &mut Draw) -> String {
             out,
             "{} {h:02}:{m:02}:{s:02} ERROR [{}] Unhandled exception in {}",
             d.date(),
-            d.s(vocab::SUB_DIRS),
+            d.s(&vocab::SUB_DIRS),
             d.fn_snake()
         );
     }
@@ -103,8 +103,8 @@ fn python_traceback(d: &mut Draw) -> String {
         w!(
             out,
             "{}: {}",
-            d.s(vocab::PY_EXCEPTIONS),
-            d.s(vocab::ERROR_PHRASES)
+            d.s(&vocab::PY_EXCEPTIONS),
+            d.s(&vocab::ERROR_PHRASES)
         );
         w!(out);
         w!(
@@ -121,7 +121,7 @@ fn python_traceback(d: &mut Draw) -> String {
     for _ in 0..d.n(2, 7) {
         py_frame(d, &mut out);
     }
-    let exc = d.s(vocab::PY_EXCEPTIONS);
+    let exc = d.s(&vocab::PY_EXCEPTIONS);
     let msg = match exc {
         "KeyError" => format!("'{}'", d.noun_snake()),
         "TypeError" => format!("{}() got an unexpected keyword argument '{}'", d.fn_snake(), d.noun_snake()),
@@ -129,10 +129,10 @@ fn python_traceback(d: &mut Draw) -> String {
         "IndexError" => "list index out of range".to_string(),
         "ValueError" => format!("invalid literal for int() with base 10: '{}'", d.noun_snake()),
         "FileNotFoundError" => format!("[Errno 2] No such file or directory: '{}'", d.path_of(&["json", "yaml", "pt", "safetensors"])),
-        "ImportError" => format!("cannot import name '{}' from '{}'", d.pascal(), d.s(vocab::PY_STDLIB)),
+        "ImportError" => format!("cannot import name '{}' from '{}'", d.pascal(), d.s(&vocab::PY_STDLIB)),
         "AssertionError" => format!("expected {} == {}", d.int(0, 4096), d.int(0, 4096)),
         "RuntimeError" => format!("Expected all tensors to be on the same device, but found at least two devices, cuda:{} and cpu!", d.int(0, 7)),
-        _ => d.s(vocab::ERROR_PHRASES).to_string(),
+        _ => d.s(&vocab::ERROR_PHRASES).to_string(),
     };
     w!(out, "{exc}: {msg}");
     out
@@ -140,7 +140,7 @@ fn python_traceback(d: &mut Draw) -> String {
 
 fn cuda_oom(d: &mut Draw) -> String {
     let mut out = String::new();
-    let (gpu_name, cap) = *d.pick(vocab::GPUS);
+    let (gpu_name, cap) = *d.pick(&vocab::GPUS);
     let cap = cap as f64 - d.float(0.2, 1.5);
     let alloc = d.float(0.1, 12.0);
     let free = d.float(0.0, alloc);
@@ -320,7 +320,12 @@ fn rustc_error(d: &mut Draw) -> String {
             );
             w!(out, "help: trait `{}` which provides `{}` is implemented but not in scope; perhaps you want to import it", d.pascal(), d.fn_snake());
             w!(out, "{pad} |");
-            w!(out, "1  + use {}::{};", d.s(vocab::RUST_CRATES), d.pascal());
+            w!(
+                out,
+                "1  + use {}::{};",
+                d.s(&vocab::RUST_CRATES),
+                d.pascal()
+            );
         }
         3 => {
             w!(out, "error[E0502]: cannot borrow `self.{var}` as mutable because it is also borrowed as immutable");
@@ -433,13 +438,13 @@ fn go_panic(d: &mut Draw) -> String {
             out,
             "panic: {}: {}",
             d.fn_snake().replace('_', " "),
-            d.s(vocab::ERROR_PHRASES)
+            d.s(&vocab::ERROR_PHRASES)
         ),
     }
     w!(out);
     w!(out, "goroutine {} [running]:", d.int(1, 900));
     for _ in 0..d.n(2, 6) {
-        let pkg = d.s(vocab::SUB_DIRS);
+        let pkg = d.s(&vocab::SUB_DIRS);
         w!(
             out,
             "{module}/internal/{pkg}.(*{}).{}(0x{}, {{0x{}, 0x{}}})",
@@ -452,7 +457,7 @@ fn go_panic(d: &mut Draw) -> String {
         w!(
             out,
             "\t/src/{module}/internal/{pkg}/{}.go:{} +0x{}",
-            d.s(vocab::FILE_STEMS),
+            d.s(&vocab::FILE_STEMS),
             d.int(10, 900),
             d.hex(3)
         );

@@ -297,7 +297,7 @@ fn inference_server(d: &mut Draw) -> String {
 
 fn fastapi_server(d: &mut Draw) -> String {
     let mut out = String::new();
-    let model = d.s(vocab::MODELS);
+    let model = d.s(&vocab::MODELS);
     let req = format!(
         "{}Request",
         d.s(&["Generate", "Completion", "Infer", "Chat", "Predict"])
@@ -429,7 +429,7 @@ fn fastapi_server(d: &mut Draw) -> String {
 
 fn vllm_engine(d: &mut Draw) -> String {
     let mut out = String::new();
-    let model = d.s(vocab::MODELS);
+    let model = d.s(&vocab::MODELS);
     w!(out, "import asyncio");
     w!(out, "import uuid");
     w!(out);
@@ -680,7 +680,7 @@ fn data_code(d: &mut Draw) -> String {
 
 fn yaml_config(d: &mut Draw) -> String {
     let mut out = String::new();
-    let model = d.s(vocab::MODELS);
+    let model = d.s(&vocab::MODELS);
     w!(
         out,
         "# {}",

@@ -154,11 +154,11 @@ fn git_log(d: &mut Draw) -> String {
                 "{} {} in {}",
                 d.s(&["Fix", "Add", "Remove", "Handle", "Speed up"]),
                 d.noun_phrase(),
-                d.s(vocab::SUB_DIRS)
+                d.s(&vocab::SUB_DIRS)
             ),
             3 => format!(
                 "Bump {} from {} to {}",
-                d.s(vocab::PY_PACKAGES),
+                d.s(&vocab::PY_PACKAGES),
                 d.version(),
                 d.version()
             ),
@@ -180,7 +180,7 @@ fn toml(d: &mut Draw) -> String {
         w!(out, "rust-version = \"1.{}\"", d.int(70, 88));
         w!(out);
         w!(out, "[dependencies]");
-        for c in d.sample_n(vocab::RUST_CRATES, 4, 9) {
+        for c in d.sample_n(&vocab::RUST_CRATES, 4, 9) {
             if d.chance(0.4) {
                 w!(
                     out,
@@ -202,7 +202,7 @@ fn toml(d: &mut Draw) -> String {
         w!(out, "version = \"{}\"", d.version());
         w!(out, "requires-python = \">=3.{}\"", d.int(9, 12));
         w!(out, "dependencies = [");
-        for p in d.sample_n(vocab::PY_PACKAGES, 3, 8) {
+        for p in d.sample_n(&vocab::PY_PACKAGES, 3, 8) {
             w!(out, "    \"{p}>={}\",", d.version());
         }
         w!(out, "]");
@@ -491,8 +491,8 @@ fn test_output(d: &mut Draw) -> String {
                     w!(
                         out,
                         "FAILED {f} - {}: {}",
-                        d.s(vocab::PY_EXCEPTIONS),
-                        d.s(vocab::ERROR_PHRASES)
+                        d.s(&vocab::PY_EXCEPTIONS),
+                        d.s(&vocab::ERROR_PHRASES)
                     );
                 }
             }
@@ -527,7 +527,7 @@ fn test_output(d: &mut Draw) -> String {
                 w!(
                     out,
                     "test {}::tests::{} ... {}",
-                    d.s(vocab::SUB_DIRS),
+                    d.s(&vocab::SUB_DIRS),
                     d.fn_snake(),
                     if ok { "ok" } else { "FAILED" }
                 );
@@ -538,7 +538,7 @@ fn test_output(d: &mut Draw) -> String {
         2 => {
             let module = format!("github.com/{}/{}", d.user(), d.project());
             for _ in 0..d.n(3, 7) {
-                let pkg = d.s(vocab::SUB_DIRS);
+                let pkg = d.s(&vocab::SUB_DIRS);
                 match d.n(0, 5) {
                     0 => {
                         w!(
@@ -550,7 +550,7 @@ fn test_output(d: &mut Draw) -> String {
                         w!(
                             out,
                             "    {}_test.go:{}: got {}, want {}",
-                            d.s(vocab::FILE_STEMS),
+                            d.s(&vocab::FILE_STEMS),
                             d.int(10, 300),
                             d.int(0, 99),
                             d.int(0, 99)

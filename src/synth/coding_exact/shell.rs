@@ -53,11 +53,11 @@ fn session(d: &mut Draw) -> String {
                 for _ in 0..d.n(3, 7) {
                     let dir = d.chance(0.3);
                     let name = if dir {
-                        d.s(vocab::SUB_DIRS).to_string()
+                        d.s(&vocab::SUB_DIRS).to_string()
                     } else {
                         format!(
                             "{}.{}",
-                            d.s(vocab::FILE_STEMS),
+                            d.s(&vocab::FILE_STEMS),
                             d.s(&["py", "rs", "go", "ts", "toml", "yaml", "md", "json", "lock"])
                         )
                     };
@@ -121,7 +121,7 @@ fn session(d: &mut Draw) -> String {
                     out,
                     "index, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
                 );
-                let (gpu, mem) = *d.pick(vocab::GPUS);
+                let (gpu, mem) = *d.pick(&vocab::GPUS);
                 for i in 0..*d.pick(&[1u64, 2, 4, 8]) {
                     let total = mem * 1024 - d.int(300, 700);
                     w!(
@@ -252,12 +252,12 @@ fn session(d: &mut Draw) -> String {
                 let url = format!(
                     "http://localhost:{}{}",
                     d.s(&["8000", "8080", "3000", "9000"]),
-                    d.s(vocab::HTTP_PATHS)
+                    d.s(&vocab::HTTP_PATHS)
                 );
                 w!(
                     out,
                     "{prompt}curl -sS -X {} -w '\\n%{{http_code}} %{{time_total}}s\\n' {url}",
-                    d.s(vocab::HTTP_METHODS)
+                    d.s(&vocab::HTTP_METHODS)
                 );
                 w!(
                     out,
@@ -298,7 +298,7 @@ fn session(d: &mut Draw) -> String {
                     w!(
                         out,
                         "   Compiling {} v{}",
-                        d.s(vocab::RUST_CRATES),
+                        d.s(&vocab::RUST_CRATES),
                         d.version()
                     );
                 }
@@ -333,7 +333,7 @@ fn session(d: &mut Draw) -> String {
                         d.date(),
                         d.int(0, 999),
                         d.s(&["INFO", "INFO", "WARNING", "ERROR", "DEBUG"]),
-                        d.s(vocab::SUB_DIRS),
+                        d.s(&vocab::SUB_DIRS),
                         d.sentence().to_lowercase()
                     );
                 }
@@ -359,7 +359,7 @@ fn training_log(d: &mut Draw) -> String {
         w!(
             out,
             "[rank0]: {} | world_size={} | micro_bsz={} | grad_accum={} | seq_len={}",
-            d.s(vocab::MODELS),
+            d.s(&vocab::MODELS),
             *d.pick(&[8u64, 16, 32, 64]),
             d.int(1, 8),
             d.int(1, 16),
@@ -473,8 +473,8 @@ fn ci_log(d: &mut Draw) -> String {
             1 => w!(
                 out,
                 "{t} {}/{} {}",
-                d.s(vocab::SUB_DIRS),
-                d.s(vocab::FILE_STEMS),
+                d.s(&vocab::SUB_DIRS),
+                d.s(&vocab::FILE_STEMS),
                 d.s(&["PASSED", "ok", "(cached)"])
             ),
             _ => w!(out, "{t} {}", d.sentence()),
@@ -487,8 +487,8 @@ fn ci_log(d: &mut Draw) -> String {
             "{t} FAILED {}::test_{} - {}: {}",
             d.path("py"),
             d.fn_snake(),
-            d.s(vocab::PY_EXCEPTIONS),
-            d.s(vocab::ERROR_PHRASES)
+            d.s(&vocab::PY_EXCEPTIONS),
+            d.s(&vocab::ERROR_PHRASES)
         );
         w!(
             out,
@@ -519,7 +519,7 @@ fn ci_log(d: &mut Draw) -> String {
 
 fn pip_install(d: &mut Draw) -> String {
     let mut out = String::new();
-    let pkgs = d.sample_n(vocab::PY_PACKAGES, 1, 4);
+    let pkgs = d.sample_n(&vocab::PY_PACKAGES, 1, 4);
     w!(out, "$ pip install {}", pkgs.join(" "));
     let mut installed = Vec::new();
     let pyv = d.s(&["cp310", "cp311", "cp312"]);
@@ -542,7 +542,7 @@ fn pip_install(d: &mut Draw) -> String {
         );
         installed.push(format!("{p}-{v}"));
         for _ in 0..d.n(0, 2) {
-            let dep = d.s(vocab::PY_PACKAGES);
+            let dep = d.s(&vocab::PY_PACKAGES);
             let dv = d.version();
             w!(out, "Collecting {dep}>={} (from {p})", dv);
             w!(
@@ -558,7 +558,7 @@ fn pip_install(d: &mut Draw) -> String {
         w!(
             out,
             "Requirement already satisfied: {} in ./.venv/lib/python3.{}/site-packages ({})",
-            d.s(vocab::PY_PACKAGES),
+            d.s(&vocab::PY_PACKAGES),
             d.int(10, 12),
             d.version()
         );
@@ -577,11 +577,11 @@ fn pip_install(d: &mut Draw) -> String {
         w!(
             out,
             "{} {} requires {}<{}, but you have {} {} which is incompatible.",
-            d.s(vocab::PY_PACKAGES),
+            d.s(&vocab::PY_PACKAGES),
             d.version(),
-            d.s(vocab::PY_PACKAGES),
+            d.s(&vocab::PY_PACKAGES),
             d.version(),
-            d.s(vocab::PY_PACKAGES),
+            d.s(&vocab::PY_PACKAGES),
             d.version()
         );
     }
