@@ -647,6 +647,22 @@ fn rs_type(d: &mut Draw) -> String {
 
 fn rust(d: &mut Draw) -> String {
     let mut out = String::new();
+    rs_header(d, &mut out);
+    let ty = d.pascal();
+    let err = format!("{}Error", d.pascal());
+    if d.chance(0.5) {
+        rs_error_enum(d, &mut out, &err);
+    }
+    let fields = rs_struct(d, &mut out, &ty);
+    rs_impl(d, &mut out, &ty, &err, &fields);
+    if d.chance(0.6) {
+        rs_tests(d, &mut out, &ty, &fields[0]);
+    }
+    out
+}
+
+/// The file comment, module doc and `use` lines of a Rust module.
+fn rs_header(d: &mut Draw, out: &mut String) {
     if d.chance(0.4) {
         w!(out, "// {}", d.path("rs"));
     }
@@ -683,39 +699,43 @@ fn rust(d: &mut Draw) -> String {
         }
     }
     w!(out);
-    let ty = d.pascal();
-    let err = format!("{}Error", d.pascal());
-    if d.chance(0.5) {
-        w!(out, "#[derive(Debug, thiserror::Error)]");
-        w!(out, "pub enum {err} {{");
-        for _ in 0..d.n(2, 4) {
-            let v = d.pascal();
-            match d.n(0, 2) {
-                0 => {
-                    w!(
-                        out,
-                        "    #[error(\"{} not found: {{0}}\")]",
-                        d.noun_phrase()
-                    );
-                    w!(out, "    {v}NotFound(String),");
-                }
-                1 => {
-                    w!(
-                        out,
-                        "    #[error(\"{} timed out after {{0:?}}\")]",
-                        d.noun_phrase()
-                    );
-                    w!(out, "    {v}Timeout(Duration),");
-                }
-                _ => {
-                    w!(out, "    #[error(\"io error: {{0}}\")]");
-                    w!(out, "    Io(#[from] std::io::Error),");
-                }
+}
+
+/// A `thiserror` enum named `err` with two to four variants.
+fn rs_error_enum(d: &mut Draw, out: &mut String, err: &str) {
+    w!(out, "#[derive(Debug, thiserror::Error)]");
+    w!(out, "pub enum {err} {{");
+    for _ in 0..d.n(2, 4) {
+        let v = d.pascal();
+        match d.n(0, 2) {
+            0 => {
+                w!(
+                    out,
+                    "    #[error(\"{} not found: {{0}}\")]",
+                    d.noun_phrase()
+                );
+                w!(out, "    {v}NotFound(String),");
+            }
+            1 => {
+                w!(
+                    out,
+                    "    #[error(\"{} timed out after {{0:?}}\")]",
+                    d.noun_phrase()
+                );
+                w!(out, "    {v}Timeout(Duration),");
+            }
+            _ => {
+                w!(out, "    #[error(\"io error: {{0}}\")]");
+                w!(out, "    Io(#[from] std::io::Error),");
             }
         }
-        w!(out, "}}");
-        w!(out);
     }
+    w!(out, "}}");
+    w!(out);
+}
+
+/// The struct `ty` with two to five distinct fields; returns the field names (never empty).
+fn rs_struct(d: &mut Draw, out: &mut String, ty: &str) -> Vec<String> {
     w!(out, "/// {}.", d.sentence());
     w!(
         out,
@@ -739,6 +759,11 @@ fn rust(d: &mut Draw) -> String {
     }
     w!(out, "}}");
     w!(out);
+    fields
+}
+
+/// `impl ty`: a constructor and one to three methods.
+fn rs_impl(d: &mut Draw, out: &mut String, ty: &str, err: &str, fields: &[String]) {
     w!(out, "impl {ty} {{");
     w!(
         out,
@@ -752,155 +777,187 @@ fn rust(d: &mut Draw) -> String {
     w!(out, "        }}");
     w!(out, "    }}");
     for _ in 0..d.n(1, 3) {
-        w!(out);
-        let name = d.fn_snake();
-        let arg = d.noun_snake();
-        let is_async = d.chance(0.3);
-        w!(out, "    /// {}.", d.sentence());
-        w!(
-            out,
-            "    pub {}fn {name}(&{}self, {arg}: {}) -> Result<{}, {}> {{",
-            if is_async { "async " } else { "" },
-            d.s(&["", "mut "]),
-            d.s(&["&str", "u64", "&[u8]", "usize", "&Path"]),
-            rs_type(d),
-            if d.chance(0.5) {
-                err.clone()
-            } else {
-                d.s(&["anyhow::Error", "std::io::Error"]).to_owned()
-            }
-        );
-        for _ in 0..d.n(2, 5) {
-            let f = d.pick(&fields).clone();
-            match d.n(0, 6) {
-                0 => {
-                    w!(
-                        out,
-                        "        if self.{f}.{}() {{",
-                        d.s(&["is_empty", "is_none", "is_stale", "is_closed"])
-                    );
-                    w!(
-                        out,
-                        "            return {};",
-                        d.s(&[
-                            "Ok(Default::default())",
-                            "Ok(Vec::new())",
-                            "Ok(0)",
-                            "Err(Error::Empty)",
-                            "Ok(None)"
-                        ])
-                    );
-                    w!(out, "        }}");
-                }
-                1 => w!(
-                    out,
-                    "        let {} = self.{}(&{arg}){}?;",
-                    d.noun_snake(),
-                    d.fn_snake(),
-                    if is_async { ".await" } else { "" }
-                ),
-                2 => {
-                    w!(
-                        out,
-                        "        for (i, {}) in self.{f}.iter().enumerate() {{",
-                        d.s(&vocab::NOUNS)
-                    );
-                    w!(
-                        out,
-                        "            debug!(i, \"{}\");",
-                        d.sentence().to_lowercase()
-                    );
-                    w!(out, "        }}");
-                }
-                3 => {
-                    w!(
-                        out,
-                        "        let {} = match self.{f}.get(&{arg}) {{",
-                        d.noun_snake()
-                    );
-                    w!(out, "            Some(v) => v.clone(),");
-                    w!(
-                        out,
-                        "            None => return Err({}.into()),",
-                        d.s(&[
-                            "\"missing entry\"",
-                            "std::io::ErrorKind::NotFound",
-                            "anyhow::anyhow!(\"not found\")"
-                        ])
-                    );
-                    w!(out, "        }};");
-                }
-                4 => w!(out, "        let started = Instant::now();"),
-                5 => w!(out, "        // {}", d.sentence()),
-                _ => w!(
-                    out,
-                    "        self.{f} = self.{f}.{}();",
-                    d.s(&["clone", "to_owned", "into", "saturating_sub(1).into"])
-                ),
-            }
+        rs_method(d, out, err, fields);
+    }
+    w!(out, "}}");
+}
+
+/// One method: a signature, two to five statements from [`RS_STMTS`] and an `Ok(..)`.
+fn rs_method(d: &mut Draw, out: &mut String, err: &str, fields: &[String]) {
+    w!(out);
+    let name = d.fn_snake();
+    let arg = d.noun_snake();
+    let is_async = d.chance(0.3);
+    w!(out, "    /// {}.", d.sentence());
+    w!(
+        out,
+        "    pub {}fn {name}(&{}self, {arg}: {}) -> Result<{}, {}> {{",
+        if is_async { "async " } else { "" },
+        d.s(&["", "mut "]),
+        d.s(&["&str", "u64", "&[u8]", "usize", "&Path"]),
+        rs_type(d),
+        if d.chance(0.5) {
+            err.to_owned()
+        } else {
+            d.s(&["anyhow::Error", "std::io::Error"]).to_owned()
         }
+    );
+    let m = RsMethod { arg, is_async };
+    for _ in 0..d.n(2, 5) {
+        let f = d.pick(fields).clone();
+        RS_STMTS[d.n(0, RS_STMTS.len() - 1)](d, out, &m, &f);
+    }
+    w!(
+        out,
+        "        Ok({})",
+        d.s(&[
+            "Default::default()",
+            "result",
+            "self.value.clone()",
+            "total",
+            "out"
+        ])
+    );
+    w!(out, "    }}");
+}
+
+/// What a method statement may refer to.
+struct RsMethod {
+    arg: String,
+    is_async: bool,
+}
+
+/// A statement about field `f` inside a method.
+type RsStmt = fn(&mut Draw, &mut String, &RsMethod, &str);
+
+/// Method statements, drawn uniformly (the order is part of the corpus).
+const RS_STMTS: [RsStmt; 7] = [
+    rs_early_return,
+    rs_call,
+    rs_for_loop,
+    rs_match_get,
+    |_, out, _, _| w!(out, "        let started = Instant::now();"),
+    |d, out, _, _| w!(out, "        // {}", d.sentence()),
+    rs_reassign,
+];
+
+fn rs_early_return(d: &mut Draw, out: &mut String, _: &RsMethod, f: &str) {
+    w!(
+        out,
+        "        if self.{f}.{}() {{",
+        d.s(&["is_empty", "is_none", "is_stale", "is_closed"])
+    );
+    w!(
+        out,
+        "            return {};",
+        d.s(&[
+            "Ok(Default::default())",
+            "Ok(Vec::new())",
+            "Ok(0)",
+            "Err(Error::Empty)",
+            "Ok(None)"
+        ])
+    );
+    w!(out, "        }}");
+}
+
+fn rs_call(d: &mut Draw, out: &mut String, m: &RsMethod, _: &str) {
+    w!(
+        out,
+        "        let {} = self.{}(&{}){}?;",
+        d.noun_snake(),
+        d.fn_snake(),
+        m.arg,
+        if m.is_async { ".await" } else { "" }
+    );
+}
+
+fn rs_for_loop(d: &mut Draw, out: &mut String, _: &RsMethod, f: &str) {
+    w!(
+        out,
+        "        for (i, {}) in self.{f}.iter().enumerate() {{",
+        d.s(&vocab::NOUNS)
+    );
+    w!(
+        out,
+        "            debug!(i, \"{}\");",
+        d.sentence().to_lowercase()
+    );
+    w!(out, "        }}");
+}
+
+fn rs_match_get(d: &mut Draw, out: &mut String, m: &RsMethod, f: &str) {
+    w!(
+        out,
+        "        let {} = match self.{f}.get(&{}) {{",
+        d.noun_snake(),
+        m.arg
+    );
+    w!(out, "            Some(v) => v.clone(),");
+    w!(
+        out,
+        "            None => return Err({}.into()),",
+        d.s(&[
+            "\"missing entry\"",
+            "std::io::ErrorKind::NotFound",
+            "anyhow::anyhow!(\"not found\")"
+        ])
+    );
+    w!(out, "        }};");
+}
+
+fn rs_reassign(d: &mut Draw, out: &mut String, _: &RsMethod, f: &str) {
+    w!(
+        out,
+        "        self.{f} = self.{f}.{}();",
+        d.s(&["clone", "to_owned", "into", "saturating_sub(1).into"])
+    );
+}
+
+/// A `#[cfg(test)]` module with one to three tests of `ty`.
+fn rs_tests(d: &mut Draw, out: &mut String, ty: &str, field: &str) {
+    w!(out);
+    w!(out, "#[cfg(test)]");
+    w!(out, "mod tests {{");
+    w!(out, "    use super::*;");
+    for _ in 0..d.n(1, 3) {
+        w!(out);
+        w!(out, "    #[{}]", d.s(&["test", "tokio::test", "test"]));
         w!(
             out,
-            "        Ok({})",
+            "    fn {}_{}() {{",
+            d.fn_snake(),
             d.s(&[
-                "Default::default()",
-                "result",
-                "self.value.clone()",
-                "total",
-                "out"
+                "works",
+                "rejects_empty",
+                "is_stable",
+                "round_trips",
+                "handles_overflow"
             ])
         );
+        w!(
+            out,
+            "        let mut {field} = {ty}::new({});",
+            d.s(&["Default::default()", "\"abc\".into()", "42", "vec![]"])
+        );
+        w!(
+            out,
+            "        assert_eq!({field}.{}(), {});",
+            d.fn_snake(),
+            d.int(0, 64)
+        );
+        if d.chance(0.5) {
+            w!(
+                out,
+                "        assert!({field}.{}({}).is_{}());",
+                d.fn_snake(),
+                d.int(0, 9),
+                d.s(&["err", "ok", "some", "none"])
+            );
+        }
         w!(out, "    }}");
     }
     w!(out, "}}");
-    if d.chance(0.6) {
-        w!(out);
-        w!(out, "#[cfg(test)]");
-        w!(out, "mod tests {{");
-        w!(out, "    use super::*;");
-        for _ in 0..d.n(1, 3) {
-            w!(out);
-            w!(out, "    #[{}]", d.s(&["test", "tokio::test", "test"]));
-            w!(
-                out,
-                "    fn {}_{}() {{",
-                d.fn_snake(),
-                d.s(&[
-                    "works",
-                    "rejects_empty",
-                    "is_stable",
-                    "round_trips",
-                    "handles_overflow"
-                ])
-            );
-            w!(
-                out,
-                "        let mut {} = {ty}::new({});",
-                fields[0],
-                d.s(&["Default::default()", "\"abc\".into()", "42", "vec![]"])
-            );
-            w!(
-                out,
-                "        assert_eq!({}.{}(), {});",
-                fields[0],
-                d.fn_snake(),
-                d.int(0, 64)
-            );
-            if d.chance(0.5) {
-                w!(
-                    out,
-                    "        assert!({}.{}({}).is_{}());",
-                    fields[0],
-                    d.fn_snake(),
-                    d.int(0, 9),
-                    d.s(&["err", "ok", "some", "none"])
-                );
-            }
-            w!(out, "    }}");
-        }
-        w!(out, "}}");
-    }
-    out
 }
 
 // ---------------------------------------------------------------- TypeScript
