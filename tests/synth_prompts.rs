@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
 use kvbust::synth::{
-    compose, CacheBustTarget, Dataset, PromptCorpus, RangeRatio, SonnetCorpus, SynthParams,
+    compose, CacheBustTarget, Dataset, PromptCorpus, RangeRatio, SynthParams, TokenCorpus,
     Tokenizer,
 };
 use serde_json::Value;
@@ -32,7 +32,7 @@ fn vectors() -> &'static Value {
 
 struct Loaded {
     tokenizer: Tokenizer,
-    sonnet: SonnetCorpus,
+    sonnet: TokenCorpus,
 }
 
 fn load(name: &str) -> &'static Loaded {
@@ -47,7 +47,7 @@ fn load(name: &str) -> &'static Loaded {
     };
     cell.get_or_init(|| {
         let tokenizer = make();
-        let sonnet = SonnetCorpus::build(SHAKESPEARE, &tokenizer).expect("corpus");
+        let sonnet = TokenCorpus::build(SHAKESPEARE, &tokenizer).expect("corpus");
         Loaded { tokenizer, sonnet }
     })
 }

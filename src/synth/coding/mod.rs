@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::synth::corpus::SonnetCorpus;
+use crate::synth::corpus::TokenCorpus;
 use crate::synth::error::SynthError;
 use crate::synth::generator::GeneratorRngs;
 use crate::synth::rng::{derive_seed, DerivedRng, PyRandom};
@@ -151,7 +151,7 @@ fn check_encodable(tokenizer: &Tokenizer, text: &str, ids: &[u32]) -> Result<(),
 #[derive(Debug, Clone)]
 pub struct CodingPool {
     root_seed: u64,
-    tokens: SonnetCorpus,
+    tokens: TokenCorpus,
 }
 
 impl CodingPool {
@@ -178,14 +178,14 @@ impl CodingPool {
         {
             return Ok(CodingPool {
                 root_seed,
-                tokens: SonnetCorpus::from_parts(tokens, Vec::new()),
+                tokens: TokenCorpus::from_parts(tokens, Vec::new()),
             });
         }
         let ids = encode_large(tokenizer, &text)?;
         check_encodable(tokenizer, &text, &ids)?;
         let pool = CodingPool {
             root_seed,
-            tokens: SonnetCorpus::from_parts(ids, Vec::new()),
+            tokens: TokenCorpus::from_parts(ids, Vec::new()),
         };
         if let Some(p) = &path {
             crate::synth::coding_exact::cache::write(p, &pool.tokens);
@@ -451,7 +451,7 @@ mod tests {
     fn windows_slice_like_aiperf() {
         let pool = CodingPool {
             root_seed: 0,
-            tokens: SonnetCorpus::from_parts((0..10).collect(), Vec::new()),
+            tokens: TokenCorpus::from_parts((0..10).collect(), Vec::new()),
         };
         assert_eq!(pool.window(8, 4), [8, 9, 0, 1]);
         assert_eq!(pool.window(3, 2), [3, 4]);
