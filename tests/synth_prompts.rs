@@ -8,7 +8,7 @@ use synth_common::{argv, compare, fixture, params_from_argv};
 use std::sync::OnceLock;
 
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
-use kvbust::synth::{compose, Dataset, PromptCorpus, SonnetCorpus, Tokenizer};
+use kvbust::synth::{compose, Dataset, PromptCorpus, TokenCorpus, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -22,7 +22,7 @@ fn vectors() -> &'static Value {
 
 struct Loaded {
     tokenizer: Tokenizer,
-    sonnet: SonnetCorpus,
+    sonnet: TokenCorpus,
 }
 
 fn load(name: &str) -> &'static Loaded {
@@ -37,7 +37,7 @@ fn load(name: &str) -> &'static Loaded {
     };
     cell.get_or_init(|| {
         let tokenizer = make();
-        let sonnet = SonnetCorpus::build(SHAKESPEARE, &tokenizer).expect("corpus");
+        let sonnet = TokenCorpus::build(SHAKESPEARE, &tokenizer).expect("corpus");
         Loaded { tokenizer, sonnet }
     })
 }

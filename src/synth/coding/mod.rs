@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::synth::corpus::SonnetCorpus;
+use crate::synth::corpus::TokenCorpus;
 use crate::synth::error::SynthError;
 use crate::synth::generator::GeneratorRngs;
 use crate::synth::rng::{derive_seed, DerivedRng, PyRandom};
@@ -150,7 +150,7 @@ fn check_encodable(tokenizer: &Tokenizer, text: &str, ids: &[u32]) -> Result<(),
 #[derive(Debug, Clone)]
 pub struct CodingPool {
     root_seed: u64,
-    tokens: SonnetCorpus,
+    tokens: TokenCorpus,
 }
 
 impl CodingPool {
@@ -177,14 +177,14 @@ impl CodingPool {
         {
             return Ok(CodingPool {
                 root_seed,
-                tokens: SonnetCorpus::from_parts(tokens, Vec::new()),
+                tokens: TokenCorpus::from_parts(tokens, Vec::new()),
             });
         }
         let ids = encode_large(tokenizer, &text)?;
         check_encodable(tokenizer, &text, &ids)?;
         let pool = CodingPool {
             root_seed,
-            tokens: SonnetCorpus::from_parts(ids, Vec::new()),
+            tokens: TokenCorpus::from_parts(ids, Vec::new()),
         };
         if let Some(p) = &path {
             crate::synth::coding_exact::cache::write(p, &pool.tokens);
