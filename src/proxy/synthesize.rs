@@ -28,8 +28,6 @@ const PLACEHOLDER_OPEN: &[u8] = b"{{kvbust:";
 const MAX_PLACEHOLDER_TOKENS: usize = 1 << 20;
 /// Longest placeholder text between `{{kvbust:` and `}}`; what is longer is not a placeholder.
 const MAX_PLACEHOLDER_INNER: usize = 64;
-/// Longest client text quoted in an error (bytes, before escaping).
-
 /// The byte ranges of a JSON object's members, in order. Keys are decoded; values stay raw.
 struct Members {
     items: Vec<(String, Range<usize>)>,
