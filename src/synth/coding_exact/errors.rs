@@ -233,148 +233,15 @@ fn rustc_error(d: &mut Draw) -> String {
     let col = d.int(5, 40);
     let var = d.noun_snake();
     let pad = " ".repeat(line.to_string().len());
-    let kind = d.n(0, 4);
-    let code = ["382", "308", "599", "502", "277"][kind];
-    match kind {
-        0 => {
-            w!(out, "error[E0382]: borrow of moved value: `{var}`");
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(out, "{} |     let {var} = {}::new();", line - 3, d.pascal());
-            w!(out, "{pad} |         {} move occurs because `{var}` has type `{}`, which does not implement the `Copy` trait", "-".repeat(var.len()), d.s(&["Vec<String>", "String", "HashMap<u64, Entry>", "Box<dyn Handler>"]));
-            w!(out, "{} |     {}({var});", line - 1, d.fn_snake());
-            w!(
-                out,
-                "{pad} |     {}  value moved here",
-                " ".repeat(d.n(4, 12))
-            );
-            w!(out, "{line} |     println!(\"{{:?}}\", {var});");
-            w!(
-                out,
-                "{pad} |                       {} value borrowed here after move",
-                "^".repeat(var.len())
-            );
-        }
-        1 => {
-            let want = d.s(&[
-                "usize",
-                "u64",
-                "String",
-                "&str",
-                "Option<u32>",
-                "Result<(), Error>",
-            ]);
-            let got = d.s(&["u32", "i64", "&String", "String", "u32", "()"]);
-            w!(out, "error[E0308]: mismatched types");
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(
-                out,
-                "{line} |         let {var}: {want} = self.{}();",
-                d.fn_snake()
-            );
-            w!(
-                out,
-                "{pad} |                {}   {} expected `{want}`, found `{got}`",
-                "-".repeat(want.len()),
-                "^".repeat(10)
-            );
-            w!(out, "{pad} |                |");
-            w!(out, "{pad} |                expected due to this");
-            if d.chance(0.5) {
-                w!(out, "{pad} |");
-                w!(
-                    out,
-                    "help: you can convert {} `{got}` to {} `{want}`{}",
-                    d.s(&["a", "an"]),
-                    d.s(&["a", "an"]),
-                    d.s(&[
-                        ", matching the type of the field",
-                        "",
-                        " and panic if the converted value doesn't fit"
-                    ])
-                );
-            }
-        }
-        2 => {
-            w!(
-                out,
-                "error[E0599]: no method named `{}` found for {} `{}` in the current scope",
-                d.fn_snake(),
-                d.s(&["struct", "enum", "reference"]),
-                d.pascal()
-            );
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(out, "{line} |         self.{var}.{}()", d.fn_snake());
-            w!(
-                out,
-                "{pad} |                   {} method not found in `{}`",
-                "^".repeat(d.n(4, 14)),
-                d.pascal()
-            );
-            w!(out, "{pad} |");
-            w!(
-                out,
-                "  = help: items from traits can only be used if the trait is in scope"
-            );
-            w!(out, "help: trait `{}` which provides `{}` is implemented but not in scope; perhaps you want to import it", d.pascal(), d.fn_snake());
-            w!(out, "{pad} |");
-            w!(
-                out,
-                "1  + use {}::{};",
-                d.s(&vocab::RUST_CRATES),
-                d.pascal()
-            );
-        }
-        3 => {
-            w!(out, "error[E0502]: cannot borrow `self.{var}` as mutable because it is also borrowed as immutable");
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(
-                out,
-                "{} |         let {} = self.{var}.get(&key);",
-                line - 1,
-                d.noun_snake()
-            );
-            w!(
-                out,
-                "{pad} |                     {} immutable borrow occurs here",
-                "-".repeat(var.len() + 5)
-            );
-            w!(
-                out,
-                "{line} |         self.{var}.insert(key, {});",
-                d.noun_snake()
-            );
-            w!(
-                out,
-                "{pad} |         {} mutable borrow occurs here",
-                "^".repeat(var.len() + 12)
-            );
-        }
-        _ => {
-            w!(
-                out,
-                "error[E0277]: `{}` cannot be sent between threads safely",
-                d.s(&[
-                    "Rc<RefCell<State>>",
-                    "*mut u8",
-                    "RefCell<Vec<u32>>",
-                    "MutexGuard<'_, Cache>"
-                ])
-            );
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(out, "{line} |     tokio::spawn(async move {{");
-            w!(
-                out,
-                "{pad} |     ^^^^^^^^^^^^ future created by async block is not `Send`"
-            );
-            w!(out, "{pad} |");
-            w!(out, "note: required by a bound in `tokio::spawn`");
-        }
-    }
+    let site = Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    };
+    let (code, error) = RUSTC_ERRORS[d.n(0, RUSTC_ERRORS.len() - 1)];
+    error(d, &mut out, &site);
     w!(out);
     if d.chance(0.6) {
         w!(
@@ -403,6 +270,211 @@ fn rustc_error(d: &mut Draw) -> String {
         d.s(&["", "s"])
     );
     out
+}
+
+/// Where a compiler error points: the file, line and column, the variable it is about, and the
+/// gutter padding for the line-number width.
+struct Site {
+    file: String,
+    line: u64,
+    col: u64,
+    var: String,
+    pad: String,
+}
+
+/// One compiler diagnostic at a site.
+type Diagnostic = fn(&mut Draw, &mut String, &Site);
+
+/// The diagnostics, drawn uniformly with their error code (the order is part of the corpus).
+const RUSTC_ERRORS: [(&str, Diagnostic); 5] = [
+    ("382", e0382_moved),
+    ("308", e0308_mismatched),
+    ("599", e0599_no_method),
+    ("502", e0502_borrow),
+    ("277", e0277_not_send),
+];
+
+/// E0382: borrow of a moved value.
+fn e0382_moved(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    } = site;
+    w!(out, "error[E0382]: borrow of moved value: `{var}`");
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(out, "{} |     let {var} = {}::new();", line - 3, d.pascal());
+    w!(out, "{pad} |         {} move occurs because `{var}` has type `{}`, which does not implement the `Copy` trait", "-".repeat(var.len()), d.s(&["Vec<String>", "String", "HashMap<u64, Entry>", "Box<dyn Handler>"]));
+    w!(out, "{} |     {}({var});", line - 1, d.fn_snake());
+    w!(
+        out,
+        "{pad} |     {}  value moved here",
+        " ".repeat(d.n(4, 12))
+    );
+    w!(out, "{line} |     println!(\"{{:?}}\", {var});");
+    w!(
+        out,
+        "{pad} |                       {} value borrowed here after move",
+        "^".repeat(var.len())
+    );
+}
+
+/// E0308: mismatched types, sometimes with a conversion hint.
+fn e0308_mismatched(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    } = site;
+    let want = d.s(&[
+        "usize",
+        "u64",
+        "String",
+        "&str",
+        "Option<u32>",
+        "Result<(), Error>",
+    ]);
+    let got = d.s(&["u32", "i64", "&String", "String", "u32", "()"]);
+    w!(out, "error[E0308]: mismatched types");
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(
+        out,
+        "{line} |         let {var}: {want} = self.{}();",
+        d.fn_snake()
+    );
+    w!(
+        out,
+        "{pad} |                {}   {} expected `{want}`, found `{got}`",
+        "-".repeat(want.len()),
+        "^".repeat(10)
+    );
+    w!(out, "{pad} |                |");
+    w!(out, "{pad} |                expected due to this");
+    if d.chance(0.5) {
+        w!(out, "{pad} |");
+        w!(
+            out,
+            "help: you can convert {} `{got}` to {} `{want}`{}",
+            d.s(&["a", "an"]),
+            d.s(&["a", "an"]),
+            d.s(&[
+                ", matching the type of the field",
+                "",
+                " and panic if the converted value doesn't fit"
+            ])
+        );
+    }
+}
+
+/// E0599: no such method, with the trait-import hint.
+fn e0599_no_method(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    } = site;
+    w!(
+        out,
+        "error[E0599]: no method named `{}` found for {} `{}` in the current scope",
+        d.fn_snake(),
+        d.s(&["struct", "enum", "reference"]),
+        d.pascal()
+    );
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(out, "{line} |         self.{var}.{}()", d.fn_snake());
+    w!(
+        out,
+        "{pad} |                   {} method not found in `{}`",
+        "^".repeat(d.n(4, 14)),
+        d.pascal()
+    );
+    w!(out, "{pad} |");
+    w!(
+        out,
+        "  = help: items from traits can only be used if the trait is in scope"
+    );
+    w!(out, "help: trait `{}` which provides `{}` is implemented but not in scope; perhaps you want to import it", d.pascal(), d.fn_snake());
+    w!(out, "{pad} |");
+    w!(
+        out,
+        "1  + use {}::{};",
+        d.s(&vocab::RUST_CRATES),
+        d.pascal()
+    );
+}
+
+/// E0502: mutable borrow while borrowed immutably.
+fn e0502_borrow(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    } = site;
+    w!(out, "error[E0502]: cannot borrow `self.{var}` as mutable because it is also borrowed as immutable");
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(
+        out,
+        "{} |         let {} = self.{var}.get(&key);",
+        line - 1,
+        d.noun_snake()
+    );
+    w!(
+        out,
+        "{pad} |                     {} immutable borrow occurs here",
+        "-".repeat(var.len() + 5)
+    );
+    w!(
+        out,
+        "{line} |         self.{var}.insert(key, {});",
+        d.noun_snake()
+    );
+    w!(
+        out,
+        "{pad} |         {} mutable borrow occurs here",
+        "^".repeat(var.len() + 12)
+    );
+}
+
+/// E0277: a future that is not `Send` passed to `tokio::spawn`.
+fn e0277_not_send(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        pad,
+        ..
+    } = site;
+    w!(
+        out,
+        "error[E0277]: `{}` cannot be sent between threads safely",
+        d.s(&[
+            "Rc<RefCell<State>>",
+            "*mut u8",
+            "RefCell<Vec<u32>>",
+            "MutexGuard<'_, Cache>"
+        ])
+    );
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(out, "{line} |     tokio::spawn(async move {{");
+    w!(
+        out,
+        "{pad} |     ^^^^^^^^^^^^ future created by async block is not `Send`"
+    );
+    w!(out, "{pad} |");
+    w!(out, "note: required by a bound in `tokio::spawn`");
 }
 
 fn go_panic(d: &mut Draw) -> String {
