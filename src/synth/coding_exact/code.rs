@@ -218,6 +218,25 @@ fn py_function(d: &mut Draw, out: &mut String, ind: &str, method: bool) {
 
 fn python(d: &mut Draw) -> String {
     let mut out = String::new();
+    py_header(d, &mut out);
+    w!(out);
+    for _ in 0..d.n(1, 3) {
+        w!(out);
+        PY_ITEMS[d.n(0, PY_ITEMS.len() - 1)](d, &mut out);
+    }
+    out
+}
+
+/// Top-level items of a Python module, drawn uniformly (the order is part of the corpus).
+const PY_ITEMS: [fn(&mut Draw, &mut String); 4] = [
+    |d, out| py_function(d, out, "", false),
+    py_class,
+    py_tests,
+    py_main,
+];
+
+/// The path comment, imports, logger and a module constant of a Python module.
+fn py_header(d: &mut Draw, out: &mut String) {
     if d.chance(0.5) {
         w!(out, "# {}", d.path("py"));
     }
@@ -267,140 +286,138 @@ fn python(d: &mut Draw) -> String {
             d.int(2, 10_000)
         );
     }
-    w!(out);
-    for _ in 0..d.n(1, 3) {
+}
+
+/// A class with its methods.
+fn py_class(d: &mut Draw, out: &mut String) {
+    let cls = d.pascal();
+    if d.chance(0.5) {
+        w!(
+            out,
+            "@dataclass{}",
+            d.s(&["", "(frozen=True)", "(slots=True)"])
+        );
+        w!(out, "class {cls}:");
+        w!(out, "    \"\"\"{}.\"\"\"", d.sentence());
         w!(out);
-        match d.n(0, 3) {
-            0 => py_function(d, &mut out, "", false),
-            1 => {
-                let cls = d.pascal();
-                if d.chance(0.5) {
-                    w!(
-                        out,
-                        "@dataclass{}",
-                        d.s(&["", "(frozen=True)", "(slots=True)"])
-                    );
-                    w!(out, "class {cls}:");
-                    w!(out, "    \"\"\"{}.\"\"\"", d.sentence());
-                    w!(out);
-                    for _ in 0..d.n(2, 6) {
-                        w!(
-                            out,
-                            "    {}: {} = {}",
-                            d.noun_snake(),
-                            py_type(d),
-                            py_value(d)
-                        );
-                    }
-                } else {
-                    w!(
-                        out,
-                        "class {cls}({}):",
-                        d.s(&["", "Base", "Protocol", "Exception", "nn.Module"])
-                    );
-                    let n = d.n(1, 3);
-                    let (vars, params) = py_params(d, n);
-                    w!(out, "    def __init__(self, {params}) -> None:");
-                    for v in &vars {
-                        w!(out, "        self.{v} = {v}");
-                    }
-                    w!(
-                        out,
-                        "        self._{} = {}",
-                        d.noun_snake(),
-                        d.s(&["{}", "[]", "0", "None", "threading.Lock()"])
-                    );
-                }
-                for _ in 0..d.n(1, 2) {
-                    w!(out);
-                    py_function(d, &mut out, "    ", true);
-                }
-            }
-            2 => {
-                let subject = d.fn_snake();
-                for _ in 0..d.n(1, 3) {
-                    if d.chance(0.3) {
-                        w!(
-                            out,
-                            "@pytest.mark.parametrize(\"{}\", [{}, {}, {}])",
-                            d.noun_snake(),
-                            d.int(0, 9),
-                            d.int(10, 99),
-                            d.int(100, 999)
-                        );
-                    }
-                    w!(
-                        out,
-                        "def test_{subject}_{}({}):",
-                        d.s(&[
-                            "returns_empty",
-                            "handles_missing_key",
-                            "raises_on_invalid",
-                            "is_idempotent",
-                            "respects_limit",
-                            "roundtrip",
-                            "with_retry",
-                            "sorted_output"
-                        ]),
-                        d.s(&["", "tmp_path", "monkeypatch", "client", "db_session"])
-                    );
-                    let var = d.noun_snake();
-                    w!(out, "    {var} = {subject}({})", py_value(d));
-                    w!(
-                        out,
-                        "    assert {var} {} {}",
-                        d.s(&["==", "!=", "is not", "=="]),
-                        py_value(d)
-                    );
-                    if d.chance(0.5) {
-                        w!(
-                            out,
-                            "    with pytest.raises({}):",
-                            d.s(&vocab::PY_EXCEPTIONS)
-                        );
-                        w!(out, "        {subject}({})", py_value(d));
-                    }
-                    w!(out);
-                }
-            }
-            _ => {
-                let p = d.s(&["parser", "ap", "cli"]);
-                w!(
-                    out,
-                    "def {}(argv{}) -> int:",
-                    d.s(&["main", "cli", "run", "entrypoint"]),
-                    d.s(&[
-                        ": list[str] | None = None",
-                        "=None",
-                        ": Sequence[str] | None = None"
-                    ])
-                );
-                w!(
-                    out,
-                    "    {p} = argparse.ArgumentParser(description=\"{}\")",
-                    d.sentence()
-                );
-                for _ in 0..d.n(2, 4) {
-                    w!(
-                        out,
-                        "    {p}.add_argument(\"--{}\", type={}, default={})",
-                        d.noun_snake().replace('_', "-"),
-                        d.s(&["int", "str", "float"]),
-                        py_value(d)
-                    );
-                }
-                let a = d.s(&["args", "opts", "ns"]);
-                w!(out, "    {a} = {p}.parse_args(argv)");
-                w!(out, "    {}({a})", d.fn_snake());
-                w!(out, "    return 0");
-                w!(out);
-                w!(out);
-                w!(out, "if __name__ == \"__main__\":");
-                w!(out, "    sys.exit(main())");
-            }
+        for _ in 0..d.n(2, 6) {
+            w!(
+                out,
+                "    {}: {} = {}",
+                d.noun_snake(),
+                py_type(d),
+                py_value(d)
+            );
         }
+    } else {
+        w!(
+            out,
+            "class {cls}({}):",
+            d.s(&["", "Base", "Protocol", "Exception", "nn.Module"])
+        );
+        let n = d.n(1, 3);
+        let (vars, params) = py_params(d, n);
+        w!(out, "    def __init__(self, {params}) -> None:");
+        for v in &vars {
+            w!(out, "        self.{v} = {v}");
+        }
+        w!(
+            out,
+            "        self._{} = {}",
+            d.noun_snake(),
+            d.s(&["{}", "[]", "0", "None", "threading.Lock()"])
+        );
     }
-    out
+    for _ in 0..d.n(1, 2) {
+        w!(out);
+        py_function(d, out, "    ", true);
+    }
+}
+
+/// Test functions for one subject.
+fn py_tests(d: &mut Draw, out: &mut String) {
+    let subject = d.fn_snake();
+    for _ in 0..d.n(1, 3) {
+        if d.chance(0.3) {
+            w!(
+                out,
+                "@pytest.mark.parametrize(\"{}\", [{}, {}, {}])",
+                d.noun_snake(),
+                d.int(0, 9),
+                d.int(10, 99),
+                d.int(100, 999)
+            );
+        }
+        w!(
+            out,
+            "def test_{subject}_{}({}):",
+            d.s(&[
+                "returns_empty",
+                "handles_missing_key",
+                "raises_on_invalid",
+                "is_idempotent",
+                "respects_limit",
+                "roundtrip",
+                "with_retry",
+                "sorted_output"
+            ]),
+            d.s(&["", "tmp_path", "monkeypatch", "client", "db_session"])
+        );
+        let var = d.noun_snake();
+        w!(out, "    {var} = {subject}({})", py_value(d));
+        w!(
+            out,
+            "    assert {var} {} {}",
+            d.s(&["==", "!=", "is not", "=="]),
+            py_value(d)
+        );
+        if d.chance(0.5) {
+            w!(
+                out,
+                "    with pytest.raises({}):",
+                d.s(&vocab::PY_EXCEPTIONS)
+            );
+            w!(out, "        {subject}({})", py_value(d));
+        }
+        w!(out);
+    }
+}
+
+/// A `main` entry point with an argument parser.
+fn py_main(d: &mut Draw, out: &mut String) {
+    let p = d.s(&["parser", "ap", "cli"]);
+    w!(
+        out,
+        "def {}(argv{}) -> int:",
+        d.s(&["main", "cli", "run", "entrypoint"]),
+        d.s(&[
+            ": list[str] | None = None",
+            "=None",
+            ": Sequence[str] | None = None"
+        ])
+    );
+    w!(
+        out,
+        "    {p} = argparse.ArgumentParser(description=\"{}\")",
+        d.sentence()
+    );
+    for _ in 0..d.n(2, 4) {
+        w!(
+            out,
+            "    {p}.add_argument(\"--{}\", type={}, default={})",
+            d.noun_snake().replace('_', "-"),
+            d.s(&["int", "str", "float"]),
+            py_value(d)
+        );
+    }
+    let a = d.s(&["args", "opts", "ns"]);
+    w!(out, "    {a} = {p}.parse_args(argv)");
+    w!(out, "    {}({a})", d.fn_snake());
+    w!(out, "    return 0");
+    w!(out);
+    w!(out);
+    w!(out, "if __name__ == \"__main__\":");
+    w!(out, "    sys.exit(main())");
 }
 
 // ---------------------------------------------------------------- Go
