@@ -995,6 +995,35 @@ fn ts_type(d: &mut Draw) -> String {
 
 fn typescript(d: &mut Draw) -> String {
     let mut out = String::new();
+    ts_header(d, &mut out);
+    let ts = ts_interface(d, &mut out);
+    if d.chance(0.4) {
+        w!(
+            out,
+            "const {} = {};",
+            d.noun_snake().to_uppercase(),
+            d.int(1, 10_000)
+        );
+        w!(out);
+    }
+    for _ in 0..d.n(1, 2) {
+        TS_ITEMS[d.n(0, TS_ITEMS.len() - 1)](d, &mut out, &ts);
+        w!(out);
+    }
+    out
+}
+
+/// The exported interface of a TypeScript module, which its other items use.
+struct Ts {
+    iface: String,
+    fields: Vec<String>,
+}
+
+/// Items after the interface, drawn uniformly (the order is part of the corpus).
+const TS_ITEMS: [fn(&mut Draw, &mut String, &Ts); 3] = [ts_function, ts_class, ts_tests];
+
+/// The path comment and imports of a TypeScript module.
+fn ts_header(d: &mut Draw, out: &mut String) {
     if d.chance(0.4) {
         w!(out, "// {}", d.path("ts"));
     }
@@ -1012,6 +1041,10 @@ fn typescript(d: &mut Draw) -> String {
         d.s(&vocab::FILE_STEMS)
     );
     w!(out);
+}
+
+/// The exported interface with two to six fields.
+fn ts_interface(d: &mut Draw, out: &mut String) -> Ts {
     let iface = d.pascal();
     w!(out, "export interface {iface} {{");
     let mut fields = Vec::new();
@@ -1028,148 +1061,169 @@ fn typescript(d: &mut Draw) -> String {
     }
     w!(out, "}}");
     w!(out);
-    if d.chance(0.4) {
+    Ts { iface, fields }
+}
+
+/// An exported function.
+fn ts_function(d: &mut Draw, out: &mut String, ts: &Ts) {
+    let Ts { iface, fields } = ts;
+    let name = d.camel_fn();
+    let is_async = d.chance(0.5);
+    w!(out, "/** {}. */", d.sentence());
+    w!(
+        out,
+        "export {}function {name}(input: {iface}, {}: {}): {} {{",
+        if is_async { "async " } else { "" },
+        d.camel(),
+        ts_type(d),
+        if is_async {
+            format!("Promise<{}>", ts_type(d))
+        } else {
+            ts_type(d)
+        }
+    );
+    for _ in 0..d.n(2, 5) {
+        let f = d.pick(fields).clone();
+        match d.n(0, 5) {
+            0 => {
+                w!(out, "  if (!input.{f}) {{");
+                w!(
+                    out,
+                    "    throw new Error(`{} missing for ${{input.{}}}`);",
+                    d.noun_phrase(),
+                    d.pick(fields)
+                );
+                w!(out, "  }}");
+            }
+            1 => w!(
+                out,
+                "  const {} = await {}.{}(input.{f});",
+                d.camel(),
+                d.camel(),
+                d.camel_fn()
+            ),
+            2 => w!(
+                out,
+                "  const {} = input.{f}.filter((x) => x.{} !== undefined).map((x) => x.{});",
+                d.camel(),
+                d.camel(),
+                d.camel()
+            ),
+            3 => w!(
+                out,
+                "  logger.{}({{ {f}: input.{f} }}, \"{}\");",
+                d.s(&["info", "debug", "warn"]),
+                d.sentence().to_lowercase()
+            ),
+            4 => {
+                w!(
+                    out,
+                    "  for (const {} of input.{f}) {{",
+                    d.s(&vocab::NOUNS).replace('_', "")
+                );
+                w!(out, "    total += {};", d.int(1, 9));
+                w!(out, "  }}");
+            }
+            _ => w!(out, "  // {}", d.sentence()),
+        }
+    }
+    w!(
+        out,
+        "  return {};",
+        d.s(&[
+            "result",
+            "null",
+            "total",
+            "input",
+            "{ ...input, updatedAt: new Date() }"
+        ])
+    );
+    w!(out, "}}");
+}
+
+/// An exported class keeping `iface` values in a map.
+fn ts_class(d: &mut Draw, out: &mut String, ts: &Ts) {
+    let Ts { iface, .. } = ts;
+    let cls = d.pascal();
+    w!(out, "export class {cls} {{");
+    w!(
+        out,
+        "  private readonly {} = new Map<string, {iface}>();",
+        d.camel()
+    );
+    w!(out);
+    w!(
+        out,
+        "  constructor(private readonly {}: {}, private {}: number = {}) {{}}",
+        d.camel(),
+        d.pascal(),
+        d.camel(),
+        d.int(1, 500)
+    );
+    for _ in 0..d.n(1, 3) {
+        w!(out);
         w!(
             out,
-            "const {} = {};",
-            d.noun_snake().to_uppercase(),
-            d.int(1, 10_000)
+            "  {}{}({}: {}): {} {{",
+            d.s(&["", "async ", "public ", "private "]),
+            d.camel_fn(),
+            d.camel(),
+            ts_type(d),
+            ts_type(d)
         );
-        w!(out);
+        w!(
+            out,
+            "    const {} = this.{}.get({});",
+            d.camel(),
+            d.camel(),
+            d.s(&["key", "id", "name"])
+        );
+        w!(
+            out,
+            "    {}",
+            d.s(&[
+                "if (!entry) return null;",
+                "this.hits++;",
+                "await this.flush();",
+                "this.emit(\"change\", entry);"
+            ])
+        );
+        w!(
+            out,
+            "    return {};",
+            d.s(&["entry", "this.size", "true", "undefined"])
+        );
+        w!(out, "  }}");
     }
-    for _ in 0..d.n(1, 2) {
-        match d.n(0, 2) {
-            0 => {
-                let name = d.camel_fn();
-                let is_async = d.chance(0.5);
-                w!(out, "/** {}. */", d.sentence());
-                w!(
-                    out,
-                    "export {}function {name}(input: {iface}, {}: {}): {} {{",
-                    if is_async { "async " } else { "" },
-                    d.camel(),
-                    ts_type(d),
-                    if is_async {
-                        format!("Promise<{}>", ts_type(d))
-                    } else {
-                        ts_type(d)
-                    }
-                );
-                for _ in 0..d.n(2, 5) {
-                    let f = d.pick(&fields).clone();
-                    match d.n(0, 5) {
-                        0 => {
-                            w!(out, "  if (!input.{f}) {{");
-                            w!(out, "    throw new Error(`{} missing for ${{input.{}}}`);", d.noun_phrase(), d.pick(&fields));
-                            w!(out, "  }}");
-                        }
-                        1 => w!(out, "  const {} = await {}.{}(input.{f});", d.camel(), d.camel(), d.camel_fn()),
-                        2 => w!(out, "  const {} = input.{f}.filter((x) => x.{} !== undefined).map((x) => x.{});", d.camel(), d.camel(), d.camel()),
-                        3 => w!(out, "  logger.{}({{ {f}: input.{f} }}, \"{}\");", d.s(&["info", "debug", "warn"]), d.sentence().to_lowercase()),
-                        4 => {
-                            w!(out, "  for (const {} of input.{f}) {{", d.s(&vocab::NOUNS).replace('_', ""));
-                            w!(out, "    total += {};", d.int(1, 9));
-                            w!(out, "  }}");
-                        }
-                        _ => w!(out, "  // {}", d.sentence()),
-                    }
-                }
-                w!(
-                    out,
-                    "  return {};",
-                    d.s(&[
-                        "result",
-                        "null",
-                        "total",
-                        "input",
-                        "{ ...input, updatedAt: new Date() }"
-                    ])
-                );
-                w!(out, "}}");
-            }
-            1 => {
-                let cls = d.pascal();
-                w!(out, "export class {cls} {{");
-                w!(
-                    out,
-                    "  private readonly {} = new Map<string, {iface}>();",
-                    d.camel()
-                );
-                w!(out);
-                w!(
-                    out,
-                    "  constructor(private readonly {}: {}, private {}: number = {}) {{}}",
-                    d.camel(),
-                    d.pascal(),
-                    d.camel(),
-                    d.int(1, 500)
-                );
-                for _ in 0..d.n(1, 3) {
-                    w!(out);
-                    w!(
-                        out,
-                        "  {}{}({}: {}): {} {{",
-                        d.s(&["", "async ", "public ", "private "]),
-                        d.camel_fn(),
-                        d.camel(),
-                        ts_type(d),
-                        ts_type(d)
-                    );
-                    w!(
-                        out,
-                        "    const {} = this.{}.get({});",
-                        d.camel(),
-                        d.camel(),
-                        d.s(&["key", "id", "name"])
-                    );
-                    w!(
-                        out,
-                        "    {}",
-                        d.s(&[
-                            "if (!entry) return null;",
-                            "this.hits++;",
-                            "await this.flush();",
-                            "this.emit(\"change\", entry);"
-                        ])
-                    );
-                    w!(
-                        out,
-                        "    return {};",
-                        d.s(&["entry", "this.size", "true", "undefined"])
-                    );
-                    w!(out, "  }}");
-                }
-                w!(out, "}}");
-            }
-            _ => {
-                let subject = d.camel_fn();
-                w!(out, "describe(\"{subject}\", () => {{");
-                for _ in 0..d.n(2, 4) {
-                    w!(
-                        out,
-                        "  it(\"{} {}\", {}() => {{",
-                        d.s(&["returns", "rejects", "handles", "keeps", "drops"]),
-                        d.noun_phrase(),
-                        d.s(&["", "async "])
-                    );
-                    w!(
-                        out,
-                        "    const result = {subject}({{ {}: {} }});",
-                        d.pick(&fields),
-                        d.int(0, 99)
-                    );
-                    w!(
-                        out,
-                        "    expect(result){}({});",
-                        d.s(&[".toEqual", ".toBe", ".not.toBeNull", ".toHaveLength"]),
-                        d.int(0, 9)
-                    );
-                    w!(out, "  }});");
-                }
-                w!(out, "}});");
-            }
-        }
-        w!(out);
+    w!(out, "}}");
+}
+
+/// A `describe` block of tests.
+fn ts_tests(d: &mut Draw, out: &mut String, ts: &Ts) {
+    let Ts { fields, .. } = ts;
+    let subject = d.camel_fn();
+    w!(out, "describe(\"{subject}\", () => {{");
+    for _ in 0..d.n(2, 4) {
+        w!(
+            out,
+            "  it(\"{} {}\", {}() => {{",
+            d.s(&["returns", "rejects", "handles", "keeps", "drops"]),
+            d.noun_phrase(),
+            d.s(&["", "async "])
+        );
+        w!(
+            out,
+            "    const result = {subject}({{ {}: {} }});",
+            d.pick(fields),
+            d.int(0, 99)
+        );
+        w!(
+            out,
+            "    expect(result){}({});",
+            d.s(&[".toEqual", ".toBe", ".not.toBeNull", ".toHaveLength"]),
+            d.int(0, 9)
+        );
+        w!(out, "  }});");
     }
-    out
+    w!(out, "}});");
 }
