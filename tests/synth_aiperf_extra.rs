@@ -7,7 +7,7 @@
 use clap::Parser;
 use kvbust::synth::cli::SynthArgs;
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
-use kvbust::synth::{compose, SonnetCorpus, Tokenizer};
+use kvbust::synth::{compose, TokenCorpus, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -33,7 +33,7 @@ fn aiperf_extra_datasets_match() {
     .unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
     let tok = Tokenizer::default_qwen3().unwrap();
-    let sonnet = SonnetCorpus::shipped(SHAKESPEARE, &tok).unwrap();
+    let sonnet = TokenCorpus::shipped(SHAKESPEARE, &tok).unwrap();
     let mut failures = Vec::new();
     let cases = v["cases"].as_object().unwrap();
     for (name, case) in cases {

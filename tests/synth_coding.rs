@@ -5,14 +5,13 @@
 //! issue #9's. Also the pool's size and id hash for two seeds (printed by AIPerf), the placeholder
 //! stream, and the clear error for a tokenizer that cannot encode the pool.
 
-use std::path::PathBuf;
+mod synth_common;
+use synth_common::{argv, compare, fixture, params_from_argv};
+
 use std::sync::{Arc, OnceLock};
 
 use kvbust::synth::coding::{CodingPool, CodingPrompts};
-use kvbust::synth::{
-    compose, CacheBustTarget, Dataset, PromptCorpus, PromptStream, RandomCorpusStyle, SynthParams,
-    Tokenizer,
-};
+use kvbust::synth::{compose, Dataset, PromptCorpus, PromptStream, RandomCorpusStyle, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -23,73 +22,14 @@ const PENDING: &[(&str, &str)] = &[(
      (issue #9, branch `traces`); its turn texts are checked through the hash-id API here",
 )];
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/synth")
-        .join(name)
-}
-
 fn vectors() -> &'static Value {
     static V: OnceLock<Value> = OnceLock::new();
-    V.get_or_init(|| {
-        let text = std::fs::read_to_string(fixture("coding.json")).expect("coding.json");
-        serde_json::from_str(&text).expect("valid JSON")
-    })
+    V.get_or_init(|| synth_common::read_json("coding.json"))
 }
 
 fn tokenizer() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| Tokenizer::default_qwen3().expect("qwen3"))
-}
-
-fn argv(case: &Value) -> Vec<String> {
-    case["argv"]
-        .as_array()
-        .expect("argv")
-        .iter()
-        .map(|s| s.as_str().expect("string").to_owned())
-        .collect()
-}
-
-/// Maps a case's AIPerf argv onto [`SynthParams`].
-fn params_from_argv(argv: &[String]) -> SynthParams {
-    let mut p = SynthParams::default();
-    let mut args = argv.iter().map(String::as_str);
-    while let Some(flag) = args.next() {
-        if flag == "--apply-chat-template" {
-            p.apply_chat_template = true;
-            continue;
-        }
-        let val = args.next().expect("a value");
-        match flag {
-            "--osl-stddev" => p.osl_stddev = val.parse().unwrap(),
-            "--session-turns-stddev" => p.session_turns_stddev = val.parse().unwrap(),
-            "--system-prompt" => p.system_prompt = Some(val.to_owned()),
-            "--random-range-ratio" => p.range_ratio = Some(val.parse().unwrap()),
-            "--isl" => p.isl = Some(val.parse().unwrap()),
-            "--isl-stddev" => p.isl_stddev = val.parse().unwrap(),
-            "--osl" => p.osl = Some(val.parse().unwrap()),
-            "--random-seed" => p.random_seed = Some(val.parse().unwrap()),
-            "--num-dataset-entries" => p.num_dataset_entries = val.parse().unwrap(),
-            "--prompt-corpus" => p.prompt_corpus = val.parse::<PromptCorpus>().unwrap(),
-            "--num-prefix-prompts" => p.num_prefix_prompts = val.parse().unwrap(),
-            "--prefix-prompt-length" => p.prefix_prompt_length = val.parse().unwrap(),
-            "--shared-system-prompt-length" => {
-                p.shared_system_prompt_length = Some(val.parse().unwrap())
-            }
-            "--user-context-prompt-length" => {
-                p.user_context_prompt_length = Some(val.parse().unwrap())
-            }
-            "--session-turns-mean" => p.session_turns_mean = val.parse().unwrap(),
-            "--cache-bust" => p.cache_bust = val.parse::<CacheBustTarget>().unwrap(),
-            other => panic!("flag {other} is not mapped"),
-        }
-    }
-    p
-}
-
-fn opt_str(v: &Value) -> Option<String> {
-    v.as_str().map(str::to_owned)
 }
 
 /// Compares one synthetic case; returns the first difference.
@@ -99,39 +39,9 @@ fn check_case(name: &str) -> Result<(), String> {
     assert_eq!(params.prompt_corpus, PromptCorpus::Coding);
     let got: Dataset = compose(&params, tokenizer(), None, &mut |_, _| {})
         .map_err(|e| format!("{name}: error {e}"))?;
-    let want = case["conversations"].as_array().expect("conversations");
-    if got.conversations.len() != want.len() {
-        return Err(format!("{name}: {} conversations", got.conversations.len()));
-    }
-    for (c, (g, w)) in got.conversations.iter().zip(want).enumerate() {
-        let ctx = format!("{name} conversation {c}");
-        if g.session_id != w["session_id"].as_str().unwrap() {
-            return Err(format!("{ctx}: session id {}", g.session_id));
-        }
-        if g.system_message != opt_str(&w["system_message"]) {
-            return Err(format!("{ctx}: system message {:?}", g.system_message));
-        }
-        if g.user_context_message != opt_str(&w["user_context_message"]) {
-            return Err(format!("{ctx}: user context {:?}", g.user_context_message));
-        }
-        let wt = w["turns"].as_array().expect("turns");
-        if g.turns.len() != wt.len() {
-            return Err(format!("{ctx}: {} turns want {}", g.turns.len(), wt.len()));
-        }
-        for (t, (gt, wt)) in g.turns.iter().zip(wt).enumerate() {
-            let want_text = wt["text"].as_str().unwrap();
-            if gt.text != want_text {
-                return Err(format!(
-                    "{ctx} turn {t}: text\n got {:?}\nwant {want_text:?}",
-                    gt.text
-                ));
-            }
-            if gt.max_tokens != wt["max_tokens"].as_u64() {
-                return Err(format!("{ctx} turn {t}: max_tokens {:?}", gt.max_tokens));
-            }
-        }
-    }
-    Ok(())
+    compare(name, &got, &case["conversations"], |t| {
+        t["text"].as_str().unwrap()
+    })
 }
 
 #[test]
@@ -306,8 +216,7 @@ fn digest(s: Option<&str>) -> Value {
 #[test]
 fn more_seeds_lengths_and_flags_match_aiperf() {
     // `coding_extra.json`: AIPerf 0.13.0's own composer, texts as sha256 (see its README row).
-    let text = std::fs::read_to_string(fixture("coding_extra.json")).expect("coding_extra.json");
-    let v: Value = serde_json::from_str(&text).expect("valid JSON");
+    let v = synth_common::read_json("coding_extra.json");
     let llama = Tokenizer::from_path(&fixture("tokenizers/llama-3.2")).expect("llama");
     let cases = v["cases"].as_object().unwrap();
     assert_eq!(cases.len(), 8);

@@ -300,7 +300,7 @@ fn synth_cli_prompt_corpus_coding_exact() {
 #[test]
 fn prompt_stream_serves_the_coding_exact_corpus() {
     let tok = Arc::new(Tokenizer::default_qwen3().expect("tokenizer"));
-    let corpus = Some(corpus().as_sonnet().clone());
+    let corpus = Some(corpus().as_token_corpus().clone());
     let stream = |corpus| {
         PromptStream::new(
             tok.clone(),

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
-use kvbust::synth::{compose, PromptCorpus, RangeRatio, SonnetCorpus, SynthParams, Tokenizer};
+use kvbust::synth::{compose, PromptCorpus, RangeRatio, SynthParams, TokenCorpus, Tokenizer};
 
 #[test]
 #[ignore = "timing run, prints figures"]
@@ -17,14 +17,14 @@ fn synthesis_timings() {
     );
 
     let t = Instant::now();
-    let corpus = SonnetCorpus::build(SHAKESPEARE, &tok).unwrap();
+    let corpus = TokenCorpus::build(SHAKESPEARE, &tok).unwrap();
     println!(
         "sonnet corpus tokenize ({} tokens, parallel): {:.3} s",
         corpus.len(),
         t.elapsed().as_secs_f64()
     );
     let t = Instant::now();
-    let shipped = SonnetCorpus::shipped(SHAKESPEARE, &tok).unwrap();
+    let shipped = TokenCorpus::shipped(SHAKESPEARE, &tok).unwrap();
     println!(
         "sonnet corpus from shipped ids: {:.3} s",
         t.elapsed().as_secs_f64()
@@ -39,13 +39,13 @@ fn synthesis_timings() {
     .unwrap();
     let dir = std::env::temp_dir().join(format!("kvbust-perf-{}", std::process::id()));
     let t = Instant::now();
-    SonnetCorpus::build_cached(SHAKESPEARE, &llama, Some(&dir)).unwrap();
+    TokenCorpus::build_cached(SHAKESPEARE, &llama, Some(&dir)).unwrap();
     println!(
         "llama corpus, first run (tokenize + write cache): {:.3} s",
         t.elapsed().as_secs_f64()
     );
     let t = Instant::now();
-    SonnetCorpus::build_cached(SHAKESPEARE, &llama, Some(&dir)).unwrap();
+    TokenCorpus::build_cached(SHAKESPEARE, &llama, Some(&dir)).unwrap();
     println!(
         "llama corpus from id cache: {:.3} s",
         t.elapsed().as_secs_f64()
@@ -91,7 +91,7 @@ fn where_sonnet_time_goes() {
     use kvbust::synth::reencode::reencode;
     let tok = Tokenizer::default_qwen3().unwrap();
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("synth-corpus-cache");
-    let corpus = SonnetCorpus::build_cached(SHAKESPEARE, &tok, Some(&dir)).unwrap();
+    let corpus = TokenCorpus::build_cached(SHAKESPEARE, &tok, Some(&dir)).unwrap();
     tok.boundary_flags();
     let starts: Vec<usize> = (0..500)
         .map(|i| (i * 2297) % (corpus.len() - 2000))

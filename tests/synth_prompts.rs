@@ -2,37 +2,27 @@
 //! library: texts byte-identical, `max_tokens`, system and user-context messages equal. Also the
 //! corpus facts. Cases not run would be listed in `SKIPPED` with the reason.
 
-use std::path::PathBuf;
+mod synth_common;
+use synth_common::{argv, compare, fixture, params_from_argv};
+
 use std::sync::OnceLock;
 
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
-use kvbust::synth::{
-    compose, CacheBustTarget, Dataset, PromptCorpus, RangeRatio, SonnetCorpus, SynthParams,
-    Tokenizer,
-};
+use kvbust::synth::{compose, Dataset, PromptCorpus, TokenCorpus, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// Cases not run, with the reason.
 const SKIPPED: &[(&str, &str)] = &[];
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/synth")
-        .join(name)
-}
-
 fn vectors() -> &'static Value {
     static V: OnceLock<Value> = OnceLock::new();
-    V.get_or_init(|| {
-        let text = std::fs::read_to_string(fixture("prompts.json")).expect("prompts.json");
-        serde_json::from_str(&text).expect("valid JSON")
-    })
+    V.get_or_init(|| synth_common::read_json("prompts.json"))
 }
 
 struct Loaded {
     tokenizer: Tokenizer,
-    sonnet: SonnetCorpus,
+    sonnet: TokenCorpus,
 }
 
 fn load(name: &str) -> &'static Loaded {
@@ -47,64 +37,15 @@ fn load(name: &str) -> &'static Loaded {
     };
     cell.get_or_init(|| {
         let tokenizer = make();
-        let sonnet = SonnetCorpus::build(SHAKESPEARE, &tokenizer).expect("corpus");
+        let sonnet = TokenCorpus::build(SHAKESPEARE, &tokenizer).expect("corpus");
         Loaded { tokenizer, sonnet }
     })
-}
-
-/// Maps a case's AIPerf argv onto [`SynthParams`] (only the flags synthesis reads).
-fn params_from_argv(argv: &[String]) -> SynthParams {
-    let mut p = SynthParams::default();
-    let mut i = 0;
-    while i < argv.len() {
-        let flag = argv[i].as_str();
-        let val = argv.get(i + 1).map(String::as_str).unwrap_or("");
-        let mut takes = true;
-        match flag {
-            "--isl" => p.isl = Some(val.parse().unwrap()),
-            "--isl-stddev" => p.isl_stddev = val.parse().unwrap(),
-            "--osl" => p.osl = Some(val.parse().unwrap()),
-            "--osl-stddev" => p.osl_stddev = val.parse().unwrap(),
-            "--random-seed" => p.random_seed = Some(val.parse().unwrap()),
-            "--num-dataset-entries" => p.num_dataset_entries = val.parse().unwrap(),
-            "--prompt-corpus" => p.prompt_corpus = val.parse::<PromptCorpus>().unwrap(),
-            "--random-corpus-style" => p.random_corpus_style = val.parse().unwrap(),
-            "--random-range-ratio" => p.range_ratio = Some(val.parse::<RangeRatio>().unwrap()),
-            "--num-prefix-prompts" => p.num_prefix_prompts = val.parse().unwrap(),
-            "--prefix-prompt-length" => p.prefix_prompt_length = val.parse().unwrap(),
-            "--shared-system-prompt-length" => {
-                p.shared_system_prompt_length = Some(val.parse().unwrap())
-            }
-            "--user-context-prompt-length" => {
-                p.user_context_prompt_length = Some(val.parse().unwrap())
-            }
-            "--session-turns-mean" => p.session_turns_mean = val.parse().unwrap(),
-            "--session-turns-stddev" => p.session_turns_stddev = val.parse().unwrap(),
-            "--cache-bust" => p.cache_bust = val.parse::<CacheBustTarget>().unwrap(),
-            "--apply-chat-template" => {
-                p.apply_chat_template = true;
-                takes = false;
-            }
-            _ => takes = flag.starts_with("--") && !val.starts_with("--") && !val.is_empty(),
-        }
-        i += if takes { 2 } else { 1 };
-    }
-    p
-}
-
-fn opt_str(v: &Value) -> Option<String> {
-    v.as_str().map(str::to_owned)
 }
 
 /// Compares one case; returns a description of the first difference.
 fn check_case(name: &str) -> Result<(), String> {
     let case = &vectors()["cases"][name];
-    let argv: Vec<String> = case["argv"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_owned())
-        .collect();
+    let argv = argv(case);
     let loaded = load(case["tokenizer"].as_str().unwrap());
     let params = params_from_argv(&argv);
     let got: Dataset = compose(
@@ -114,52 +55,9 @@ fn check_case(name: &str) -> Result<(), String> {
         &mut |_, _| {},
     )
     .map_err(|e| format!("{name}: error {e}"))?;
-    let want = case["conversations"].as_array().unwrap();
-    if got.conversations.len() != want.len() {
-        return Err(format!(
-            "{name}: {} conversations, want {}",
-            got.conversations.len(),
-            want.len()
-        ));
-    }
-    for (c, (g, w)) in got.conversations.iter().zip(want).enumerate() {
-        let ctx = format!("{name} conversation {c}");
-        if g.session_id != w["session_id"].as_str().unwrap() {
-            return Err(format!("{ctx}: session id {}", g.session_id));
-        }
-        if g.system_message != opt_str(&w["system_message"]) {
-            return Err(format!(
-                "{ctx}: system message {:?} want {:?}",
-                g.system_message, w["system_message"]
-            ));
-        }
-        if g.user_context_message != opt_str(&w["user_context_message"]) {
-            return Err(format!(
-                "{ctx}: user context {:?} want {:?}",
-                g.user_context_message, w["user_context_message"]
-            ));
-        }
-        let wt = w["turns"].as_array().unwrap();
-        if g.turns.len() != wt.len() {
-            return Err(format!("{ctx}: {} turns want {}", g.turns.len(), wt.len()));
-        }
-        for (t, (gt, wt)) in g.turns.iter().zip(wt).enumerate() {
-            let want_text = wt["texts"][0].as_str().unwrap();
-            if gt.text != want_text {
-                return Err(format!(
-                    "{ctx} turn {t}: text\n got {:?}\nwant {:?}",
-                    gt.text, want_text
-                ));
-            }
-            if gt.max_tokens != wt["max_tokens"].as_u64() {
-                return Err(format!(
-                    "{ctx} turn {t}: max_tokens {:?} want {}",
-                    gt.max_tokens, wt["max_tokens"]
-                ));
-            }
-        }
-    }
-    Ok(())
+    compare(name, &got, &case["conversations"], |t| {
+        t["texts"][0].as_str().unwrap()
+    })
 }
 
 fn case_names(filter: impl Fn(&str) -> bool) -> Vec<String> {

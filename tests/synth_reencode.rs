@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
 use kvbust::synth::reencode::{reencode, Pieces};
 use kvbust::synth::rng::PyRandom;
-use kvbust::synth::{compose, PromptCorpus, RangeRatio, SonnetCorpus, SynthParams, Tokenizer};
+use kvbust::synth::{compose, PromptCorpus, RangeRatio, SynthParams, TokenCorpus, Tokenizer};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -19,7 +19,7 @@ fn fixture(name: &str) -> PathBuf {
 
 struct Loaded {
     tokenizer: Tokenizer,
-    sonnet: SonnetCorpus,
+    sonnet: TokenCorpus,
 }
 
 fn load(name: &str) -> &'static Loaded {
@@ -34,7 +34,7 @@ fn load(name: &str) -> &'static Loaded {
     cell.get_or_init(|| {
         let tokenizer = make();
         let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("synth-corpus-cache");
-        let sonnet = SonnetCorpus::build_cached(SHAKESPEARE, &tokenizer, Some(&cache)).unwrap();
+        let sonnet = TokenCorpus::build_cached(SHAKESPEARE, &tokenizer, Some(&cache)).unwrap();
         Loaded { tokenizer, sonnet }
     })
 }

@@ -23,7 +23,7 @@ use crate::synth::composer::build_dataset_with;
 use crate::synth::corpus::sonnet::default_cache_dir;
 use crate::synth::corpus::sonnet::SHAKESPEARE;
 use crate::synth::corpus::RandomCorpusStyle;
-use crate::synth::corpus::SonnetCorpus;
+use crate::synth::corpus::TokenCorpus;
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
 use crate::synth::export::{self, Answers, ChatOptions};
@@ -448,7 +448,7 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
         Ok(match args.format {
             OutputFormat::OpenaiChat | OutputFormat::Sharegpt => Some(Answers::new(
                 &tokenizer,
-                SonnetCorpus::build_cached(SHAKESPEARE, &tokenizer, cache_dir.as_deref())?,
+                TokenCorpus::build_cached(SHAKESPEARE, &tokenizer, cache_dir.as_deref())?,
                 seed.unwrap_or(0),
             )),
             _ => None,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::synth::coding::{self, CodingPool};
 use crate::synth::coding_exact::CodingCorpus;
 use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
-use crate::synth::corpus::{RandomCorpusStyle, RandomPools, SonnetCorpus};
+use crate::synth::corpus::{RandomCorpusStyle, RandomPools, TokenCorpus};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
 use crate::synth::generator::{CorpusSource, GeneratorRngs, PreseedRng, PromptGenerator};
@@ -216,7 +216,7 @@ pub fn build_dataset_with(
         return crate::synth::trace::build_from_params(params, tokenizer, cache_dir);
     }
     let source = match (params.prompt_corpus, params.random_seed) {
-        (PromptCorpus::Sonnet, _) => Some(CorpusSource::Sonnet(SonnetCorpus::build_cached(
+        (PromptCorpus::Sonnet, _) => Some(CorpusSource::Sonnet(TokenCorpus::build_cached(
             SHAKESPEARE,
             tokenizer,
             cache_dir,
@@ -226,7 +226,7 @@ pub fn build_dataset_with(
         ))),
         (PromptCorpus::CodingExact, Some(seed)) => Some(CorpusSource::Sonnet(
             CodingCorpus::for_root_seed_cached(seed, tokenizer, cache_dir)?
-                .as_sonnet()
+                .as_token_corpus()
                 .clone(),
         )),
         _ => None,
@@ -235,14 +235,14 @@ pub fn build_dataset_with(
 }
 
 /// Builds the dataset AIPerf 0.13.0 would build for `params` and `tokenizer`. The sonnet corpus
-/// must be given when `params.prompt_corpus` is sonnet (see [`SonnetCorpus::build`]); for
+/// must be given when `params.prompt_corpus` is sonnet (see [`TokenCorpus::build`]); for
 /// coding-exact, a prebuilt [`CodingCorpus`]'s token array may be given, else it is built from
 /// the root seed; for coding, `sonnet` is ignored and AIPerf's pool is built from the root seed.
 /// `progress` is told after each conversation `(done, total)`.
 pub fn compose(
     params: &SynthParams,
     tokenizer: &Tokenizer,
-    sonnet: Option<&SonnetCorpus>,
+    sonnet: Option<&TokenCorpus>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Dataset, SynthError> {
     let source = sonnet.map(|s| CorpusSource::Sonnet(s.clone()));
@@ -345,7 +345,7 @@ pub fn compose_from(
         (PromptCorpus::CodingExact, Some(s @ CorpusSource::Sonnet(_))) => s,
         (PromptCorpus::CodingExact, _) => CorpusSource::Sonnet(
             CodingCorpus::for_root_seed(root_seed, tokenizer)?
-                .as_sonnet()
+                .as_token_corpus()
                 .clone(),
         ),
     };

@@ -13,7 +13,7 @@ use crate::synth::error::SynthError;
 use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
 use crate::synth::rng::derive_seed;
 use crate::synth::tokenizer::Tokenizer;
-use crate::synth::SonnetCorpus;
+use crate::synth::TokenCorpus;
 
 /// The stream answer texts are drawn from (kvbust's own; AIPerf never draws it).
 const ANSWERS_STREAM: &str = "kvbust.export.answers";
@@ -25,7 +25,7 @@ pub struct Answers<'t> {
 
 impl<'t> Answers<'t> {
     /// Answers under `root_seed` (the dataset's `--random-seed`, 0 without one).
-    pub fn new(tokenizer: &'t Tokenizer, sonnet: SonnetCorpus, root_seed: u64) -> Self {
+    pub fn new(tokenizer: &'t Tokenizer, sonnet: TokenCorpus, root_seed: u64) -> Self {
         let rngs = GeneratorRngs::derive(derive_seed(root_seed, ANSWERS_STREAM));
         Answers {
             gen: PromptGenerator::new(tokenizer, CorpusSource::Sonnet(sonnet), rngs),

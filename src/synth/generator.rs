@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::synth::coding::CodingPool;
-use crate::synth::corpus::{RandomPools, SonnetCorpus};
+use crate::synth::corpus::{RandomPools, TokenCorpus};
 use crate::synth::error::SynthError;
 use crate::synth::reencode::{reencode, Pieces};
 use crate::synth::rng::{DerivedRng, NumpyGenerator, RandomState};
@@ -44,7 +44,7 @@ impl PreseedRng {
 #[derive(Clone)]
 pub enum CorpusSource {
     /// Token windows of the sonnet corpus.
-    Sonnet(SonnetCorpus),
+    Sonnet(TokenCorpus),
     /// Consecutive ids of the random corpus's pool.
     Random(RandomPools),
     /// Windows of AIPerf's coding pool, decoded without the fix-up loop.

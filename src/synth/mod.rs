@@ -21,7 +21,7 @@ pub mod tokenizer;
 pub mod trace;
 
 pub use composer::{build_dataset, build_dataset_with, compose, compose_from};
-pub use corpus::{RandomCorpusStyle, SonnetCorpus};
+pub use corpus::{RandomCorpusStyle, TokenCorpus};
 pub use dataset::{Conversation, Dataset, Turn};
 pub use error::SynthError;
 pub use marker::CacheBustTarget;

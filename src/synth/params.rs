@@ -11,11 +11,12 @@ use crate::synth::trace::{corpus_refusal, BlockTerminator, TraceKind};
 /// AIPerf's default ISL mean when `--isl` is not given.
 pub const DEFAULT_ISL: u64 = 550;
 
-/// `--prompt-corpus`.
+/// `--prompt-corpus`. Its names live in [`PromptCorpus::as_str`] only: serde, `FromStr` and
+/// `Display` all go through it.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
 )]
-#[serde(rename_all = "snake_case")]
+#[serde(into = "&'static str", try_from = "String")]
 pub enum PromptCorpus {
     #[default]
     Sonnet,
@@ -25,7 +26,6 @@ pub enum PromptCorpus {
     Coding,
     /// kvbust's own agentic-coding corpus ([`crate::synth::coding_exact`]), sampled like sonnet
     /// (token-exact).
-    #[serde(rename = "coding-exact", alias = "coding_exact")]
     CodingExact,
 }
 
@@ -65,6 +65,19 @@ impl std::str::FromStr for PromptCorpus {
             .ok_or_else(|| {
                 format!("unknown prompt corpus {s:?}; use sonnet, random, coding or coding-exact")
             })
+    }
+}
+
+impl From<PromptCorpus> for &'static str {
+    fn from(c: PromptCorpus) -> Self {
+        c.as_str()
+    }
+}
+
+impl TryFrom<String> for PromptCorpus {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
     }
 }
 
@@ -364,5 +377,24 @@ impl SynthParams {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corpus_names_round_trip_through_serde_and_from_str() {
+        for c in PromptCorpus::ALL {
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(json, format!("\"{}\"", c.as_str()));
+            assert_eq!(serde_json::from_str::<PromptCorpus>(&json).unwrap(), c);
+            assert_eq!(c.as_str().parse::<PromptCorpus>().unwrap(), c);
+        }
+        let e: PromptCorpus = serde_json::from_str("\"coding_exact\"").unwrap();
+        assert_eq!(e, PromptCorpus::CodingExact);
+        let err = serde_json::from_str::<PromptCorpus>("\"poetry\"").unwrap_err();
+        assert!(err.to_string().contains("unknown prompt corpus"), "{err}");
     }
 }

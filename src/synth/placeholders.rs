@@ -18,7 +18,7 @@ use lru::LruCache;
 
 use crate::synth::coding_exact::CodingCorpus;
 use crate::synth::corpus::sonnet::SHAKESPEARE;
-use crate::synth::corpus::{RandomCorpusStyle, SonnetCorpus};
+use crate::synth::corpus::{RandomCorpusStyle, TokenCorpus};
 use crate::synth::error::SynthError;
 use crate::synth::params::PromptCorpus;
 use crate::synth::rng::derive_seed;
@@ -79,8 +79,8 @@ impl Lane {
 /// The corpora lanes draw from, built on first use.
 #[derive(Default)]
 struct Corpora {
-    sonnet: Mutex<Option<SonnetCorpus>>,
-    coding: Mutex<Option<SonnetCorpus>>,
+    sonnet: Mutex<Option<TokenCorpus>>,
+    coding: Mutex<Option<TokenCorpus>>,
 }
 
 /// Placeholder prompt lanes over one tokenizer.
@@ -128,7 +128,7 @@ impl PromptLanes {
 
     /// The corpus token array for sonnet and coding-exact lanes (built once, outside the lane
     /// map). AIPerf's `coding` pool depends on the stream's own seed, so its stream builds it.
-    fn corpus(&self, corpus: PromptCorpus) -> Result<Option<SonnetCorpus>, SynthError> {
+    fn corpus(&self, corpus: PromptCorpus) -> Result<Option<TokenCorpus>, SynthError> {
         let slot = match corpus {
             PromptCorpus::Sonnet => &self.corpora.sonnet,
             PromptCorpus::CodingExact => &self.corpora.coding,
@@ -145,10 +145,10 @@ impl PromptLanes {
                 &self.tokenizer,
                 self.cache_dir.as_deref(),
             )?
-            .as_sonnet()
+            .as_token_corpus()
             .clone(),
             _ => {
-                SonnetCorpus::build_cached(SHAKESPEARE, &self.tokenizer, self.cache_dir.as_deref())?
+                TokenCorpus::build_cached(SHAKESPEARE, &self.tokenizer, self.cache_dir.as_deref())?
             }
         };
         tracing::info!(corpus = corpus.as_str(), elapsed = ?t0.elapsed(), "placeholder corpus ready");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::synth::coding::{self, CodingPool};
 use crate::synth::coding_exact::CodingCorpus;
-use crate::synth::corpus::{RandomCorpusStyle, RandomPools, SonnetCorpus};
+use crate::synth::corpus::{RandomCorpusStyle, RandomPools, TokenCorpus};
 use crate::synth::error::SynthError;
 use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
 use crate::synth::params::PromptCorpus;
@@ -27,7 +27,7 @@ impl PromptStream {
         tokenizer: Arc<Tokenizer>,
         corpus: PromptCorpus,
         style: RandomCorpusStyle,
-        sonnet: Option<SonnetCorpus>,
+        sonnet: Option<TokenCorpus>,
         seed: Option<u64>,
     ) -> Result<Self, SynthError> {
         let root = seed.unwrap_or_else(rand::random);
@@ -47,7 +47,7 @@ impl PromptStream {
             PromptCorpus::CodingExact => CorpusSource::Sonnet(match sonnet {
                 Some(c) => c,
                 None => CodingCorpus::for_root_seed(root, &tokenizer)?
-                    .as_sonnet()
+                    .as_token_corpus()
                     .clone(),
             }),
         };

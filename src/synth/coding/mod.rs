@@ -14,13 +14,12 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
-use crate::synth::corpus::SonnetCorpus;
+use crate::synth::corpus::TokenCorpus;
 use crate::synth::error::SynthError;
 use crate::synth::generator::GeneratorRngs;
 use crate::synth::rng::{derive_seed, DerivedRng, PyRandom};
 use crate::synth::tokenizer::Tokenizer;
+use crate::synth::trace::blocks::{self, HashBlocks, LayoutError};
 
 /// The prefix of the coding corpus's four derived streams (`.template`, `.corpus`, `.length`,
 /// `.prefix`).
@@ -151,7 +150,7 @@ fn check_encodable(tokenizer: &Tokenizer, text: &str, ids: &[u32]) -> Result<(),
 #[derive(Debug, Clone)]
 pub struct CodingPool {
     root_seed: u64,
-    tokens: SonnetCorpus,
+    tokens: TokenCorpus,
 }
 
 impl CodingPool {
@@ -178,14 +177,14 @@ impl CodingPool {
         {
             return Ok(CodingPool {
                 root_seed,
-                tokens: SonnetCorpus::from_parts(tokens, Vec::new()),
+                tokens: TokenCorpus::from_parts(tokens, Vec::new()),
             });
         }
         let ids = encode_large(tokenizer, &text)?;
         check_encodable(tokenizer, &text, &ids)?;
         let pool = CodingPool {
             root_seed,
-            tokens: SonnetCorpus::from_parts(ids, Vec::new()),
+            tokens: TokenCorpus::from_parts(ids, Vec::new()),
         };
         if let Some(p) = &path {
             crate::synth::coding_exact::cache::write(p, &pool.tokens);
@@ -213,23 +212,9 @@ impl CodingPool {
         self.tokens.is_empty()
     }
 
-    /// AIPerf's window: `pool[start:start+n]`, and when that runs past the end,
-    /// `pool[:start+n-len]` appended once (so a window longer than the pool is not repeated
-    /// further, exactly as AIPerf slices).
+    /// AIPerf's window of the pool (see [`blocks::window`]).
     pub fn window(&self, start: usize, n: usize) -> Vec<u32> {
-        let pool = self.tokens();
-        let size = pool.len();
-        if size == 0 || n == 0 {
-            return Vec::new();
-        }
-        let start = start % size;
-        let end = start + n;
-        let mut out = Vec::with_capacity(n.min(2 * size));
-        out.extend_from_slice(&pool[start..end.min(size)]);
-        if end > size {
-            out.extend_from_slice(&pool[..(end - size).min(size)]);
-        }
-        out
+        blocks::window(self.tokens(), start, n)
     }
 
     /// `_sample_tokens(n)`: a window at `corpus.randrange(len)` (no draw for `n == 0`).
@@ -242,48 +227,15 @@ impl CodingPool {
     }
 }
 
-/// AIPerf's `HashIdRandomGenerator` seeded from the coding corpus stream: a Python `Random`
-/// re-seeded per hash id with `sha256(f"{base_seed}:{trace_id}:{hash_id}")[:8]`.
-#[derive(Debug, Clone)]
-pub struct HashIdRng {
-    base_seed: u64,
-    trace_id: String,
-}
-
-impl HashIdRng {
-    /// `HashIdRandomGenerator.from_base_rng(corpus_rng)` for a seeded run: the base seed is
-    /// the corpus stream's derived seed.
-    pub fn for_root_seed(root_seed: u64) -> Self {
-        HashIdRng {
-            base_seed: derive_seed(root_seed, CORPUS_STREAM),
-            trace_id: String::new(),
-        }
-    }
-
-    /// `set_trace_id`: scopes hash ids to one trace file.
-    pub fn set_trace_id(&mut self, trace_id: &str) {
-        self.trace_id = trace_id.to_owned();
-    }
-
-    /// The generator `reseed_for_hash_id(hash_id)` leaves behind.
-    pub fn for_hash_id(&self, hash_id: u64) -> PyRandom {
-        let digest = Sha256::digest(format!("{}:{}:{hash_id}", self.base_seed, self.trace_id));
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&digest[..8]);
-        PyRandom::new(u64::from_be_bytes(first))
-    }
-}
-
 /// Prompts from the coding corpus as AIPerf's `CodingContentGenerator` makes them: windows
 /// from the `.corpus` stream, decoded without any fix-up, lengths from `.length`, prefix
 /// choices from `.prefix`, hash-id blocks cached per id. This is the API trace replay calls.
 pub struct CodingPrompts {
     pool: Arc<CodingPool>,
     rngs: GeneratorRngs,
-    hash_rng: HashIdRng,
-    /// `block_separation_token_id`: BOS, else EOS, else none.
-    separator: Option<u32>,
-    blocks: HashMap<u64, Vec<u32>>,
+    /// AIPerf's `HashIdRandomGenerator` over the `.corpus` stream's seed, with its block cache
+    /// and `block_separation_token_id` (BOS, else EOS, else none).
+    blocks: HashBlocks,
 }
 
 impl CodingPrompts {
@@ -292,9 +244,11 @@ impl CodingPrompts {
         let root = pool.root_seed();
         CodingPrompts {
             rngs: GeneratorRngs::derive_under(root, STREAM_PREFIX),
-            hash_rng: HashIdRng::for_root_seed(root),
-            separator: tokenizer.bos_token_id().or(tokenizer.eos_token_id()),
-            blocks: HashMap::new(),
+            blocks: HashBlocks::new(
+                derive_seed(root, CORPUS_STREAM),
+                String::new(),
+                tokenizer.bos_token_id().or(tokenizer.eos_token_id()),
+            ),
             pool,
         }
     }
@@ -306,7 +260,7 @@ impl CodingPrompts {
 
     /// `set_trace_id` of the hash-id generator (the trace file's identity).
     pub fn set_trace_id(&mut self, trace_id: &str) {
-        self.hash_rng.set_trace_id(trace_id);
+        self.blocks.set_trace_id(trace_id);
     }
 
     /// `calculate_num_tokens(mean, stddev)` on the `.length` stream.
@@ -355,79 +309,43 @@ impl CodingPrompts {
         hash_ids: &[u64],
         block_size: usize,
     ) -> Result<Vec<u32>, SynthError> {
-        if num_tokens == 0 || block_size == 0 {
-            return Err(SynthError::invalid(format!(
-                "input length {num_tokens} with block size {block_size}: both must be greater \
-                 than 0 (hash ids {hash_ids:?})"
-            )));
-        }
-        if hash_ids.is_empty() {
-            return Ok(self.sample_tokens(num_tokens));
-        }
-        let m = hash_ids.len();
-        let final_block = if m * block_size > num_tokens {
-            let last = num_tokens as i64 - ((m - 1) * block_size) as i64;
-            if last <= 0 || last as usize > block_size {
-                return Err(SynthError::invalid(format!(
+        let ids = hash_ids
+            .iter()
+            .map(|&h| i64::try_from(h))
+            .collect::<Result<Vec<i64>, _>>()
+            .map_err(|_| {
+                SynthError::invalid(format!(
+                    "hash ids {hash_ids:?}: a hash id must be at most {} (AIPerf reads them as \
+                     64-bit signed integers)",
+                    i64::MAX
+                ))
+            })?;
+        let (pool, rngs) = (&self.pool, &mut self.rngs);
+        let mut tail = |n| pool.sample(&mut rngs.corpus.py, n);
+        let n = i64::try_from(num_tokens).unwrap_or(i64::MAX);
+        self.blocks
+            .token_sequence(pool.tokens(), n, &ids, block_size, 0, &mut tail)
+            .map_err(|e| match e {
+                LayoutError::NotPositive => SynthError::invalid(format!(
+                    "input length {num_tokens} with block size {block_size}: both must be \
+                     greater than 0 (hash ids {hash_ids:?})"
+                )),
+                LayoutError::FinalBlock { final_size } => SynthError::invalid(format!(
                     "input length {num_tokens}, hash ids {hash_ids:?} and block size \
-                     {block_size} are not compatible: the final block would hold {last} tokens \
-                     (it must be between 1 and {block_size})"
-                )));
-            }
-            last as usize
-        } else {
-            block_size
-        };
-        let mut out = Vec::with_capacity(num_tokens);
-        for (i, &id) in hash_ids.iter().enumerate() {
-            let size = if i == m - 1 { final_block } else { block_size };
-            let block = match self.blocks.get(&id) {
-                Some(b) if b.len() != size => {
-                    return Err(SynthError::invalid(format!(
-                        "hash id {id} requested at {size} tokens but already made at {} tokens; \
-                         a hash id must stand for one block size (a corrupt trace, or a block \
-                         size that disagrees with the trace)",
-                        b.len()
-                    )))
-                }
-                Some(b) => b,
-                None => {
-                    let block = self.hash_block(id, size);
-                    self.blocks.entry(id).or_insert(block)
-                }
-            };
-            out.extend_from_slice(block);
-        }
-        if num_tokens > out.len() {
-            let tail = self.sample_tokens(num_tokens - out.len());
-            out.extend_from_slice(&tail);
-        }
-        Ok(out)
-    }
-
-    /// `sample_tokens_from_corpus(pool, size, reseeded rng, separator)` for one hash id.
-    fn hash_block(&self, hash_id: u64, size: usize) -> Vec<u32> {
-        let mut rng = self.hash_rng.for_hash_id(hash_id);
-        let mut out = Vec::with_capacity(size);
-        let mut n = size;
-        if let Some(sep) = self.separator {
-            out.push(sep);
-            n -= 1;
-        }
-        let len = self.pool.len();
-        if len == 0 {
-            return out;
-        }
-        let start = rng.randrange(len as u64) as usize;
-        let end = start + n;
-        let pool = self.pool.tokens();
-        if end <= len {
-            out.extend_from_slice(&pool[start..end]);
-        } else {
-            out.extend_from_slice(&pool[start..]);
-            out.extend_from_slice(&pool[..(end - len).min(len)]);
-        }
-        out
+                     {block_size} are not compatible: the final block would hold {final_size} \
+                     tokens (it must be between 1 and {block_size})"
+                )),
+                LayoutError::SizeConflict {
+                    hash_id,
+                    size,
+                    first_size,
+                    ..
+                } => SynthError::invalid(format!(
+                    "hash id {hash_id} requested at {size} tokens but already made at \
+                     {first_size} tokens; a hash id must stand for one block size (a corrupt \
+                     trace, or a block size that disagrees with the trace)"
+                )),
+            })
     }
 
     /// [`CodingPrompts::hash_id_tokens`] decoded (special tokens kept).
@@ -440,36 +358,5 @@ impl CodingPrompts {
     ) -> Result<String, SynthError> {
         let ids = self.hash_id_tokens(num_tokens, hash_ids, block_size)?;
         tokenizer.decode(&ids)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn windows_slice_like_aiperf() {
-        let pool = CodingPool {
-            root_seed: 0,
-            tokens: SonnetCorpus::from_parts((0..10).collect(), Vec::new()),
-        };
-        assert_eq!(pool.window(8, 4), [8, 9, 0, 1]);
-        assert_eq!(pool.window(3, 2), [3, 4]);
-        // Longer than the pool: the wrap is appended once, capped at the pool.
-        assert_eq!(pool.window(5, 25).len(), 5 + 10);
-    }
-
-    #[test]
-    fn hash_id_reseed_matches_aiperf() {
-        // HashIdRandomGenerator(123); set_trace_id("trace"); reseed_for_hash_id(7);
-        // randrange(1000000) twice, printed by AIPerf 0.13.0.
-        let mut h = HashIdRng {
-            base_seed: 123,
-            trace_id: String::new(),
-        };
-        h.set_trace_id("trace");
-        let mut r = h.for_hash_id(7);
-        assert_eq!(r.randrange(1_000_000), 186_972);
-        assert_eq!(r.randrange(1_000_000), 89_867);
     }
 }

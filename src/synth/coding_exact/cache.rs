@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::synth::corpus::SonnetCorpus;
+use crate::synth::corpus::TokenCorpus;
 
 /// The cache file for a corpus text under a tokenizer.
 pub fn path(dir: &Path, tokenizer_fingerprint: &str, text: &str) -> PathBuf {
@@ -18,16 +18,16 @@ pub fn path(dir: &Path, tokenizer_fingerprint: &str, text: &str) -> PathBuf {
     dir.join(format!("coding-ids-v1-{fp}-{}.bin", &text_hash[..16]))
 }
 
-/// Reads an entry in the sonnet id cache's layout ([`SonnetCorpus::to_cache_bytes`]); `None`
+/// Reads an entry in the sonnet id cache's layout ([`TokenCorpus::to_cache_bytes`]); `None`
 /// when missing or corrupt.
 pub fn read(path: &Path) -> Option<(Vec<u32>, Vec<usize>)> {
-    let c = crate::synth::corpus::sonnet::read_cache(path)?;
+    let c = crate::synth::corpus::tokens::read_cache(path)?;
     Some((c.tokens().to_vec(), c.joins().to_vec()))
 }
 
 /// Writes an entry atomically in the sonnet cache's layout; failures are ignored.
-pub fn write(path: &Path, corpus: &SonnetCorpus) {
-    crate::synth::corpus::sonnet::write_cache(path, corpus);
+pub fn write(path: &Path, corpus: &TokenCorpus) {
+    crate::synth::corpus::tokens::write_cache(path, corpus);
 }
 
 #[cfg(test)]
@@ -40,7 +40,7 @@ mod tests {
         let p = path(&dir, "0123456789abcdef0123", "some text");
         write(
             &p,
-            &SonnetCorpus::from_parts(vec![1, 2, 3, 151_643], vec![2]),
+            &TokenCorpus::from_parts(vec![1, 2, 3, 151_643], vec![2]),
         );
         assert_eq!(read(&p), Some((vec![1, 2, 3, 151_643], vec![2])));
         let mut bytes = std::fs::read(&p).unwrap();

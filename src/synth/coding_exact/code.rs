@@ -60,9 +60,9 @@ fn py_stmt(d: &mut Draw, out: &mut String, ind: &str, vars: &[String]) {
             );
         }
         2 => {
-            let item = d.s(vocab::NOUNS);
+            let item = d.s(&vocab::NOUNS);
             w!(out, "{ind}for {item} in {v}:");
-            w!(out, "{ind}    if not {item}.{}:", d.s(vocab::ADJS));
+            w!(out, "{ind}    if not {item}.{}:", d.s(&vocab::ADJS));
             w!(out, "{ind}        continue");
             w!(
                 out,
@@ -218,6 +218,25 @@ fn py_function(d: &mut Draw, out: &mut String, ind: &str, method: bool) {
 
 fn python(d: &mut Draw) -> String {
     let mut out = String::new();
+    py_header(d, &mut out);
+    w!(out);
+    for _ in 0..d.n(1, 3) {
+        w!(out);
+        PY_ITEMS[d.n(0, PY_ITEMS.len() - 1)](d, &mut out);
+    }
+    out
+}
+
+/// Top-level items of a Python module, drawn uniformly (the order is part of the corpus).
+const PY_ITEMS: [fn(&mut Draw, &mut String); 4] = [
+    |d, out| py_function(d, out, "", false),
+    py_class,
+    py_tests,
+    py_main,
+];
+
+/// The path comment, imports, logger and a module constant of a Python module.
+fn py_header(d: &mut Draw, out: &mut String) {
     if d.chance(0.5) {
         w!(out, "# {}", d.path("py"));
     }
@@ -225,7 +244,7 @@ fn python(d: &mut Draw) -> String {
         w!(out, "from __future__ import annotations");
         w!(out);
     }
-    let mut mods = d.sample_n(vocab::PY_STDLIB, 2, 5);
+    let mut mods = d.sample_n(&vocab::PY_STDLIB, 2, 5);
     mods.sort_unstable();
     for m in mods {
         w!(out, "import {m}");
@@ -247,7 +266,7 @@ fn python(d: &mut Draw) -> String {
             out,
             "from {}.{} import {}, {}",
             d.project().replace('-', "_"),
-            d.s(vocab::SUB_DIRS),
+            d.s(&vocab::SUB_DIRS),
             d.pascal(),
             d.fn_snake()
         );
@@ -267,140 +286,138 @@ fn python(d: &mut Draw) -> String {
             d.int(2, 10_000)
         );
     }
-    w!(out);
-    for _ in 0..d.n(1, 3) {
+}
+
+/// A class with its methods.
+fn py_class(d: &mut Draw, out: &mut String) {
+    let cls = d.pascal();
+    if d.chance(0.5) {
+        w!(
+            out,
+            "@dataclass{}",
+            d.s(&["", "(frozen=True)", "(slots=True)"])
+        );
+        w!(out, "class {cls}:");
+        w!(out, "    \"\"\"{}.\"\"\"", d.sentence());
         w!(out);
-        match d.n(0, 3) {
-            0 => py_function(d, &mut out, "", false),
-            1 => {
-                let cls = d.pascal();
-                if d.chance(0.5) {
-                    w!(
-                        out,
-                        "@dataclass{}",
-                        d.s(&["", "(frozen=True)", "(slots=True)"])
-                    );
-                    w!(out, "class {cls}:");
-                    w!(out, "    \"\"\"{}.\"\"\"", d.sentence());
-                    w!(out);
-                    for _ in 0..d.n(2, 6) {
-                        w!(
-                            out,
-                            "    {}: {} = {}",
-                            d.noun_snake(),
-                            py_type(d),
-                            py_value(d)
-                        );
-                    }
-                } else {
-                    w!(
-                        out,
-                        "class {cls}({}):",
-                        d.s(&["", "Base", "Protocol", "Exception", "nn.Module"])
-                    );
-                    let n = d.n(1, 3);
-                    let (vars, params) = py_params(d, n);
-                    w!(out, "    def __init__(self, {params}) -> None:");
-                    for v in &vars {
-                        w!(out, "        self.{v} = {v}");
-                    }
-                    w!(
-                        out,
-                        "        self._{} = {}",
-                        d.noun_snake(),
-                        d.s(&["{}", "[]", "0", "None", "threading.Lock()"])
-                    );
-                }
-                for _ in 0..d.n(1, 2) {
-                    w!(out);
-                    py_function(d, &mut out, "    ", true);
-                }
-            }
-            2 => {
-                let subject = d.fn_snake();
-                for _ in 0..d.n(1, 3) {
-                    if d.chance(0.3) {
-                        w!(
-                            out,
-                            "@pytest.mark.parametrize(\"{}\", [{}, {}, {}])",
-                            d.noun_snake(),
-                            d.int(0, 9),
-                            d.int(10, 99),
-                            d.int(100, 999)
-                        );
-                    }
-                    w!(
-                        out,
-                        "def test_{subject}_{}({}):",
-                        d.s(&[
-                            "returns_empty",
-                            "handles_missing_key",
-                            "raises_on_invalid",
-                            "is_idempotent",
-                            "respects_limit",
-                            "roundtrip",
-                            "with_retry",
-                            "sorted_output"
-                        ]),
-                        d.s(&["", "tmp_path", "monkeypatch", "client", "db_session"])
-                    );
-                    let var = d.noun_snake();
-                    w!(out, "    {var} = {subject}({})", py_value(d));
-                    w!(
-                        out,
-                        "    assert {var} {} {}",
-                        d.s(&["==", "!=", "is not", "=="]),
-                        py_value(d)
-                    );
-                    if d.chance(0.5) {
-                        w!(
-                            out,
-                            "    with pytest.raises({}):",
-                            d.s(vocab::PY_EXCEPTIONS)
-                        );
-                        w!(out, "        {subject}({})", py_value(d));
-                    }
-                    w!(out);
-                }
-            }
-            _ => {
-                let p = d.s(&["parser", "ap", "cli"]);
-                w!(
-                    out,
-                    "def {}(argv{}) -> int:",
-                    d.s(&["main", "cli", "run", "entrypoint"]),
-                    d.s(&[
-                        ": list[str] | None = None",
-                        "=None",
-                        ": Sequence[str] | None = None"
-                    ])
-                );
-                w!(
-                    out,
-                    "    {p} = argparse.ArgumentParser(description=\"{}\")",
-                    d.sentence()
-                );
-                for _ in 0..d.n(2, 4) {
-                    w!(
-                        out,
-                        "    {p}.add_argument(\"--{}\", type={}, default={})",
-                        d.noun_snake().replace('_', "-"),
-                        d.s(&["int", "str", "float"]),
-                        py_value(d)
-                    );
-                }
-                let a = d.s(&["args", "opts", "ns"]);
-                w!(out, "    {a} = {p}.parse_args(argv)");
-                w!(out, "    {}({a})", d.fn_snake());
-                w!(out, "    return 0");
-                w!(out);
-                w!(out);
-                w!(out, "if __name__ == \"__main__\":");
-                w!(out, "    sys.exit(main())");
-            }
+        for _ in 0..d.n(2, 6) {
+            w!(
+                out,
+                "    {}: {} = {}",
+                d.noun_snake(),
+                py_type(d),
+                py_value(d)
+            );
         }
+    } else {
+        w!(
+            out,
+            "class {cls}({}):",
+            d.s(&["", "Base", "Protocol", "Exception", "nn.Module"])
+        );
+        let n = d.n(1, 3);
+        let (vars, params) = py_params(d, n);
+        w!(out, "    def __init__(self, {params}) -> None:");
+        for v in &vars {
+            w!(out, "        self.{v} = {v}");
+        }
+        w!(
+            out,
+            "        self._{} = {}",
+            d.noun_snake(),
+            d.s(&["{}", "[]", "0", "None", "threading.Lock()"])
+        );
     }
-    out
+    for _ in 0..d.n(1, 2) {
+        w!(out);
+        py_function(d, out, "    ", true);
+    }
+}
+
+/// Test functions for one subject.
+fn py_tests(d: &mut Draw, out: &mut String) {
+    let subject = d.fn_snake();
+    for _ in 0..d.n(1, 3) {
+        if d.chance(0.3) {
+            w!(
+                out,
+                "@pytest.mark.parametrize(\"{}\", [{}, {}, {}])",
+                d.noun_snake(),
+                d.int(0, 9),
+                d.int(10, 99),
+                d.int(100, 999)
+            );
+        }
+        w!(
+            out,
+            "def test_{subject}_{}({}):",
+            d.s(&[
+                "returns_empty",
+                "handles_missing_key",
+                "raises_on_invalid",
+                "is_idempotent",
+                "respects_limit",
+                "roundtrip",
+                "with_retry",
+                "sorted_output"
+            ]),
+            d.s(&["", "tmp_path", "monkeypatch", "client", "db_session"])
+        );
+        let var = d.noun_snake();
+        w!(out, "    {var} = {subject}({})", py_value(d));
+        w!(
+            out,
+            "    assert {var} {} {}",
+            d.s(&["==", "!=", "is not", "=="]),
+            py_value(d)
+        );
+        if d.chance(0.5) {
+            w!(
+                out,
+                "    with pytest.raises({}):",
+                d.s(&vocab::PY_EXCEPTIONS)
+            );
+            w!(out, "        {subject}({})", py_value(d));
+        }
+        w!(out);
+    }
+}
+
+/// A `main` entry point with an argument parser.
+fn py_main(d: &mut Draw, out: &mut String) {
+    let p = d.s(&["parser", "ap", "cli"]);
+    w!(
+        out,
+        "def {}(argv{}) -> int:",
+        d.s(&["main", "cli", "run", "entrypoint"]),
+        d.s(&[
+            ": list[str] | None = None",
+            "=None",
+            ": Sequence[str] | None = None"
+        ])
+    );
+    w!(
+        out,
+        "    {p} = argparse.ArgumentParser(description=\"{}\")",
+        d.sentence()
+    );
+    for _ in 0..d.n(2, 4) {
+        w!(
+            out,
+            "    {p}.add_argument(\"--{}\", type={}, default={})",
+            d.noun_snake().replace('_', "-"),
+            d.s(&["int", "str", "float"]),
+            py_value(d)
+        );
+    }
+    let a = d.s(&["args", "opts", "ns"]);
+    w!(out, "    {a} = {p}.parse_args(argv)");
+    w!(out, "    {}({a})", d.fn_snake());
+    w!(out, "    return 0");
+    w!(out);
+    w!(out);
+    w!(out, "if __name__ == \"__main__\":");
+    w!(out, "    sys.exit(main())");
 }
 
 // ---------------------------------------------------------------- Go
@@ -479,7 +496,7 @@ fn go_function(d: &mut Draw, out: &mut String, recv: Option<&str>) {
                 w!(
                     out,
                     "\tfor i, {} := range {v} {{",
-                    d.s(vocab::NOUNS).replace('_', "")
+                    d.s(&vocab::NOUNS).replace('_', "")
                 );
                 w!(out, "\t\tif i >= {} {{", d.int(8, 1024));
                 w!(out, "\t\t\tbreak");
@@ -532,14 +549,14 @@ fn go_zero(ty: &str) -> &'static str {
 
 fn go(d: &mut Draw) -> String {
     let mut out = String::new();
-    let pkg = d.s(vocab::SUB_DIRS);
+    let pkg = d.s(&vocab::SUB_DIRS);
     if d.chance(0.4) {
         w!(out, "// {}", d.path("go"));
     }
     w!(out, "package {pkg}");
     w!(out);
     w!(out, "import (");
-    let mut imports = d.sample_n(vocab::GO_IMPORTS, 3, 6);
+    let mut imports = d.sample_n(&vocab::GO_IMPORTS, 3, 6);
     imports.sort_unstable();
     for i in imports {
         w!(out, "\t\"{i}\"");
@@ -551,7 +568,7 @@ fn go(d: &mut Draw) -> String {
             "\t\"github.com/{}/{}/internal/{}\"",
             d.user(),
             d.project(),
-            d.s(vocab::SUB_DIRS)
+            d.s(&vocab::SUB_DIRS)
         );
     }
     w!(out, ")");
@@ -561,7 +578,7 @@ fn go(d: &mut Draw) -> String {
             out,
             "var Err{} = errors.New(\"{}\")",
             d.pascal(),
-            d.s(vocab::ERROR_PHRASES)
+            d.s(&vocab::ERROR_PHRASES)
         );
         w!(out);
     }
@@ -647,6 +664,22 @@ fn rs_type(d: &mut Draw) -> String {
 
 fn rust(d: &mut Draw) -> String {
     let mut out = String::new();
+    rs_header(d, &mut out);
+    let ty = d.pascal();
+    let err = format!("{}Error", d.pascal());
+    if d.chance(0.5) {
+        rs_error_enum(d, &mut out, &err);
+    }
+    let fields = rs_struct(d, &mut out, &ty);
+    rs_impl(d, &mut out, &ty, &err, &fields);
+    if d.chance(0.6) {
+        rs_tests(d, &mut out, &ty, &fields[0]);
+    }
+    out
+}
+
+/// The file comment, module doc and `use` lines of a Rust module.
+fn rs_header(d: &mut Draw, out: &mut String) {
     if d.chance(0.4) {
         w!(out, "// {}", d.path("rs"));
     }
@@ -673,7 +706,7 @@ fn rust(d: &mut Draw) -> String {
         w!(out, "{u}");
     }
     w!(out);
-    for c in d.sample_n(vocab::RUST_CRATES, 1, 3) {
+    for c in d.sample_n(&vocab::RUST_CRATES, 1, 3) {
         match c {
             "serde" => w!(out, "use serde::{{Deserialize, Serialize}};"),
             "tokio" => w!(out, "use tokio::sync::{{mpsc, RwLock}};"),
@@ -683,39 +716,43 @@ fn rust(d: &mut Draw) -> String {
         }
     }
     w!(out);
-    let ty = d.pascal();
-    let err = format!("{}Error", d.pascal());
-    if d.chance(0.5) {
-        w!(out, "#[derive(Debug, thiserror::Error)]");
-        w!(out, "pub enum {err} {{");
-        for _ in 0..d.n(2, 4) {
-            let v = d.pascal();
-            match d.n(0, 2) {
-                0 => {
-                    w!(
-                        out,
-                        "    #[error(\"{} not found: {{0}}\")]",
-                        d.noun_phrase()
-                    );
-                    w!(out, "    {v}NotFound(String),");
-                }
-                1 => {
-                    w!(
-                        out,
-                        "    #[error(\"{} timed out after {{0:?}}\")]",
-                        d.noun_phrase()
-                    );
-                    w!(out, "    {v}Timeout(Duration),");
-                }
-                _ => {
-                    w!(out, "    #[error(\"io error: {{0}}\")]");
-                    w!(out, "    Io(#[from] std::io::Error),");
-                }
+}
+
+/// A `thiserror` enum named `err` with two to four variants.
+fn rs_error_enum(d: &mut Draw, out: &mut String, err: &str) {
+    w!(out, "#[derive(Debug, thiserror::Error)]");
+    w!(out, "pub enum {err} {{");
+    for _ in 0..d.n(2, 4) {
+        let v = d.pascal();
+        match d.n(0, 2) {
+            0 => {
+                w!(
+                    out,
+                    "    #[error(\"{} not found: {{0}}\")]",
+                    d.noun_phrase()
+                );
+                w!(out, "    {v}NotFound(String),");
+            }
+            1 => {
+                w!(
+                    out,
+                    "    #[error(\"{} timed out after {{0:?}}\")]",
+                    d.noun_phrase()
+                );
+                w!(out, "    {v}Timeout(Duration),");
+            }
+            _ => {
+                w!(out, "    #[error(\"io error: {{0}}\")]");
+                w!(out, "    Io(#[from] std::io::Error),");
             }
         }
-        w!(out, "}}");
-        w!(out);
     }
+    w!(out, "}}");
+    w!(out);
+}
+
+/// The struct `ty` with two to five distinct fields; returns the field names (never empty).
+fn rs_struct(d: &mut Draw, out: &mut String, ty: &str) -> Vec<String> {
     w!(out, "/// {}.", d.sentence());
     w!(
         out,
@@ -739,6 +776,11 @@ fn rust(d: &mut Draw) -> String {
     }
     w!(out, "}}");
     w!(out);
+    fields
+}
+
+/// `impl ty`: a constructor and one to three methods.
+fn rs_impl(d: &mut Draw, out: &mut String, ty: &str, err: &str, fields: &[String]) {
     w!(out, "impl {ty} {{");
     w!(
         out,
@@ -752,155 +794,187 @@ fn rust(d: &mut Draw) -> String {
     w!(out, "        }}");
     w!(out, "    }}");
     for _ in 0..d.n(1, 3) {
-        w!(out);
-        let name = d.fn_snake();
-        let arg = d.noun_snake();
-        let is_async = d.chance(0.3);
-        w!(out, "    /// {}.", d.sentence());
-        w!(
-            out,
-            "    pub {}fn {name}(&{}self, {arg}: {}) -> Result<{}, {}> {{",
-            if is_async { "async " } else { "" },
-            d.s(&["", "mut "]),
-            d.s(&["&str", "u64", "&[u8]", "usize", "&Path"]),
-            rs_type(d),
-            if d.chance(0.5) {
-                err.clone()
-            } else {
-                d.s(&["anyhow::Error", "std::io::Error"]).to_owned()
-            }
-        );
-        for _ in 0..d.n(2, 5) {
-            let f = d.pick(&fields).clone();
-            match d.n(0, 6) {
-                0 => {
-                    w!(
-                        out,
-                        "        if self.{f}.{}() {{",
-                        d.s(&["is_empty", "is_none", "is_stale", "is_closed"])
-                    );
-                    w!(
-                        out,
-                        "            return {};",
-                        d.s(&[
-                            "Ok(Default::default())",
-                            "Ok(Vec::new())",
-                            "Ok(0)",
-                            "Err(Error::Empty)",
-                            "Ok(None)"
-                        ])
-                    );
-                    w!(out, "        }}");
-                }
-                1 => w!(
-                    out,
-                    "        let {} = self.{}(&{arg}){}?;",
-                    d.noun_snake(),
-                    d.fn_snake(),
-                    if is_async { ".await" } else { "" }
-                ),
-                2 => {
-                    w!(
-                        out,
-                        "        for (i, {}) in self.{f}.iter().enumerate() {{",
-                        d.s(vocab::NOUNS)
-                    );
-                    w!(
-                        out,
-                        "            debug!(i, \"{}\");",
-                        d.sentence().to_lowercase()
-                    );
-                    w!(out, "        }}");
-                }
-                3 => {
-                    w!(
-                        out,
-                        "        let {} = match self.{f}.get(&{arg}) {{",
-                        d.noun_snake()
-                    );
-                    w!(out, "            Some(v) => v.clone(),");
-                    w!(
-                        out,
-                        "            None => return Err({}.into()),",
-                        d.s(&[
-                            "\"missing entry\"",
-                            "std::io::ErrorKind::NotFound",
-                            "anyhow::anyhow!(\"not found\")"
-                        ])
-                    );
-                    w!(out, "        }};");
-                }
-                4 => w!(out, "        let started = Instant::now();"),
-                5 => w!(out, "        // {}", d.sentence()),
-                _ => w!(
-                    out,
-                    "        self.{f} = self.{f}.{}();",
-                    d.s(&["clone", "to_owned", "into", "saturating_sub(1).into"])
-                ),
-            }
+        rs_method(d, out, err, fields);
+    }
+    w!(out, "}}");
+}
+
+/// One method: a signature, two to five statements from [`RS_STMTS`] and an `Ok(..)`.
+fn rs_method(d: &mut Draw, out: &mut String, err: &str, fields: &[String]) {
+    w!(out);
+    let name = d.fn_snake();
+    let arg = d.noun_snake();
+    let is_async = d.chance(0.3);
+    w!(out, "    /// {}.", d.sentence());
+    w!(
+        out,
+        "    pub {}fn {name}(&{}self, {arg}: {}) -> Result<{}, {}> {{",
+        if is_async { "async " } else { "" },
+        d.s(&["", "mut "]),
+        d.s(&["&str", "u64", "&[u8]", "usize", "&Path"]),
+        rs_type(d),
+        if d.chance(0.5) {
+            err.to_owned()
+        } else {
+            d.s(&["anyhow::Error", "std::io::Error"]).to_owned()
         }
+    );
+    let m = RsMethod { arg, is_async };
+    for _ in 0..d.n(2, 5) {
+        let f = d.pick(fields).clone();
+        RS_STMTS[d.n(0, RS_STMTS.len() - 1)](d, out, &m, &f);
+    }
+    w!(
+        out,
+        "        Ok({})",
+        d.s(&[
+            "Default::default()",
+            "result",
+            "self.value.clone()",
+            "total",
+            "out"
+        ])
+    );
+    w!(out, "    }}");
+}
+
+/// What a method statement may refer to.
+struct RsMethod {
+    arg: String,
+    is_async: bool,
+}
+
+/// A statement about field `f` inside a method.
+type RsStmt = fn(&mut Draw, &mut String, &RsMethod, &str);
+
+/// Method statements, drawn uniformly (the order is part of the corpus).
+const RS_STMTS: [RsStmt; 7] = [
+    rs_early_return,
+    rs_call,
+    rs_for_loop,
+    rs_match_get,
+    |_, out, _, _| w!(out, "        let started = Instant::now();"),
+    |d, out, _, _| w!(out, "        // {}", d.sentence()),
+    rs_reassign,
+];
+
+fn rs_early_return(d: &mut Draw, out: &mut String, _: &RsMethod, f: &str) {
+    w!(
+        out,
+        "        if self.{f}.{}() {{",
+        d.s(&["is_empty", "is_none", "is_stale", "is_closed"])
+    );
+    w!(
+        out,
+        "            return {};",
+        d.s(&[
+            "Ok(Default::default())",
+            "Ok(Vec::new())",
+            "Ok(0)",
+            "Err(Error::Empty)",
+            "Ok(None)"
+        ])
+    );
+    w!(out, "        }}");
+}
+
+fn rs_call(d: &mut Draw, out: &mut String, m: &RsMethod, _: &str) {
+    w!(
+        out,
+        "        let {} = self.{}(&{}){}?;",
+        d.noun_snake(),
+        d.fn_snake(),
+        m.arg,
+        if m.is_async { ".await" } else { "" }
+    );
+}
+
+fn rs_for_loop(d: &mut Draw, out: &mut String, _: &RsMethod, f: &str) {
+    w!(
+        out,
+        "        for (i, {}) in self.{f}.iter().enumerate() {{",
+        d.s(&vocab::NOUNS)
+    );
+    w!(
+        out,
+        "            debug!(i, \"{}\");",
+        d.sentence().to_lowercase()
+    );
+    w!(out, "        }}");
+}
+
+fn rs_match_get(d: &mut Draw, out: &mut String, m: &RsMethod, f: &str) {
+    w!(
+        out,
+        "        let {} = match self.{f}.get(&{}) {{",
+        d.noun_snake(),
+        m.arg
+    );
+    w!(out, "            Some(v) => v.clone(),");
+    w!(
+        out,
+        "            None => return Err({}.into()),",
+        d.s(&[
+            "\"missing entry\"",
+            "std::io::ErrorKind::NotFound",
+            "anyhow::anyhow!(\"not found\")"
+        ])
+    );
+    w!(out, "        }};");
+}
+
+fn rs_reassign(d: &mut Draw, out: &mut String, _: &RsMethod, f: &str) {
+    w!(
+        out,
+        "        self.{f} = self.{f}.{}();",
+        d.s(&["clone", "to_owned", "into", "saturating_sub(1).into"])
+    );
+}
+
+/// A `#[cfg(test)]` module with one to three tests of `ty`.
+fn rs_tests(d: &mut Draw, out: &mut String, ty: &str, field: &str) {
+    w!(out);
+    w!(out, "#[cfg(test)]");
+    w!(out, "mod tests {{");
+    w!(out, "    use super::*;");
+    for _ in 0..d.n(1, 3) {
+        w!(out);
+        w!(out, "    #[{}]", d.s(&["test", "tokio::test", "test"]));
         w!(
             out,
-            "        Ok({})",
+            "    fn {}_{}() {{",
+            d.fn_snake(),
             d.s(&[
-                "Default::default()",
-                "result",
-                "self.value.clone()",
-                "total",
-                "out"
+                "works",
+                "rejects_empty",
+                "is_stable",
+                "round_trips",
+                "handles_overflow"
             ])
         );
+        w!(
+            out,
+            "        let mut {field} = {ty}::new({});",
+            d.s(&["Default::default()", "\"abc\".into()", "42", "vec![]"])
+        );
+        w!(
+            out,
+            "        assert_eq!({field}.{}(), {});",
+            d.fn_snake(),
+            d.int(0, 64)
+        );
+        if d.chance(0.5) {
+            w!(
+                out,
+                "        assert!({field}.{}({}).is_{}());",
+                d.fn_snake(),
+                d.int(0, 9),
+                d.s(&["err", "ok", "some", "none"])
+            );
+        }
         w!(out, "    }}");
     }
     w!(out, "}}");
-    if d.chance(0.6) {
-        w!(out);
-        w!(out, "#[cfg(test)]");
-        w!(out, "mod tests {{");
-        w!(out, "    use super::*;");
-        for _ in 0..d.n(1, 3) {
-            w!(out);
-            w!(out, "    #[{}]", d.s(&["test", "tokio::test", "test"]));
-            w!(
-                out,
-                "    fn {}_{}() {{",
-                d.fn_snake(),
-                d.s(&[
-                    "works",
-                    "rejects_empty",
-                    "is_stable",
-                    "round_trips",
-                    "handles_overflow"
-                ])
-            );
-            w!(
-                out,
-                "        let mut {} = {ty}::new({});",
-                fields[0],
-                d.s(&["Default::default()", "\"abc\".into()", "42", "vec![]"])
-            );
-            w!(
-                out,
-                "        assert_eq!({}.{}(), {});",
-                fields[0],
-                d.fn_snake(),
-                d.int(0, 64)
-            );
-            if d.chance(0.5) {
-                w!(
-                    out,
-                    "        assert!({}.{}({}).is_{}());",
-                    fields[0],
-                    d.fn_snake(),
-                    d.int(0, 9),
-                    d.s(&["err", "ok", "some", "none"])
-                );
-            }
-            w!(out, "    }}");
-        }
-        w!(out, "}}");
-    }
-    out
 }
 
 // ---------------------------------------------------------------- TypeScript
@@ -921,10 +995,39 @@ fn ts_type(d: &mut Draw) -> String {
 
 fn typescript(d: &mut Draw) -> String {
     let mut out = String::new();
+    ts_header(d, &mut out);
+    let ts = ts_interface(d, &mut out);
+    if d.chance(0.4) {
+        w!(
+            out,
+            "const {} = {};",
+            d.noun_snake().to_uppercase(),
+            d.int(1, 10_000)
+        );
+        w!(out);
+    }
+    for _ in 0..d.n(1, 2) {
+        TS_ITEMS[d.n(0, TS_ITEMS.len() - 1)](d, &mut out, &ts);
+        w!(out);
+    }
+    out
+}
+
+/// The exported interface of a TypeScript module, which its other items use.
+struct Ts {
+    iface: String,
+    fields: Vec<String>,
+}
+
+/// Items after the interface, drawn uniformly (the order is part of the corpus).
+const TS_ITEMS: [fn(&mut Draw, &mut String, &Ts); 3] = [ts_function, ts_class, ts_tests];
+
+/// The path comment and imports of a TypeScript module.
+fn ts_header(d: &mut Draw, out: &mut String) {
     if d.chance(0.4) {
         w!(out, "// {}", d.path("ts"));
     }
-    for p in d.sample_n(vocab::TS_PACKAGES, 1, 3) {
+    for p in d.sample_n(&vocab::TS_PACKAGES, 1, 3) {
         w!(
             out,
             "import {{ {} }} from \"{p}\";",
@@ -935,9 +1038,13 @@ fn typescript(d: &mut Draw) -> String {
         out,
         "import type {{ {} }} from \"./{}\";",
         d.pascal(),
-        d.s(vocab::FILE_STEMS)
+        d.s(&vocab::FILE_STEMS)
     );
     w!(out);
+}
+
+/// The exported interface with two to six fields.
+fn ts_interface(d: &mut Draw, out: &mut String) -> Ts {
     let iface = d.pascal();
     w!(out, "export interface {iface} {{");
     let mut fields = Vec::new();
@@ -954,148 +1061,169 @@ fn typescript(d: &mut Draw) -> String {
     }
     w!(out, "}}");
     w!(out);
-    if d.chance(0.4) {
+    Ts { iface, fields }
+}
+
+/// An exported function.
+fn ts_function(d: &mut Draw, out: &mut String, ts: &Ts) {
+    let Ts { iface, fields } = ts;
+    let name = d.camel_fn();
+    let is_async = d.chance(0.5);
+    w!(out, "/** {}. */", d.sentence());
+    w!(
+        out,
+        "export {}function {name}(input: {iface}, {}: {}): {} {{",
+        if is_async { "async " } else { "" },
+        d.camel(),
+        ts_type(d),
+        if is_async {
+            format!("Promise<{}>", ts_type(d))
+        } else {
+            ts_type(d)
+        }
+    );
+    for _ in 0..d.n(2, 5) {
+        let f = d.pick(fields).clone();
+        match d.n(0, 5) {
+            0 => {
+                w!(out, "  if (!input.{f}) {{");
+                w!(
+                    out,
+                    "    throw new Error(`{} missing for ${{input.{}}}`);",
+                    d.noun_phrase(),
+                    d.pick(fields)
+                );
+                w!(out, "  }}");
+            }
+            1 => w!(
+                out,
+                "  const {} = await {}.{}(input.{f});",
+                d.camel(),
+                d.camel(),
+                d.camel_fn()
+            ),
+            2 => w!(
+                out,
+                "  const {} = input.{f}.filter((x) => x.{} !== undefined).map((x) => x.{});",
+                d.camel(),
+                d.camel(),
+                d.camel()
+            ),
+            3 => w!(
+                out,
+                "  logger.{}({{ {f}: input.{f} }}, \"{}\");",
+                d.s(&["info", "debug", "warn"]),
+                d.sentence().to_lowercase()
+            ),
+            4 => {
+                w!(
+                    out,
+                    "  for (const {} of input.{f}) {{",
+                    d.s(&vocab::NOUNS).replace('_', "")
+                );
+                w!(out, "    total += {};", d.int(1, 9));
+                w!(out, "  }}");
+            }
+            _ => w!(out, "  // {}", d.sentence()),
+        }
+    }
+    w!(
+        out,
+        "  return {};",
+        d.s(&[
+            "result",
+            "null",
+            "total",
+            "input",
+            "{ ...input, updatedAt: new Date() }"
+        ])
+    );
+    w!(out, "}}");
+}
+
+/// An exported class keeping `iface` values in a map.
+fn ts_class(d: &mut Draw, out: &mut String, ts: &Ts) {
+    let Ts { iface, .. } = ts;
+    let cls = d.pascal();
+    w!(out, "export class {cls} {{");
+    w!(
+        out,
+        "  private readonly {} = new Map<string, {iface}>();",
+        d.camel()
+    );
+    w!(out);
+    w!(
+        out,
+        "  constructor(private readonly {}: {}, private {}: number = {}) {{}}",
+        d.camel(),
+        d.pascal(),
+        d.camel(),
+        d.int(1, 500)
+    );
+    for _ in 0..d.n(1, 3) {
+        w!(out);
         w!(
             out,
-            "const {} = {};",
-            d.noun_snake().to_uppercase(),
-            d.int(1, 10_000)
+            "  {}{}({}: {}): {} {{",
+            d.s(&["", "async ", "public ", "private "]),
+            d.camel_fn(),
+            d.camel(),
+            ts_type(d),
+            ts_type(d)
         );
-        w!(out);
+        w!(
+            out,
+            "    const {} = this.{}.get({});",
+            d.camel(),
+            d.camel(),
+            d.s(&["key", "id", "name"])
+        );
+        w!(
+            out,
+            "    {}",
+            d.s(&[
+                "if (!entry) return null;",
+                "this.hits++;",
+                "await this.flush();",
+                "this.emit(\"change\", entry);"
+            ])
+        );
+        w!(
+            out,
+            "    return {};",
+            d.s(&["entry", "this.size", "true", "undefined"])
+        );
+        w!(out, "  }}");
     }
-    for _ in 0..d.n(1, 2) {
-        match d.n(0, 2) {
-            0 => {
-                let name = d.camel_fn();
-                let is_async = d.chance(0.5);
-                w!(out, "/** {}. */", d.sentence());
-                w!(
-                    out,
-                    "export {}function {name}(input: {iface}, {}: {}): {} {{",
-                    if is_async { "async " } else { "" },
-                    d.camel(),
-                    ts_type(d),
-                    if is_async {
-                        format!("Promise<{}>", ts_type(d))
-                    } else {
-                        ts_type(d)
-                    }
-                );
-                for _ in 0..d.n(2, 5) {
-                    let f = d.pick(&fields).clone();
-                    match d.n(0, 5) {
-                        0 => {
-                            w!(out, "  if (!input.{f}) {{");
-                            w!(out, "    throw new Error(`{} missing for ${{input.{}}}`);", d.noun_phrase(), d.pick(&fields));
-                            w!(out, "  }}");
-                        }
-                        1 => w!(out, "  const {} = await {}.{}(input.{f});", d.camel(), d.camel(), d.camel_fn()),
-                        2 => w!(out, "  const {} = input.{f}.filter((x) => x.{} !== undefined).map((x) => x.{});", d.camel(), d.camel(), d.camel()),
-                        3 => w!(out, "  logger.{}({{ {f}: input.{f} }}, \"{}\");", d.s(&["info", "debug", "warn"]), d.sentence().to_lowercase()),
-                        4 => {
-                            w!(out, "  for (const {} of input.{f}) {{", d.s(vocab::NOUNS).replace('_', ""));
-                            w!(out, "    total += {};", d.int(1, 9));
-                            w!(out, "  }}");
-                        }
-                        _ => w!(out, "  // {}", d.sentence()),
-                    }
-                }
-                w!(
-                    out,
-                    "  return {};",
-                    d.s(&[
-                        "result",
-                        "null",
-                        "total",
-                        "input",
-                        "{ ...input, updatedAt: new Date() }"
-                    ])
-                );
-                w!(out, "}}");
-            }
-            1 => {
-                let cls = d.pascal();
-                w!(out, "export class {cls} {{");
-                w!(
-                    out,
-                    "  private readonly {} = new Map<string, {iface}>();",
-                    d.camel()
-                );
-                w!(out);
-                w!(
-                    out,
-                    "  constructor(private readonly {}: {}, private {}: number = {}) {{}}",
-                    d.camel(),
-                    d.pascal(),
-                    d.camel(),
-                    d.int(1, 500)
-                );
-                for _ in 0..d.n(1, 3) {
-                    w!(out);
-                    w!(
-                        out,
-                        "  {}{}({}: {}): {} {{",
-                        d.s(&["", "async ", "public ", "private "]),
-                        d.camel_fn(),
-                        d.camel(),
-                        ts_type(d),
-                        ts_type(d)
-                    );
-                    w!(
-                        out,
-                        "    const {} = this.{}.get({});",
-                        d.camel(),
-                        d.camel(),
-                        d.s(&["key", "id", "name"])
-                    );
-                    w!(
-                        out,
-                        "    {}",
-                        d.s(&[
-                            "if (!entry) return null;",
-                            "this.hits++;",
-                            "await this.flush();",
-                            "this.emit(\"change\", entry);"
-                        ])
-                    );
-                    w!(
-                        out,
-                        "    return {};",
-                        d.s(&["entry", "this.size", "true", "undefined"])
-                    );
-                    w!(out, "  }}");
-                }
-                w!(out, "}}");
-            }
-            _ => {
-                let subject = d.camel_fn();
-                w!(out, "describe(\"{subject}\", () => {{");
-                for _ in 0..d.n(2, 4) {
-                    w!(
-                        out,
-                        "  it(\"{} {}\", {}() => {{",
-                        d.s(&["returns", "rejects", "handles", "keeps", "drops"]),
-                        d.noun_phrase(),
-                        d.s(&["", "async "])
-                    );
-                    w!(
-                        out,
-                        "    const result = {subject}({{ {}: {} }});",
-                        d.pick(&fields),
-                        d.int(0, 99)
-                    );
-                    w!(
-                        out,
-                        "    expect(result){}({});",
-                        d.s(&[".toEqual", ".toBe", ".not.toBeNull", ".toHaveLength"]),
-                        d.int(0, 9)
-                    );
-                    w!(out, "  }});");
-                }
-                w!(out, "}});");
-            }
-        }
-        w!(out);
+    w!(out, "}}");
+}
+
+/// A `describe` block of tests.
+fn ts_tests(d: &mut Draw, out: &mut String, ts: &Ts) {
+    let Ts { fields, .. } = ts;
+    let subject = d.camel_fn();
+    w!(out, "describe(\"{subject}\", () => {{");
+    for _ in 0..d.n(2, 4) {
+        w!(
+            out,
+            "  it(\"{} {}\", {}() => {{",
+            d.s(&["returns", "rejects", "handles", "keeps", "drops"]),
+            d.noun_phrase(),
+            d.s(&["", "async "])
+        );
+        w!(
+            out,
+            "    const result = {subject}({{ {}: {} }});",
+            d.pick(fields),
+            d.int(0, 99)
+        );
+        w!(
+            out,
+            "    expect(result){}({});",
+            d.s(&[".toEqual", ".toBe", ".not.toBeNull", ".toHaveLength"]),
+            d.int(0, 9)
+        );
+        w!(out, "  }});");
     }
-    out
+    w!(out, "}});");
 }

@@ -122,15 +122,15 @@ impl Draw {
     /// A snake_case identifier of one to three words (verb_noun, adj_noun, noun_noun, …).
     pub fn snake(&mut self) -> String {
         match self.n(0, 5) {
-            0 => self.s(vocab::NOUNS).to_owned(),
-            1 | 2 => format!("{}_{}", self.s(vocab::VERBS), self.s(vocab::NOUNS)),
-            3 => format!("{}_{}", self.s(vocab::ADJS), self.s(vocab::NOUNS)),
-            4 => format!("{}_{}", self.s(vocab::NOUNS), self.s(vocab::NOUNS)),
+            0 => self.s(&vocab::NOUNS).to_owned(),
+            1 | 2 => format!("{}_{}", self.s(&vocab::VERBS), self.s(&vocab::NOUNS)),
+            3 => format!("{}_{}", self.s(&vocab::ADJS), self.s(&vocab::NOUNS)),
+            4 => format!("{}_{}", self.s(&vocab::NOUNS), self.s(&vocab::NOUNS)),
             _ => format!(
                 "{}_{}_{}",
-                self.s(vocab::VERBS),
-                self.s(vocab::ADJS),
-                self.s(vocab::NOUNS)
+                self.s(&vocab::VERBS),
+                self.s(&vocab::ADJS),
+                self.s(&vocab::NOUNS)
             ),
         }
     }
@@ -138,9 +138,9 @@ impl Draw {
     /// A snake_case noun phrase (variables, fields, tables).
     pub fn noun_snake(&mut self) -> String {
         match self.n(0, 3) {
-            0 | 1 => self.s(vocab::NOUNS).to_owned(),
-            2 => format!("{}_{}", self.s(vocab::ADJS), self.s(vocab::NOUNS)),
-            _ => format!("{}_{}", self.s(vocab::NOUNS), self.s(vocab::NOUNS)),
+            0 | 1 => self.s(&vocab::NOUNS).to_owned(),
+            2 => format!("{}_{}", self.s(&vocab::ADJS), self.s(&vocab::NOUNS)),
+            _ => format!("{}_{}", self.s(&vocab::NOUNS), self.s(&vocab::NOUNS)),
         }
     }
 
@@ -149,24 +149,24 @@ impl Draw {
         if self.chance(0.3) {
             format!(
                 "{}_{}_{}",
-                self.s(vocab::VERBS),
-                self.s(vocab::ADJS),
-                self.s(vocab::NOUNS)
+                self.s(&vocab::VERBS),
+                self.s(&vocab::ADJS),
+                self.s(&vocab::NOUNS)
             )
         } else {
-            format!("{}_{}", self.s(vocab::VERBS), self.s(vocab::NOUNS))
+            format!("{}_{}", self.s(&vocab::VERBS), self.s(&vocab::NOUNS))
         }
     }
 
     /// A PascalCase type name.
     pub fn pascal(&mut self) -> String {
         let base = match self.n(0, 3) {
-            0 => pascal_of(&[self.s(vocab::NOUNS)]),
-            1 => pascal_of(&[self.s(vocab::ADJS), self.s(vocab::NOUNS)]),
-            _ => pascal_of(&[self.s(vocab::NOUNS), self.s(vocab::NOUNS)]),
+            0 => pascal_of(&[self.s(&vocab::NOUNS)]),
+            1 => pascal_of(&[self.s(&vocab::ADJS), self.s(&vocab::NOUNS)]),
+            _ => pascal_of(&[self.s(&vocab::NOUNS), self.s(&vocab::NOUNS)]),
         };
         if self.chance(0.35) {
-            format!("{base}{}", self.s(vocab::TYPE_SUFFIXES))
+            format!("{base}{}", self.s(&vocab::TYPE_SUFFIXES))
         } else {
             base
         }
@@ -185,14 +185,14 @@ impl Draw {
     /// A relative source path with the given extension, under a plausible folder layout.
     pub fn path(&mut self, ext: &str) -> String {
         let depth = self.n(1, 3);
-        let mut parts: Vec<String> = vec![self.s(vocab::TOP_DIRS).to_owned()];
+        let mut parts: Vec<String> = vec![self.s(&vocab::TOP_DIRS).to_owned()];
         for _ in 1..depth {
-            parts.push(self.s(vocab::SUB_DIRS).to_owned());
+            parts.push(self.s(&vocab::SUB_DIRS).to_owned());
         }
         let stem = if self.chance(0.5) {
             self.noun_snake()
         } else {
-            self.s(vocab::FILE_STEMS).to_owned()
+            self.s(&vocab::FILE_STEMS).to_owned()
         };
         let stem = if ext == "go" || ext == "py" || ext == "rs" {
             stem
@@ -218,27 +218,27 @@ impl Draw {
     /// A project / repository name.
     pub fn project(&mut self) -> String {
         match self.n(0, 2) {
-            0 => format!("{}-{}", self.s(vocab::ADJS), self.s(vocab::NOUNS)),
+            0 => format!("{}-{}", self.s(&vocab::ADJS), self.s(&vocab::NOUNS)),
             1 => format!(
                 "{}-{}",
-                self.s(vocab::NOUNS),
-                self.s(vocab::PROJECT_SUFFIXES)
+                self.s(&vocab::NOUNS),
+                self.s(&vocab::PROJECT_SUFFIXES)
             ),
-            _ => self.s(vocab::PROJECT_NAMES).to_owned(),
+            _ => self.s(&vocab::PROJECT_NAMES).to_owned(),
         }
         .replace('_', "-")
     }
 
     /// A person's handle, e.g. for git authors and shell prompts.
     pub fn user(&mut self) -> String {
-        let first = self.s(vocab::FIRST_NAMES).to_lowercase();
+        let first = self.s(&vocab::FIRST_NAMES).to_lowercase();
         match self.n(0, 2) {
             0 => first,
-            1 => format!("{first}.{}", self.s(vocab::LAST_NAMES).to_lowercase()),
+            1 => format!("{first}.{}", self.s(&vocab::LAST_NAMES).to_lowercase()),
             _ => format!(
                 "{}{}",
                 &first[..1],
-                self.s(vocab::LAST_NAMES).to_lowercase()
+                self.s(&vocab::LAST_NAMES).to_lowercase()
             ),
         }
     }
@@ -247,14 +247,14 @@ impl Draw {
     pub fn host(&mut self) -> String {
         match self.n(0, 3) {
             0 => format!("gpu-node-{:02}", self.int(1, 64)),
-            1 => format!("{}-{}", self.s(vocab::HOST_WORDS), self.int(1, 9)),
+            1 => format!("{}-{}", self.s(&vocab::HOST_WORDS), self.int(1, 9)),
             2 => format!(
                 "ip-10-{}-{}-{}",
                 self.int(0, 255),
                 self.int(0, 255),
                 self.int(1, 254)
             ),
-            _ => format!("{}-worker-{}", self.s(vocab::HOST_WORDS), self.alnum(5)),
+            _ => format!("{}-worker-{}", self.s(&vocab::HOST_WORDS), self.alnum(5)),
         }
     }
 
@@ -280,17 +280,17 @@ impl Draw {
 
     /// A sentence describing what a piece of code does (comments, docstrings, commit subjects).
     pub fn sentence(&mut self) -> String {
-        let verb = self.s(vocab::VERBS_3RD);
+        let verb = self.s(&vocab::VERBS_3RD);
         let obj = self.noun_phrase();
         match self.n(0, 4) {
             0 => format!("{verb} the {obj} for each incoming request"),
             1 => format!(
                 "{verb} {obj} before it reaches the {}",
-                self.s(vocab::NOUNS)
+                self.s(&vocab::NOUNS)
             ),
             2 => format!(
                 "{verb} the {obj} and returns the {} count",
-                self.s(vocab::NOUNS)
+                self.s(&vocab::NOUNS)
             ),
             3 => format!(
                 "{verb} {obj}, retrying up to {} times on transient errors",
@@ -298,8 +298,8 @@ impl Draw {
             ),
             _ => format!(
                 "{verb} the {obj} when the {} is {}",
-                self.s(vocab::NOUNS),
-                self.s(vocab::STATES)
+                self.s(&vocab::NOUNS),
+                self.s(&vocab::STATES)
             ),
         }
     }
@@ -307,9 +307,9 @@ impl Draw {
     /// A short noun phrase in plain words (`"stale cache entries"`).
     pub fn noun_phrase(&mut self) -> String {
         match self.n(0, 2) {
-            0 => format!("{} {}", self.s(vocab::ADJS), self.s(vocab::NOUNS)),
-            1 => format!("{} {}", self.s(vocab::NOUNS), self.s(vocab::NOUNS)),
-            _ => self.s(vocab::NOUNS).to_owned(),
+            0 => format!("{} {}", self.s(&vocab::ADJS), self.s(&vocab::NOUNS)),
+            1 => format!("{} {}", self.s(&vocab::NOUNS), self.s(&vocab::NOUNS)),
+            _ => self.s(&vocab::NOUNS).to_owned(),
         }
         .replace('_', " ")
     }

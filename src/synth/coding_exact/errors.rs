@@ -90,7 +90,7 @@ fn python_traceback(d: &mut Draw) -> String {
             out,
             "{} {h:02}:{m:02}:{s:02} ERROR [{}] Unhandled exception in {}",
             d.date(),
-            d.s(vocab::SUB_DIRS),
+            d.s(&vocab::SUB_DIRS),
             d.fn_snake()
         );
     }
@@ -103,8 +103,8 @@ fn python_traceback(d: &mut Draw) -> String {
         w!(
             out,
             "{}: {}",
-            d.s(vocab::PY_EXCEPTIONS),
-            d.s(vocab::ERROR_PHRASES)
+            d.s(&vocab::PY_EXCEPTIONS),
+            d.s(&vocab::ERROR_PHRASES)
         );
         w!(out);
         w!(
@@ -121,7 +121,7 @@ fn python_traceback(d: &mut Draw) -> String {
     for _ in 0..d.n(2, 7) {
         py_frame(d, &mut out);
     }
-    let exc = d.s(vocab::PY_EXCEPTIONS);
+    let exc = d.s(&vocab::PY_EXCEPTIONS);
     let msg = match exc {
         "KeyError" => format!("'{}'", d.noun_snake()),
         "TypeError" => format!("{}() got an unexpected keyword argument '{}'", d.fn_snake(), d.noun_snake()),
@@ -129,10 +129,10 @@ fn python_traceback(d: &mut Draw) -> String {
         "IndexError" => "list index out of range".to_string(),
         "ValueError" => format!("invalid literal for int() with base 10: '{}'", d.noun_snake()),
         "FileNotFoundError" => format!("[Errno 2] No such file or directory: '{}'", d.path_of(&["json", "yaml", "pt", "safetensors"])),
-        "ImportError" => format!("cannot import name '{}' from '{}'", d.pascal(), d.s(vocab::PY_STDLIB)),
+        "ImportError" => format!("cannot import name '{}' from '{}'", d.pascal(), d.s(&vocab::PY_STDLIB)),
         "AssertionError" => format!("expected {} == {}", d.int(0, 4096), d.int(0, 4096)),
         "RuntimeError" => format!("Expected all tensors to be on the same device, but found at least two devices, cuda:{} and cpu!", d.int(0, 7)),
-        _ => d.s(vocab::ERROR_PHRASES).to_string(),
+        _ => d.s(&vocab::ERROR_PHRASES).to_string(),
     };
     w!(out, "{exc}: {msg}");
     out
@@ -140,7 +140,7 @@ fn python_traceback(d: &mut Draw) -> String {
 
 fn cuda_oom(d: &mut Draw) -> String {
     let mut out = String::new();
-    let (gpu_name, cap) = *d.pick(vocab::GPUS);
+    let (gpu_name, cap) = *d.pick(&vocab::GPUS);
     let cap = cap as f64 - d.float(0.2, 1.5);
     let alloc = d.float(0.1, 12.0);
     let free = d.float(0.0, alloc);
@@ -233,143 +233,15 @@ fn rustc_error(d: &mut Draw) -> String {
     let col = d.int(5, 40);
     let var = d.noun_snake();
     let pad = " ".repeat(line.to_string().len());
-    let kind = d.n(0, 4);
-    let code = ["382", "308", "599", "502", "277"][kind];
-    match kind {
-        0 => {
-            w!(out, "error[E0382]: borrow of moved value: `{var}`");
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(out, "{} |     let {var} = {}::new();", line - 3, d.pascal());
-            w!(out, "{pad} |         {} move occurs because `{var}` has type `{}`, which does not implement the `Copy` trait", "-".repeat(var.len()), d.s(&["Vec<String>", "String", "HashMap<u64, Entry>", "Box<dyn Handler>"]));
-            w!(out, "{} |     {}({var});", line - 1, d.fn_snake());
-            w!(
-                out,
-                "{pad} |     {}  value moved here",
-                " ".repeat(d.n(4, 12))
-            );
-            w!(out, "{line} |     println!(\"{{:?}}\", {var});");
-            w!(
-                out,
-                "{pad} |                       {} value borrowed here after move",
-                "^".repeat(var.len())
-            );
-        }
-        1 => {
-            let want = d.s(&[
-                "usize",
-                "u64",
-                "String",
-                "&str",
-                "Option<u32>",
-                "Result<(), Error>",
-            ]);
-            let got = d.s(&["u32", "i64", "&String", "String", "u32", "()"]);
-            w!(out, "error[E0308]: mismatched types");
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(
-                out,
-                "{line} |         let {var}: {want} = self.{}();",
-                d.fn_snake()
-            );
-            w!(
-                out,
-                "{pad} |                {}   {} expected `{want}`, found `{got}`",
-                "-".repeat(want.len()),
-                "^".repeat(10)
-            );
-            w!(out, "{pad} |                |");
-            w!(out, "{pad} |                expected due to this");
-            if d.chance(0.5) {
-                w!(out, "{pad} |");
-                w!(
-                    out,
-                    "help: you can convert {} `{got}` to {} `{want}`{}",
-                    d.s(&["a", "an"]),
-                    d.s(&["a", "an"]),
-                    d.s(&[
-                        ", matching the type of the field",
-                        "",
-                        " and panic if the converted value doesn't fit"
-                    ])
-                );
-            }
-        }
-        2 => {
-            w!(
-                out,
-                "error[E0599]: no method named `{}` found for {} `{}` in the current scope",
-                d.fn_snake(),
-                d.s(&["struct", "enum", "reference"]),
-                d.pascal()
-            );
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(out, "{line} |         self.{var}.{}()", d.fn_snake());
-            w!(
-                out,
-                "{pad} |                   {} method not found in `{}`",
-                "^".repeat(d.n(4, 14)),
-                d.pascal()
-            );
-            w!(out, "{pad} |");
-            w!(
-                out,
-                "  = help: items from traits can only be used if the trait is in scope"
-            );
-            w!(out, "help: trait `{}` which provides `{}` is implemented but not in scope; perhaps you want to import it", d.pascal(), d.fn_snake());
-            w!(out, "{pad} |");
-            w!(out, "1  + use {}::{};", d.s(vocab::RUST_CRATES), d.pascal());
-        }
-        3 => {
-            w!(out, "error[E0502]: cannot borrow `self.{var}` as mutable because it is also borrowed as immutable");
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(
-                out,
-                "{} |         let {} = self.{var}.get(&key);",
-                line - 1,
-                d.noun_snake()
-            );
-            w!(
-                out,
-                "{pad} |                     {} immutable borrow occurs here",
-                "-".repeat(var.len() + 5)
-            );
-            w!(
-                out,
-                "{line} |         self.{var}.insert(key, {});",
-                d.noun_snake()
-            );
-            w!(
-                out,
-                "{pad} |         {} mutable borrow occurs here",
-                "^".repeat(var.len() + 12)
-            );
-        }
-        _ => {
-            w!(
-                out,
-                "error[E0277]: `{}` cannot be sent between threads safely",
-                d.s(&[
-                    "Rc<RefCell<State>>",
-                    "*mut u8",
-                    "RefCell<Vec<u32>>",
-                    "MutexGuard<'_, Cache>"
-                ])
-            );
-            w!(out, "{pad}--> {file}:{line}:{col}");
-            w!(out, "{pad} |");
-            w!(out, "{line} |     tokio::spawn(async move {{");
-            w!(
-                out,
-                "{pad} |     ^^^^^^^^^^^^ future created by async block is not `Send`"
-            );
-            w!(out, "{pad} |");
-            w!(out, "note: required by a bound in `tokio::spawn`");
-        }
-    }
+    let site = Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    };
+    let (code, error) = RUSTC_ERRORS[d.n(0, RUSTC_ERRORS.len() - 1)];
+    error(d, &mut out, &site);
     w!(out);
     if d.chance(0.6) {
         w!(
@@ -398,6 +270,211 @@ fn rustc_error(d: &mut Draw) -> String {
         d.s(&["", "s"])
     );
     out
+}
+
+/// Where a compiler error points: the file, line and column, the variable it is about, and the
+/// gutter padding for the line-number width.
+struct Site {
+    file: String,
+    line: u64,
+    col: u64,
+    var: String,
+    pad: String,
+}
+
+/// One compiler diagnostic at a site.
+type Diagnostic = fn(&mut Draw, &mut String, &Site);
+
+/// The diagnostics, drawn uniformly with their error code (the order is part of the corpus).
+const RUSTC_ERRORS: [(&str, Diagnostic); 5] = [
+    ("382", e0382_moved),
+    ("308", e0308_mismatched),
+    ("599", e0599_no_method),
+    ("502", e0502_borrow),
+    ("277", e0277_not_send),
+];
+
+/// E0382: borrow of a moved value.
+fn e0382_moved(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    } = site;
+    w!(out, "error[E0382]: borrow of moved value: `{var}`");
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(out, "{} |     let {var} = {}::new();", line - 3, d.pascal());
+    w!(out, "{pad} |         {} move occurs because `{var}` has type `{}`, which does not implement the `Copy` trait", "-".repeat(var.len()), d.s(&["Vec<String>", "String", "HashMap<u64, Entry>", "Box<dyn Handler>"]));
+    w!(out, "{} |     {}({var});", line - 1, d.fn_snake());
+    w!(
+        out,
+        "{pad} |     {}  value moved here",
+        " ".repeat(d.n(4, 12))
+    );
+    w!(out, "{line} |     println!(\"{{:?}}\", {var});");
+    w!(
+        out,
+        "{pad} |                       {} value borrowed here after move",
+        "^".repeat(var.len())
+    );
+}
+
+/// E0308: mismatched types, sometimes with a conversion hint.
+fn e0308_mismatched(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    } = site;
+    let want = d.s(&[
+        "usize",
+        "u64",
+        "String",
+        "&str",
+        "Option<u32>",
+        "Result<(), Error>",
+    ]);
+    let got = d.s(&["u32", "i64", "&String", "String", "u32", "()"]);
+    w!(out, "error[E0308]: mismatched types");
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(
+        out,
+        "{line} |         let {var}: {want} = self.{}();",
+        d.fn_snake()
+    );
+    w!(
+        out,
+        "{pad} |                {}   {} expected `{want}`, found `{got}`",
+        "-".repeat(want.len()),
+        "^".repeat(10)
+    );
+    w!(out, "{pad} |                |");
+    w!(out, "{pad} |                expected due to this");
+    if d.chance(0.5) {
+        w!(out, "{pad} |");
+        w!(
+            out,
+            "help: you can convert {} `{got}` to {} `{want}`{}",
+            d.s(&["a", "an"]),
+            d.s(&["a", "an"]),
+            d.s(&[
+                ", matching the type of the field",
+                "",
+                " and panic if the converted value doesn't fit"
+            ])
+        );
+    }
+}
+
+/// E0599: no such method, with the trait-import hint.
+fn e0599_no_method(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    } = site;
+    w!(
+        out,
+        "error[E0599]: no method named `{}` found for {} `{}` in the current scope",
+        d.fn_snake(),
+        d.s(&["struct", "enum", "reference"]),
+        d.pascal()
+    );
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(out, "{line} |         self.{var}.{}()", d.fn_snake());
+    w!(
+        out,
+        "{pad} |                   {} method not found in `{}`",
+        "^".repeat(d.n(4, 14)),
+        d.pascal()
+    );
+    w!(out, "{pad} |");
+    w!(
+        out,
+        "  = help: items from traits can only be used if the trait is in scope"
+    );
+    w!(out, "help: trait `{}` which provides `{}` is implemented but not in scope; perhaps you want to import it", d.pascal(), d.fn_snake());
+    w!(out, "{pad} |");
+    w!(
+        out,
+        "1  + use {}::{};",
+        d.s(&vocab::RUST_CRATES),
+        d.pascal()
+    );
+}
+
+/// E0502: mutable borrow while borrowed immutably.
+fn e0502_borrow(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        var,
+        pad,
+    } = site;
+    w!(out, "error[E0502]: cannot borrow `self.{var}` as mutable because it is also borrowed as immutable");
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(
+        out,
+        "{} |         let {} = self.{var}.get(&key);",
+        line - 1,
+        d.noun_snake()
+    );
+    w!(
+        out,
+        "{pad} |                     {} immutable borrow occurs here",
+        "-".repeat(var.len() + 5)
+    );
+    w!(
+        out,
+        "{line} |         self.{var}.insert(key, {});",
+        d.noun_snake()
+    );
+    w!(
+        out,
+        "{pad} |         {} mutable borrow occurs here",
+        "^".repeat(var.len() + 12)
+    );
+}
+
+/// E0277: a future that is not `Send` passed to `tokio::spawn`.
+fn e0277_not_send(d: &mut Draw, out: &mut String, site: &Site) {
+    let Site {
+        file,
+        line,
+        col,
+        pad,
+        ..
+    } = site;
+    w!(
+        out,
+        "error[E0277]: `{}` cannot be sent between threads safely",
+        d.s(&[
+            "Rc<RefCell<State>>",
+            "*mut u8",
+            "RefCell<Vec<u32>>",
+            "MutexGuard<'_, Cache>"
+        ])
+    );
+    w!(out, "{pad}--> {file}:{line}:{col}");
+    w!(out, "{pad} |");
+    w!(out, "{line} |     tokio::spawn(async move {{");
+    w!(
+        out,
+        "{pad} |     ^^^^^^^^^^^^ future created by async block is not `Send`"
+    );
+    w!(out, "{pad} |");
+    w!(out, "note: required by a bound in `tokio::spawn`");
 }
 
 fn go_panic(d: &mut Draw) -> String {
@@ -433,13 +510,13 @@ fn go_panic(d: &mut Draw) -> String {
             out,
             "panic: {}: {}",
             d.fn_snake().replace('_', " "),
-            d.s(vocab::ERROR_PHRASES)
+            d.s(&vocab::ERROR_PHRASES)
         ),
     }
     w!(out);
     w!(out, "goroutine {} [running]:", d.int(1, 900));
     for _ in 0..d.n(2, 6) {
-        let pkg = d.s(vocab::SUB_DIRS);
+        let pkg = d.s(&vocab::SUB_DIRS);
         w!(
             out,
             "{module}/internal/{pkg}.(*{}).{}(0x{}, {{0x{}, 0x{}}})",
@@ -452,7 +529,7 @@ fn go_panic(d: &mut Draw) -> String {
         w!(
             out,
             "\t/src/{module}/internal/{pkg}/{}.go:{} +0x{}",
-            d.s(vocab::FILE_STEMS),
+            d.s(&vocab::FILE_STEMS),
             d.int(10, 900),
             d.hex(3)
         );

@@ -219,19 +219,6 @@ fn tool_args(d: &mut Draw, tool: &str) -> J {
     }
 }
 
-const TOOLS: &[&str] = &[
-    "read_file",
-    "view_file",
-    "run_command",
-    "bash",
-    "search_code",
-    "grep",
-    "edit_file",
-    "apply_patch",
-    "search_docs",
-    "list_issues",
-];
-
 fn chat_request(d: &mut Draw) -> String {
     let mut messages = vec![J::obj(vec![
         ("role", J::s("system")),
@@ -276,15 +263,15 @@ fn chat_request(d: &mut Draw) -> String {
                     J::s(format!(
                         "The {} is {} because {}.",
                         d.noun_phrase(),
-                        d.s(vocab::STATES),
-                        d.s(vocab::ERROR_PHRASES)
+                        d.s(&vocab::STATES),
+                        d.s(&vocab::ERROR_PHRASES)
                     )),
                 ),
             ]));
         }
     }
     let mut fields = vec![
-        ("model", J::s(d.s(vocab::MODELS))),
+        ("model", J::s(d.s(&vocab::MODELS))),
         ("messages", J::arr(messages)),
         (
             "max_tokens",
@@ -295,7 +282,7 @@ fn chat_request(d: &mut Draw) -> String {
     ];
     if d.chance(0.5) {
         let tools: Vec<J> = d
-            .sample_n(TOOLS, 1, 3)
+            .sample_n(&vocab::TOOLS, 1, 3)
             .into_iter()
             .map(|t| tool_schema(d, t))
             .collect();
@@ -346,7 +333,7 @@ fn chat_response(d: &mut Draw) -> String {
         ("id", J::s(id(d, "chatcmpl-"))),
         ("object", J::s("chat.completion")),
         ("created", J::int(d.int(1_700_000_000, 1_780_000_000))),
-        ("model", J::s(d.s(vocab::MODELS))),
+        ("model", J::s(d.s(&vocab::MODELS))),
         (
             "choices",
             J::arr(vec![J::obj(vec![
@@ -367,7 +354,7 @@ fn chat_response(d: &mut Draw) -> String {
 }
 
 fn tool_call(d: &mut Draw) -> String {
-    let tool = d.s(TOOLS);
+    let tool = d.s(&vocab::TOOLS);
     let args = tool_args(d, tool);
     let call_id = id(d, "call_");
     let mut parts = Vec::new();
@@ -456,7 +443,7 @@ fn resource(d: &mut Draw, kind: &str) -> J {
 }
 
 fn rest_resource(d: &mut Draw) -> String {
-    let kind = d.s(vocab::NOUNS);
+    let kind = d.s(&vocab::NOUNS);
     let n = d.n(1, 4);
     let items: Vec<J> = (0..n).map(|_| resource(d, kind)).collect();
     let body = J::obj(vec![
@@ -509,7 +496,7 @@ fn error_payload(d: &mut Draw) -> String {
                 J::s(format!(
                     "{}: {}",
                     d.noun_phrase(),
-                    d.s(vocab::ERROR_PHRASES)
+                    d.s(&vocab::ERROR_PHRASES)
                 )),
             ),
             ("status", J::int(code)),
@@ -545,7 +532,7 @@ fn webhook(d: &mut Draw) -> String {
             "event",
             J::s(format!(
                 "{}.{}",
-                d.s(vocab::NOUNS),
+                d.s(&vocab::NOUNS),
                 d.s(&["created", "updated", "deleted", "completed", "failed"])
             )),
         ),

@@ -55,16 +55,7 @@ fn names(d: &mut Draw) -> Names {
 
 fn training_loop(d: &mut Draw) -> String {
     let mut out = String::new();
-    let Names {
-        cfg,
-        model,
-        loader,
-        batch,
-        opt,
-        sched,
-        step,
-        device,
-    } = names(d);
+    let n = names(d);
     let optim = d.s(&["AdamW", "Adam", "SGD", "Adafactor", "Lion", "RMSprop"]);
     let accum = d.s(&[
         "grad_accum",
@@ -72,6 +63,28 @@ fn training_loop(d: &mut Draw) -> String {
         "gradient_accumulation_steps",
         "accumulate",
     ]);
+    tl_imports(d, &mut out);
+    w!(out);
+    w!(out);
+    tl_setup(d, &mut out, &n, optim, accum);
+    let amp = d.chance(0.6);
+    let dtype = d.s(&["bfloat16", "float16"]);
+    if amp {
+        w!(
+            out,
+            "    scaler = torch.cuda.amp.GradScaler(enabled={})",
+            if dtype == "float16" { "True" } else { "False" }
+        );
+    }
+    tl_loop(d, &mut out, &n, accum, amp, dtype);
+    if d.chance(0.4) {
+        tl_evaluate(d, &mut out, &n);
+    }
+    out
+}
+
+/// The shuffled `import` lines of a training script.
+fn tl_imports(d: &mut Draw, out: &mut String) {
     let mut imports = vec![
         "import math",
         "import os",
@@ -100,8 +113,19 @@ fn training_loop(d: &mut Draw) -> String {
     ) {
         w!(out, "{extra}");
     }
-    w!(out);
-    w!(out);
+}
+
+/// The `def` line, device, optimizer and LR schedule of a training function.
+fn tl_setup(d: &mut Draw, out: &mut String, n: &Names, optim: &str, accum: &str) {
+    let &Names {
+        cfg,
+        model,
+        loader,
+        opt,
+        sched,
+        device,
+        ..
+    } = n;
     let fname = d.s(&[
         "train",
         "train_one_epoch",
@@ -166,15 +190,19 @@ fn training_loop(d: &mut Draw) -> String {
             w!(out, "    {sched} = torch.optim.lr_scheduler.LambdaLR({opt}, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))");
         }
     }
-    let amp = d.chance(0.6);
-    let dtype = d.s(&["bfloat16", "float16"]);
-    if amp {
-        w!(
-            out,
-            "    scaler = torch.cuda.amp.GradScaler(enabled={})",
-            if dtype == "float16" { "True" } else { "False" }
-        );
-    }
+}
+
+/// The epoch and batch loops (`amp`: autocast to `dtype` with a grad scaler).
+fn tl_loop(d: &mut Draw, out: &mut String, n: &Names, accum: &str, amp: bool, dtype: &str) {
+    let &Names {
+        cfg,
+        model,
+        loader,
+        batch,
+        step,
+        device,
+        ..
+    } = n;
     w!(out, "    {step} = 0");
     if d.chance(0.4) {
         w!(out, "    t0 = time.perf_counter()");
@@ -187,6 +215,25 @@ fn training_loop(d: &mut Draw) -> String {
         1 => w!(out, "            input_ids, labels = ({batch}[0].to({device}), {batch}[1].to({device}))"),
         _ => w!(out, "            {batch} = to_device({batch}, {device})"),
     }
+    tl_backward(d, out, n, accum, amp, dtype);
+    tl_optimizer_step(d, out, n, amp);
+    tl_log_and_save(d, out, n);
+    if d.chance(0.5) {
+        w!(out, "        if eval_loader is not None:");
+        w!(
+            out,
+            "            val = evaluate({model}, eval_loader, {device})"
+        );
+        w!(out, "            print(f\"epoch {{epoch}}: val_loss={{val:.4f}} ppl={{math.exp(val):.2f}}\")");
+    }
+    w!(out, "    return {model}");
+}
+
+/// The forward pass and the (scaled) backward pass of one micro-batch.
+fn tl_backward(d: &mut Draw, out: &mut String, n: &Names, accum: &str, amp: bool, dtype: &str) {
+    let &Names {
+        cfg, model, batch, ..
+    } = n;
     let loss_line = match d.n(0, 2) {
         0 => format!("loss = {model}(**{batch}).loss"),
         1 => format!("logits = {model}({batch}[\"input_ids\"]).logits\n{{IND}}loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), {batch}[\"labels\"][:, 1:].flatten(), ignore_index=-100)"),
@@ -216,6 +263,18 @@ fn training_loop(d: &mut Draw) -> String {
     }
     w!(out, "            if (i + 1) % {cfg}.{accum}:");
     w!(out, "                continue");
+}
+
+/// Gradient clipping, the optimizer and scheduler steps.
+fn tl_optimizer_step(d: &mut Draw, out: &mut String, n: &Names, amp: bool) {
+    let &Names {
+        cfg,
+        model,
+        opt,
+        sched,
+        step,
+        ..
+    } = n;
     if amp {
         w!(out, "            scaler.unscale_({opt})");
     }
@@ -237,6 +296,18 @@ fn training_loop(d: &mut Draw) -> String {
         d.s(&["set_to_none=True", ""])
     );
     w!(out, "            {step} += 1");
+}
+
+/// Periodic logging and checkpointing inside the batch loop.
+fn tl_log_and_save(d: &mut Draw, out: &mut String, n: &Names) {
+    let &Names {
+        cfg,
+        model,
+        opt,
+        sched,
+        step,
+        ..
+    } = n;
     w!(
         out,
         "            if {step} % {cfg}.{} == 0:",
@@ -256,35 +327,36 @@ fn training_loop(d: &mut Draw) -> String {
         );
         w!(out, "                torch.save({{\"{model}\": {model}.state_dict(), \"{opt}\": {opt}.state_dict(), \"{step}\": {step}}}, os.path.join({cfg}.{}, f\"step_{{{step}:07d}}.pt\"))", d.s(&["out_dir", "output_dir", "ckpt_dir"]));
     }
-    if d.chance(0.5) {
-        w!(out, "        if eval_loader is not None:");
-        w!(
-            out,
-            "            val = evaluate({model}, eval_loader, {device})"
-        );
-        w!(out, "            print(f\"epoch {{epoch}}: val_loss={{val:.4f}} ppl={{math.exp(val):.2f}}\")");
-    }
-    w!(out, "    return {model}");
-    if d.chance(0.4) {
-        w!(out);
-        w!(out);
-        w!(out, "@torch.no_grad()");
-        w!(
-            out,
-            "def evaluate({model}, loader, {device}, max_batches: int = {}):",
-            d.int(20, 400)
-        );
-        w!(out, "    {model}.eval()");
-        w!(out, "    total, n = 0.0, 0");
-        w!(out, "    for j, {batch} in enumerate(loader):");
-        w!(out, "        if j >= max_batches:");
-        w!(out, "            break");
-        w!(out, "        total += {model}(**{{k: v.to({device}) for k, v in {batch}.items()}}).loss.item()");
-        w!(out, "        n += 1");
-        w!(out, "    {model}.train()");
-        w!(out, "    return total / max(n, 1)");
-    }
-    out
+}
+
+/// An `evaluate` function after the training function.
+fn tl_evaluate(d: &mut Draw, out: &mut String, n: &Names) {
+    let &Names {
+        model,
+        batch,
+        device,
+        ..
+    } = n;
+    w!(out);
+    w!(out);
+    w!(out, "@torch.no_grad()");
+    w!(
+        out,
+        "def evaluate({model}, loader, {device}, max_batches: int = {}):",
+        d.int(20, 400)
+    );
+    w!(out, "    {model}.eval()");
+    w!(out, "    total, n = 0.0, 0");
+    w!(out, "    for j, {batch} in enumerate(loader):");
+    w!(out, "        if j >= max_batches:");
+    w!(out, "            break");
+    w!(
+        out,
+        "        total += {model}(**{{k: v.to({device}) for k, v in {batch}.items()}}).loss.item()"
+    );
+    w!(out, "        n += 1");
+    w!(out, "    {model}.train()");
+    w!(out, "    return total / max(n, 1)");
 }
 
 fn inference_server(d: &mut Draw) -> String {
@@ -297,7 +369,7 @@ fn inference_server(d: &mut Draw) -> String {
 
 fn fastapi_server(d: &mut Draw) -> String {
     let mut out = String::new();
-    let model = d.s(vocab::MODELS);
+    let model = d.s(&vocab::MODELS);
     let req = format!(
         "{}Request",
         d.s(&["Generate", "Completion", "Infer", "Chat", "Predict"])
@@ -429,7 +501,7 @@ fn fastapi_server(d: &mut Draw) -> String {
 
 fn vllm_engine(d: &mut Draw) -> String {
     let mut out = String::new();
-    let model = d.s(vocab::MODELS);
+    let model = d.s(&vocab::MODELS);
     w!(out, "import asyncio");
     w!(out, "import uuid");
     w!(out);
@@ -680,7 +752,7 @@ fn data_code(d: &mut Draw) -> String {
 
 fn yaml_config(d: &mut Draw) -> String {
     let mut out = String::new();
-    let model = d.s(vocab::MODELS);
+    let model = d.s(&vocab::MODELS);
     w!(
         out,
         "# {}",

@@ -43,7 +43,7 @@ use std::path::Path;
 use rand::Rng;
 use rayon::prelude::*;
 
-use crate::synth::corpus::SonnetCorpus;
+use crate::synth::corpus::TokenCorpus;
 use crate::synth::error::SynthError;
 use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
 use crate::synth::reencode::Pieces;
@@ -217,7 +217,7 @@ pub struct CorpusStats {
 #[derive(Debug, Clone)]
 pub struct CodingCorpus {
     seed: u64,
-    corpus: SonnetCorpus,
+    corpus: TokenCorpus,
     blocks: Vec<Block>,
 }
 
@@ -249,7 +249,7 @@ impl CodingCorpus {
         if let Some((tokens, joins)) = cache::read(&path) {
             return Ok(CodingCorpus {
                 seed,
-                corpus: SonnetCorpus::from_parts(tokens, joins),
+                corpus: TokenCorpus::from_parts(tokens, joins),
                 blocks,
             });
         }
@@ -295,7 +295,7 @@ impl CodingCorpus {
         }
         Ok(CodingCorpus {
             seed,
-            corpus: SonnetCorpus::from_parts(tokens, joins),
+            corpus: TokenCorpus::from_parts(tokens, joins),
             blocks,
         })
     }
@@ -332,7 +332,7 @@ impl CodingCorpus {
 
     /// The token array (with its group joins) in the sonnet corpus's shape, so the sonnet
     /// sampling path, its fix-up loop and its local re-encode serve it.
-    pub fn as_sonnet(&self) -> &SonnetCorpus {
+    pub fn as_token_corpus(&self) -> &TokenCorpus {
         &self.corpus
     }
 

@@ -154,11 +154,11 @@ fn git_log(d: &mut Draw) -> String {
                 "{} {} in {}",
                 d.s(&["Fix", "Add", "Remove", "Handle", "Speed up"]),
                 d.noun_phrase(),
-                d.s(vocab::SUB_DIRS)
+                d.s(&vocab::SUB_DIRS)
             ),
             3 => format!(
                 "Bump {} from {} to {}",
-                d.s(vocab::PY_PACKAGES),
+                d.s(&vocab::PY_PACKAGES),
                 d.version(),
                 d.version()
             ),
@@ -180,7 +180,7 @@ fn toml(d: &mut Draw) -> String {
         w!(out, "rust-version = \"1.{}\"", d.int(70, 88));
         w!(out);
         w!(out, "[dependencies]");
-        for c in d.sample_n(vocab::RUST_CRATES, 4, 9) {
+        for c in d.sample_n(&vocab::RUST_CRATES, 4, 9) {
             if d.chance(0.4) {
                 w!(
                     out,
@@ -202,7 +202,7 @@ fn toml(d: &mut Draw) -> String {
         w!(out, "version = \"{}\"", d.version());
         w!(out, "requires-python = \">=3.{}\"", d.int(9, 12));
         w!(out, "dependencies = [");
-        for p in d.sample_n(vocab::PY_PACKAGES, 3, 8) {
+        for p in d.sample_n(&vocab::PY_PACKAGES, 3, 8) {
             w!(out, "    \"{p}>={}\",", d.version());
         }
         w!(out, "]");
@@ -447,177 +447,195 @@ fn markdown(d: &mut Draw) -> String {
 
 fn test_output(d: &mut Draw) -> String {
     let mut out = String::new();
-    match d.n(0, 3) {
-        0 => {
-            w!(
-                out,
-                "============================= test session starts =============================="
-            );
-            w!(
-                out,
-                "platform linux -- Python 3.{}.{}, pytest-{}, pluggy-1.{}.0",
-                d.int(10, 12),
-                d.int(0, 9),
-                d.version(),
-                d.int(3, 6)
-            );
-            w!(out, "rootdir: /home/{}/{}", d.user(), d.project());
-            let n = d.n(3, 7);
-            w!(out, "collected {} items", n * d.n(2, 9));
-            w!(out);
-            let mut failed = Vec::new();
-            for _ in 0..n {
-                let f = format!("tests/test_{}.py", d.noun_snake());
-                let mut marks = String::new();
-                for _ in 0..d.n(2, 12) {
-                    let c = if d.chance(0.08) {
-                        'F'
-                    } else if d.chance(0.05) {
-                        's'
-                    } else {
-                        '.'
-                    };
-                    if c == 'F' {
-                        failed.push(format!("{f}::test_{}", d.fn_snake()));
-                    }
-                    marks.push(c);
-                }
-                w!(out, "{f} {marks} [{:>3}%]", d.int(1, 100));
+    TEST_RUNNERS[d.n(0, TEST_RUNNERS.len() - 1)](d, &mut out);
+    out
+}
+
+/// Test-runner outputs, drawn uniformly (the order is part of the corpus).
+const TEST_RUNNERS: [fn(&mut Draw, &mut String); 4] = [
+    pytest_output,
+    cargo_test_output,
+    go_test_output,
+    jest_output,
+];
+
+/// A `pytest` session.
+fn pytest_output(d: &mut Draw, out: &mut String) {
+    w!(
+        out,
+        "============================= test session starts =============================="
+    );
+    w!(
+        out,
+        "platform linux -- Python 3.{}.{}, pytest-{}, pluggy-1.{}.0",
+        d.int(10, 12),
+        d.int(0, 9),
+        d.version(),
+        d.int(3, 6)
+    );
+    w!(out, "rootdir: /home/{}/{}", d.user(), d.project());
+    let n = d.n(3, 7);
+    w!(out, "collected {} items", n * d.n(2, 9));
+    w!(out);
+    let mut failed = Vec::new();
+    for _ in 0..n {
+        let f = format!("tests/test_{}.py", d.noun_snake());
+        let mut marks = String::new();
+        for _ in 0..d.n(2, 12) {
+            let c = if d.chance(0.08) {
+                'F'
+            } else if d.chance(0.05) {
+                's'
+            } else {
+                '.'
+            };
+            if c == 'F' {
+                failed.push(format!("{f}::test_{}", d.fn_snake()));
             }
-            w!(out);
-            if !failed.is_empty() {
-                w!(out, "=========================== short test summary info ============================");
-                for f in &failed {
-                    w!(
-                        out,
-                        "FAILED {f} - {}: {}",
-                        d.s(vocab::PY_EXCEPTIONS),
-                        d.s(vocab::ERROR_PHRASES)
-                    );
-                }
-            }
-            w!(
-                out,
-                "========================= {}{} passed in {:.2}s =========================",
-                if failed.is_empty() {
-                    String::new()
-                } else {
-                    format!("{} failed, ", failed.len())
-                },
-                d.int(5, 400),
-                d.float(0.3, 300.0)
-            );
+            marks.push(c);
         }
-        1 => {
+        w!(out, "{f} {marks} [{:>3}%]", d.int(1, 100));
+    }
+    w!(out);
+    if !failed.is_empty() {
+        w!(
+            out,
+            "=========================== short test summary info ============================"
+        );
+        for f in &failed {
             w!(
                 out,
-                "     Running unittests src/lib.rs (target/debug/deps/{}-{})",
-                d.project().replace('-', "_"),
-                d.hex(16)
+                "FAILED {f} - {}: {}",
+                d.s(&vocab::PY_EXCEPTIONS),
+                d.s(&vocab::ERROR_PHRASES)
             );
-            let n = d.n(3, 10);
-            w!(out);
-            w!(out, "running {n} tests");
-            let mut fails = 0;
-            for _ in 0..n {
-                let ok = d.chance(0.9);
-                if !ok {
-                    fails += 1;
-                }
-                w!(
-                    out,
-                    "test {}::tests::{} ... {}",
-                    d.s(vocab::SUB_DIRS),
-                    d.fn_snake(),
-                    if ok { "ok" } else { "FAILED" }
-                );
-            }
-            w!(out);
-            w!(out, "test result: {}. {} passed; {fails} failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s", if fails == 0 { "ok" } else { "FAILED" }, n - fails, d.float(0.0, 30.0));
-        }
-        2 => {
-            let module = format!("github.com/{}/{}", d.user(), d.project());
-            for _ in 0..d.n(3, 7) {
-                let pkg = d.s(vocab::SUB_DIRS);
-                match d.n(0, 5) {
-                    0 => {
-                        w!(
-                            out,
-                            "--- FAIL: Test{} ({:.2}s)",
-                            super::draw::capitalize(&d.camel_fn()),
-                            d.float(0.0, 5.0)
-                        );
-                        w!(
-                            out,
-                            "    {}_test.go:{}: got {}, want {}",
-                            d.s(vocab::FILE_STEMS),
-                            d.int(10, 300),
-                            d.int(0, 99),
-                            d.int(0, 99)
-                        );
-                        w!(
-                            out,
-                            "FAIL\t{module}/internal/{pkg}\t{:.3}s",
-                            d.float(0.0, 9.0)
-                        );
-                    }
-                    1 => w!(out, "?   \t{module}/internal/{pkg}\t[no test files]"),
-                    _ => w!(
-                        out,
-                        "ok  \t{module}/internal/{pkg}\t{:.3}s{}",
-                        d.float(0.0, 9.0),
-                        d.s(&["", "", "\tcoverage: 71.4% of statements"])
-                    ),
-                }
-            }
-        }
-        _ => {
-            for _ in 0..d.n(2, 4) {
-                let ok = d.chance(0.8);
-                w!(
-                    out,
-                    " {} {} ({} tests{}) {}ms",
-                    if ok { "\u{2713}" } else { "\u{276f}" },
-                    d.path("test.ts"),
-                    d.int(1, 30),
-                    if ok {
-                        String::new()
-                    } else {
-                        " | 1 failed".to_string()
-                    },
-                    d.int(3, 3000)
-                );
-                if !ok {
-                    w!(
-                        out,
-                        "   \u{00d7} {} > {} {}",
-                        d.camel_fn(),
-                        d.s(&["returns", "handles", "rejects"]),
-                        d.noun_phrase()
-                    );
-                    w!(
-                        out,
-                        "     \u{2192} expected {} to deeply equal {}",
-                        d.int(0, 99),
-                        d.int(0, 99)
-                    );
-                }
-            }
-            w!(out);
-            w!(
-                out,
-                " Test Files  {} passed ({})",
-                d.int(1, 40),
-                d.int(1, 40)
-            );
-            w!(
-                out,
-                "      Tests  {} passed ({})",
-                d.int(10, 400),
-                d.int(10, 400)
-            );
-            w!(out, "   Duration  {:.2}s", d.float(0.5, 60.0));
         }
     }
-    out
+    w!(
+        out,
+        "========================= {}{} passed in {:.2}s =========================",
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!("{} failed, ", failed.len())
+        },
+        d.int(5, 400),
+        d.float(0.3, 300.0)
+    );
+}
+
+/// `cargo test` output.
+fn cargo_test_output(d: &mut Draw, out: &mut String) {
+    w!(
+        out,
+        "     Running unittests src/lib.rs (target/debug/deps/{}-{})",
+        d.project().replace('-', "_"),
+        d.hex(16)
+    );
+    let n = d.n(3, 10);
+    w!(out);
+    w!(out, "running {n} tests");
+    let mut fails = 0;
+    for _ in 0..n {
+        let ok = d.chance(0.9);
+        if !ok {
+            fails += 1;
+        }
+        w!(
+            out,
+            "test {}::tests::{} ... {}",
+            d.s(&vocab::SUB_DIRS),
+            d.fn_snake(),
+            if ok { "ok" } else { "FAILED" }
+        );
+    }
+    w!(out);
+    w!(out, "test result: {}. {} passed; {fails} failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s", if fails == 0 { "ok" } else { "FAILED" }, n - fails, d.float(0.0, 30.0));
+}
+
+/// `go test ./...` package lines.
+fn go_test_output(d: &mut Draw, out: &mut String) {
+    let module = format!("github.com/{}/{}", d.user(), d.project());
+    for _ in 0..d.n(3, 7) {
+        let pkg = d.s(&vocab::SUB_DIRS);
+        match d.n(0, 5) {
+            0 => {
+                w!(
+                    out,
+                    "--- FAIL: Test{} ({:.2}s)",
+                    super::draw::capitalize(&d.camel_fn()),
+                    d.float(0.0, 5.0)
+                );
+                w!(
+                    out,
+                    "    {}_test.go:{}: got {}, want {}",
+                    d.s(&vocab::FILE_STEMS),
+                    d.int(10, 300),
+                    d.int(0, 99),
+                    d.int(0, 99)
+                );
+                w!(
+                    out,
+                    "FAIL\t{module}/internal/{pkg}\t{:.3}s",
+                    d.float(0.0, 9.0)
+                );
+            }
+            1 => w!(out, "?   \t{module}/internal/{pkg}\t[no test files]"),
+            _ => w!(
+                out,
+                "ok  \t{module}/internal/{pkg}\t{:.3}s{}",
+                d.float(0.0, 9.0),
+                d.s(&["", "", "\tcoverage: 71.4% of statements"])
+            ),
+        }
+    }
+}
+
+/// Jest-style per-file results.
+fn jest_output(d: &mut Draw, out: &mut String) {
+    for _ in 0..d.n(2, 4) {
+        let ok = d.chance(0.8);
+        w!(
+            out,
+            " {} {} ({} tests{}) {}ms",
+            if ok { "\u{2713}" } else { "\u{276f}" },
+            d.path("test.ts"),
+            d.int(1, 30),
+            if ok {
+                String::new()
+            } else {
+                " | 1 failed".to_string()
+            },
+            d.int(3, 3000)
+        );
+        if !ok {
+            w!(
+                out,
+                "   \u{00d7} {} > {} {}",
+                d.camel_fn(),
+                d.s(&["returns", "handles", "rejects"]),
+                d.noun_phrase()
+            );
+            w!(
+                out,
+                "     \u{2192} expected {} to deeply equal {}",
+                d.int(0, 99),
+                d.int(0, 99)
+            );
+        }
+    }
+    w!(out);
+    w!(
+        out,
+        " Test Files  {} passed ({})",
+        d.int(1, 40),
+        d.int(1, 40)
+    );
+    w!(
+        out,
+        "      Tests  {} passed ({})",
+        d.int(10, 400),
+        d.int(10, 400)
+    );
+    w!(out, "   Duration  {:.2}s", d.float(0.5, 60.0));
 }

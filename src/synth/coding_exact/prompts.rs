@@ -24,22 +24,22 @@ fn ask(d: &mut Draw) -> String {
     let f = d.fn_snake();
     let ty = d.pascal();
     match d.n(0, 15) {
-        0 => format!("Fix the failing test in {path}: `test_{f}` started failing after the last merge with `{}: {}`.", d.s(vocab::PY_EXCEPTIONS), d.s(vocab::ERROR_PHRASES)),
-        1 => format!("Refactor `{f}` in {path} so it no longer holds the lock while calling the {} client.", d.s(vocab::NOUNS)),
-        2 => format!("Add {} to the `{ty}` in {path}. Keep the public API unchanged.", d.s(vocab::TOPICS)),
+        0 => format!("Fix the failing test in {path}: `test_{f}` started failing after the last merge with `{}: {}`.", d.s(&vocab::PY_EXCEPTIONS), d.s(&vocab::ERROR_PHRASES)),
+        1 => format!("Refactor `{f}` in {path} so it no longer holds the lock while calling the {} client.", d.s(&vocab::NOUNS)),
+        2 => format!("Add {} to the `{ty}` in {path}. Keep the public API unchanged.", d.s(&vocab::TOPICS)),
         3 => format!("Write unit tests for `{f}` covering the empty input, a single {} and more than {} items.", d.noun_phrase(), d.int(2, 1000)),
         4 => format!("Why is `{f}` slow? Profiling shows {}% of the time in `{}`. Suggest a fix and implement it.", d.int(30, 95), d.fn_snake()),
-        5 => format!("Rename `{}` to `{}` everywhere in {}/ and update the docs.", d.noun_snake(), d.noun_snake(), d.s(vocab::TOP_DIRS)),
+        5 => format!("Rename `{}` to `{}` everywhere in {}/ and update the docs.", d.noun_snake(), d.noun_snake(), d.s(&vocab::TOP_DIRS)),
         6 => format!("The CI job `{}` is red on main. Find out which commit broke it and open a fix.", d.s(&["test", "lint", "build", "integration", "e2e"])),
         7 => format!("Port `{f}` from Python to {} and keep the same behaviour for {}.", d.s(&["Rust", "Go", "TypeScript"]), d.noun_phrase()),
         8 => format!("Add a `--{}` flag to the CLI that {}.", d.noun_snake().replace('_', "-"), d.sentence().to_lowercase()),
         9 => format!("Our training run diverges after step {}: loss goes to NaN. Look at {} and the config and tell me what to change.", d.int(100, 50_000), d.path("py")),
-        10 => format!("Review this diff for {} and point out anything that could break in production.", d.s(vocab::TOPICS)),
+        10 => format!("Review this diff for {} and point out anything that could break in production.", d.s(&vocab::TOPICS)),
         11 => format!("Implement the TODO in {path} (`{f}`): it should {}.", d.sentence().to_lowercase()),
         12 => format!("Make `{ty}` serialisable to JSON and add a round-trip test."),
-        13 => format!("The `{}` endpoint returns {} under load. Add {} and a test that reproduces it.", d.s(vocab::HTTP_PATHS), d.s(&["503s", "timeouts", "stale data", "duplicate rows"]), d.s(vocab::TOPICS)),
+        13 => format!("The `{}` endpoint returns {} under load. Add {} and a test that reproduces it.", d.s(&vocab::HTTP_PATHS), d.s(&["503s", "timeouts", "stale data", "duplicate rows"]), d.s(&vocab::TOPICS)),
         14 => format!("Explain what {path} does and draw the call graph from `main` to `{f}`."),
-        _ => format!("Bump {} to {} and fix whatever breaks.", d.s(vocab::PY_PACKAGES), d.version()),
+        _ => format!("Bump {} to {} and fix whatever breaks.", d.s(&vocab::PY_PACKAGES), d.version()),
     }
 }
 
@@ -66,7 +66,7 @@ fn constraint(d: &mut Draw) -> String {
         6 => "Add a regression test that fails without the fix.".into(),
         _ => format!(
             "Ask me before touching anything under {}/.",
-            d.s(vocab::SUB_DIRS)
+            d.s(&vocab::SUB_DIRS)
         ),
     }
 }
@@ -79,8 +79,8 @@ fn context(d: &mut Draw, out: &mut String) {
             w!(
                 out,
                 "{}: {}",
-                d.s(vocab::PY_EXCEPTIONS),
-                d.s(vocab::ERROR_PHRASES)
+                d.s(&vocab::PY_EXCEPTIONS),
+                d.s(&vocab::ERROR_PHRASES)
             );
             for _ in 0..d.n(1, 4) {
                 w!(
@@ -141,8 +141,8 @@ fn context(d: &mut Draw, out: &mut String) {
                     out,
                     "{h:02}:{m:02}:{s:02} {} {}: {}",
                     d.s(&["WARN", "ERROR", "INFO"]),
-                    d.s(vocab::SUB_DIRS),
-                    d.s(vocab::ERROR_PHRASES)
+                    d.s(&vocab::SUB_DIRS),
+                    d.s(&vocab::ERROR_PHRASES)
                 );
             }
             w!(out, "```");
@@ -151,9 +151,9 @@ fn context(d: &mut Draw, out: &mut String) {
             out,
             "It only happens when {} is {} and the {} is {}.",
             d.noun_phrase(),
-            d.s(vocab::STATES),
+            d.s(&vocab::STATES),
             d.noun_phrase(),
-            d.s(vocab::STATES)
+            d.s(&vocab::STATES)
         ),
         _ => w!(
             out,
@@ -192,10 +192,10 @@ fn conversation(d: &mut Draw) -> String {
     for _ in 0..d.n(2, 3) {
         let path = d.code_path();
         w!(out, "{bot}: {}", match d.n(0, 4) {
-            0 => format!("I looked at {path}. The {} is {} because `{}` {}. I changed it to {} and the tests pass.", d.noun_phrase(), d.s(vocab::STATES), d.fn_snake(), d.s(&["never resets the counter", "swallows the error", "reads the config once at import time", "compares ids as strings"]), d.s(&["reset it per request", "return the error", "read it lazily", "parse them as integers"])),
-            1 => format!("Running `{}`: {} passed, {} failed. The failure is in `test_{}`: {}.", d.s(&["pytest -x", "cargo test", "go test ./...", "npm test"]), d.int(1, 300), d.int(1, 4), d.fn_snake(), d.s(vocab::ERROR_PHRASES)),
-            2 => format!("Done. I added {} in {path} and a test in {}. Want me to also update the docs?", d.s(vocab::TOPICS), d.code_path()),
-            3 => format!("Before I change `{}`: should {} keep the old behaviour when the {} is {}?", d.fn_snake(), d.noun_phrase(), d.noun_phrase(), d.s(vocab::STATES)),
+            0 => format!("I looked at {path}. The {} is {} because `{}` {}. I changed it to {} and the tests pass.", d.noun_phrase(), d.s(&vocab::STATES), d.fn_snake(), d.s(&["never resets the counter", "swallows the error", "reads the config once at import time", "compares ids as strings"]), d.s(&["reset it per request", "return the error", "read it lazily", "parse them as integers"])),
+            1 => format!("Running `{}`: {} passed, {} failed. The failure is in `test_{}`: {}.", d.s(&["pytest -x", "cargo test", "go test ./...", "npm test"]), d.int(1, 300), d.int(1, 4), d.fn_snake(), d.s(&vocab::ERROR_PHRASES)),
+            2 => format!("Done. I added {} in {path} and a test in {}. Want me to also update the docs?", d.s(&vocab::TOPICS), d.code_path()),
+            3 => format!("Before I change `{}`: should {} keep the old behaviour when the {} is {}?", d.fn_snake(), d.noun_phrase(), d.noun_phrase(), d.s(&vocab::STATES)),
             _ => format!("I found {} call sites of `{}`. {} of them pass a {} that can be empty.", d.int(2, 40), d.fn_snake(), d.int(1, 5), d.noun_phrase()),
         });
         w!(

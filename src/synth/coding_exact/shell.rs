@@ -46,301 +46,389 @@ fn session(d: &mut Draw) -> String {
             ),
             _ => "$ ".to_string(),
         };
-        match d.n(0, 11) {
-            0 => {
-                w!(out, "{prompt}ls -la");
-                w!(out, "total {}", d.int(8, 400));
-                for _ in 0..d.n(3, 7) {
-                    let dir = d.chance(0.3);
-                    let name = if dir {
-                        d.s(vocab::SUB_DIRS).to_string()
-                    } else {
-                        format!(
-                            "{}.{}",
-                            d.s(vocab::FILE_STEMS),
-                            d.s(&["py", "rs", "go", "ts", "toml", "yaml", "md", "json", "lock"])
-                        )
-                    };
-                    w!(
-                        out,
-                        "{}  {} {user} {user} {:>6} {} {:>2} {:02}:{:02} {name}",
-                        if dir { "drwxr-xr-x" } else { "-rw-r--r--" },
-                        d.int(1, 9),
-                        d.int(96, 65_536),
-                        month(d),
-                        d.int(1, 28),
-                        d.int(0, 23),
-                        d.int(0, 59)
-                    );
-                }
-            }
-            1 => {
-                w!(out, "{prompt}git status");
-                w!(
-                    out,
-                    "On branch {}",
-                    d.s(&[
-                        "main",
-                        "fix/flaky-test",
-                        "feat/streaming",
-                        "dev",
-                        "refactor-cache"
-                    ])
-                );
-                w!(
-                    out,
-                    "Your branch is {}.",
-                    d.s(&[
-                        "up to date with 'origin/main'",
-                        "ahead of 'origin/main' by 2 commits",
-                        "behind 'origin/main' by 1 commit, and can be fast-forwarded"
-                    ])
-                );
-                w!(out);
-                w!(out, "Changes not staged for commit:");
-                w!(
-                    out,
-                    "  (use \"git add <file>...\" to update what will be committed)"
-                );
-                for _ in 0..d.n(1, 4) {
-                    w!(
-                        out,
-                        "\tmodified:   {}",
-                        d.path_of(&["py", "go", "rs", "ts"])
-                    );
-                }
-                if d.chance(0.5) {
-                    w!(out);
-                    w!(out, "Untracked files:");
-                    w!(out, "\t{}", d.path_of(&["py", "go", "rs", "ts"]));
-                }
-            }
-            2 => {
-                w!(out, "{prompt}nvidia-smi --query-gpu=index,name,memory.used,memory.total,utilization.gpu --format=csv");
-                w!(
-                    out,
-                    "index, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
-                );
-                let (gpu, mem) = *d.pick(vocab::GPUS);
-                for i in 0..*d.pick(&[1u64, 2, 4, 8]) {
-                    let total = mem * 1024 - d.int(300, 700);
-                    w!(
-                        out,
-                        "{i}, {gpu}, {} MiB, {total} MiB, {} %",
-                        d.int(1, total),
-                        d.int(0, 100)
-                    );
-                }
-            }
-            3 => {
-                w!(out, "{prompt}docker ps --format 'table {{{{.ID}}}}\\t{{{{.Image}}}}\\t{{{{.Status}}}}\\t{{{{.Ports}}}}'");
-                w!(
-                    out,
-                    "CONTAINER ID   IMAGE                              STATUS          PORTS"
-                );
-                for _ in 0..d.n(1, 4) {
-                    w!(
-                        out,
-                        "{}   {:<34} Up {} {:<6} 0.0.0.0:{}->{}/tcp",
-                        d.hex(12),
-                        format!("{}:{}", d.project(), d.version()),
-                        d.int(2, 59),
-                        d.s(&["minutes", "hours", "days"]),
-                        d.int(3000, 9999),
-                        d.s(&["80", "8000", "8080", "5432", "6379"])
-                    );
-                }
-            }
-            4 => {
-                let ns = d.s(&["default", "inference", "training", "staging", "ml-platform"]);
-                w!(out, "{prompt}kubectl get pods -n {ns}");
-                w!(out, "NAME                                   READY   STATUS             RESTARTS      AGE");
-                for _ in 0..d.n(2, 5) {
-                    let status = d.s(&[
-                        "Running",
-                        "Running",
-                        "Running",
-                        "CrashLoopBackOff",
-                        "Pending",
-                        "OOMKilled",
-                        "Completed",
-                    ]);
-                    w!(
-                        out,
-                        "{:<38} {}/1     {:<18} {:<13} {}{}",
-                        format!("{}-{}-{}", d.project(), d.hex(9), d.alnum(5)),
-                        if status == "Running" { 1 } else { 0 },
-                        status,
-                        d.int(0, 14),
-                        d.int(1, 59),
-                        d.s(&["m", "h", "d"])
-                    );
-                }
-            }
-            5 => {
-                let pat = d.fn_snake();
-                w!(
-                    out,
-                    "{prompt}grep -rn \"{pat}\" {}",
-                    d.s(&["src/", ".", "tests/", "pkg/"])
-                );
-                for _ in 0..d.n(2, 6) {
-                    w!(
-                        out,
-                        "{}:{}:    {}",
-                        d.path_of(&["py", "go", "rs", "ts"]),
-                        d.int(1, 900),
-                        match d.n(0, 2) {
-                            0 => format!("def {pat}(self, {}):", d.noun_snake()),
-                            1 => format!("result = {pat}({})", d.noun_snake()),
-                            _ => format!("return {pat}({}, {})", d.noun_snake(), d.int(0, 9)),
-                        }
-                    );
-                }
-            }
-            6 => {
-                w!(
-                    out,
-                    "{prompt}df -h | grep -E '{}'",
-                    d.s(&["nvme|sda", "/data|/home", "overlay"])
-                );
-                for _ in 0..d.n(1, 3) {
-                    let used = d.int(5, 99);
-                    w!(
-                        out,
-                        "/dev/{}  {}  {}  {}  {used}% {}",
-                        d.s(&["nvme0n1p1", "nvme1n1", "sda1", "md0"]),
-                        size(d),
-                        size(d),
-                        size(d),
-                        d.s(&["/", "/data", "/home", "/scratch", "/mnt/models"])
-                    );
-                }
-            }
-            7 => {
-                w!(
-                    out,
-                    "{prompt}du -sh {}/* | sort -h | tail -{}",
-                    d.s(&[
-                        "checkpoints",
-                        "data",
-                        "~/.cache/huggingface/hub",
-                        "logs",
-                        "target"
-                    ]),
-                    d.n(3, 5)
-                );
-                for _ in 0..d.n(3, 5) {
-                    w!(
-                        out,
-                        "{}\t{}",
-                        size(d),
-                        d.s(&[
-                            "models--Qwen--Qwen3-8B",
-                            "ckpt-2000",
-                            "ckpt-4000",
-                            "train.jsonl",
-                            "debug",
-                            "release",
-                            "wandb",
-                            "shards"
-                        ])
-                    );
-                }
-            }
-            8 => {
-                let url = format!(
-                    "http://localhost:{}{}",
-                    d.s(&["8000", "8080", "3000", "9000"]),
-                    d.s(vocab::HTTP_PATHS)
-                );
-                w!(
-                    out,
-                    "{prompt}curl -sS -X {} -w '\\n%{{http_code}} %{{time_total}}s\\n' {url}",
-                    d.s(vocab::HTTP_METHODS)
-                );
-                w!(
-                    out,
-                    "{{\"status\":\"{}\",\"{}\":{}}}",
-                    d.s(&["ok", "degraded", "error"]),
-                    d.noun_snake(),
-                    d.int(0, 9999)
-                );
-                w!(
-                    out,
-                    "{} {:.6}s",
-                    d.s(&["200", "200", "503", "404", "500"]),
-                    d.float(0.001, 3.0)
-                );
-            }
-            9 => {
-                w!(out, "{prompt}ps aux --sort=-%mem | head -{}", d.n(3, 5));
-                w!(
-                    out,
-                    "USER         PID %CPU %MEM    VSZ   RSS TTY      STAT START   TIME COMMAND"
-                );
-                for _ in 0..d.n(2, 4) {
-                    w!(out, "{:<12} {:>5} {:>4.1} {:>4.1} {:>7} {:>6} ?        Sl   {:02}:{:02}  {:>3}:{:02} {}", user, d.int(100, 99_999), d.float(0.0, 400.0), d.float(0.0, 60.0), d.int(100_000, 90_000_000), d.int(10_000, 40_000_000), d.int(0, 23), d.int(0, 59), d.int(0, 900), d.int(0, 59), d.s(&["python train.py --config configs/sft.yaml", "python -m vllm.entrypoints.openai.api_server", "node dist/server.js", "./target/release/server", "postgres: writer", "redis-server *:6379"]));
-                }
-            }
-            10 => {
-                w!(
-                    out,
-                    "{prompt}{}",
-                    d.s(&[
-                        "cargo build --release",
-                        "go build ./...",
-                        "npm run build",
-                        "make -j8"
-                    ])
-                );
-                for _ in 0..d.n(2, 5) {
-                    w!(
-                        out,
-                        "   Compiling {} v{}",
-                        d.s(vocab::RUST_CRATES),
-                        d.version()
-                    );
-                }
-                if d.chance(0.5) {
-                    w!(out, "warning: unused variable: `{}`", d.noun_snake());
-                    w!(
-                        out,
-                        "  --> {}:{}:{}",
-                        d.path("rs"),
-                        d.int(1, 600),
-                        d.int(5, 30)
-                    );
-                }
-                w!(
-                    out,
-                    "    Finished `release` profile [optimized] target(s) in {:.2}s",
-                    d.float(1.0, 240.0)
-                );
-            }
-            _ => {
-                w!(
-                    out,
-                    "{prompt}tail -n {} logs/{}.log",
-                    d.n(3, 6),
-                    d.s(&["server", "worker", "api", "train"])
-                );
-                for _ in 0..d.n(3, 6) {
-                    let (h, m, s) = d.clock();
-                    w!(
-                        out,
-                        "{} {h:02}:{m:02}:{s:02},{:03} {} [{}] {}",
-                        d.date(),
-                        d.int(0, 999),
-                        d.s(&["INFO", "INFO", "WARNING", "ERROR", "DEBUG"]),
-                        d.s(vocab::SUB_DIRS),
-                        d.sentence().to_lowercase()
-                    );
-                }
-            }
-        }
+        let sh = Shell {
+            prompt: &prompt,
+            user: &user,
+        };
+        COMMANDS[d.n(0, COMMANDS.len() - 1)](d, &mut out, &sh);
     }
     out
+}
+
+/// The prompt a command is typed at, and the user it runs as.
+struct Shell<'a> {
+    prompt: &'a str,
+    user: &'a str,
+}
+
+/// A command with its output, after the prompt.
+type Command = fn(&mut Draw, &mut String, &Shell<'_>);
+
+/// The commands of a session, drawn uniformly (the order is part of the corpus).
+const COMMANDS: [Command; 12] = [
+    ls,
+    git_status,
+    nvidia_smi,
+    docker_ps,
+    kubectl_pods,
+    grep,
+    df,
+    du,
+    curl,
+    ps_aux,
+    build,
+    tail_log,
+];
+
+/// `ls -la` with a listing.
+fn ls(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, user } = sh;
+    w!(out, "{prompt}ls -la");
+    w!(out, "total {}", d.int(8, 400));
+    for _ in 0..d.n(3, 7) {
+        let dir = d.chance(0.3);
+        let name = if dir {
+            d.s(&vocab::SUB_DIRS).to_string()
+        } else {
+            format!(
+                "{}.{}",
+                d.s(&vocab::FILE_STEMS),
+                d.s(&["py", "rs", "go", "ts", "toml", "yaml", "md", "json", "lock"])
+            )
+        };
+        w!(
+            out,
+            "{}  {} {user} {user} {:>6} {} {:>2} {:02}:{:02} {name}",
+            if dir { "drwxr-xr-x" } else { "-rw-r--r--" },
+            d.int(1, 9),
+            d.int(96, 65_536),
+            month(d),
+            d.int(1, 28),
+            d.int(0, 23),
+            d.int(0, 59)
+        );
+    }
+}
+
+/// `git status` with changes.
+fn git_status(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    w!(out, "{prompt}git status");
+    w!(
+        out,
+        "On branch {}",
+        d.s(&[
+            "main",
+            "fix/flaky-test",
+            "feat/streaming",
+            "dev",
+            "refactor-cache"
+        ])
+    );
+    w!(
+        out,
+        "Your branch is {}.",
+        d.s(&[
+            "up to date with 'origin/main'",
+            "ahead of 'origin/main' by 2 commits",
+            "behind 'origin/main' by 1 commit, and can be fast-forwarded"
+        ])
+    );
+    w!(out);
+    w!(out, "Changes not staged for commit:");
+    w!(
+        out,
+        "  (use \"git add <file>...\" to update what will be committed)"
+    );
+    for _ in 0..d.n(1, 4) {
+        w!(
+            out,
+            "\tmodified:   {}",
+            d.path_of(&["py", "go", "rs", "ts"])
+        );
+    }
+    if d.chance(0.5) {
+        w!(out);
+        w!(out, "Untracked files:");
+        w!(out, "\t{}", d.path_of(&["py", "go", "rs", "ts"]));
+    }
+}
+
+/// `nvidia-smi` GPU memory and utilisation.
+fn nvidia_smi(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    w!(out, "{prompt}nvidia-smi --query-gpu=index,name,memory.used,memory.total,utilization.gpu --format=csv");
+    w!(
+        out,
+        "index, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
+    );
+    let (gpu, mem) = *d.pick(&vocab::GPUS);
+    for i in 0..*d.pick(&[1u64, 2, 4, 8]) {
+        let total = mem * 1024 - d.int(300, 700);
+        w!(
+            out,
+            "{i}, {gpu}, {} MiB, {total} MiB, {} %",
+            d.int(1, total),
+            d.int(0, 100)
+        );
+    }
+}
+
+/// `docker ps` containers.
+fn docker_ps(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    w!(out, "{prompt}docker ps --format 'table {{{{.ID}}}}\\t{{{{.Image}}}}\\t{{{{.Status}}}}\\t{{{{.Ports}}}}'");
+    w!(
+        out,
+        "CONTAINER ID   IMAGE                              STATUS          PORTS"
+    );
+    for _ in 0..d.n(1, 4) {
+        w!(
+            out,
+            "{}   {:<34} Up {} {:<6} 0.0.0.0:{}->{}/tcp",
+            d.hex(12),
+            format!("{}:{}", d.project(), d.version()),
+            d.int(2, 59),
+            d.s(&["minutes", "hours", "days"]),
+            d.int(3000, 9999),
+            d.s(&["80", "8000", "8080", "5432", "6379"])
+        );
+    }
+}
+
+/// `kubectl get pods` in a namespace.
+fn kubectl_pods(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    let ns = d.s(&["default", "inference", "training", "staging", "ml-platform"]);
+    w!(out, "{prompt}kubectl get pods -n {ns}");
+    w!(
+        out,
+        "NAME                                   READY   STATUS             RESTARTS      AGE"
+    );
+    for _ in 0..d.n(2, 5) {
+        let status = d.s(&[
+            "Running",
+            "Running",
+            "Running",
+            "CrashLoopBackOff",
+            "Pending",
+            "OOMKilled",
+            "Completed",
+        ]);
+        w!(
+            out,
+            "{:<38} {}/1     {:<18} {:<13} {}{}",
+            format!("{}-{}-{}", d.project(), d.hex(9), d.alnum(5)),
+            if status == "Running" { 1 } else { 0 },
+            status,
+            d.int(0, 14),
+            d.int(1, 59),
+            d.s(&["m", "h", "d"])
+        );
+    }
+}
+
+/// `grep -rn` for a function name.
+fn grep(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    let pat = d.fn_snake();
+    w!(
+        out,
+        "{prompt}grep -rn \"{pat}\" {}",
+        d.s(&["src/", ".", "tests/", "pkg/"])
+    );
+    for _ in 0..d.n(2, 6) {
+        w!(
+            out,
+            "{}:{}:    {}",
+            d.path_of(&["py", "go", "rs", "ts"]),
+            d.int(1, 900),
+            match d.n(0, 2) {
+                0 => format!("def {pat}(self, {}):", d.noun_snake()),
+                1 => format!("result = {pat}({})", d.noun_snake()),
+                _ => format!("return {pat}({}, {})", d.noun_snake(), d.int(0, 9)),
+            }
+        );
+    }
+}
+
+/// `df -h` disk usage.
+fn df(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    w!(
+        out,
+        "{prompt}df -h | grep -E '{}'",
+        d.s(&["nvme|sda", "/data|/home", "overlay"])
+    );
+    for _ in 0..d.n(1, 3) {
+        let used = d.int(5, 99);
+        w!(
+            out,
+            "/dev/{}  {}  {}  {}  {used}% {}",
+            d.s(&["nvme0n1p1", "nvme1n1", "sda1", "md0"]),
+            size(d),
+            size(d),
+            size(d),
+            d.s(&["/", "/data", "/home", "/scratch", "/mnt/models"])
+        );
+    }
+}
+
+/// `du -sh` of the largest folders.
+fn du(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    w!(
+        out,
+        "{prompt}du -sh {}/* | sort -h | tail -{}",
+        d.s(&[
+            "checkpoints",
+            "data",
+            "~/.cache/huggingface/hub",
+            "logs",
+            "target"
+        ]),
+        d.n(3, 5)
+    );
+    for _ in 0..d.n(3, 5) {
+        w!(
+            out,
+            "{}\t{}",
+            size(d),
+            d.s(&[
+                "models--Qwen--Qwen3-8B",
+                "ckpt-2000",
+                "ckpt-4000",
+                "train.jsonl",
+                "debug",
+                "release",
+                "wandb",
+                "shards"
+            ])
+        );
+    }
+}
+
+/// `curl` of a local endpoint.
+fn curl(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    let url = format!(
+        "http://localhost:{}{}",
+        d.s(&["8000", "8080", "3000", "9000"]),
+        d.s(&vocab::HTTP_PATHS)
+    );
+    w!(
+        out,
+        "{prompt}curl -sS -X {} -w '\\n%{{http_code}} %{{time_total}}s\\n' {url}",
+        d.s(&vocab::HTTP_METHODS)
+    );
+    w!(
+        out,
+        "{{\"status\":\"{}\",\"{}\":{}}}",
+        d.s(&["ok", "degraded", "error"]),
+        d.noun_snake(),
+        d.int(0, 9999)
+    );
+    w!(
+        out,
+        "{} {:.6}s",
+        d.s(&["200", "200", "503", "404", "500"]),
+        d.float(0.001, 3.0)
+    );
+}
+
+/// `ps aux` by memory.
+fn ps_aux(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, user } = sh;
+    w!(out, "{prompt}ps aux --sort=-%mem | head -{}", d.n(3, 5));
+    w!(
+        out,
+        "USER         PID %CPU %MEM    VSZ   RSS TTY      STAT START   TIME COMMAND"
+    );
+    for _ in 0..d.n(2, 4) {
+        w!(
+            out,
+            "{:<12} {:>5} {:>4.1} {:>4.1} {:>7} {:>6} ?        Sl   {:02}:{:02}  {:>3}:{:02} {}",
+            user,
+            d.int(100, 99_999),
+            d.float(0.0, 400.0),
+            d.float(0.0, 60.0),
+            d.int(100_000, 90_000_000),
+            d.int(10_000, 40_000_000),
+            d.int(0, 23),
+            d.int(0, 59),
+            d.int(0, 900),
+            d.int(0, 59),
+            d.s(&[
+                "python train.py --config configs/sft.yaml",
+                "python -m vllm.entrypoints.openai.api_server",
+                "node dist/server.js",
+                "./target/release/server",
+                "postgres: writer",
+                "redis-server *:6379"
+            ])
+        );
+    }
+}
+
+/// A build command with compiler output.
+fn build(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    w!(
+        out,
+        "{prompt}{}",
+        d.s(&[
+            "cargo build --release",
+            "go build ./...",
+            "npm run build",
+            "make -j8"
+        ])
+    );
+    for _ in 0..d.n(2, 5) {
+        w!(
+            out,
+            "   Compiling {} v{}",
+            d.s(&vocab::RUST_CRATES),
+            d.version()
+        );
+    }
+    if d.chance(0.5) {
+        w!(out, "warning: unused variable: `{}`", d.noun_snake());
+        w!(
+            out,
+            "  --> {}:{}:{}",
+            d.path("rs"),
+            d.int(1, 600),
+            d.int(5, 30)
+        );
+    }
+    w!(
+        out,
+        "    Finished `release` profile [optimized] target(s) in {:.2}s",
+        d.float(1.0, 240.0)
+    );
+}
+
+/// `tail` of a log file.
+fn tail_log(d: &mut Draw, out: &mut String, sh: &Shell<'_>) {
+    let Shell { prompt, .. } = sh;
+    w!(
+        out,
+        "{prompt}tail -n {} logs/{}.log",
+        d.n(3, 6),
+        d.s(&["server", "worker", "api", "train"])
+    );
+    for _ in 0..d.n(3, 6) {
+        let (h, m, s) = d.clock();
+        w!(
+            out,
+            "{} {h:02}:{m:02}:{s:02},{:03} {} [{}] {}",
+            d.date(),
+            d.int(0, 999),
+            d.s(&["INFO", "INFO", "WARNING", "ERROR", "DEBUG"]),
+            d.s(&vocab::SUB_DIRS),
+            d.sentence().to_lowercase()
+        );
+    }
 }
 
 fn training_log(d: &mut Draw) -> String {
@@ -359,7 +447,7 @@ fn training_log(d: &mut Draw) -> String {
         w!(
             out,
             "[rank0]: {} | world_size={} | micro_bsz={} | grad_accum={} | seq_len={}",
-            d.s(vocab::MODELS),
+            d.s(&vocab::MODELS),
             *d.pick(&[8u64, 16, 32, 64]),
             d.int(1, 8),
             d.int(1, 16),
@@ -473,8 +561,8 @@ fn ci_log(d: &mut Draw) -> String {
             1 => w!(
                 out,
                 "{t} {}/{} {}",
-                d.s(vocab::SUB_DIRS),
-                d.s(vocab::FILE_STEMS),
+                d.s(&vocab::SUB_DIRS),
+                d.s(&vocab::FILE_STEMS),
                 d.s(&["PASSED", "ok", "(cached)"])
             ),
             _ => w!(out, "{t} {}", d.sentence()),
@@ -487,8 +575,8 @@ fn ci_log(d: &mut Draw) -> String {
             "{t} FAILED {}::test_{} - {}: {}",
             d.path("py"),
             d.fn_snake(),
-            d.s(vocab::PY_EXCEPTIONS),
-            d.s(vocab::ERROR_PHRASES)
+            d.s(&vocab::PY_EXCEPTIONS),
+            d.s(&vocab::ERROR_PHRASES)
         );
         w!(
             out,
@@ -519,7 +607,7 @@ fn ci_log(d: &mut Draw) -> String {
 
 fn pip_install(d: &mut Draw) -> String {
     let mut out = String::new();
-    let pkgs = d.sample_n(vocab::PY_PACKAGES, 1, 4);
+    let pkgs = d.sample_n(&vocab::PY_PACKAGES, 1, 4);
     w!(out, "$ pip install {}", pkgs.join(" "));
     let mut installed = Vec::new();
     let pyv = d.s(&["cp310", "cp311", "cp312"]);
@@ -542,7 +630,7 @@ fn pip_install(d: &mut Draw) -> String {
         );
         installed.push(format!("{p}-{v}"));
         for _ in 0..d.n(0, 2) {
-            let dep = d.s(vocab::PY_PACKAGES);
+            let dep = d.s(&vocab::PY_PACKAGES);
             let dv = d.version();
             w!(out, "Collecting {dep}>={} (from {p})", dv);
             w!(
@@ -558,7 +646,7 @@ fn pip_install(d: &mut Draw) -> String {
         w!(
             out,
             "Requirement already satisfied: {} in ./.venv/lib/python3.{}/site-packages ({})",
-            d.s(vocab::PY_PACKAGES),
+            d.s(&vocab::PY_PACKAGES),
             d.int(10, 12),
             d.version()
         );
@@ -577,11 +665,11 @@ fn pip_install(d: &mut Draw) -> String {
         w!(
             out,
             "{} {} requires {}<{}, but you have {} {} which is incompatible.",
-            d.s(vocab::PY_PACKAGES),
+            d.s(&vocab::PY_PACKAGES),
             d.version(),
-            d.s(vocab::PY_PACKAGES),
+            d.s(&vocab::PY_PACKAGES),
             d.version(),
-            d.s(vocab::PY_PACKAGES),
+            d.s(&vocab::PY_PACKAGES),
             d.version()
         );
     }

@@ -1,8 +1,10 @@
-//! The prompt corpora: the sonnet token array and the random-corpus token pools.
+//! The prompt corpora: token arrays (the sonnet corpus's, and the coding corpora's in the same
+//! shape) and the random-corpus token pools.
 //! Owns corpus construction only; must never draw random numbers.
 
 pub mod random;
 pub mod sonnet;
+pub mod tokens;
 
 pub use random::{RandomCorpusStyle, RandomPools};
-pub use sonnet::SonnetCorpus;
+pub use tokens::TokenCorpus;

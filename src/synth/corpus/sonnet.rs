@@ -1,14 +1,13 @@
 //! The sonnet corpus: `shakespeare.txt` split into ~10,000-character chunks, each encoded
-//! without special tokens, concatenated into one flat token array (AIPerf's `_initialize_corpus`).
+//! without special tokens, concatenated into one [`TokenCorpus`] (AIPerf's `_initialize_corpus`).
 //! Owns chunking, tokenization and the on-disk id cache; must never draw random numbers.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::tokens::{parse_cache, read_cache, write_cache, TokenCorpus};
 use crate::synth::error::SynthError;
-use crate::synth::reencode::Pieces;
 use crate::synth::tokenizer::Tokenizer;
 
 /// The shipped corpus text (AIPerf 0.13.0's `assets/shakespeare.txt`).
@@ -60,23 +59,8 @@ pub fn chunk_text(text: &str) -> Vec<String> {
     chunk_lines(text).into_iter().map(|c| c.join(" ")).collect()
 }
 
-/// The flat token array of the sonnet corpus for one tokenizer, with where each chunk starts.
-#[derive(Debug, Clone)]
-pub struct SonnetCorpus {
-    tokens: Arc<Vec<u32>>,
-    /// Ascending token indices at which chunk 1, 2, … begin (chunk 0 begins at 0).
-    joins: Arc<Vec<usize>>,
-}
-
-impl SonnetCorpus {
-    /// Wraps an already-built token array and its chunk starts (`joins`, ascending, excluding 0).
-    pub fn from_parts(tokens: Vec<u32>, joins: Vec<usize>) -> Self {
-        SonnetCorpus {
-            tokens: Arc::new(tokens),
-            joins: Arc::new(joins),
-        }
-    }
-
+/// The sonnet corpus's constructors.
+impl TokenCorpus {
     /// Tokenizes `text` chunk by chunk (in parallel) and concatenates the ids.
     pub fn build(text: &str, tokenizer: &Tokenizer) -> Result<Self, SynthError> {
         let per_chunk = tokenizer.encode_batch(chunk_text(text))?;
@@ -92,41 +76,6 @@ impl SonnetCorpus {
         Ok(Self::from_parts(tokens, joins))
     }
 
-    /// The `k`-token window starting at `start`, wrapping past the end, with the chunk joins
-    /// (and the wrap point) it contains. `k` is capped at the corpus size.
-    pub fn window(&self, start: usize, k: usize) -> Pieces {
-        let size = self.tokens.len();
-        let k = k.min(size);
-        let mut tokens = Vec::with_capacity(k);
-        let mut joins = Vec::new();
-        let first = (start + k).min(size);
-        tokens.extend_from_slice(&self.tokens[start..first]);
-        let inner = |lo: usize, hi: usize, shift: usize, joins: &mut Vec<usize>| {
-            let from = self.joins.partition_point(|&j| j <= lo);
-            for &j in &self.joins[from..] {
-                if j >= hi {
-                    break;
-                }
-                joins.push(j - lo + shift);
-            }
-        };
-        inner(start, first, 0, &mut joins);
-        if start + k > size {
-            let rest = start + k - size;
-            joins.push(tokens.len());
-            let shift = tokens.len();
-            tokens.extend_from_slice(&self.tokens[..rest]);
-            inner(0, rest, shift, &mut joins);
-        }
-        Pieces {
-            tokens,
-            joins,
-            start_clean: false,
-            end_clean: false,
-            dirty: Vec::new(),
-        }
-    }
-
     /// The precomputed corpus for the shipped corpus text and Qwen3 tokenizer, if those are
     /// what is asked for.
     pub fn shipped(text: &str, tokenizer: &Tokenizer) -> Option<Self> {
@@ -136,22 +85,7 @@ impl SonnetCorpus {
         parse_cache(QWEN3_SONNET_IDS)
     }
 
-    /// The bytes of the id-cache format for this corpus.
-    pub fn to_cache_bytes(&self) -> Vec<u8> {
-        let mut body = Vec::with_capacity((self.tokens.len() + self.joins.len() + 1) * 4);
-        body.extend_from_slice(&(self.joins.len() as u32).to_le_bytes());
-        for &j in self.joins.iter() {
-            body.extend_from_slice(&(j as u32).to_le_bytes());
-        }
-        for id in self.tokens.iter() {
-            body.extend_from_slice(&id.to_le_bytes());
-        }
-        let mut bytes = Sha256::digest(&body).to_vec();
-        bytes.extend_from_slice(&body);
-        bytes
-    }
-
-    /// Like [`SonnetCorpus::build`], but first uses the shipped ids (default tokenizer), then
+    /// Like [`TokenCorpus::build`], but first uses the shipped ids (default tokenizer), then
     /// looks in `cache_dir` for ids built earlier from the
     /// same tokenizer file and corpus text, and stores them there after a build. Cache problems
     /// never fail the build: an unreadable or malformed entry is rebuilt.
@@ -174,26 +108,6 @@ impl SonnetCorpus {
         write_cache(&path, &corpus);
         Ok(corpus)
     }
-
-    /// Token indices where chunks 1.. begin.
-    pub fn joins(&self) -> &[usize] {
-        &self.joins
-    }
-
-    /// The token ids.
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
-    /// Number of tokens.
-    pub fn len(&self) -> usize {
-        self.tokens.len()
-    }
-
-    /// Whether the corpus holds no tokens.
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
 }
 
 /// The default cache folder: `$KVBUST_CACHE_DIR`, else `$XDG_CACHE_HOME/kvbust`, else
@@ -215,48 +129,6 @@ fn cache_path(dir: &Path, text: &str, tokenizer: &Tokenizer) -> PathBuf {
         &tokenizer.fingerprint()[..16],
         &text_hash[..16]
     ))
-}
-
-/// File layout: 32-byte sha256 of the rest, then little-endian u32s: the number of joins, the
-/// joins, then the ids.
-pub(crate) fn read_cache(path: &Path) -> Option<SonnetCorpus> {
-    parse_cache(&std::fs::read(path).ok()?)
-}
-
-fn parse_cache(bytes: &[u8]) -> Option<SonnetCorpus> {
-    if bytes.len() < 36 || (bytes.len() - 32) % 4 != 0 {
-        return None;
-    }
-    let (sum, body) = bytes.split_at(32);
-    if Sha256::digest(body).as_slice() != sum {
-        return None;
-    }
-    let words: Vec<u32> = body
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let n_joins = *words.first()? as usize;
-    if words.len() < 1 + n_joins {
-        return None;
-    }
-    let joins = words[1..1 + n_joins].iter().map(|&j| j as usize).collect();
-    Some(SonnetCorpus::from_parts(
-        words[1 + n_joins..].to_vec(),
-        joins,
-    ))
-}
-
-/// Writes an entry atomically (temp file + rename); failures are ignored (it is only a cache).
-pub(crate) fn write_cache(path: &Path, corpus: &SonnetCorpus) {
-    let bytes = corpus.to_cache_bytes();
-    let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, &bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
 }
 
 #[cfg(test)]

@@ -23,8 +23,26 @@ pub fn trace_id(file_bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(file_bytes))[..16].to_owned()
 }
 
+/// AIPerf's window `corpus[start:start+n]`, and when that runs past the end `corpus[:start+n-len]`
+/// appended once (so a window longer than the corpus is not repeated further, exactly as
+/// AIPerf slices); `start` is taken modulo the corpus length.
+pub fn window(corpus: &[u32], start: usize, n: usize) -> Vec<u32> {
+    let len = corpus.len();
+    if len == 0 || n == 0 {
+        return Vec::new();
+    }
+    let start = start % len;
+    let end = start + n;
+    let mut out = Vec::with_capacity(n.min(2 * len));
+    out.extend_from_slice(&corpus[start..end.min(len)]);
+    if end > len {
+        out.extend_from_slice(&corpus[..(end - len).min(len)]);
+    }
+    out
+}
+
 /// `sample_tokens_from_corpus(corpus, n, rng, sep)`: the separator (taking one slot), then a
-/// window at `rng.randrange(len(corpus))` that wraps once past the end.
+/// [`window`] at `rng.randrange(len(corpus))`.
 fn sample_block(corpus: &[u32], n: usize, rng: &mut PyRandom, sep: Option<u32>) -> Vec<u32> {
     let mut out = Vec::with_capacity(n);
     let mut n = n;
@@ -32,18 +50,11 @@ fn sample_block(corpus: &[u32], n: usize, rng: &mut PyRandom, sep: Option<u32>) 
         out.push(s);
         n = n.saturating_sub(1);
     }
-    let len = corpus.len();
-    if len == 0 {
+    if corpus.is_empty() {
         return out;
     }
-    let start = rng.randrange(len as u64) as usize;
-    let end = start + n;
-    if end <= len {
-        out.extend_from_slice(&corpus[start..end]);
-    } else {
-        out.extend_from_slice(&corpus[start..]);
-        out.extend_from_slice(&corpus[..(end - len).min(len)]);
-    }
+    let start = rng.randrange(corpus.len() as u64) as usize;
+    out.extend(window(corpus, start, n));
     out
 }
 
@@ -84,8 +95,13 @@ impl HashBlocks {
         }
     }
 
-    /// `_build_token_sequence(num_tokens, hash_ids, block_size)` for a non-empty `hash_ids`:
-    /// exact tile, last block partial, or prefix only with a tail from `tail(n)`.
+    /// `set_trace_id`: scopes the hash ids that are not cached yet to another trace file.
+    pub fn set_trace_id(&mut self, trace_id: &str) {
+        trace_id.clone_into(&mut self.trace_id);
+    }
+
+    /// `_build_token_sequence(num_tokens, hash_ids, block_size)`: exact tile, last block
+    /// partial, or prefix only with a tail from `tail(n)` (all tail when `hash_ids` is empty).
     pub fn token_sequence(
         &mut self,
         corpus: &[u32],
@@ -215,5 +231,21 @@ mod tests {
         assert_eq!(PyRandom::new(seed).randrange(1000), RANDRANGE_7_ABC_1);
         assert_eq!(trace_id(b"").len(), 16);
         assert_eq!(trace_id(b""), "e3b0c44298fc1c14");
+        // HashIdRandomGenerator(123); set_trace_id("trace"); reseed_for_hash_id(7);
+        // randrange(1000000) twice, printed by AIPerf 0.13.0.
+        let mut r = PyRandom::new(hash_id_seed(123, "trace", 7));
+        assert_eq!(r.randrange(1_000_000), 186_972);
+        assert_eq!(r.randrange(1_000_000), 89_867);
+    }
+
+    #[test]
+    fn windows_slice_like_aiperf() {
+        let pool: Vec<u32> = (0..10).collect();
+        assert_eq!(window(&pool, 8, 4), [8, 9, 0, 1]);
+        assert_eq!(window(&pool, 3, 2), [3, 4]);
+        assert_eq!(window(&pool, 13, 2), [3, 4]);
+        assert!(window(&pool, 3, 0).is_empty() && window(&[], 3, 2).is_empty());
+        // Longer than the pool: the wrap is appended once, capped at the pool.
+        assert_eq!(window(&pool, 5, 25).len(), 5 + 10);
     }
 }

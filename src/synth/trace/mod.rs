@@ -19,7 +19,7 @@ use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
 use crate::synth::params::{PromptCorpus, SynthParams};
 use crate::synth::rng::{derive_seed, DerivedRng};
 use crate::synth::tokenizer::Tokenizer;
-use crate::synth::SonnetCorpus;
+use crate::synth::TokenCorpus;
 use blocks::{HashBlocks, LayoutError};
 use record::{Entry, Input};
 
@@ -291,7 +291,7 @@ pub struct TraceParams {
 /// its coding generator). The hash-id blocks are cut from `tokens`.
 pub trait TraceContent {
     /// The flat token array blocks are cut from (a cheap shared handle).
-    fn block_corpus(&self) -> SonnetCorpus;
+    fn block_corpus(&self) -> TokenCorpus;
     /// The seed of the generator's corpus stream (it seeds `HashIdRandomGenerator`).
     fn corpus_seed(&self) -> u64;
     /// `_sample_tokens(n)` on the corpus stream (a prefix-only line's tail).
@@ -303,13 +303,13 @@ pub trait TraceContent {
 /// The sonnet corpus through AIPerf's `PromptGenerator` streams.
 pub struct SonnetContent<'t> {
     gen: PromptGenerator<&'t Tokenizer>,
-    corpus: SonnetCorpus,
+    corpus: TokenCorpus,
     seed: u64,
 }
 
 impl<'t> SonnetContent<'t> {
     /// The generator a trace loader gets under `root_seed`.
-    pub fn new(tokenizer: &'t Tokenizer, corpus: SonnetCorpus, root_seed: u64) -> Self {
+    pub fn new(tokenizer: &'t Tokenizer, corpus: TokenCorpus, root_seed: u64) -> Self {
         SonnetContent {
             gen: PromptGenerator::new(
                 tokenizer,
@@ -323,7 +323,7 @@ impl<'t> SonnetContent<'t> {
 }
 
 impl TraceContent for SonnetContent<'_> {
-    fn block_corpus(&self) -> SonnetCorpus {
+    fn block_corpus(&self) -> TokenCorpus {
         self.corpus.clone()
     }
     fn corpus_seed(&self) -> u64 {
@@ -342,7 +342,7 @@ impl TraceContent for SonnetContent<'_> {
 /// prompts decoded as sampled (no fix-up), tails on its `.corpus` stream.
 pub struct CodingContent<'t> {
     prompts: crate::synth::coding::CodingPrompts,
-    corpus: SonnetCorpus,
+    corpus: TokenCorpus,
     tokenizer: &'t Tokenizer,
     seed: u64,
 }
@@ -354,7 +354,7 @@ impl<'t> CodingContent<'t> {
         pool: std::sync::Arc<crate::synth::coding::CodingPool>,
     ) -> Self {
         let seed = derive_seed(pool.root_seed(), "dataset.coding_content.corpus");
-        let corpus = SonnetCorpus::from_parts(pool.tokens().to_vec(), Vec::new());
+        let corpus = TokenCorpus::from_parts(pool.tokens().to_vec(), Vec::new());
         CodingContent {
             prompts: crate::synth::coding::CodingPrompts::new(pool, tokenizer),
             corpus,
@@ -365,7 +365,7 @@ impl<'t> CodingContent<'t> {
 }
 
 impl TraceContent for CodingContent<'_> {
-    fn block_corpus(&self) -> SonnetCorpus {
+    fn block_corpus(&self) -> TokenCorpus {
         self.corpus.clone()
     }
     fn corpus_seed(&self) -> u64 {
@@ -632,7 +632,7 @@ pub fn build_from_params(
     };
     match params.prompt_corpus {
         PromptCorpus::Sonnet => {
-            let corpus = SonnetCorpus::build_cached(SHAKESPEARE, tokenizer, cache_dir)?;
+            let corpus = TokenCorpus::build_cached(SHAKESPEARE, tokenizer, cache_dir)?;
             let mut content = SonnetContent::new(tokenizer, corpus, root_seed);
             build(&file, &trace, tokenizer, &mut content, root_seed)
         }
