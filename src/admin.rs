@@ -15,52 +15,46 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::cachebust::Phase;
+use crate::conn::{Activity, TimedIo};
 use crate::error::{error_body, json_response};
 use crate::runtime::Runtime;
 
 type AdminBody = Full<Bytes>;
 
-/// How long a client on the admin port may take to send its request headers.
-const ADMIN_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
+/// Serves the admin port until `shutdown` resolves. Connections are held to the same deadlines
+/// as the data port's (`listen.header_read_timeout`, `listen.idle_timeout`): a client that opens
+/// the port and sends nothing must not hold a socket forever.
 pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, shutdown: impl Future<Output = ()>) {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // A client that opens the admin port and sends nothing must not hold a socket forever.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT);
-    let mut backoff = crate::server::AcceptBackoff::default();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                // EMFILE and the like: back off instead of spinning on the failing accept.
-                let stream = match accepted {
-                    Ok((stream, _)) => {
-                        backoff.reset();
-                        stream
-                    }
-                    Err(e) => {
-                        backoff.failed("admin", &e).await;
-                        continue;
-                    }
-                };
-                let rt = rt.clone();
-                let service = service_fn(move |req| {
-                    let rt = rt.clone();
-                    async move { Ok::<_, std::convert::Infallible>(handle(req, &rt).await) }
-                });
-                let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                let fut = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = fut.await;
-                });
+        .header_read_timeout(None); // `TimedIo` does it, as on the data port
+    let timeouts = rt.config.listen.conn_timeouts();
+    crate::conn::accept_loop(&listener, "admin", shutdown, |stream, _peer| {
+        let activity = Arc::new(Activity::default());
+        let stream = TimedIo::new(stream, activity.clone(), timeouts);
+        let rt = rt.clone();
+        let service = service_fn(move |req| {
+            let rt = rt.clone();
+            // Admin responses are small and whole: the request ends with the handler.
+            let guard = activity.begin();
+            async move {
+                let resp = handle(req, &rt).await;
+                drop(guard);
+                Ok::<_, std::convert::Infallible>(resp)
             }
-        }
-    }
+        });
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        let fut = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = fut.await;
+        });
+    })
+    .await;
     // Admin calls are short; a second is plenty.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), graceful.shutdown()).await;
 }
@@ -69,13 +63,15 @@ async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
     let path = req.uri().path().to_string();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
-        (&Method::GET, "/readyz") => {
-            if rt.is_draining() {
-                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-            } else {
-                text(StatusCode::OK, "ready\n")
+        // 503 while draining and while the upstream is not up (the body says which).
+        (&Method::GET, "/readyz") => match rt.readiness() {
+            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Err(why) => {
+                let mut r = Response::new(Full::new(Bytes::from(format!("not ready: {why}\n"))));
+                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                r
             }
-        }
+        },
         (&Method::GET, "/metrics") => {
             let mut r = Response::new(Full::new(Bytes::from(rt.metrics.render())));
             r.headers_mut().insert(

@@ -27,6 +27,12 @@ pub enum AppError {
     Other(#[from] anyhow::Error),
 }
 
+/// `err` and its causes, `: `-joined, each once (a cause whose text its parent already
+/// repeats is not printed twice).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    crate::proxy::forward::error_chain(err)
+}
+
 impl AppError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
@@ -200,7 +206,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
     tracing::info!(
         data = %config.listen.addr,
         admin = %config.admin.addr,
-        upstream = %upstream,
+        upstream = %crate::config::redact_url(&upstream),
         target = config.cache_bust.target.as_str(),
         phase = rt.default_phase().as_str(),
         benchmark_id = %rt.benchmark_id,

@@ -31,6 +31,8 @@ pub enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("could not read the request body: {0}")]
     ClientBody(String),
+    #[error("the client sent no request body bytes for {} (listen.body_read_timeout); send the body without pauses", humantime::format_duration(*after))]
+    ClientBodyTimeout { after: Duration },
     #[error("{message}")]
     BadRequest { code: &'static str, message: String },
     #[error("upstream {upstream} is unreachable: {detail}")]
@@ -67,6 +69,7 @@ impl ProxyError {
         match self {
             ProxyError::BodyTooLarge { .. }
             | ProxyError::ClientBody(_)
+            | ProxyError::ClientBodyTimeout { .. }
             | ProxyError::BadRequest { .. } => Fault::Client,
             ProxyError::UpstreamConnect { .. }
             | ProxyError::UpstreamTimeout { .. }
@@ -80,6 +83,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ClientBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::ClientBody(_) | ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamBroken(_) => {
                 StatusCode::BAD_GATEWAY
@@ -95,6 +99,7 @@ impl ProxyError {
         match self {
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ClientBody(_) => "client_body_error",
+            ProxyError::ClientBodyTimeout { .. } => "request_body_timeout",
             ProxyError::BadRequest { code, .. } => code,
             ProxyError::UpstreamConnect { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -126,6 +131,28 @@ impl ProxyError {
         }
         resp
     }
+}
+
+/// The most bytes of client-supplied text quoted in an error or a log line.
+pub const MAX_EXCERPT: usize = 200;
+
+/// Client text fit to quote in an error or a log line: at most [`MAX_EXCERPT`] bytes, control
+/// characters (newlines included) escaped, `…` when cut.
+pub fn excerpt(text: &[u8]) -> String {
+    let cut = text.len() > MAX_EXCERPT;
+    let shown = String::from_utf8_lossy(&text[..text.len().min(MAX_EXCERPT)]);
+    let mut out = String::with_capacity(shown.len() + 8);
+    for c in shown.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if cut {
+        out.push('…');
+    }
+    out
 }
 
 /// `{"error": {"message", "type", "code"}}` as compact JSON.
@@ -208,6 +235,14 @@ mod tests {
                 "upstream_broken",
             ),
             (ProxyError::Draining, 503, Fault::Internal, "draining"),
+            (
+                ProxyError::ClientBodyTimeout {
+                    after: Duration::from_secs(60),
+                },
+                408,
+                Fault::Client,
+                "request_body_timeout",
+            ),
             (
                 ProxyError::Overloaded {
                     code: "placeholder_queue_full",

@@ -17,9 +17,10 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin;
 use crate::config::Config;
-use crate::proxy::forward::{self, Affinity, Upstream};
+use crate::conn::{ConnTimeouts, TimedIo};
+use crate::proxy::forward::{self, Upstream};
 use crate::proxy::synthesize::Synthesizer;
-use crate::proxy::Proxy;
+use crate::proxy::{Downstream, Proxy};
 use crate::runtime::Runtime;
 use crate::tls::ReloadingTls;
 
@@ -83,8 +84,8 @@ pub struct RunReport {
 pub enum ServerError {
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
-    #[error("upstream: {0}")]
-    Upstream(String),
+    #[error(transparent)]
+    Upstream(#[from] forward::UpstreamSetupError),
     #[error("data listener: {0}")]
     Listener(std::io::Error),
 }
@@ -105,9 +106,9 @@ pub async fn run(
 ) -> Result<RunReport, ServerError> {
     let config = rt.config.clone();
     // Everything that can fail is set up before any worker starts, so a mistake is one clear error.
-    let upstream = Upstream::parse(upstream_url).map_err(ServerError::Upstream)?;
-    let client_tls =
-        Arc::new(forward::tls_config(&config.upstream).map_err(ServerError::Upstream)?);
+    let upstream = Upstream::parse(upstream_url)
+        .and_then(|u| u.with_authority(config.upstream.authority.as_deref()))?;
+    let client_tls = Arc::new(forward::tls_config(&config.upstream)?);
     let tls = match &config.listen.tls {
         Some(files) => Some(Arc::new(ReloadingTls::new(files)?)),
         None => None,
@@ -132,13 +133,14 @@ pub async fn run(
     let mut workers = Vec::new();
     // One worker per data socket (`DataListener::bind` made `listen.workers` of them).
     for (i, listener) in listeners.data.sockets.into_iter().enumerate() {
-        let client = forward::build_client(&config.upstream, client_tls.clone());
+        let client = forward::build_client(&config.upstream, client_tls.clone(), &upstream);
         let proxy = Proxy::new(rt.clone(), upstream.clone(), client, synth.clone());
         let worker = Worker {
             proxy,
             builder: data_builder(&config),
             tls: tls.clone(),
             grace: config.shutdown.grace,
+            timeouts: config.listen.conn_timeouts(),
         };
         let stop = stop_rx.clone();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<usize>();
@@ -162,6 +164,17 @@ pub async fn run(
         workers.push(done_rx);
     }
 
+    // The upstream health probe (readiness): one task here, not one per worker, with a client
+    // built like the workers' (same TLS and authority). Ends when draining starts.
+    let health = crate::health::spawn(
+        &config.upstream,
+        rt.upstream_health.clone(),
+        rt.metrics.clone(),
+        upstream.clone(),
+        forward::build_client(&config.upstream, client_tls.clone(), &upstream),
+        stop_rx.clone(),
+    );
+
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(admin::serve(listeners.admin, rt.clone(), async {
         let _ = admin_stop_rx.await;
@@ -172,6 +185,9 @@ pub async fn run(
     rt.start_draining();
     let _ = stop_tx.send(true);
     tracing::info!(grace = ?config.shutdown.grace, "draining");
+    if let Some(h) = health {
+        let _ = h.await;
+    }
     let mut report = RunReport::default();
     for done in workers {
         match done.await {
@@ -204,6 +220,7 @@ struct Worker {
     builder: auto::Builder<TokioExecutor>,
     tls: Option<Arc<ReloadingTls>>,
     grace: Duration,
+    timeouts: ConnTimeouts,
 }
 
 impl Worker {
@@ -224,32 +241,23 @@ impl Worker {
         let builder = Arc::new(self.builder);
         let graceful = GracefulShutdown::new();
         let mut conns = JoinSet::new();
-        let mut backoff = AcceptBackoff::default();
-        loop {
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                accepted = listener.accept() => {
-                    let (stream, peer) = match accepted {
-                        Ok(a) => a,
-                        Err(e) => {
-                            backoff.failed("data", &e).await;
-                            continue;
-                        }
-                    };
-                    backoff.reset();
-                    let _ = stream.set_nodelay(true);
-                    while conns.try_join_next().is_some() {}
-                    conns.spawn(serve_connection(
-                        stream,
-                        peer,
-                        self.proxy.clone(),
-                        builder.clone(),
-                        self.tls.as_ref().map(|t| t.acceptor()),
-                        graceful.watcher(),
-                    ));
-                }
-            }
-        }
+        let timeouts = self.timeouts;
+        let stopped = async {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        crate::conn::accept_loop(&listener, "data", stopped, |stream, peer| {
+            while conns.try_join_next().is_some() {}
+            conns.spawn(serve_connection(
+                stream,
+                peer,
+                self.proxy.clone(),
+                builder.clone(),
+                self.tls.as_ref().map(|t| t.acceptor()),
+                timeouts,
+                graceful.watcher(),
+            ));
+        })
+        .await;
         drop(listener);
         let mut aborted = 0;
         if tokio::time::timeout(self.grace, graceful.shutdown())
@@ -265,43 +273,13 @@ impl Worker {
     }
 }
 
-/// Accept errors: per-connection ones are skipped at once; resource exhaustion (EMFILE, ENFILE,
-/// ENOBUFS) backs off with a growing pause, logged once per streak instead of once per try.
-#[derive(Default)]
-pub(crate) struct AcceptBackoff {
-    streak: u32,
-}
-
-impl AcceptBackoff {
-    pub(crate) async fn failed(&mut self, port: &str, e: &std::io::Error) {
-        use std::io::ErrorKind::*;
-        if matches!(
-            e.kind(),
-            ConnectionRefused | ConnectionAborted | ConnectionReset | Interrupted | WouldBlock
-        ) {
-            return;
-        }
-        if self.streak == 0 {
-            tracing::warn!("{port} port: accept failed ({e}); backing off until it recovers");
-        }
-        self.streak = self.streak.saturating_add(1);
-        let pause = Duration::from_millis(10u64 << self.streak.min(6));
-        tokio::time::sleep(pause).await;
-    }
-
-    pub(crate) fn reset(&mut self) {
-        if self.streak > 0 {
-            tracing::info!("accepting again after {} failed tries", self.streak);
-            self.streak = 0;
-        }
-    }
-}
-
 fn data_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(60))
+        // `TimedIo` holds every connection to listen.header_read_timeout / idle_timeout; hyper's
+        // own head timer would add a timer per request and cut keep-alive at 30 s.
+        .header_read_timeout(None)
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())
@@ -313,23 +291,23 @@ fn data_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     b
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     proxy: Arc<Proxy>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     tls: Option<TlsAcceptor>,
+    timeouts: ConnTimeouts,
     watcher: hyper_util::server::graceful::Watcher,
 ) {
-    let is_tls = tls.is_some();
-    // This connection's own upstream connection, for its HTTP/1.1 requests.
-    let affinity = Arc::new(Affinity::default());
+    let client = Arc::new(Downstream::new(peer, tls.is_some()));
+    // Below TLS, so a stalled handshake is timed out like a silent connection.
+    let stream = TimedIo::new(stream, client.activity.clone(), timeouts);
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
-        let affinity = affinity.clone();
-        async move {
-            Ok::<_, std::convert::Infallible>(proxy.handle(req, peer, is_tls, Some(affinity)).await)
-        }
+        let client = client.clone();
+        async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, client).await) }
     });
     let result = match tls {
         None => {

@@ -1,4 +1,4 @@
-//! Session identity: the bounded ledger that reproduces AIPerf's per-session marker counter. Never reads requests, headers or clocks, and never hashes anything.
+//! Session identity: the bounded ledger that reproduces AIPerf's per-session marker counter. Never reads requests, headers or clocks; keeps a fixed-size digest of each key, never the key.
 //!
 //! AIPerf's `ConversationSource` keeps one counter per benchmark (shared by warm-up and
 //! profiling): every new session *instance* mints `c = 0, 1, 2, …` and is marked with digest
@@ -9,7 +9,9 @@
 //! A client that replays a conversation as a new instance must send a new key (AIPerf does: a new
 //! `X-Correlation-ID`), otherwise the replay is treated as the same session and gets the same
 //! marker. The ledger is bounded (LRU); a session evicted and seen again is a new session with a
-//! new counter, so the capacity must exceed the number of sessions alive at once.
+//! new counter, so the capacity must exceed the number of sessions alive at once. Each entry
+//! holds a 128-bit SHA-256 prefix of its key, not the key, so a session's memory does not grow
+//! with its key (a 100 KB `x-correlation-id` costs what a short one does).
 //!
 //! The counter lives in one process. With `cache_bust.ledger = "stateless"` the proxy keeps no
 //! ledger and uses counter 0 for every session, so replicas agree (the `runtime` decides).
@@ -17,6 +19,7 @@
 use std::num::NonZeroUsize;
 
 use lru::LruCache;
+use sha2::{Digest, Sha256};
 
 use super::marker::DigestInputs;
 
@@ -46,11 +49,26 @@ impl Resolution {
     }
 }
 
+/// A session key's identity in the ledger: the first 128 bits of its SHA-256. Two keys share
+/// an entry only on a collision, which at 2^-128 per pair does not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyDigest([u8; 16]);
+
+impl KeyDigest {
+    /// Computed by the caller, outside any lock the ledger sits behind.
+    pub fn of(key: &str) -> Self {
+        let hash = Sha256::digest(key.as_bytes());
+        let mut d = [0u8; 16];
+        d.copy_from_slice(&hash[..16]);
+        KeyDigest(d)
+    }
+}
+
 /// Bounded LRU map `session key -> counter`, with the counter that mints new sessions.
 /// Not synchronised: the proxy wraps it in a mutex (each call is O(1)).
 #[derive(Debug)]
 pub struct Ledger {
-    sessions: LruCache<String, u64>,
+    sessions: LruCache<KeyDigest, u64>,
     next: u64,
     evictions: u64,
 }
@@ -69,7 +87,12 @@ impl Ledger {
     /// unknown key mints the next counter. The counter counts for the ledger's whole life,
     /// across phases; it never restarts.
     pub fn resolve(&mut self, key: &str) -> Resolution {
-        if let Some(&counter) = self.sessions.get(key) {
+        self.resolve_digest(KeyDigest::of(key))
+    }
+
+    /// [`Ledger::resolve`] for a key already digested with [`KeyDigest::of`].
+    pub fn resolve_digest(&mut self, key: KeyDigest) -> Resolution {
+        if let Some(&counter) = self.sessions.get(&key) {
             return Resolution {
                 counter,
                 new_session: false,
@@ -79,7 +102,7 @@ impl Ledger {
         let counter = self.next;
         self.next = self.next.saturating_add(1);
         // `push` only returns an entry here when it evicted one: the key is known to be absent.
-        let evicted = self.sessions.push(key.to_owned(), counter).is_some();
+        let evicted = self.sessions.push(key, counter).is_some();
         if evicted {
             self.evictions += 1;
         }

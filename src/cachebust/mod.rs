@@ -17,7 +17,7 @@ pub mod marker;
 mod raw;
 pub mod target;
 
-pub use identity::{Ledger, Resolution};
+pub use identity::{KeyDigest, Ledger, Resolution};
 pub use inject::{parse, ListParts, Location, Outcome, Parsed, Plan, RewriteError, Shape};
 pub use marker::{
     base_trace_id, build_marker, digest, random_benchmark_id, DigestInputs, WARMUP_ISOLATION_MARKER,

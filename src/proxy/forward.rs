@@ -1,5 +1,5 @@
-//! The pooled upstream client and header hygiene: TLS set-up, hop-by-hop removal, `Host` and
-//! `X-Forwarded-*`, URI joining, and classifying transport errors. Never inspects bodies.
+//! The pooled upstream client and header hygiene: TLS set-up, hop-by-hop removal, `Host` /
+//! `:authority` (and its `upstream.authority` override) and `X-Forwarded-*`, URI joining, and classifying transport errors. Never inspects bodies.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,7 +16,35 @@ use super::Body;
 use crate::config::{Http2Mode, RootStore, UpstreamConfig};
 use crate::error::ProxyError;
 
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
+pub type UpstreamClient = Client<Dial, Body>;
+
+/// The pooled client's connector: always dials the upstream URL's own scheme and address,
+/// whatever authority a request names. `upstream.authority` then changes only what requests
+/// say (`Host`, `:authority`, the pool key), while TLS still sees the URL's host, so SNI and the
+/// certificate check stay `upstream.tls.server_name` or the URL's host.
+#[derive(Clone)]
+pub struct Dial {
+    inner: HttpsConnector<HttpConnector>,
+    to: Uri,
+}
+
+impl tower_service::Service<Uri> for Dial {
+    type Response = <HttpsConnector<HttpConnector> as tower_service::Service<Uri>>::Response;
+    type Error = <HttpsConnector<HttpConnector> as tower_service::Service<Uri>>::Error;
+    type Future = <HttpsConnector<HttpConnector> as tower_service::Service<Uri>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, _requested: Uri) -> Self::Future {
+        // Every request of this client goes to the one upstream (see `Upstream::join`).
+        self.inner.call(self.to.clone())
+    }
+}
 
 /// One HTTP/1.1 client connection's own upstream connection. Requests on an HTTP/1.1 client
 /// connection come one after another, so a single upstream connection serves them all with no
@@ -62,9 +90,8 @@ pub async fn send_with_affinity(
 ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
     if !req.headers().contains_key(header::HOST) {
         // The pooled client derives Host from an absolute URI; here the target is origin-form.
-        if let Ok(v) = HeaderValue::from_str(upstream.authority.as_str()) {
-            req.headers_mut().insert(header::HOST, v);
-        }
+        req.headers_mut()
+            .insert(header::HOST, upstream.host_header.clone());
     }
     if let Some(mut send) = affinity.take() {
         if send.ready().await.is_ok() {
@@ -75,16 +102,13 @@ pub async fn send_with_affinity(
                 }
                 Err(mut e) => match e.take_message() {
                     Some(unsent) => req = unsent,
-                    None => return Err(ProxyError::UpstreamBroken(error_chain(e.error()))),
+                    None => return Err(broken(e.error())),
                 },
             }
         }
     }
     let mut send = connect_h1(upstream, cfg).await?;
-    let resp = send
-        .send_request(req)
-        .await
-        .map_err(|e| ProxyError::UpstreamBroken(error_chain(&e)))?;
+    let resp = send.send_request(req).await.map_err(|e| broken(&e))?;
     affinity.put(send);
     Ok(resp)
 }
@@ -147,39 +171,113 @@ async fn connect_h1(
 #[derive(Debug, Clone)]
 pub struct Upstream {
     pub scheme: Scheme,
+    /// The address connections are made to (the URL's authority).
     pub authority: Authority,
+    /// What requests name as their host (`Host` in HTTP/1.1, `:authority` in HTTP/2): the
+    /// URL's authority, or `upstream.authority` when set (see [`Upstream::with_authority`]).
+    pub request_authority: Authority,
     /// Without a trailing slash; empty for a bare host.
     pub base_path: String,
     pub display: String,
+    /// `Host` for origin-form requests: the authority without any user-info (a password in the
+    /// URL must never reach the upstream as part of `Host`).
+    pub host_header: HeaderValue,
+}
+
+type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why the upstream client could not be set up at start. Each names the key to fix and keeps
+/// its cause (`config::validate` has already checked the URL's shape, so these are rare).
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamSetupError {
+    /// `url` is shown with any password redacted.
+    #[error("upstream.url `{url}` {problem}")]
+    Url {
+        url: String,
+        problem: &'static str,
+        #[source]
+        source: Option<Cause>,
+    },
+    #[error("upstream.authority `{value}` is not a valid host[:port]")]
+    Authority {
+        value: String,
+        #[source]
+        source: Cause,
+    },
+    #[error(transparent)]
+    TlsFile(#[from] crate::tls::TlsError),
+    #[error("{key}: {problem}")]
+    Tls {
+        key: &'static str,
+        problem: &'static str,
+        #[source]
+        source: Option<rustls::Error>,
+    },
 }
 
 impl Upstream {
-    pub fn parse(url: &str) -> Result<Self, String> {
+    pub fn parse(url: &str) -> Result<Self, UpstreamSetupError> {
+        let shown = crate::config::redact_url(url);
+        let bad = |problem: &'static str, source: Option<Cause>| UpstreamSetupError::Url {
+            url: shown.clone(),
+            problem,
+            source,
+        };
         let uri: Uri = url
             .parse()
-            .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+            .map_err(|e| bad("is not a URL", Some(Box::new(e))))?;
         let scheme = uri
             .scheme()
             .cloned()
-            .ok_or_else(|| format!("`{url}` has no scheme"))?;
+            .ok_or_else(|| bad("has no scheme", None))?;
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("`{url}` has no host"))?;
+            .ok_or_else(|| bad("has no host", None))?;
         let base_path = uri.path().trim_end_matches('/').to_string();
+        let host_port = authority
+            .as_str()
+            .rsplit_once('@')
+            .map_or(authority.as_str(), |(_, h)| h);
+        let host_header = HeaderValue::from_str(host_port)
+            .map_err(|e| bad("has an invalid host", Some(Box::new(e))))?;
+        // Requests name the host without user-info too: HTTP/2 sends the URI's authority as
+        // `:authority` verbatim.
+        let request_authority = host_port
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| bad("has an invalid host", Some(Box::new(e))))?;
         Ok(Self {
+            host_header,
             scheme,
+            request_authority,
             authority,
             base_path,
-            display: url.trim_end_matches('/').to_string(),
+            display: crate::config::redact_url(url.trim_end_matches('/')),
         })
     }
 
-    /// The upstream URI for a client request's path and query.
+    /// Sends `Host` / `:authority` as `authority` (`upstream.authority`) instead of the URL's,
+    /// while connections still go to the URL's address. `None` keeps the URL's.
+    pub fn with_authority(mut self, authority: Option<&str>) -> Result<Self, UpstreamSetupError> {
+        if let Some(a) = authority {
+            let invalid = |source: Cause| UpstreamSetupError::Authority {
+                value: a.to_string(),
+                source,
+            };
+            self.request_authority = a
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| invalid(Box::new(e)))?;
+            self.host_header = HeaderValue::from_str(a).map_err(|e| invalid(Box::new(e)))?;
+        }
+        Ok(self)
+    }
+
+    /// The upstream URI for a client request's path and query. Its authority is the request
+    /// authority; the client's [`Dial`] connects to the URL's address whatever it says.
     pub fn join(&self, pq: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
         Uri::builder()
             .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
+            .authority(self.request_authority.clone())
             .path_and_query(self.path_and_query(pq)?)
             .build()
             .map_err(invalid_target)
@@ -199,6 +297,18 @@ impl Upstream {
     }
 }
 
+impl Upstream {
+    /// The URL's scheme and address, as the connector wants them.
+    fn dial_uri(&self) -> Uri {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(PathAndQuery::from_static("/"));
+        // Scheme, authority and path all come from a parsed URI, so the parts are complete.
+        Uri::from_parts(parts).unwrap_or_default()
+    }
+}
+
 fn invalid_target(e: impl std::fmt::Display) -> ProxyError {
     ProxyError::bad_request(
         "invalid_uri",
@@ -206,9 +316,13 @@ fn invalid_target(e: impl std::fmt::Display) -> ProxyError {
     )
 }
 
-/// Builds one worker's pooled client: keep-alive, HTTP/2 by ALPN (or prior knowledge when
-/// configured). `tls` comes from [`tls_config`], checked once at start.
-pub fn build_client(cfg: &UpstreamConfig, tls: Arc<rustls::ClientConfig>) -> UpstreamClient {
+/// Builds one worker's pooled client for `upstream`: keep-alive, HTTP/2 by ALPN (or prior
+/// knowledge when configured). `tls` comes from [`tls_config`], checked once at start.
+pub fn build_client(
+    cfg: &UpstreamConfig,
+    tls: Arc<rustls::ClientConfig>,
+    upstream: &Upstream,
+) -> UpstreamClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -226,10 +340,14 @@ pub fn build_client(cfg: &UpstreamConfig, tls: Arc<rustls::ClientConfig>) -> Ups
         builder =
             builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    let connector = match cfg.http2 {
+    let inner = match cfg.http2 {
         Http2Mode::Auto => builder.enable_all_versions().wrap_connector(http),
         Http2Mode::Always => builder.enable_http2().wrap_connector(http),
         Http2Mode::Never => builder.enable_http1().wrap_connector(http),
+    };
+    let connector = Dial {
+        inner,
+        to: upstream.dial_uri(),
     };
     let mut b = Client::builder(TokioExecutor::new());
     b.timer(TokioTimer::new())
@@ -244,25 +362,34 @@ pub fn build_client(cfg: &UpstreamConfig, tls: Arc<rustls::ClientConfig>) -> Ups
 }
 
 /// The upstream TLS settings; every error names the key to fix.
-pub fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
+pub fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, UpstreamSetupError> {
     let provider = crate::tls::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("upstream.tls: {e}"))?;
+        .map_err(|e| UpstreamSetupError::Tls {
+            key: "upstream.tls",
+            problem: "no usable protocol version",
+            source: Some(e),
+        })?;
     // A client certificate for upstreams that require one (mTLS).
     let identity = match (&cfg.tls.client_cert, &cfg.tls.client_key) {
         (Some(cert), Some(key)) => Some((
-            crate::tls::load_certs("upstream.tls.client_cert", cert).map_err(|e| e.to_string())?,
-            crate::tls::load_key("upstream.tls.client_key", key).map_err(|e| e.to_string())?,
+            crate::tls::load_certs("upstream.tls.client_cert", cert)?,
+            crate::tls::load_key("upstream.tls.client_key", key)?,
         )),
         _ => None,
     };
     let finish =
         |b: rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>| {
             match identity {
-                Some((chain, key)) => b.with_client_auth_cert(chain, key).map_err(|e| {
-                    format!("upstream.tls.client_key does not match upstream.tls.client_cert: {e}")
-                }),
+                Some((chain, key)) => {
+                    b.with_client_auth_cert(chain, key)
+                        .map_err(|e| UpstreamSetupError::Tls {
+                            key: "upstream.tls.client_key",
+                            problem: "does not match upstream.tls.client_cert",
+                            source: Some(e),
+                        })
+                }
                 None => Ok(b.with_no_client_auth()),
             }
         };
@@ -287,17 +414,16 @@ pub fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> 
             }
             let (added, _ignored) = roots.add_parsable_certificates(found.certs);
             if added == 0 && cfg.tls.ca_file.is_none() {
-                return Err(
-                    "upstream.tls.roots = \"native\" found no usable system certificates; \
-                            use roots = \"webpki\" or set upstream.tls.ca_file"
-                        .into(),
-                );
+                return Err(UpstreamSetupError::Tls {
+                    key: "upstream.tls.roots",
+                    problem: "\"native\" found no usable system certificates; use roots = \"webpki\" or set upstream.tls.ca_file",
+                    source: None,
+                });
             }
         }
     }
     if let Some(path) = &cfg.tls.ca_file {
-        let extra =
-            crate::tls::load_roots("upstream.tls.ca_file", path).map_err(|e| e.to_string())?;
+        let extra = crate::tls::load_roots("upstream.tls.ca_file", path)?;
         roots.roots.extend(extra.roots);
     }
     finish(builder.with_root_certificates(roots))
@@ -431,9 +557,12 @@ pub fn classify(
     upstream: &Upstream,
     connect_timeout: std::time::Duration,
 ) -> ProxyError {
+    if let Some(after) = crate::conn::body_timeout_in(&err) {
+        return ProxyError::ClientBodyTimeout { after };
+    }
     let detail = error_chain(&err);
     if err.is_connect() {
-        if detail.contains("timed out") || detail.contains("TimedOut") {
+        if is_timeout(&err) {
             return ProxyError::UpstreamTimeout {
                 stage: "accept the connection",
                 after: connect_timeout,
@@ -445,6 +574,29 @@ pub fn classify(
         };
     }
     ProxyError::UpstreamBroken(detail)
+}
+
+/// Whether `err` or any error it wraps is an I/O timeout (the connector's connect timeout).
+fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// An exchange that failed after the request was handed to the upstream connection: the
+/// client's body stalling is the client's fault, anything else the upstream's.
+fn broken(err: &hyper::Error) -> ProxyError {
+    match crate::conn::body_timeout_in(err) {
+        Some(after) => ProxyError::ClientBodyTimeout { after },
+        None => ProxyError::UpstreamBroken(error_chain(err)),
+    }
 }
 
 /// Joins an error with its sources, which is where hyper keeps the useful part.
@@ -480,6 +632,35 @@ mod tests {
             "https://h/prefix/v1/chat/completions?x=1"
         );
         assert_eq!(u.join(None).unwrap().to_string(), "https://h/prefix/");
+    }
+
+    #[test]
+    fn an_authority_override_changes_the_request_uri_not_the_dialled_address() {
+        let pq: PathAndQuery = "/v1/models".parse().unwrap();
+        let u = Upstream::parse("https://10.0.0.1:8443/prefix")
+            .unwrap()
+            .with_authority(Some("model.example:9000"))
+            .unwrap();
+        assert_eq!(
+            u.join(Some(&pq)).unwrap().to_string(),
+            "https://model.example:9000/prefix/v1/models"
+        );
+        assert_eq!(u.dial_uri().to_string(), "https://10.0.0.1:8443/");
+        assert_eq!(u.host_header, "model.example:9000");
+        let plain = Upstream::parse("http://h:1")
+            .unwrap()
+            .with_authority(None)
+            .unwrap();
+        assert_eq!(plain.request_authority, plain.authority);
+        // A password in the URL never reaches the upstream, as Host or as :authority.
+        let secret = Upstream::parse("http://u:s3cret@h:1").unwrap();
+        assert_eq!(secret.request_authority, "h:1");
+        assert_eq!(secret.host_header, "h:1");
+        assert_eq!(secret.join(None).unwrap().to_string(), "http://h:1/");
+        assert!(Upstream::parse("http://h:1")
+            .unwrap()
+            .with_authority(Some("bad host"))
+            .is_err());
     }
 
     #[test]

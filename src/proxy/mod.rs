@@ -2,6 +2,7 @@
 //! parse once, mark) → forward → stream the response back through the observer. Bodies that need
 //! no change are never collected or parsed; response bodies are never collected.
 
+pub mod budget;
 pub mod forward;
 pub mod observe;
 pub mod rewrite;
@@ -21,7 +22,9 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 
 use crate::cachebust::Shape;
+use crate::conn::{Activity, BodyTimeout, RequestGuard};
 use crate::error::ProxyError;
+use crate::metrics::Metrics;
 use crate::runtime::Runtime;
 use forward::{Affinity, Upstream, UpstreamClient};
 use observe::{Observed, Observer};
@@ -79,6 +82,50 @@ impl Route {
     }
 }
 
+/// What the proxy knows of the client connection a request came on; one per connection.
+pub struct Downstream {
+    pub peer: SocketAddr,
+    pub tls: bool,
+    /// The connection's own upstream connection, for its HTTP/1.1 requests.
+    pub affinity: Affinity,
+    /// Its requests in flight, which hold the connection's idle deadline off.
+    pub activity: Arc<Activity>,
+}
+
+impl Downstream {
+    pub fn new(peer: SocketAddr, tls: bool) -> Self {
+        Self {
+            peer,
+            tls,
+            affinity: Affinity::default(),
+            activity: Arc::default(),
+        }
+    }
+}
+
+/// One request in `kvbust_in_flight_requests` (and in its connection's activity), from its
+/// arrival to the end of its response body, or to its error response.
+pub struct InFlight {
+    gauge: prometheus::IntGauge,
+    _request: Option<RequestGuard>,
+}
+
+impl InFlight {
+    pub fn begin(metrics: &Metrics, request: Option<RequestGuard>) -> Self {
+        metrics.in_flight.inc();
+        Self {
+            gauge: metrics.in_flight.clone(),
+            _request: request,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
 pub struct Proxy {
     rt: Arc<Runtime>,
     client: UpstreamClient,
@@ -112,33 +159,31 @@ impl Proxy {
         })
     }
 
-    /// Serves one request. Never fails: errors become OpenAI-shaped responses. `affinity`: the
-    /// client connection's own upstream connection (HTTP/1.1 clients), if it keeps one.
+    /// Serves one request that came on the connection `client`. Never fails: errors become
+    /// OpenAI-shaped responses.
     pub fn handle<B>(
         self: Arc<Self>,
         req: Request<B>,
-        peer: SocketAddr,
-        tls: bool,
-        affinity: Option<Arc<Affinity>>,
+        client: Arc<Downstream>,
     ) -> Pin<Box<dyn Future<Output = Response<Body>> + Send + 'static>>
     where
-        B: HttpBody<Data = Bytes> + Send + Sync + 'static,
+        B: HttpBody<Data = Bytes> + Send + Sync + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
         // Erase the body type up front; boxing the future pins its Send-ness to concrete
         // lifetimes (hyper's service bounds trip rustc's higher-ranked inference otherwise).
-        let req = req.map(|b| b.map_err(Into::into).boxed());
-        Box::pin(self.handle_erased(req, peer, tls, affinity))
+        let gap = self.rt.config.listen.body_read_timeout;
+        let req = req.map(|b| BodyTimeout::new(b, gap).boxed());
+        Box::pin(self.handle_erased(req, client))
     }
 
     async fn handle_erased(
         self: Arc<Self>,
         req: Request<Body>,
-        peer: SocketAddr,
-        tls: bool,
-        affinity: Option<Arc<Affinity>>,
+        client: Arc<Downstream>,
     ) -> Response<Body> {
         let start = Instant::now();
+        let in_flight = InFlight::begin(&self.rt.metrics, Some(client.activity.begin()));
         let route = Route::classify(req.method(), req.uri().path());
         let mut ex = Exchange {
             route,
@@ -148,9 +193,9 @@ impl Proxy {
             trace_timestamp: None,
         };
         // HTTP/2 streams share their connection: they go through the worker's pool.
-        let affinity = affinity.filter(|_| req.version() < http::Version::HTTP_2);
+        let affinity = (req.version() < http::Version::HTTP_2).then_some(&client.affinity);
         let result = self
-            .forward(req, peer, tls, affinity.as_deref(), start, &mut ex)
+            .forward(req, &client, affinity, start, in_flight, &mut ex)
             .await;
         let resp = match result {
             Ok(resp) => resp,
@@ -187,10 +232,10 @@ impl Proxy {
     async fn forward(
         &self,
         req: Request<Body>,
-        peer: SocketAddr,
-        tls: bool,
+        client: &Downstream,
         affinity: Option<&Affinity>,
         start: Instant,
+        in_flight: InFlight,
         ex: &mut Exchange,
     ) -> Result<Response<Body>, ProxyError> {
         let cfg = &self.rt.config;
@@ -203,6 +248,8 @@ impl Proxy {
 
         // Decide what this request needs from the headers alone; collect the body only if so.
         let mut upstream_body = body;
+        // Buffered bytes held against limits.max_buffered_total until the upstream answers.
+        let mut buffered = self.rt.bodies.reservation();
         if let Some(shape) = ex.route.shape() {
             let control = rewrite::has_control_headers(&parts.headers, &cfg.headers);
             let mut decision = rewrite::decide(&parts.headers, control, &self.rt)?;
@@ -218,9 +265,13 @@ impl Proxy {
             }
             let scan = shape == Shape::Chat && cfg.synth.placeholders;
             if decision.needs_body() || synth || scan {
-                let mut bytes =
-                    collect_limited(upstream_body, &parts.headers, cfg.limits.max_body.as_u64())
-                        .await?;
+                let mut bytes = collect_limited(
+                    upstream_body,
+                    &parts.headers,
+                    cfg.limits.max_body.as_u64(),
+                    &mut buffered,
+                )
+                .await?;
                 let mut changed = false;
                 let mut session = None;
                 if synth {
@@ -228,7 +279,8 @@ impl Proxy {
                         &cfg.cache_bust.session_sources,
                         &parts.headers,
                         &cfg.headers,
-                    );
+                        cfg.limits.max_control_header.as_u64() as usize,
+                    )?;
                     let filled = self.synth.fill(&bytes, key.as_deref()).await?;
                     // AIPerf's placement: first-turn targets skip the user-context message.
                     decision.user_context_messages = filled.user_context_messages;
@@ -259,6 +311,7 @@ impl Proxy {
                     }
                 }
                 if changed {
+                    reserve(&mut buffered, bytes.len() as u64)?;
                     parts
                         .headers
                         .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
@@ -269,8 +322,8 @@ impl Proxy {
 
         forward::upstream_request_headers(
             &mut parts.headers,
-            peer,
-            tls,
+            client.peer,
+            client.tls,
             cfg.upstream.keep_host,
             &cfg.headers.control(),
         );
@@ -309,6 +362,8 @@ impl Proxy {
             Err(_) => return Err(ProxyError::UpstreamTimeout { stage, after }),
             Ok(result) => result?,
         };
+        // The body went out with the request: its bytes are no longer held here.
+        drop(buffered);
 
         let (mut rparts, rbody) = resp.into_parts();
         forward::strip_hop_by_hop(&mut rparts.headers);
@@ -354,7 +409,8 @@ impl Proxy {
             start,
             content_type,
             scan_limit,
-        );
+        )
+        .holding(in_flight);
         let body = Observed::new(
             rbody,
             cfg.upstream.idle_timeout,
@@ -366,12 +422,26 @@ impl Proxy {
     }
 }
 
-/// Collects a request body that must be rewritten, refusing more than `limit` bytes. A body that
-/// arrives in one frame (the usual case for a small chat request) is kept as it is, not copied.
+/// Holds `n` bytes of the buffered-body budget, or refuses the request at once.
+fn reserve(r: &mut budget::Reservation<'_>, n: u64) -> Result<(), ProxyError> {
+    if r.grow_to(n) {
+        return Ok(());
+    }
+    Err(ProxyError::Overloaded {
+        code: "buffer_budget_exhausted",
+        message: "too many request bodies are being buffered at once (limits.max_buffered_total); retry shortly".into(),
+        retry_after_s: 1,
+    })
+}
+
+/// Collects a request body that must be rewritten, refusing more than `limit` bytes and holding
+/// its size in `buffered`. A body that arrives in one frame (the usual case for a small chat
+/// request) is kept as it is, not copied.
 async fn collect_limited(
     body: Body,
     headers: &http::HeaderMap,
     limit: u64,
+    buffered: &mut budget::Reservation<'_>,
 ) -> Result<Bytes, ProxyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -380,6 +450,7 @@ async fn collect_limited(
     if declared.is_some_and(|n| n > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
+    reserve(buffered, declared.unwrap_or(0))?;
     // A plain loop rather than `Limited`: its boxed error type trips rustc's Send inference
     // for this future.
     let mut body = body;
@@ -387,7 +458,10 @@ async fn collect_limited(
     let mut joined: Option<bytes::BytesMut> = None;
     let mut total = 0u64;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| ProxyError::ClientBody(forward::error_chain(e.as_ref())))?;
+        let frame = frame.map_err(|e| match crate::conn::body_timeout_in(e.as_ref()) {
+            Some(after) => ProxyError::ClientBodyTimeout { after },
+            None => ProxyError::ClientBody(forward::error_chain(e.as_ref())),
+        })?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -395,6 +469,7 @@ async fn collect_limited(
         if total > limit {
             return Err(ProxyError::BodyTooLarge { limit });
         }
+        reserve(buffered, total)?;
         if let Some(buf) = joined.as_mut() {
             buf.extend_from_slice(&data);
         } else if let Some(head) = first.take() {

@@ -40,6 +40,9 @@ pub struct Observer {
     usage: Option<Usage>,
     ended: bool,
     aborted: Option<&'static str>,
+    /// The request's place in `kvbust_in_flight_requests` and in its connection's activity,
+    /// released when the response body ends or is dropped.
+    in_flight: Option<super::InFlight>,
 }
 
 enum Scan {
@@ -125,8 +128,8 @@ impl Observer {
             },
             _ => Scan::Off,
         };
-        metrics.in_flight.inc();
         Self {
+            in_flight: None,
             inter_token: None,
             duration: metrics.duration.with_label_values(&[route]),
             metrics,
@@ -272,6 +275,14 @@ impl Observer {
     }
 }
 
+impl Observer {
+    /// Keeps `guard` until the response body ends or is dropped.
+    pub fn holding(mut self, guard: super::InFlight) -> Self {
+        self.in_flight = Some(guard);
+        self
+    }
+}
+
 impl Drop for Observer {
     fn drop(&mut self) {
         if !self.ended && self.aborted.is_none() {
@@ -279,7 +290,6 @@ impl Drop for Observer {
             self.abort("client_disconnect");
         }
         self.duration.observe(secs(self.start.elapsed()));
-        self.metrics.in_flight.dec();
     }
 }
 
@@ -501,6 +511,7 @@ mod tests {
     fn dropped_before_end_counts_a_disconnect() {
         let o = observer("text/event-stream");
         let m = o.metrics.clone();
+        let o = o.holding(super::super::InFlight::begin(&m, None));
         assert_eq!(m.in_flight.get(), 1);
         drop(o);
         assert_eq!(m.in_flight.get(), 0);

@@ -10,7 +10,7 @@ use crate::cachebust::{
     Shape, Target,
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
-use crate::error::ProxyError;
+use crate::error::{excerpt, ProxyError};
 use crate::runtime::Runtime;
 
 /// What a request asks for, decided from its headers before its body is read.
@@ -33,16 +33,34 @@ impl Decision {
     }
 }
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ProxyError> {
-    match headers.get(name) {
-        None => Ok(None),
-        Some(v) => v.to_str().map(|s| Some(s.trim())).map_err(|_| {
+/// A control or session header's value as text: any visible bytes that form UTF-8 (so a
+/// `séssion-1` is itself, not a fallback), at most `limit` bytes. Anything else is a 400 that
+/// says which; never a silent fallback to another identity source.
+fn header<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+    limit: usize,
+) -> Result<Option<&'a str>, ProxyError> {
+    let Some(v) = headers.get(name) else {
+        return Ok(None);
+    };
+    if v.len() > limit {
+        return Err(ProxyError::bad_request(
+            "header_too_long",
+            format!(
+                "header {name} is {} bytes, over limits.max_control_header ({limit} bytes); send a shorter value or raise the limit",
+                v.len()
+            ),
+        ));
+    }
+    std::str::from_utf8(v.as_bytes())
+        .map(|s| Some(s.trim()))
+        .map_err(|_| {
             ProxyError::bad_request(
                 "invalid_header",
-                format!("header {name} must be visible ASCII"),
+                format!("header {name} must be UTF-8 text"),
             )
-        }),
-    }
+        })
 }
 
 /// Whether the request carries any kvbust control header. Most requests carry none; one pass
@@ -67,17 +85,20 @@ pub fn decide(headers: &HeaderMap, control: bool, rt: &Runtime) -> Result<Decisi
         });
     }
     let names = &rt.config.headers;
+    let limit = rt.config.limits.max_control_header.as_u64() as usize;
     let (h_phase, h_target, h_ctx) = (&names.phase, &names.target, &names.user_context_messages);
-    let phase = match header(headers, h_phase)? {
-        Some(v) => v
-            .parse::<Phase>()
-            .map_err(|e| ProxyError::bad_request("invalid_phase", format!("{h_phase}: {e}")))?,
+    let phase = match header(headers, h_phase, limit)? {
+        Some(v) => v.parse::<Phase>().map_err(|mut e| {
+            e.value = excerpt(e.value.as_bytes());
+            ProxyError::bad_request("invalid_phase", format!("{h_phase}: {e}"))
+        })?,
         None => rt.unphased_request_phase(),
     };
-    let target = match header(headers, h_target)? {
-        Some(v) if cfg.allow_target_header => v
-            .parse::<Target>()
-            .map_err(|e| ProxyError::bad_request("invalid_target", format!("{h_target}: {e}")))?,
+    let target = match header(headers, h_target, limit)? {
+        Some(v) if cfg.allow_target_header => v.parse::<Target>().map_err(|mut e| {
+            e.value = excerpt(e.value.as_bytes());
+            ProxyError::bad_request("invalid_target", format!("{h_target}: {e}"))
+        })?,
         Some(_) => {
             return Err(ProxyError::bad_request(
                 "target_header_disabled",
@@ -88,16 +109,19 @@ pub fn decide(headers: &HeaderMap, control: bool, rt: &Runtime) -> Result<Decisi
         }
         None => cfg.target,
     };
-    let user_context_messages = match header(headers, h_ctx)? {
+    let user_context_messages = match header(headers, h_ctx, limit)? {
         Some(v) => v.parse::<usize>().map_err(|_| {
             ProxyError::bad_request(
                 "invalid_header",
-                format!("{h_ctx} must be a non-negative integer, got `{v}`"),
+                format!(
+                    "{h_ctx} must be a non-negative integer, got `{}`",
+                    excerpt(v.as_bytes())
+                ),
             )
         })?,
         None => cfg.user_context_messages,
     };
-    let explicit = explicit_inputs(headers, names, &rt.benchmark_id)?;
+    let explicit = explicit_inputs(headers, names, &rt.benchmark_id, limit)?;
     Ok(Decision {
         phase,
         target,
@@ -111,14 +135,15 @@ fn explicit_inputs(
     headers: &HeaderMap,
     names: &HeaderNames,
     benchmark_id: &str,
+    limit: usize,
 ) -> Result<Option<DigestInputs>, ProxyError> {
     let number = |name: &str| -> Result<Option<i64>, ProxyError> {
-        header(headers, name)?
+        header(headers, name, limit)?
             .map(|v| {
                 v.parse::<i64>().map_err(|_| {
                     ProxyError::bad_request(
                         "invalid_digest_header",
-                        format!("{name} must be an integer, got `{v}`"),
+                        format!("{name} must be an integer, got `{}`", excerpt(v.as_bytes())),
                     )
                 })
             })
@@ -126,8 +151,8 @@ fn explicit_inputs(
     };
     let recycle_pass = number(&names.recycle_pass)?;
     let trajectory_index = number(&names.trajectory_index)?;
-    let bid = header(headers, &names.benchmark_id)?;
-    let Some(trace_id) = header(headers, &names.trace_id)? else {
+    let bid = header(headers, &names.benchmark_id, limit)?;
+    let Some(trace_id) = header(headers, &names.trace_id, limit)? else {
         if recycle_pass.is_some() || trajectory_index.is_some() || bid.is_some() {
             return Err(ProxyError::bad_request(
                 "invalid_digest_header",
@@ -198,9 +223,10 @@ pub fn apply(
                         &cfg.session_sources,
                         headers,
                         &rt.config.headers,
+                        rt.config.limits.max_control_header.as_u64() as usize,
                         &parsed,
                         d.user_context_messages,
-                    )
+                    )?
                     .unwrap_or_else(|| {
                         format!("anonymous-{}", crate::cachebust::random_benchmark_id())
                     }),
@@ -281,18 +307,19 @@ fn unparseable_because(e: String, rt: &Runtime) -> Result<Rewritten, ProxyError>
     }
 }
 
-/// A header source's session key; `None` for body sources.
+/// A header source's session key; `None` for body sources and absent or blank headers.
 fn header_source(
     source: SessionSource,
     headers: &HeaderMap,
     names: &HeaderNames,
-) -> Option<String> {
+    limit: usize,
+) -> Result<Option<String>, ProxyError> {
     let name = match source {
         SessionSource::XCorrelationId => &names.correlation_id,
         SessionSource::XSessionId => &names.session_id,
-        SessionSource::BodyUser | SessionSource::FirstUserTurn => return None,
+        SessionSource::BodyUser | SessionSource::FirstUserTurn => return Ok(None),
     };
-    non_empty(headers.get(name.as_str()).and_then(|v| v.to_str().ok()))
+    Ok(non_empty(header(headers, name, limit)?))
 }
 
 /// The session key from the header sources alone (for synthetic requests, whose body is not
@@ -301,10 +328,14 @@ pub fn header_session_key(
     sources: &[SessionSource],
     headers: &HeaderMap,
     names: &HeaderNames,
-) -> Option<String> {
-    sources
-        .iter()
-        .find_map(|s| header_source(*s, headers, names))
+    limit: usize,
+) -> Result<Option<String>, ProxyError> {
+    for s in sources {
+        if let Some(key) = header_source(*s, headers, names, limit)? {
+            return Ok(Some(key));
+        }
+    }
+    Ok(None)
 }
 
 /// The first configured source that yields a session key.
@@ -312,14 +343,21 @@ fn session_key(
     sources: &[SessionSource],
     headers: &HeaderMap,
     names: &HeaderNames,
+    limit: usize,
     parsed: &crate::cachebust::Parsed<'_>,
     user_context: usize,
-) -> Option<String> {
-    sources.iter().find_map(|s| match s {
-        SessionSource::BodyUser => non_empty(parsed.user_field()),
-        SessionSource::FirstUserTurn => parsed.first_user_turn_hash(user_context),
-        header => header_source(*header, headers, names),
-    })
+) -> Result<Option<String>, ProxyError> {
+    for s in sources {
+        let key = match s {
+            SessionSource::BodyUser => non_empty(parsed.user_field()),
+            SessionSource::FirstUserTurn => parsed.first_user_turn_hash(user_context),
+            header => header_source(*header, headers, names, limit)?,
+        };
+        if key.is_some() {
+            return Ok(key);
+        }
+    }
+    Ok(None)
 }
 
 fn non_empty(v: Option<&str>) -> Option<String> {

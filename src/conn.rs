@@ -1,0 +1,465 @@
+//! Accepting connections and keeping each on a deadline: the one accept loop of the data, admin
+//! and mock ports (backing off on EMFILE instead of spinning) and [`TimedIo`], which closes a
+//! connection that sits idle with no request in flight, and [`BodyTimeout`], which fails a request
+//! body that pauses too long. Never reads, changes or holds the bytes it passes on.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, Sleep};
+
+/// How long a connection may stay silent with no request in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnTimeouts {
+    /// From accept to the first complete request head (covers the TLS handshake, the HTTP/2
+    /// preface and a client that connects and sends nothing).
+    pub first_request: Duration,
+    /// From the end of the last response to the next request head (keep-alive idle).
+    pub idle: Duration,
+}
+
+impl Default for ConnTimeouts {
+    fn default() -> Self {
+        Self {
+            first_request: Duration::from_secs(30),
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Accepts connections on `listener` until `stop` resolves and hands each to `on_conn` (with
+/// `TCP_NODELAY` set). Errors about one connection are skipped; running out of descriptors
+/// (EMFILE, ENFILE, ENOBUFS) pauses accepting with a growing back-off, logged once per streak.
+pub async fn accept_loop(
+    listener: &TcpListener,
+    port: &'static str,
+    stop: impl Future<Output = ()>,
+    mut on_conn: impl FnMut(TcpStream, SocketAddr),
+) {
+    let mut backoff = AcceptBackoff::default();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.as_mut() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    backoff.reset(port);
+                    // Latency over batching: SSE events and small responses go out at once.
+                    let _ = stream.set_nodelay(true);
+                    on_conn(stream, peer);
+                }
+                Err(e) => backoff.failed(port, &e).await,
+            },
+        }
+    }
+}
+
+#[derive(Default)]
+struct AcceptBackoff {
+    streak: u32,
+}
+
+impl AcceptBackoff {
+    async fn failed(&mut self, port: &str, e: &io::Error) {
+        use io::ErrorKind::*;
+        if matches!(
+            e.kind(),
+            ConnectionRefused | ConnectionAborted | ConnectionReset | Interrupted | WouldBlock
+        ) {
+            return;
+        }
+        if self.streak == 0 {
+            tracing::warn!("{port} port: accept failed ({e}); backing off until it recovers");
+        }
+        self.streak = self.streak.saturating_add(1);
+        // 20 ms, 40 ms, … capped at 640 ms: a full fd table is not polled in a tight loop.
+        let pause = Duration::from_millis(10u64 << self.streak.min(6));
+        tokio::time::sleep(pause).await;
+    }
+
+    fn reset(&mut self, port: &str) {
+        if self.streak > 0 {
+            tracing::info!(
+                "{port} port: accepting again after {} failed tries",
+                self.streak
+            );
+            self.streak = 0;
+        }
+    }
+}
+
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+/// Nanoseconds since a process-wide origin (never 0), so an instant fits one atomic; u64
+/// nanoseconds last 584 years.
+fn now_nanos() -> u64 {
+    Instant::now()
+        .saturating_duration_since(origin())
+        .as_nanos() as u64
+        + 1
+}
+
+fn from_nanos(n: u64) -> Instant {
+    origin() + Duration::from_nanos(n - 1)
+}
+
+/// A connection's request bookkeeping, shared by its I/O (which times it out when idle) and its
+/// requests (each holds a [`RequestGuard`] from head to the end of its response body).
+#[derive(Debug, Default)]
+pub struct Activity {
+    in_flight: AtomicU32,
+    /// When the last request ended ([`now_nanos`]); 0 while none has.
+    idle_since: AtomicU64,
+}
+
+impl Activity {
+    /// Marks a request as started; the connection is not idle until the guard drops.
+    pub fn begin(self: &Arc<Self>) -> RequestGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        RequestGuard(self.clone())
+    }
+
+    /// The instant this connection must be closed by if nothing changes; `None` while a request
+    /// is in flight.
+    fn deadline(&self, accepted: Instant, t: ConnTimeouts) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        Some(match self.idle_since.load(Ordering::Acquire) {
+            0 => accepted + t.first_request,
+            n => from_nanos(n) + t.idle,
+        })
+    }
+}
+
+/// One request in flight on a connection; dropping it (when the response body ends or is
+/// dropped) lets the connection's idle clock start.
+#[derive(Debug)]
+pub struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        // Store the time before the count drops, so the I/O never sees zero in flight with a
+        // stale idle start.
+        self.0.idle_since.store(now_nanos(), Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection's byte stream with an idle deadline: a read that would wait past
+/// [`ConnTimeouts`] while no request is in flight fails with `TimedOut`, and the HTTP server then
+/// closes the connection. Bytes pass through untouched. The timer is armed once and only
+/// re-armed when it fires, so a busy connection costs no timer work per request.
+pub struct TimedIo<S> {
+    io: S,
+    activity: Arc<Activity>,
+    timeouts: ConnTimeouts,
+    accepted: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl<S> TimedIo<S> {
+    pub fn new(io: S, activity: Arc<Activity>, timeouts: ConnTimeouts) -> Self {
+        let accepted = Instant::now();
+        Self {
+            io,
+            activity,
+            timeouts,
+            accepted,
+            timer: Box::pin(tokio::time::sleep_until(accepted + timeouts.first_request)),
+        }
+    }
+
+    /// Called when a read would wait: `Ready(err)` once the connection has been idle too long.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            match self.activity.deadline(self.accepted, self.timeouts) {
+                Some(d) if d <= now => {
+                    return Poll::Ready(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "connection idle with no request in flight",
+                    ))
+                }
+                Some(d) => self.timer.as_mut().reset(d),
+                // Busy: look again one idle period from now.
+                None => self.timer.as_mut().reset(now + self.timeouts.idle),
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for TimedIo<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Pending => this.poll_deadline(cx).map(Err),
+            ready => ready,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for TimedIo<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it ends or is dropped.
+pub struct Guarded<B> {
+    body: B,
+    _guard: RequestGuard,
+}
+
+impl<B> Guarded<B> {
+    pub fn new(body: B, guard: RequestGuard) -> Self {
+        Self {
+            body,
+            _guard: guard,
+        }
+    }
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body that stopped arriving: no bytes for the configured gap.
+#[derive(Debug, thiserror::Error)]
+#[error("the client sent no request body bytes for {} (listen.body_read_timeout)", humantime::format_duration(*.0))]
+pub struct BodyReadTimeout(pub Duration);
+
+/// A request body with a gap deadline: waiting longer than `gap` for its next frame fails it
+/// with [`BodyReadTimeout`]. The timer is only armed while a frame is awaited, and reused.
+pub struct BodyTimeout<B> {
+    body: B,
+    gap: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl<B> BodyTimeout<B> {
+    pub fn new(body: B, gap: Duration) -> Self {
+        Self {
+            body,
+            gap,
+            timer: None,
+            armed: false,
+        }
+    }
+}
+
+impl<B> http_body::Body for BodyTimeout<B>
+where
+    B: http_body::Body + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = B::Data;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.armed = false;
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let deadline = Instant::now() + this.gap;
+                let timer = match &mut this.timer {
+                    Some(t) => {
+                        if !this.armed {
+                            t.as_mut().reset(deadline);
+                        }
+                        t
+                    }
+                    None => this
+                        .timer
+                        .insert(Box::pin(tokio::time::sleep_until(deadline))),
+                };
+                this.armed = true;
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyReadTimeout(this.gap))))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The gap that timed a request body out, if `err` (or any error it wraps) is a
+/// [`BodyReadTimeout`].
+pub fn body_timeout_in(err: &(dyn std::error::Error + 'static)) -> Option<Duration> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(t) = e.downcast_ref::<BodyReadTimeout>() {
+            return Some(t.0);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const T: ConnTimeouts = ConnTimeouts {
+        first_request: Duration::from_secs(5),
+        idle: Duration::from_secs(20),
+    };
+
+    fn pair() -> (
+        TimedIo<tokio::io::DuplexStream>,
+        tokio::io::DuplexStream,
+        Arc<Activity>,
+    ) {
+        let (a, b) = tokio::io::duplex(64);
+        let activity = Arc::new(Activity::default());
+        (TimedIo::new(a, activity.clone(), T), b, activity)
+    }
+
+    async fn read_outcome(io: &mut TimedIo<tokio::io::DuplexStream>) -> io::Result<usize> {
+        let mut buf = [0u8; 8];
+        io.read(&mut buf).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_times_out_at_the_first_request_deadline() {
+        let (mut io, _peer, _) = pair();
+        let start = Instant::now();
+        let e = read_outcome(&mut io).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(start.elapsed(), T.first_request);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_pass_through_and_a_request_in_flight_holds_the_deadline_off() {
+        let (mut io, mut peer, activity) = pair();
+        peer.write_all(b"hello").await.unwrap();
+        let mut buf = [0u8; 5];
+        io.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"hello");
+        let guard = activity.begin();
+        // In flight for far longer than both timeouts: the read keeps waiting.
+        let waited = tokio::time::timeout(Duration::from_secs(300), read_outcome(&mut io)).await;
+        assert!(waited.is_err(), "no timeout while a request is in flight");
+        drop(guard);
+        let ended = Instant::now();
+        let e = read_outcome(&mut io).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        // Idle is counted from the end of the last request (to the timer's millisecond).
+        let idle = ended.elapsed();
+        assert!(
+            idle >= T.idle && idle <= T.idle + Duration::from_millis(2),
+            "{idle:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_pauses_too_long_fails_and_one_that_flows_does_not() {
+        use http_body_util::BodyExt;
+        // A body fed by a channel: frames arrive when the test sends them.
+        struct Fed(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+        impl http_body::Body for Fed {
+            type Data = bytes::Bytes;
+            type Error = std::io::Error;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
+                self.0
+                    .poll_recv(cx)
+                    .map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
+            }
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut body = BodyTimeout::new(Fed(rx), Duration::from_secs(10));
+        let feeder = tokio::spawn(async move {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_secs(9)).await;
+                tx.send(bytes::Bytes::from_static(b"x")).await.unwrap();
+            }
+            // Then silence, with the sender still open.
+            std::future::pending::<()>().await;
+        });
+        for _ in 0..3 {
+            let f = body.frame().await.unwrap().unwrap();
+            assert_eq!(f.into_data().unwrap(), "x");
+        }
+        let start = Instant::now();
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+        assert_eq!(body_timeout_in(err.as_ref()), Some(Duration::from_secs(10)));
+        feeder.abort();
+    }
+}
