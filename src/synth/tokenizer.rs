@@ -441,9 +441,8 @@ impl Tokenizer {
         }
         self.boundary_flags
             .get_or_init(|| {
-                if split_pattern(&self.inner).is_none() {
-                    return None;
-                }
+                // Only pipelines the shortcut is proven for get flags.
+                split_pattern(&self.inner)?;
                 let table = self.byte_table()?;
                 let base = self.vocab_size;
                 Some(
