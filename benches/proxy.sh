@@ -48,8 +48,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# NGINX_ACCESS_LOG=1: the proxying nginx writes an access log to a file, buffered as kvbust's
+# is, to compare like with like with kvbust's log.access (on unless KVBUST_LOG__ACCESS=false).
+if [ -n "${NGINX_ACCESS_LOG:-}" ]; then
+    NGINX_ACCESS="@DIR@/access-@PORT@.log combined buffer=64k flush=1s"
+    NGINX_ACCESS_DESC="on (a file, buffer=64k)"
+else
+    NGINX_ACCESS=off
+    NGINX_ACCESS_DESC=off
+fi
 nginx_conf() { # template port upstream
-    sed -e "s#@DIR@#$WORK#g" -e "s#@PORT@#$2#g" -e "s#@UPSTREAM@#${3:-0}#g" \
+    sed -e "s#@ACCESS_LOG@#$NGINX_ACCESS#g" -e "s#@DIR@#$WORK#g" -e "s#@PORT@#$2#g" -e "s#@UPSTREAM@#${3:-0}#g" \
         "$ROOT/benches/nginx/$1.conf" >"$WORK/$1-$2.conf"
     nginx -c "$WORK/$1-$2.conf" -p "$WORK" -e "$WORK/nginx-$2.log"
 }
@@ -223,7 +232,7 @@ added() { python3 -c "import sys; print(f'{float(sys.argv[1])-float(sys.argv[2])
 echo "## kvbust proxy benchmark — $(date -u +%Y-%m-%dT%H:%MZ)"
 echo
 echo "Machine: $(nproc) cores, $(awk -F: '/model name/ {print $2; exit}' /proc/cpuinfo | sed 's/^ //'), $(uname -r). kvbust $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo '+dirty')."
-echo "wrk -t1, ${DURATION}s per cell, 1 KB chat POST; upstream nginx \`return 200\` (2 workers); nginx proxy: 2 workers, upstream keepalive, proxy_buffering off."
+echo "wrk -t1, ${DURATION}s per cell, 1 KB chat POST; upstream nginx \`return 200\` (2 workers); nginx proxy: 2 workers, upstream keepalive, proxy_buffering off, access_log $NGINX_ACCESS_DESC; kvbust log.access ${KVBUST_LOG__ACCESS:-true} (stderr to a file)."
 if has nonstream; then
 echo
 echo "### Non-streaming"

@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::cachebust::{build_marker, digest, DigestInputs, Phase, Target};
 use crate::cli::{Cli, Command, ConfigCommand, ConfigFlags, HealthcheckArgs, MarkerArgs, MockArgs};
-use crate::config::{Config, ConfigError, LogFormat};
+use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::runtime::Runtime;
 use crate::server::{self, Listeners};
@@ -47,12 +47,12 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
     match cli.command {
         Command::Serve(args) => {
             let config = load(&args.flags)?;
-            init_logging(&config);
+            let _flush = init_logging(&config);
             runtime()?.block_on(serve(config))
         }
         Command::Mock(args) => {
             let config = mock_config(&args)?;
-            init_logging(&config);
+            let _flush = init_logging(&config);
             runtime()?.block_on(mock(config, args.listen))
         }
         Command::Synth(args) => crate::synth::cli::run(&args).map_err(|e| {
@@ -95,12 +95,8 @@ fn healthcheck(args: &HealthcheckArgs) -> Result<(), AppError> {
             args.path
         )));
     }
-    let timeout = humantime::parse_duration(&args.timeout).map_err(|e| {
-        AppError::Usage(format!(
-            "--timeout `{}` is not a duration like \"2s\": {e}",
-            args.timeout
-        ))
-    })?;
+    let timeout = crate::duration::parse_or_explain(&args.timeout)
+        .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
     let config = load(&args.flags)?;
     let addr = crate::healthcheck::probe_addr(config.admin.addr);
     let line = crate::healthcheck::check(addr, &args.path, timeout)
@@ -131,9 +127,9 @@ fn mock_config(args: &MockArgs) -> Result<Config, AppError> {
         ("--base-delay", &args.base_delay, &mut c.mock.base_delay),
     ] {
         if let Some(v) = v {
-            *slot = humantime::parse_duration(v).map_err(|e| ConfigError {
+            *slot = crate::duration::parse_or_explain(v).map_err(|message| ConfigError {
                 key: key.into(),
-                message: format!("`{v}` is not a duration like \"15ms\": {e}"),
+                message,
             })?;
         }
     }
@@ -147,16 +143,29 @@ fn runtime() -> Result<tokio::runtime::Runtime, AppError> {
         .map_err(|e| AppError::Other(anyhow::anyhow!("cannot start the async runtime: {e}")))
 }
 
-fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match config.log.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
+/// Sets up logging; the returned guard flushes the lines still queued when it is dropped, so
+/// it must live until the command ends.
+fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    use std::io::IsTerminal;
+    // Lines (one per request with the access log) go to a background thread that writes them
+    // to stderr in batches: written on the request path, each would cost a `write` system call
+    // and could block a worker on a slow terminal or pipe. Lossy: past 128k queued lines new ones
+    // are dropped rather than blocking requests.
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name("kvbust-log")
+        .finish(std::io::BufWriter::with_capacity(
+            64 << 10,
+            std::io::stderr(),
+        ));
+    let rust_log = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    // Colour codes only for a person at a terminal, never into a file or a log collector.
+    let ansi = std::io::stderr().is_terminal();
+    let subscriber = crate::access_log::subscriber(&config.log, rust_log.as_deref(), writer, ansi);
+    tracing::subscriber::set_global_default(subscriber).ok()?;
+    Some(guard)
 }
 
 async fn bind(addr: std::net::SocketAddr, what: &str, key: &str) -> Result<TcpListener, AppError> {
@@ -191,7 +200,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
             let l = bind(([127, 0, 0, 1], 0).into(), "built-in mock", "upstream.url").await?;
             let addr = l.local_addr().map_err(|e| AppError::Other(e.into()))?;
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let mock = crate::mock::Mock::new(config.mock.clone(), None);
+            let mock = load_mock(&config.mock).await?;
             let task = tokio::spawn(crate::mock::serve(l, mock, async {
                 let _ = rx.await;
             }));
@@ -233,10 +242,26 @@ async fn serve(config: Config) -> Result<(), AppError> {
     Ok(())
 }
 
+/// The mock with its configured tokenizer, loaded off the async threads.
+async fn load_mock(cfg: &crate::mock::MockConfig) -> Result<Arc<crate::mock::Mock>, AppError> {
+    let cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || {
+        let setting = cfg.tokenizer.clone();
+        let t0 = std::time::Instant::now();
+        let mock = crate::mock::Mock::from_config(cfg)
+            .map_err(|e| AppError::Other(anyhow::anyhow!("mock.tokenizer = {setting}: {e}")))?;
+        tracing::info!(tokenizer = %setting, elapsed = ?t0.elapsed(), "mock tokenizer loaded");
+        Ok(mock)
+    })
+    .await
+    .map_err(|e| AppError::Other(e.into()))?
+}
+
 async fn mock(config: Config, listen: std::net::SocketAddr) -> Result<(), AppError> {
+    // Tokenizer first: a port that accepts before the mock can answer would charge the load to the first requests.
+    let mock = load_mock(&config.mock).await?;
     let l = bind(listen, "mock model server", "--listen").await?;
-    tracing::info!(addr = %listen, model = %config.mock.model, "kvbust mock model server");
-    let mock = crate::mock::Mock::new(config.mock.clone(), None);
+    tracing::info!(addr = %listen, model = %config.mock.model, tokenizer = %config.mock.tokenizer, "kvbust mock model server");
     crate::mock::serve(l, mock, server::shutdown_signal())
         .await
         .map_err(|e| AppError::Other(e.into()))

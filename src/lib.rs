@@ -2,12 +2,14 @@
 //! The library owns every piece; `main.rs` only parses the command line and calls in here.
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod cachebust;
 pub mod cli;
 pub mod config;
 pub mod conn;
+pub mod duration;
 pub mod error;
 pub mod health;
 pub mod healthcheck;

@@ -19,6 +19,10 @@ const OVERHEAD_BUCKETS: &[f64] = &[
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.1, 1.0,
 ];
 
+/// Labels of the latency histograms. Bounded: 5 route values (4 API routes and `other`) × 3
+/// phases (`warmup`, `profiling`, `none` off the API routes) × 8 targets (7 and `none`).
+pub const EXCHANGE_LABELS: &[&str] = &["route", "phase", "target"];
+
 /// The registry and its families. Cloning is one reference count: observers hold a clone per
 /// exchange, and each family handle inside would otherwise be its own atomic increment.
 #[derive(Clone)]
@@ -43,6 +47,7 @@ pub struct Families {
     pub overhead: Histogram,
     pub prompt_tokens: IntCounterVec,
     pub cached_tokens: IntCounterVec,
+    pub completion_tokens: IntCounterVec,
     pub ledger_sessions: IntGauge,
     pub ledger_evictions: IntCounter,
     pub unparseable_passthrough: IntCounter,
@@ -108,21 +113,21 @@ impl Metrics {
                 &r,
                 "time_to_first_token_seconds",
                 "Time to the first SSE data event with content.",
-                &["route"],
+                EXCHANGE_LABELS,
                 LATENCY_BUCKETS,
             ),
             inter_token: hist(
                 &r,
                 "inter_token_seconds",
                 "Gap between consecutive content events.",
-                &["route"],
+                EXCHANGE_LABELS,
                 LATENCY_BUCKETS,
             ),
             duration: hist(
                 &r,
                 "request_duration_seconds",
                 "Request start to end of response body.",
-                &["route"],
+                EXCHANGE_LABELS,
                 LATENCY_BUCKETS,
             ),
             overhead: reg(
@@ -139,13 +144,19 @@ impl Metrics {
             prompt_tokens: counter(
                 &r,
                 "upstream_prompt_tokens_total",
-                "Upstream-reported prompt tokens.",
+                "Upstream-reported prompt tokens (Anthropic: input + cache read + cache creation).",
                 &["phase", "target"],
             ),
             cached_tokens: counter(
                 &r,
                 "upstream_cached_tokens_total",
-                "Upstream-reported cached prompt tokens.",
+                "Upstream-reported cached prompt tokens (Responses: input_tokens_details.cached_tokens; Anthropic: cache_read_input_tokens).",
+                &["phase", "target"],
+            ),
+            completion_tokens: counter(
+                &r,
+                "upstream_completion_tokens_total",
+                "Upstream-reported generated tokens (completion_tokens, Responses and Anthropic output_tokens).",
                 &["phase", "target"],
             ),
             ledger_sessions: reg(

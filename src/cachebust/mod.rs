@@ -14,7 +14,7 @@
 pub mod identity;
 pub mod inject;
 pub mod marker;
-mod raw;
+pub(crate) mod raw;
 pub mod target;
 
 pub use identity::{KeyDigest, Ledger, Resolution};

@@ -107,11 +107,19 @@ pub async fn send_with_affinity(
             }
         }
     }
+    let opened = std::time::Instant::now();
     let mut send = connect_h1(upstream, cfg).await?;
-    let resp = send.send_request(req).await.map_err(|e| broken(&e))?;
+    let connect = UpstreamConnect(opened.elapsed());
+    let mut resp = send.send_request(req).await.map_err(|e| broken(&e))?;
+    resp.extensions_mut().insert(connect);
     affinity.put(send);
     Ok(resp)
 }
+
+/// On a response whose request opened a new upstream connection: how long the connect (and
+/// name resolution) took. Known for the connections [`send_with_affinity`] opens.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamConnect(pub std::time::Duration);
 
 /// Opens a plain HTTP/1.1 connection to the upstream and runs it on this worker.
 async fn connect_h1(

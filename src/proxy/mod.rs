@@ -7,6 +7,7 @@ pub mod forward;
 pub mod observe;
 pub mod rewrite;
 pub mod synthesize;
+pub mod usage;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -141,6 +142,10 @@ struct Exchange {
     rid: Option<String>,
     /// The synthesized entry's trace timestamp (ms), when it has one.
     trace_timestamp: Option<String>,
+    /// The access-log line in the making (`log.access`).
+    log: Option<crate::access_log::Entry>,
+    /// kvbust added `include_usage` (`observe.request_usage`): take it out of the response.
+    strip_usage: bool,
 }
 
 impl Proxy {
@@ -185,12 +190,17 @@ impl Proxy {
         let start = Instant::now();
         let in_flight = InFlight::begin(&self.rt.metrics, Some(client.activity.begin()));
         let route = Route::classify(req.method(), req.uri().path());
+        let mut req = req;
+        let log =
+            crate::access_log::Entry::begin(self.rt.config.log.access, &mut req, route.label());
         let mut ex = Exchange {
             route,
             phase: "none",
             target: "none",
             rid: None,
             trace_timestamp: None,
+            log,
+            strip_usage: false,
         };
         // HTTP/2 streams share their connection: they go through the worker's pool.
         let affinity = (req.version() < http::Version::HTTP_2).then_some(&client.affinity);
@@ -217,8 +227,12 @@ impl Proxy {
                     );
                 }
                 self.rt.metrics.error(fault, err.code());
-                err.into_response::<Full<Bytes>>()
-                    .map(|b| b.map_err(|never| match never {}).boxed())
+                let code = err.code();
+                let mut resp = err.into_response::<Full<Bytes>>();
+                if let Some(log) = ex.log.take() {
+                    log.failed(&mut resp, (ex.phase, ex.target, ex.rid.take()), code, start);
+                }
+                resp.map(|b| b.map_err(|never| match never {}).boxed())
             }
         };
         self.rt
@@ -264,7 +278,9 @@ impl Proxy {
                 ));
             }
             let scan = shape == Shape::Chat && cfg.synth.placeholders;
-            if decision.needs_body() || synth || scan {
+            let usage =
+                cfg.observe.request_usage && matches!(shape, Shape::Chat | Shape::Completions);
+            if decision.needs_body() || synth || scan || usage {
                 let mut bytes = collect_limited(
                     upstream_body,
                     &parts.headers,
@@ -272,6 +288,9 @@ impl Proxy {
                     &mut buffered,
                 )
                 .await?;
+                if let Some(log) = ex.log.as_mut() {
+                    log.bytes_in = Some(bytes.len() as u64);
+                }
                 let mut changed = false;
                 let mut session = None;
                 if synth {
@@ -308,6 +327,13 @@ impl Proxy {
                     if let Some(b) = out.body {
                         bytes = b;
                         changed = true;
+                    }
+                }
+                if usage {
+                    if let Some(b) = usage::add_include_usage(&bytes) {
+                        bytes = Bytes::from(b);
+                        changed = true;
+                        ex.strip_usage = true;
                     }
                 }
                 if changed {
@@ -367,6 +393,10 @@ impl Proxy {
 
         let (mut rparts, rbody) = resp.into_parts();
         forward::strip_hop_by_hop(&mut rparts.headers);
+        let log = ex
+            .log
+            .take()
+            .map(|log| log.responded(&mut rparts, (ex.phase, ex.target, ex.rid.clone())));
         if ex.route != Route::Other && cfg.cache_bust.response_headers {
             let h = &mut rparts.headers;
             let rid = ex.rid.as_deref().unwrap_or("none");
@@ -410,13 +440,15 @@ impl Proxy {
             content_type,
             scan_limit,
         )
-        .holding(in_flight);
+        .holding(in_flight)
+        .logging(log);
         let body = Observed::new(
             rbody,
             cfg.upstream.idle_timeout,
             cfg.upstream.total_timeout.map(|t| (t, start)),
             observer,
         )
+        .stripping_usage(ex.strip_usage)
         .boxed();
         Ok(Response::from_parts(rparts, body))
     }

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use tokio::time::Sleep;
 
 use super::BoxError;
@@ -23,6 +24,34 @@ pub struct Labels {
     pub target: &'static str,
 }
 
+/// The API whose response is read, from the route label: it decides which events carry content
+/// and how `usage` maps to prompt / cached / completion tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    /// `/v1/chat/completions` and `/v1/completions`: `choices[].delta.content` / `choices[].text`;
+    /// `prompt_tokens`, `prompt_tokens_details.cached_tokens`, `completion_tokens`.
+    OpenAi,
+    /// `/v1/responses`: `response.*.delta` events; `input_tokens`,
+    /// `input_tokens_details.cached_tokens`, `output_tokens` (streamed in `response.completed`).
+    Responses,
+    /// `/v1/messages` (Anthropic): `content_block_delta` events; `input_tokens`,
+    /// `cache_read_input_tokens`, `cache_creation_input_tokens`, `output_tokens` (streamed in
+    /// `message_start` and `message_delta`).
+    Messages,
+    Other,
+}
+
+impl Api {
+    fn of_route(route: &str) -> Api {
+        match route {
+            "chat" | "completions" => Api::OpenAi,
+            "responses" => Api::Responses,
+            "messages" => Api::Messages,
+            _ => Api::Other,
+        }
+    }
+}
+
 /// What the observer learns from one response, and where to count it.
 pub struct Observer {
     metrics: Metrics,
@@ -33,13 +62,20 @@ pub struct Observer {
     route: &'static str,
     phase: &'static str,
     target: &'static str,
+    api: Api,
     start: Instant,
     mode: Scan,
     first_content: Option<Instant>,
     last_content: Option<Instant>,
-    usage: Option<Usage>,
+    usage: Option<UsageWire>,
+    /// SSE data events seen (`[DONE]` included).
+    events: u64,
+    /// Response body bytes passed to the client.
+    bytes_out: u64,
     ended: bool,
     aborted: Option<&'static str>,
+    /// The access-log line, written when the response body ends or is dropped.
+    access: Option<crate::access_log::Entry>,
     /// The request's place in `kvbust_in_flight_requests` and in its connection's activity,
     /// released when the response body ends or is dropped.
     in_flight: Option<super::InFlight>,
@@ -58,49 +94,208 @@ enum Scan {
     },
 }
 
+/// Token counts in one API's `usage` spelling, every field as the upstream sent it. Streams may
+/// send it in pieces (Anthropic: `message_start`, then `message_delta`); a later value of a field
+/// replaces an earlier one (they are running totals).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct Usage {
+pub struct UsageWire {
+    // Chat and completions.
     #[serde(default)]
     pub prompt_tokens: Option<u64>,
     #[serde(default)]
-    pub prompt_tokens_details: Option<PromptDetails>,
+    pub completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub prompt_tokens_details: Option<CachedDetails>,
+    // Responses and Anthropic.
+    #[serde(default)]
+    pub input_tokens: Option<u64>,
+    #[serde(default)]
+    pub output_tokens: Option<u64>,
+    // Responses.
+    #[serde(default)]
+    pub input_tokens_details: Option<CachedDetails>,
+    // Anthropic.
+    #[serde(default)]
+    pub cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    pub cache_creation_input_tokens: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct PromptDetails {
+pub struct CachedDetails {
     #[serde(default)]
     pub cached_tokens: Option<u64>,
 }
 
-impl Usage {
-    pub fn cached(&self) -> Option<u64> {
-        self.prompt_tokens_details.and_then(|d| d.cached_tokens)
+/// Prompt, cached and generated tokens, the same meaning for every API.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tokens {
+    /// Every prompt token the server processed or reused. Anthropic reports the uncached part
+    /// (`input_tokens`) apart from the cache hits and writes, so there it is
+    /// `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`.
+    pub prompt: Option<u64>,
+    /// Prompt tokens served from the prefix cache (Anthropic: `cache_read_input_tokens`).
+    pub cached: Option<u64>,
+    pub completion: Option<u64>,
+}
+
+impl UsageWire {
+    fn merge(&mut self, later: UsageWire) {
+        macro_rules! take_later {
+            ($($f:ident),*) => { $( self.$f = later.$f.or(self.$f); )* };
+        }
+        take_later!(
+            prompt_tokens,
+            completion_tokens,
+            input_tokens,
+            output_tokens,
+            cache_read_input_tokens,
+            cache_creation_input_tokens
+        );
+        let cached = |d: Option<CachedDetails>| d.and_then(|d| d.cached_tokens);
+        if let Some(c) = cached(later.prompt_tokens_details) {
+            self.prompt_tokens_details = Some(CachedDetails {
+                cached_tokens: Some(c),
+            });
+        }
+        if let Some(c) = cached(later.input_tokens_details) {
+            self.input_tokens_details = Some(CachedDetails {
+                cached_tokens: Some(c),
+            });
+        }
+    }
+
+    fn tokens(&self, api: Api) -> Tokens {
+        match api {
+            Api::OpenAi => Tokens {
+                prompt: self.prompt_tokens,
+                cached: self.prompt_tokens_details.and_then(|d| d.cached_tokens),
+                completion: self.completion_tokens,
+            },
+            Api::Responses => Tokens {
+                prompt: self.input_tokens,
+                cached: self.input_tokens_details.and_then(|d| d.cached_tokens),
+                completion: self.output_tokens,
+            },
+            Api::Messages => Tokens {
+                prompt: self.input_tokens.map(|i| {
+                    i + self.cache_read_input_tokens.unwrap_or(0)
+                        + self.cache_creation_input_tokens.unwrap_or(0)
+                }),
+                cached: self.cache_read_input_tokens,
+                completion: self.output_tokens,
+            },
+            Api::Other => Tokens::default(),
+        }
     }
 }
 
-/// The few fields of an SSE chunk or a JSON response the observer reads.
+/// The few fields of an SSE event or a JSON response the observer reads, for every API at once;
+/// strings stay borrowed raw JSON, so an event costs no allocation beyond its `choices`.
 #[derive(Deserialize)]
-struct Chunk {
+struct Event<'a> {
+    /// Chat and completions.
+    #[serde(default, borrow)]
+    choices: Option<Vec<ChunkChoice<'a>>>,
+    /// Chat, completions, Anthropic `message_delta`, and non-streamed Responses / Anthropic.
     #[serde(default)]
-    choices: Vec<ChunkChoice>,
+    usage: Option<UsageWire>,
+    /// Responses and Anthropic event type.
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<&'a RawValue>,
+    /// Responses: a string; Anthropic `content_block_delta`: an object.
+    #[serde(default, borrow)]
+    delta: Option<&'a RawValue>,
+    /// Responses `response.completed` (and the other lifecycle events).
     #[serde(default)]
-    usage: Option<Usage>,
+    response: Option<Nested>,
+    /// Anthropic `message_start`.
+    #[serde(default)]
+    message: Option<Nested>,
 }
 
 #[derive(Deserialize)]
-struct ChunkChoice {
+struct Nested {
     #[serde(default)]
-    delta: Option<Delta>,
-    #[serde(default)]
-    text: Option<String>,
+    usage: Option<UsageWire>,
 }
 
 #[derive(Deserialize)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
-    #[serde(default)]
-    reasoning_content: Option<String>,
+struct ChunkChoice<'a> {
+    #[serde(default, borrow)]
+    delta: Option<Delta<'a>>,
+    #[serde(default, borrow)]
+    text: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(default, borrow)]
+    content: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<&'a RawValue>,
+}
+
+/// Anthropic's `content_block_delta.delta`: text, thinking or tool-input JSON.
+#[derive(Deserialize)]
+struct BlockDelta<'a> {
+    #[serde(default, borrow)]
+    text: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    thinking: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    partial_json: Option<&'a RawValue>,
+}
+
+/// A JSON string with at least one character (a raw value: quotes included).
+fn nonempty_str(v: Option<&RawValue>) -> bool {
+    v.is_some_and(|v| {
+        let s = v.get();
+        s.len() > 2 && s.starts_with('"')
+    })
+}
+
+impl Event<'_> {
+    /// Whether the event carries generated output: TTFT ends and inter-token gaps are taken here.
+    fn has_content(&self, api: Api) -> bool {
+        match api {
+            Api::OpenAi => self.choices.iter().flatten().any(|c| {
+                nonempty_str(c.text)
+                    || c.delta.as_ref().is_some_and(|d| {
+                        nonempty_str(d.content) || nonempty_str(d.reasoning_content)
+                    })
+            }),
+            // `response.output_text.delta`, and the other output deltas (reasoning text, refusal,
+            // function-call arguments): all are generated tokens.
+            Api::Responses => {
+                self.kind.is_some_and(|k| {
+                    let k = k.get();
+                    k.starts_with("\"response.") && k.ends_with(".delta\"")
+                }) && nonempty_str(self.delta)
+            }
+            Api::Messages => {
+                self.kind
+                    .is_some_and(|k| k.get() == "\"content_block_delta\"")
+                    && self.delta.is_some_and(|d| {
+                        serde_json::from_str::<BlockDelta>(d.get()).is_ok_and(|d| {
+                            nonempty_str(d.text)
+                                || nonempty_str(d.thinking)
+                                || nonempty_str(d.partial_json)
+                        })
+                    })
+            }
+            Api::Other => false,
+        }
+    }
+
+    /// Every `usage` the event carries, in the order they apply.
+    fn usages(&self) -> impl Iterator<Item = UsageWire> + '_ {
+        let nested = |n: &Option<Nested>| n.as_ref().and_then(|n| n.usage);
+        nested(&self.message)
+            .into_iter()
+            .chain(nested(&self.response))
+            .chain(self.usage)
+    }
 }
 
 impl Observer {
@@ -131,19 +326,34 @@ impl Observer {
         Self {
             in_flight: None,
             inter_token: None,
-            duration: metrics.duration.with_label_values(&[route]),
+            duration: metrics.duration.with_label_values(&[route, phase, target]),
             metrics,
             route,
             phase,
             target,
+            api: Api::of_route(route),
             start,
             mode,
             first_content: None,
             last_content: None,
             usage: None,
+            events: 0,
+            bytes_out: 0,
             ended: false,
             aborted: None,
+            access: None,
         }
+    }
+
+    /// Writes `entry` to the access log when the response body ends or is dropped.
+    pub fn logging(mut self, entry: Option<crate::access_log::Entry>) -> Self {
+        self.access = entry;
+        self
+    }
+
+    /// The tokens read so far (all of them once the body has ended).
+    pub fn tokens(&self) -> Tokens {
+        self.usage.map(|u| u.tokens(self.api)).unwrap_or_default()
     }
 
     /// Reads one response frame (public for the micro-benchmark).
@@ -162,31 +372,32 @@ impl Observer {
                 }
             }
             Scan::Sse { carry } => {
+                // Lines may span frames: the carried tail is joined with this frame up to the
+                // newline. Whole lines inside the frame are read in place, not copied.
+                let mut carry = std::mem::take(carry);
                 let mut rest = data;
-                // Lines may span frames: join the carried tail with this frame up to the newline.
-                let mut lines: Vec<Vec<u8>> = Vec::new();
-                while let Some(i) = rest.iter().position(|&b| b == b'\n') {
+                while let Some(i) = memchr::memchr(b'\n', rest) {
                     let (line, tail) = rest.split_at(i);
+                    rest = &tail[1..];
                     if carry.is_empty() {
-                        if line.starts_with(b"data:") {
-                            lines.push(line.to_vec());
+                        if let Some(payload) = line.strip_prefix(b"data:") {
+                            self.on_sse_data(payload, now);
                         }
                     } else {
                         carry.extend_from_slice(line);
-                        if carry.starts_with(b"data:") {
-                            lines.push(std::mem::take(carry));
+                        if let Some(payload) = carry.strip_prefix(b"data:") {
+                            self.on_sse_data(payload, now);
                         }
                         carry.clear();
                     }
-                    rest = &tail[1..];
                 }
                 // Keep an unfinished line only if it can still be a data line; cap it so a
                 // pathological stream cannot grow it without bound.
                 if !rest.is_empty() && carry.len() + rest.len() <= 4 << 20 {
                     carry.extend_from_slice(rest);
                 }
-                for line in lines {
-                    self.on_sse_data(&line[5..], now);
+                if let Scan::Sse { carry: kept } = &mut self.mode {
+                    *kept = carry;
                 }
             }
         }
@@ -194,41 +405,40 @@ impl Observer {
 
     fn on_sse_data(&mut self, payload: &[u8], now: Instant) {
         let payload = trim_ascii(payload);
-        if payload.is_empty() || payload == b"[DONE]" {
+        if payload.is_empty() {
             return;
         }
-        let Ok(chunk) = serde_json::from_slice::<Chunk>(payload) else {
+        self.events += 1;
+        if payload == b"[DONE]" {
+            return;
+        }
+        let Ok(event) = serde_json::from_slice::<Event>(payload) else {
             return;
         };
-        let has_content = chunk.choices.iter().any(|c| {
-            c.text.as_deref().is_some_and(|t| !t.is_empty())
-                || c.delta.as_ref().is_some_and(|d| {
-                    d.content.as_deref().is_some_and(|t| !t.is_empty())
-                        || d.reasoning_content
-                            .as_deref()
-                            .is_some_and(|t| !t.is_empty())
-                })
-        });
-        if has_content {
+        if event.has_content(self.api) {
             match self.last_content {
                 None => {
                     self.first_content = Some(now);
                     self.metrics
                         .ttft
-                        .with_label_values(&[self.route])
+                        .with_label_values(&[self.route, self.phase, self.target])
                         .observe(secs(now - self.start));
                 }
                 Some(prev) => self
                     .inter_token
                     .get_or_insert_with(|| {
-                        self.metrics.inter_token.with_label_values(&[self.route])
+                        self.metrics.inter_token.with_label_values(&[
+                            self.route,
+                            self.phase,
+                            self.target,
+                        ])
                     })
                     .observe(secs(now - prev)),
             }
             self.last_content = Some(now);
         }
-        if let Some(u) = chunk.usage {
-            self.usage = Some(u);
+        for u in event.usages() {
+            self.usage.get_or_insert_with(UsageWire::default).merge(u);
         }
     }
 
@@ -243,23 +453,19 @@ impl Observer {
             ..
         } = &self.mode
         {
-            if let Ok(chunk) = serde_json::from_slice::<Chunk>(copy) {
-                self.usage = chunk.usage;
+            if let Ok(event) = serde_json::from_slice::<Event>(copy) {
+                self.usage = event.usages().last();
             }
         }
-        if let Some(u) = self.usage {
-            let labels = [self.phase, self.target];
-            if let Some(p) = u.prompt_tokens {
-                self.metrics
-                    .prompt_tokens
-                    .with_label_values(&labels)
-                    .inc_by(p);
-            }
-            if let Some(c) = u.cached() {
-                self.metrics
-                    .cached_tokens
-                    .with_label_values(&labels)
-                    .inc_by(c);
+        let tokens = self.tokens();
+        let labels = [self.phase, self.target];
+        for (n, family) in [
+            (tokens.prompt, &self.metrics.prompt_tokens),
+            (tokens.cached, &self.metrics.cached_tokens),
+            (tokens.completion, &self.metrics.completion_tokens),
+        ] {
+            if let Some(n) = n {
+                family.with_label_values(&labels).inc_by(n);
             }
         }
     }
@@ -289,7 +495,19 @@ impl Drop for Observer {
             // Dropped before the end: the client went away (or the server closed it on shutdown).
             self.abort("client_disconnect");
         }
-        self.duration.observe(secs(self.start.elapsed()));
+        let elapsed = self.start.elapsed();
+        self.duration.observe(secs(elapsed));
+        if let Some(entry) = self.access.take() {
+            let streamed = matches!(self.mode, Scan::Sse { .. });
+            entry.write(&crate::access_log::Outcome {
+                ttft: self.first_content.map(|t| t - self.start),
+                duration: elapsed,
+                events: streamed.then_some(self.events),
+                bytes_out: self.bytes_out,
+                tokens: self.tokens(),
+                end: self.aborted.unwrap_or("complete"),
+            });
+        }
     }
 }
 
@@ -334,6 +552,8 @@ pin_project! {
         // `upstream.total_timeout`: the whole exchange, headers included, must end by then.
         deadline: Option<(Pin<Box<Sleep>>, Duration)>,
         observer: Observer,
+        // `observe.request_usage`: takes out what kvbust's `include_usage` added to the stream.
+        strip: Option<super::usage::UsageStrip>,
     }
 }
 
@@ -361,7 +581,15 @@ impl<B> Observed<B> {
             last_frame: tokio::time::Instant::now(),
             deadline,
             observer,
+            strip: None,
         }
+    }
+
+    /// Removes the usage chunk (and the `"usage":null` members) that kvbust's own
+    /// `include_usage` added, so the client receives what it asked for.
+    pub fn stripping_usage(mut self, on: bool) -> Self {
+        self.strip = on.then(super::usage::UsageStrip::default);
+        self
     }
 }
 
@@ -378,59 +606,88 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        match this.inner.as_mut().poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                let now = Instant::now();
-                if let Some(data) = frame.data_ref() {
-                    this.observer.on_data(data, now);
-                }
-                *this.last_frame = tokio::time::Instant::from_std(now);
-                if this.inner.is_end_stream() {
-                    this.observer.finish();
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                let e: BoxError = e.into();
-                tracing::warn!(error = %crate::proxy::forward::error_chain(e.as_ref()), "upstream response body failed");
-                this.observer
-                    .metrics
-                    .error("upstream", "upstream_body_error");
-                this.observer.abort("upstream_error");
-                Poll::Ready(Some(Err(e)))
-            }
-            Poll::Ready(None) => {
-                this.observer.finish();
-                Poll::Ready(None)
-            }
-            Poll::Pending => {
-                while this.idle.as_mut().poll(cx).is_ready() {
-                    let due = *this.last_frame + *this.idle_timeout;
-                    if tokio::time::Instant::now() < due {
-                        // A frame came since the timer was set: move it, poll it again.
-                        this.idle.as_mut().reset(due);
-                        continue;
+        // Loops only when stripping left nothing of a frame to send.
+        loop {
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let now = Instant::now();
+                    if let Some(data) = frame.data_ref() {
+                        this.observer.on_data(data, now);
                     }
-                    let err = IdleTimeout(*this.idle_timeout);
-                    tracing::warn!(route = this.observer.route, "{err}; closing the response");
+                    *this.last_frame = tokio::time::Instant::from_std(now);
+                    let end = this.inner.is_end_stream();
+                    if end {
+                        this.observer.finish();
+                    }
+                    let frame = match (this.strip.as_mut(), frame.into_data()) {
+                        (Some(strip), Ok(data)) => {
+                            let out = strip.filter(data, end);
+                            if out.is_empty() {
+                                if end {
+                                    return Poll::Ready(None);
+                                }
+                                continue;
+                            }
+                            Frame::data(out)
+                        }
+                        (_, Ok(data)) => Frame::data(data),
+                        (_, Err(frame)) => frame,
+                    };
+                    if let Some(data) = frame.data_ref() {
+                        this.observer.bytes_out += data.len() as u64;
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    let e: BoxError = e.into();
+                    tracing::warn!(error = %crate::proxy::forward::error_chain(e.as_ref()), "upstream response body failed");
                     this.observer
                         .metrics
-                        .error("upstream", "upstream_idle_timeout");
-                    this.observer.abort("idle_timeout");
-                    return Poll::Ready(Some(Err(Box::new(err))));
+                        .error("upstream", "upstream_body_error");
+                    this.observer.abort("upstream_error");
+                    return Poll::Ready(Some(Err(e)));
                 }
-                if let Some((sleep, total)) = this.deadline.as_mut() {
-                    if sleep.as_mut().poll(cx).is_ready() {
-                        let err = TotalTimeout(*total);
+                Poll::Ready(None) => {
+                    this.observer.finish();
+                    // A stream that ended inside an event: what was held goes out as it came.
+                    if let Some(tail) = this.strip.as_mut().and_then(|s| s.take_tail()) {
+                        this.observer.bytes_out += tail.len() as u64;
+                        return Poll::Ready(Some(Ok(Frame::data(tail))));
+                    }
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {
+                    while this.idle.as_mut().poll(cx).is_ready() {
+                        let due = *this.last_frame + *this.idle_timeout;
+                        if tokio::time::Instant::now() < due {
+                            // A frame came since the timer was set: move it, poll it again.
+                            this.idle.as_mut().reset(due);
+                            continue;
+                        }
+                        let err = IdleTimeout(*this.idle_timeout);
                         tracing::warn!(route = this.observer.route, "{err}; closing the response");
                         this.observer
                             .metrics
-                            .error("upstream", "upstream_total_timeout");
-                        this.observer.abort("total_timeout");
+                            .error("upstream", "upstream_idle_timeout");
+                        this.observer.abort("idle_timeout");
                         return Poll::Ready(Some(Err(Box::new(err))));
                     }
+                    if let Some((sleep, total)) = this.deadline.as_mut() {
+                        if sleep.as_mut().poll(cx).is_ready() {
+                            let err = TotalTimeout(*total);
+                            tracing::warn!(
+                                route = this.observer.route,
+                                "{err}; closing the response"
+                            );
+                            this.observer
+                                .metrics
+                                .error("upstream", "upstream_total_timeout");
+                            this.observer.abort("total_timeout");
+                            return Poll::Ready(Some(Err(Box::new(err))));
+                        }
+                    }
+                    return Poll::Pending;
                 }
-                Poll::Pending
             }
         }
     }
@@ -482,18 +739,130 @@ mod tests {
             o.on_data(piece, t0 + Duration::from_millis(i as u64));
         }
         assert!(o.first_content.is_some());
-        assert_eq!(o.usage.unwrap().prompt_tokens, Some(40));
-        assert_eq!(o.usage.unwrap().cached(), Some(32));
+        assert_eq!(o.events, 5);
+        assert_eq!(
+            o.tokens(),
+            Tokens {
+                prompt: Some(40),
+                cached: Some(32),
+                completion: Some(2)
+            }
+        );
         o.finish();
         let text = String::from_utf8(o.metrics.render()).unwrap();
-        assert!(
-            text.contains(
-                "kvbust_upstream_cached_tokens_total{phase=\"profiling\",target=\"none\"} 32"
-            ),
-            "{text}"
+        for line in [
+            "kvbust_upstream_cached_tokens_total{phase=\"profiling\",target=\"none\"} 32",
+            "kvbust_upstream_completion_tokens_total{phase=\"profiling\",target=\"none\"} 2",
+            "kvbust_time_to_first_token_seconds_count{phase=\"profiling\",route=\"chat\",target=\"none\"} 1",
+            "kvbust_inter_token_seconds_count{phase=\"profiling\",route=\"chat\",target=\"none\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing: {text}");
+        }
+    }
+
+    /// Feeds `body` in `piece`-byte frames through an observer of `route`, 1 ms apart.
+    fn run(route: &'static str, ct: &str, body: &[u8], piece: usize) -> Observer {
+        let labels = Labels {
+            route,
+            phase: "warmup",
+            target: "first_turn_prefix",
+        };
+        let t0 = Instant::now();
+        let mut o = Observer::new(Metrics::new(), labels, t0, Some(ct), Some(1 << 20));
+        for (i, p) in body.chunks(piece).enumerate() {
+            o.on_data(p, t0 + Duration::from_millis(i as u64 + 1));
+        }
+        o.finish();
+        o
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/observe")
+            .join(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    #[test]
+    fn responses_and_messages_streams_give_ttft_gaps_and_usage() {
+        // (route, fixture, content events, SSE data events, tokens)
+        let cases = [
+            ("responses", "responses.sse", 3, 11, (2006, 1920, 3)),
+            // Anthropic: prompt = input 12 + cache read 1700 + cache creation 300.
+            ("messages", "messages.sse", 4, 10, (2012, 1700, 7)),
+        ];
+        for (route, file, content, events, (p, c, g)) in cases {
+            let body = fixture(file);
+            for piece in [1, 13, 200, body.len()] {
+                let o = run(route, "text/event-stream", &body, piece);
+                let what = format!("{file} in {piece}-byte pieces");
+                assert_eq!(o.events, events, "{what}");
+                assert!(o.first_content.is_some(), "{what}");
+                let expected = Tokens {
+                    prompt: Some(p),
+                    cached: Some(c),
+                    completion: Some(g),
+                };
+                assert_eq!(o.tokens(), expected, "{what}");
+                let text = String::from_utf8(o.metrics.render()).unwrap();
+                let labels =
+                    format!("phase=\"warmup\",route=\"{route}\",target=\"first_turn_prefix\"");
+                for line in [
+                    format!("kvbust_time_to_first_token_seconds_count{{{labels}}} 1"),
+                    format!("kvbust_inter_token_seconds_count{{{labels}}} {}", content - 1),
+                    format!("kvbust_upstream_prompt_tokens_total{{phase=\"warmup\",target=\"first_turn_prefix\"}} {p}"),
+                    format!("kvbust_upstream_cached_tokens_total{{phase=\"warmup\",target=\"first_turn_prefix\"}} {c}"),
+                    format!("kvbust_upstream_completion_tokens_total{{phase=\"warmup\",target=\"first_turn_prefix\"}} {g}"),
+                ] {
+                    assert!(text.contains(&line), "{what}: {line} missing: {text}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn responses_and_messages_json_usage() {
+        for (route, file, p, c, g) in [
+            ("responses", "responses.json", 2006, 1920, 3),
+            ("messages", "messages.json", 2012, 1700, 7),
+        ] {
+            let o = run(route, "application/json", &fixture(file), 64);
+            assert_eq!(o.first_content, None);
+            assert_eq!(
+                o.tokens(),
+                Tokens {
+                    prompt: Some(p),
+                    cached: Some(c),
+                    completion: Some(g)
+                },
+                "{file}"
+            );
+        }
+        // The same bytes on a route of another API are not misread.
+        let o = run("chat", "application/json", &fixture("messages.json"), 64);
+        assert_eq!(o.tokens().prompt, None);
+    }
+
+    #[test]
+    fn anthropic_message_delta_totals_replace_the_start() {
+        let body = concat!(
+            "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n",
+            "data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hm\"}}\n\n",
+            "data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"\"}}\n\n",
+            "data: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":4,\"output_tokens\":9}}\n\n",
         );
-        assert!(text.contains("kvbust_time_to_first_token_seconds_count{route=\"chat\"} 1"));
-        assert!(text.contains("kvbust_inter_token_seconds_count{route=\"chat\"} 1"));
+        let o = run("messages", "text/event-stream", body.as_bytes(), 1000);
+        assert_eq!(
+            o.tokens(),
+            Tokens {
+                prompt: Some(9),
+                cached: Some(4),
+                completion: Some(9)
+            }
+        );
+        // Thinking counts as output; an empty text delta does not.
+        assert_eq!(o.first_content, o.last_content);
+        assert!(o.first_content.is_some());
     }
 
     #[test]
@@ -504,7 +873,8 @@ mod tests {
             o.on_data(piece, Instant::now());
         }
         o.finish();
-        assert_eq!(o.usage.unwrap().prompt_tokens, Some(7));
+        assert_eq!(o.tokens().prompt, Some(7));
+        assert_eq!(o.tokens().cached, Some(0));
     }
 
     #[test]
