@@ -13,6 +13,7 @@ pub mod export;
 pub mod generator;
 pub mod marker;
 pub mod params;
+pub mod piece_memo;
 pub mod placeholders;
 pub mod reencode;
 pub mod rng;

@@ -13,74 +13,12 @@
 //! Tokenizers that do not match those facts exactly get the full path.
 //!
 //! The same fact makes the re-encode of any span a concatenation of the re-encodes of its
-//! sub-pieces between safe positions, which are pure functions of their ids: [`PieceMemo`]
-//! keeps them, so the random corpus (whose windows are all cut from one cycle of ids) re-encodes
+//! sub-pieces between safe positions, which are pure functions of their ids: the tokenizer's
+//! [`PieceMemo`](crate::synth::piece_memo::PieceMemo) keeps them, so the random corpus (whose windows are all cut from one cycle of ids) re-encodes
 //! each piece of that cycle once per process instead of once per prompt.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-
 use crate::synth::error::SynthError;
-use crate::synth::tokenizer::Tokenizer;
-
-/// Split regexes for which the safe-position argument holds (Qwen2/Qwen3 and Llama-3).
-const KNOWN_SPLIT_PATTERNS: [&str; 2] = [
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-];
-
-/// Per-id flag: the token's bytes start with a space (computed by the tokenizer's byte table;
-/// added tokens get no flags, so they never border a safe position).
-pub const STARTS_WITH_SPACE: u8 = 1;
-/// Per-id flag: the token's bytes end with an ASCII letter.
-pub const ENDS_WITH_LETTER: u8 = 2;
-
-/// Whether the tokenizer's pipeline is one the shortcut is proven for.
-pub fn eligible(tok: &tokenizers::Tokenizer) -> bool {
-    split_pattern(tok).is_some()
-}
-
-/// The known split regex of an [`eligible`] tokenizer (Qwen2's, or Llama-3's with `\p{N}{1,3}`).
-pub fn split_pattern(tok: &tokenizers::Tokenizer) -> Option<&'static str> {
-    let json = |v: Result<serde_json::Value, serde_json::Error>| v.unwrap_or_default();
-    let normalizer = json(serde_json::to_value(tok.get_normalizer()));
-    let normalizer_ok = normalizer.is_null() || normalizer["type"] == "NFC";
-    let pre = json(serde_json::to_value(tok.get_pre_tokenizer()));
-    let pattern = KNOWN_SPLIT_PATTERNS
-        .into_iter()
-        .find(|&p| pre["pretokenizers"][0]["pattern"]["Regex"].as_str() == Some(p));
-    let pre_ok = pre["type"] == "Sequence"
-        && pre["pretokenizers"].as_array().is_some_and(|steps| {
-            steps.len() == 2
-                && steps[0]["type"] == "Split"
-                && steps[0]["behavior"] == "Isolated"
-                && steps[0]["invert"] == false
-                && steps[0]["pattern"]["Regex"]
-                    .as_str()
-                    .is_some_and(|p| KNOWN_SPLIT_PATTERNS.contains(&p))
-                && steps[1]["type"] == "ByteLevel"
-                && steps[1]["add_prefix_space"] == false
-                && steps[1]["use_regex"] == false
-        });
-    let decoder = json(serde_json::to_value(tok.get_decoder()));
-    let decoder_ok = decoder["type"] == "ByteLevel";
-    let model_ok =
-        matches!(tok.get_model(), tokenizers::ModelWrapper::BPE(bpe) if bpe.dropout.is_none());
-    let added_ok = tok.get_added_tokens_decoder().values().all(|t| {
-        let b = t.content.as_bytes();
-        !t.lstrip
-            && !t.rstrip
-            && !t.single_word
-            && !b
-                .windows(2)
-                .any(|w| w[0].is_ascii_alphabetic() && w[1] == b' ')
-    });
-    (normalizer_ok && pre_ok && decoder_ok && model_ok && added_ok)
-        .then_some(pattern)
-        .flatten()
-}
+use crate::synth::tokenizer::{Tokenizer, ENDS_WITH_LETTER, STARTS_WITH_SPACE};
 
 /// A token sequence with what is known about its structure.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -152,109 +90,6 @@ impl Pieces {
 
 fn full(tokenizer: &Tokenizer, tokens: &[u32]) -> Result<Vec<u32>, SynthError> {
     tokenizer.encode(&tokenizer.decode(tokens)?)
-}
-
-/// A multiply-rotate hasher for short id slices (SipHash costs more than the lookup saves).
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-}
-
-type Shard = HashMap<Box<[u32]>, Box<[u32]>, BuildHasherDefault<IdHasher>>;
-
-/// Shards of the memo (so parallel prompt builders rarely wait on each other).
-const MEMO_SHARDS: usize = 16;
-/// Entries kept before a shard is emptied (bounds the memory at a few tens of MB).
-const MEMO_MAX_ENTRIES: usize = 1 << 18;
-/// Longer pieces are re-encoded every time (rare, and costly to hash and keep).
-const MEMO_MAX_PIECE: usize = 64;
-
-/// `encode(decode(piece))` for pieces that start and end at safe positions or text ends.
-/// A pure function of the ids, so a hit is always exact.
-pub struct PieceMemo {
-    shards: Vec<Mutex<Shard>>,
-    entries: AtomicUsize,
-}
-
-impl Default for PieceMemo {
-    fn default() -> Self {
-        PieceMemo {
-            shards: (0..MEMO_SHARDS).map(|_| Mutex::default()).collect(),
-            entries: AtomicUsize::new(0),
-        }
-    }
-}
-
-impl PieceMemo {
-    fn shard(&self, key: &[u32]) -> std::sync::MutexGuard<'_, Shard> {
-        let mut h = IdHasher::default();
-        for &id in key {
-            h.write_u32(id);
-        }
-        let i = (h.finish() >> 59) as usize % MEMO_SHARDS;
-        // A panic while holding a shard cannot leave a half-written entry: keep using it.
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Appends the memoized re-encode of `key` to `out`; false when it is not known.
-    fn extend_into(&self, key: &[u32], out: &mut Vec<u32>) -> bool {
-        if key.len() > MEMO_MAX_PIECE {
-            return false;
-        }
-        match self.shard(key).get(key) {
-            Some(v) => {
-                out.extend_from_slice(v);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn contains(&self, key: &[u32]) -> bool {
-        key.len() <= MEMO_MAX_PIECE && self.shard(key).contains_key(key)
-    }
-
-    fn insert(&self, key: &[u32], value: &[u32]) {
-        if key.len() > MEMO_MAX_PIECE {
-            return;
-        }
-        let mut shard = self.shard(key);
-        if self.entries.load(Ordering::Relaxed) >= MEMO_MAX_ENTRIES {
-            self.entries.fetch_sub(shard.len(), Ordering::Relaxed);
-            shard.clear();
-        }
-        if shard.insert(key.into(), value.into()).is_none() {
-            self.entries.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Number of memoized pieces.
-    pub fn len(&self) -> usize {
-        self.entries.load(Ordering::Relaxed)
-    }
-
-    /// Whether nothing is memoized.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Appends `encode(decode(x[a..b]))` to `out`, where `a` and `b` are safe positions or ends of

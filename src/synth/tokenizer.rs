@@ -10,6 +10,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::error::SynthError;
+use super::piece_memo::PieceMemo;
 
 const QWEN3_TOKENIZER_JSON: &[u8] = include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json");
 const QWEN3_TOKENIZER_CONFIG: &[u8] =
@@ -26,6 +27,62 @@ const SPECIAL_ATTRIBUTES: [&str; 7] = [
     "mask_token",
 ];
 
+/// Split regexes for which the re-encode shortcut's safe-position argument holds (Qwen2/Qwen3 and Llama-3).
+const KNOWN_SPLIT_PATTERNS: [&str; 2] = [
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+];
+
+/// Per-id flag ([`Tokenizer::boundary_flags`]): the token's bytes start with a space (added
+/// tokens get no flags, so they never border a safe position).
+pub const STARTS_WITH_SPACE: u8 = 1;
+/// Per-id flag: the token's bytes end with an ASCII letter.
+pub const ENDS_WITH_LETTER: u8 = 2;
+
+/// The split regex of a pipeline whose pre-token boundaries [`crate::synth::reencode`] (and the
+/// coding corpus's fast encode) may rely on: NFC or no normalizer, the split regex of Qwen2's or
+/// Llama-3's (with `\p{N}{1,3}`) then ByteLevel without prefix space, BPE without dropout, a
+/// ByteLevel decoder, and no added token that strips, is single-word or holds a letter
+/// followed by a space. `None` for any other pipeline.
+pub fn split_pattern(tok: &tokenizers::Tokenizer) -> Option<&'static str> {
+    let json = |v: Result<serde_json::Value, serde_json::Error>| v.unwrap_or_default();
+    let normalizer = json(serde_json::to_value(tok.get_normalizer()));
+    let normalizer_ok = normalizer.is_null() || normalizer["type"] == "NFC";
+    let pre = json(serde_json::to_value(tok.get_pre_tokenizer()));
+    let pattern = KNOWN_SPLIT_PATTERNS
+        .into_iter()
+        .find(|&p| pre["pretokenizers"][0]["pattern"]["Regex"].as_str() == Some(p));
+    let pre_ok = pre["type"] == "Sequence"
+        && pre["pretokenizers"].as_array().is_some_and(|steps| {
+            steps.len() == 2
+                && steps[0]["type"] == "Split"
+                && steps[0]["behavior"] == "Isolated"
+                && steps[0]["invert"] == false
+                && steps[0]["pattern"]["Regex"]
+                    .as_str()
+                    .is_some_and(|p| KNOWN_SPLIT_PATTERNS.contains(&p))
+                && steps[1]["type"] == "ByteLevel"
+                && steps[1]["add_prefix_space"] == false
+                && steps[1]["use_regex"] == false
+        });
+    let decoder = json(serde_json::to_value(tok.get_decoder()));
+    let decoder_ok = decoder["type"] == "ByteLevel";
+    let model_ok =
+        matches!(tok.get_model(), tokenizers::ModelWrapper::BPE(bpe) if bpe.dropout.is_none());
+    let added_ok = tok.get_added_tokens_decoder().values().all(|t| {
+        let b = t.content.as_bytes();
+        !t.lstrip
+            && !t.rstrip
+            && !t.single_word
+            && !b
+                .windows(2)
+                .any(|w| w[0].is_ascii_alphabetic() && w[1] == b' ')
+    });
+    (normalizer_ok && pre_ok && decoder_ok && model_ok && added_ok)
+        .then_some(pattern)
+        .flatten()
+}
+
 /// A loaded tokenizer plus the facts synthesis needs.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -39,7 +96,7 @@ pub struct Tokenizer {
     fast_reencode: bool,
     boundary_flags: OnceLock<Option<Vec<u8>>>,
     byte_table: OnceLock<Option<ByteTable>>,
-    piece_memo: crate::synth::reencode::PieceMemo,
+    piece_memo: PieceMemo,
 }
 
 /// Every id's bytes, for decoding byte-level BPE without per-token allocations.
@@ -384,9 +441,8 @@ impl Tokenizer {
         }
         self.boundary_flags
             .get_or_init(|| {
-                if !crate::synth::reencode::eligible(&self.inner) {
-                    return None;
-                }
+                // Only pipelines the shortcut is proven for get flags.
+                split_pattern(&self.inner)?;
                 let table = self.byte_table()?;
                 let base = self.vocab_size;
                 Some(
@@ -397,10 +453,10 @@ impl Tokenizer {
                             };
                             let mut f = 0;
                             if b.first() == Some(&b' ') {
-                                f |= crate::synth::reencode::STARTS_WITH_SPACE;
+                                f |= STARTS_WITH_SPACE;
                             }
                             if b.last().is_some_and(u8::is_ascii_alphabetic) {
-                                f |= crate::synth::reencode::ENDS_WITH_LETTER;
+                                f |= ENDS_WITH_LETTER;
                             }
                             f
                         })
@@ -411,7 +467,7 @@ impl Tokenizer {
     }
 
     /// Re-encodes of pieces between safe positions, shared by everything using this tokenizer.
-    pub fn piece_memo(&self) -> &crate::synth::reencode::PieceMemo {
+    pub fn piece_memo(&self) -> &PieceMemo {
         &self.piece_memo
     }
 

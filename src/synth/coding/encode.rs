@@ -1,5 +1,5 @@
 //! A fast, exact `encode` of the coding pool's text for the byte-level BPE tokenizers whose split
-//! regex is Qwen2's or Llama-3's ([`crate::synth::reencode::split_pattern`]). The text is cut at
+//! regex is Qwen2's or Llama-3's ([`crate::synth::tokenizer::split_pattern`]). The text is cut at
 //! line starts (after `\n`, before a printable ASCII character: always a pre-token boundary, see
 //! [`line_starts`]); a pure-ASCII segment without added-token text is pre-tokenized by a direct
 //! port of the split regex for ASCII and each distinct pre-token is run through the model's BPE
@@ -155,7 +155,7 @@ fn plain_ascii(seg: &[u8]) -> bool {
 /// `tokenizer.encode(text)`, through the fast path when the tokenizer is eligible.
 pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, SynthError> {
     let inner = tokenizer.inner();
-    let pattern = crate::synth::reencode::split_pattern(inner);
+    let pattern = crate::synth::tokenizer::split_pattern(inner);
     let bpe = match inner.get_model() {
         tokenizers::ModelWrapper::BPE(bpe) => Some(bpe),
         _ => None,

@@ -1,0 +1,112 @@
+//! A bounded, sharded memo from token-id slices to token-id slices: the re-encodes of pieces
+//! that [`crate::synth::reencode`] proved independent of their neighbours. Owns the storage and
+//! its bounds; must never decide what may be stored (its callers only store pure functions of
+//! the key, so a hit is always exact).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// A multiply-rotate hasher for short id slices (SipHash costs more than the lookup saves).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+type Shard = HashMap<Box<[u32]>, Box<[u32]>, BuildHasherDefault<IdHasher>>;
+
+/// Shards of the memo (so parallel prompt builders rarely wait on each other).
+const MEMO_SHARDS: usize = 16;
+/// Entries kept before a shard is emptied (bounds the memory at a few tens of MB).
+const MEMO_MAX_ENTRIES: usize = 1 << 18;
+/// Longer pieces are re-encoded every time (rare, and costly to hash and keep).
+const MEMO_MAX_PIECE: usize = 64;
+
+/// `encode(decode(piece))` for pieces that start and end at safe positions or text ends, kept per
+/// tokenizer. A pure function of the ids, so a hit is always exact.
+pub struct PieceMemo {
+    shards: Vec<Mutex<Shard>>,
+    entries: AtomicUsize,
+}
+
+impl Default for PieceMemo {
+    fn default() -> Self {
+        PieceMemo {
+            shards: (0..MEMO_SHARDS).map(|_| Mutex::default()).collect(),
+            entries: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl PieceMemo {
+    fn shard(&self, key: &[u32]) -> std::sync::MutexGuard<'_, Shard> {
+        let mut h = IdHasher::default();
+        for &id in key {
+            h.write_u32(id);
+        }
+        let i = (h.finish() >> 59) as usize % MEMO_SHARDS;
+        // A panic while holding a shard cannot leave a half-written entry: keep using it.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends the memoized re-encode of `key` to `out`; false when it is not known.
+    pub fn extend_into(&self, key: &[u32], out: &mut Vec<u32>) -> bool {
+        if key.len() > MEMO_MAX_PIECE {
+            return false;
+        }
+        match self.shard(key).get(key) {
+            Some(v) => {
+                out.extend_from_slice(v);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn contains(&self, key: &[u32]) -> bool {
+        key.len() <= MEMO_MAX_PIECE && self.shard(key).contains_key(key)
+    }
+
+    pub fn insert(&self, key: &[u32], value: &[u32]) {
+        if key.len() > MEMO_MAX_PIECE {
+            return;
+        }
+        let mut shard = self.shard(key);
+        if self.entries.load(Ordering::Relaxed) >= MEMO_MAX_ENTRIES {
+            self.entries.fetch_sub(shard.len(), Ordering::Relaxed);
+            shard.clear();
+        }
+        if shard.insert(key.into(), value.into()).is_none() {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Number of memoized pieces.
+    pub fn len(&self) -> usize {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    /// Whether nothing is memoized.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
