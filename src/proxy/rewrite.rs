@@ -5,6 +5,7 @@
 use bytes::Bytes;
 use http::HeaderMap;
 
+use super::synthesize::excerpt;
 use crate::cachebust::{
     build_marker, digest, parse, DigestInputs, ListParts, Location, Phase, Plan, RewriteError,
     Shape, Target,
@@ -88,15 +89,17 @@ pub fn decide(headers: &HeaderMap, control: bool, rt: &Runtime) -> Result<Decisi
     let limit = rt.config.limits.max_control_header.as_u64() as usize;
     let (h_phase, h_target, h_ctx) = (&names.phase, &names.target, &names.user_context_messages);
     let phase = match header(headers, h_phase, limit)? {
-        Some(v) => v
-            .parse::<Phase>()
-            .map_err(|e| ProxyError::bad_request("invalid_phase", format!("{h_phase}: {e}")))?,
+        Some(v) => v.parse::<Phase>().map_err(|mut e| {
+            e.value = excerpt(e.value.as_bytes());
+            ProxyError::bad_request("invalid_phase", format!("{h_phase}: {e}"))
+        })?,
         None => rt.unphased_request_phase(),
     };
     let target = match header(headers, h_target, limit)? {
-        Some(v) if cfg.allow_target_header => v
-            .parse::<Target>()
-            .map_err(|e| ProxyError::bad_request("invalid_target", format!("{h_target}: {e}")))?,
+        Some(v) if cfg.allow_target_header => v.parse::<Target>().map_err(|mut e| {
+            e.value = excerpt(e.value.as_bytes());
+            ProxyError::bad_request("invalid_target", format!("{h_target}: {e}"))
+        })?,
         Some(_) => {
             return Err(ProxyError::bad_request(
                 "target_header_disabled",
@@ -111,7 +114,10 @@ pub fn decide(headers: &HeaderMap, control: bool, rt: &Runtime) -> Result<Decisi
         Some(v) => v.parse::<usize>().map_err(|_| {
             ProxyError::bad_request(
                 "invalid_header",
-                format!("{h_ctx} must be a non-negative integer, got `{v}`"),
+                format!(
+                    "{h_ctx} must be a non-negative integer, got `{}`",
+                    excerpt(v.as_bytes())
+                ),
             )
         })?,
         None => cfg.user_context_messages,
@@ -138,7 +144,7 @@ fn explicit_inputs(
                 v.parse::<i64>().map_err(|_| {
                     ProxyError::bad_request(
                         "invalid_digest_header",
-                        format!("{name} must be an integer, got `{v}`"),
+                        format!("{name} must be an integer, got `{}`", excerpt(v.as_bytes())),
                     )
                 })
             })
