@@ -63,13 +63,15 @@ async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
     let path = req.uri().path().to_string();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
-        (&Method::GET, "/readyz") => {
-            if rt.is_draining() {
-                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-            } else {
-                text(StatusCode::OK, "ready\n")
+        // 503 while draining and while the upstream is not up (the body says which).
+        (&Method::GET, "/readyz") => match rt.readiness() {
+            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Err(why) => {
+                let mut r = Response::new(Full::new(Bytes::from(format!("not ready: {why}\n"))));
+                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                r
             }
-        }
+        },
         (&Method::GET, "/metrics") => {
             let mut r = Response::new(Full::new(Bytes::from(rt.metrics.render())));
             r.headers_mut().insert(

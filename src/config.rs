@@ -174,6 +174,26 @@ pub struct UpstreamConfig {
     #[serde(with = "duration_str")]
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
+    /// `Host` (HTTP/1.1) and `:authority` (HTTP/2) sent upstream instead of the URL's authority;
+    /// connections still go to the URL's address, and SNI stays `tls.server_name` or the URL's
+    /// host. For an upstream reached by IP or a port-forward that routes by virtual host.
+    pub authority: Option<String>,
+    /// Probe the upstream so `/readyz` answers 503 until it is up and after it goes down. Off:
+    /// readiness ignores the upstream (for servers without any health route).
+    pub health_probe: bool,
+    /// The probe's path. Not set: `/health`, then `/v1/models` when the server answers `/health`
+    /// with 404 or 405. Set: that path only.
+    pub health_path: Option<String>,
+    /// Time between two probes (from the end of one to the start of the next).
+    #[serde(with = "duration_str")]
+    pub health_interval: Duration,
+    /// Longest a probe may take (connect, response and its body); longer counts as a failure.
+    #[serde(with = "duration_str")]
+    pub health_timeout: Duration,
+    /// Failed probes in a row that turn an up upstream down.
+    pub health_fail_threshold: u32,
+    /// Successful probes in a row that turn a starting or down upstream up.
+    pub health_success_threshold: u32,
     pub tls: UpstreamTls,
 }
 
@@ -189,6 +209,13 @@ impl Default for UpstreamConfig {
             total_timeout: None,
             pool_idle_timeout: Duration::from_secs(4),
             pool_max_idle_per_host: 256,
+            authority: None,
+            health_probe: true,
+            health_path: None,
+            health_interval: Duration::from_secs(5),
+            health_timeout: Duration::from_secs(5),
+            health_fail_threshold: 3,
+            health_success_threshold: 1,
             tls: UpstreamTls::default(),
         }
     }
@@ -827,6 +854,7 @@ impl Config {
                 ));
             }
         }
+        validate_upstream(&self.upstream)?;
         if let Some(tls) = &self.listen.tls {
             let ca = tls.client_ca.as_ref().map(|p| ("listen.tls.client_ca", p));
             for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)]
@@ -1049,6 +1077,123 @@ pub fn redact_url(url: &str) -> String {
 fn toml_string(c: &Config) -> String {
     // Every field is a TOML-representable type, so serialization cannot fail.
     toml::to_string_pretty(c).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
+}
+
+/// The `[upstream]` checks beyond the URL's syntax: the base path trap, the authority override
+/// and the health probe.
+fn validate_upstream(u: &UpstreamConfig) -> Result<(), ConfigError> {
+    if let Some(url) = &u.url {
+        // `validate` checked the URL itself; only its path is looked at here.
+        if let Ok(uri) = url.parse::<http::Uri>() {
+            check_base_path(&uri)?;
+        }
+    }
+    if let Some(a) = &u.authority {
+        let fix = "write host or host:port, e.g. model.example.com or model.example.com:8000";
+        let parsed = a.parse::<http::uri::Authority>().map_err(|e| {
+            ConfigError::new(
+                "upstream.authority",
+                format!("`{a}` is not a valid authority ({e}); {fix}"),
+            )
+        })?;
+        if parsed.as_str().contains('@') || parsed.host().is_empty() {
+            return Err(ConfigError::new(
+                "upstream.authority",
+                format!("`{a}` must be a bare host[:port], without user-info; {fix}"),
+            ));
+        }
+        // `Authority` accepts any text after the colon; a port must be a number.
+        let port = &parsed.as_str()[parsed.host().len()..];
+        let bad_port = !port.is_empty()
+            && port
+                .strip_prefix(':')
+                .is_none_or(|p| p.parse::<u16>().is_err());
+        if bad_port {
+            return Err(ConfigError::new(
+                "upstream.authority",
+                format!("`{a}` has a port that is not a number from 0 to 65535; {fix}"),
+            ));
+        }
+        if u.keep_host {
+            return Err(ConfigError::new(
+                "upstream.authority",
+                "is set together with upstream.keep_host = true, which forwards the client's \
+                 Host instead: keep one of them",
+            ));
+        }
+        if u.url.is_none() {
+            return Err(ConfigError::new(
+                "upstream.authority",
+                "needs upstream.url (the built-in mock answers any Host): set upstream.url or \
+                 remove upstream.authority",
+            ));
+        }
+    }
+    if let Some(p) = &u.health_path {
+        if !p.starts_with('/') || http::uri::PathAndQuery::try_from(p.as_str()).is_err() {
+            return Err(ConfigError::new(
+                "upstream.health_path",
+                format!(
+                    "`{p}` is not a path like \"/health\"; leave it unset for /health with the \
+                     /v1/models fallback, or set upstream.health_probe = false for no probe"
+                ),
+            ));
+        }
+    }
+    for (key, d) in [
+        ("upstream.health_interval", u.health_interval),
+        ("upstream.health_timeout", u.health_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(ConfigError::new(
+                key,
+                "must be greater than zero (e.g. \"5s\"); set upstream.health_probe = false to \
+                 turn the probe off",
+            ));
+        }
+    }
+    for (key, n) in [
+        ("upstream.health_fail_threshold", u.health_fail_threshold),
+        (
+            "upstream.health_success_threshold",
+            u.health_success_threshold,
+        ),
+    ] {
+        if n == 0 {
+            return Err(ConfigError::new(
+                key,
+                "must be at least 1 (probes in a row)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an upstream URL whose path holds a `/v1` segment. Clients send `/v1/...` themselves
+/// and the URL's path is a prefix, so `http://h:8000/v1` (an OpenAI SDK's `base_url`) would send
+/// every request to `/v1/v1/...`: a 404 at best, a different route at worst. Refused rather than
+/// stripped so the configuration says exactly where requests go.
+fn check_base_path(uri: &http::Uri) -> Result<(), ConfigError> {
+    let path = uri.path().trim_end_matches('/');
+    let segments: Vec<&str> = path.split('/').collect();
+    let Some(i) = segments.iter().position(|s| *s == "v1") else {
+        return Ok(());
+    };
+    // Shown without any user-info, so a password in the URL is never printed.
+    let host = uri
+        .authority()
+        .map(|a| a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h))
+        .unwrap_or_default();
+    let scheme = uri.scheme_str().unwrap_or("http");
+    let root = format!("{scheme}://{host}{}", segments[..i].join("/"));
+    Err(ConfigError::new(
+        "upstream.url",
+        format!(
+            "`{scheme}://{host}{path}` has the path {path}, but clients already send /v1/..., so \
+             requests would go to {path}/v1/chat/completions. upstream.url is the server's root, \
+             not an OpenAI SDK's base_url: set it to {root}"
+        ),
+    ))
 }
 
 /// Parses a phase/target in the CLI layer with the same rules as config.
@@ -1363,6 +1508,149 @@ mod tests {
                 .key,
             "cache_bust.ledger"
         );
+    }
+
+    #[test]
+    fn an_upstream_url_with_a_v1_path_is_refused_with_the_root_to_use() {
+        let load = |url: &str| {
+            Config::load(
+                None,
+                &env(&[("KVBUST_UPSTREAM__URL", url)]),
+                &Default::default(),
+            )
+        };
+        for (url, root, sent) in [
+            (
+                "http://127.0.0.1:8000/v1",
+                "http://127.0.0.1:8000",
+                "/v1/v1/chat/completions",
+            ),
+            (
+                "http://h:8000/v1/",
+                "http://h:8000",
+                "/v1/v1/chat/completions",
+            ),
+            (
+                "https://gw.example/openai/v1",
+                "https://gw.example/openai",
+                "/openai/v1/v1/chat/completions",
+            ),
+            (
+                "http://u:s3cret@h/v1/chat/completions",
+                "http://h",
+                "/v1/chat/completions/v1/chat/completions",
+            ),
+        ] {
+            let err = load(url).unwrap_err();
+            assert_eq!(err.key, "upstream.url", "{url}: {err}");
+            assert!(
+                err.message.contains(&format!("set it to {root}")),
+                "{url}: {err}"
+            );
+            assert!(err.message.contains(sent), "{url}: {err}");
+            assert!(!err.message.contains("s3cret"), "{err}");
+        }
+        // A base path that does not repeat the route prefix is kept, as is a bare host.
+        for url in [
+            "http://h:8000",
+            "http://h:8000/",
+            "https://gw/model-a",
+            "http://h/v1beta",
+        ] {
+            assert!(load(url).is_ok(), "{url}");
+        }
+    }
+
+    #[test]
+    fn health_probe_keys_parse_as_durations_and_bad_values_name_the_key() {
+        let load = |pairs: &[(&str, &str)]| Config::load(None, &env(pairs), &Default::default());
+        let d = Config::default().upstream;
+        assert!(d.health_probe);
+        assert_eq!(d.health_path, None);
+        assert_eq!(d.health_interval, Duration::from_secs(5));
+        assert_eq!(d.health_timeout, Duration::from_secs(5));
+        assert_eq!(
+            (d.health_fail_threshold, d.health_success_threshold),
+            (3, 1)
+        );
+        let c = load(&[
+            ("KVBUST_UPSTREAM__HEALTH_INTERVAL", "250ms"),
+            ("KVBUST_UPSTREAM__HEALTH_TIMEOUT", "1m 30s"),
+            ("KVBUST_UPSTREAM__HEALTH_PATH", "/ready"),
+            ("KVBUST_UPSTREAM__HEALTH_FAIL_THRESHOLD", "5"),
+            ("KVBUST_UPSTREAM__HEALTH_PROBE", "false"),
+        ])
+        .unwrap();
+        assert_eq!(c.upstream.health_interval, Duration::from_millis(250));
+        assert_eq!(c.upstream.health_timeout, Duration::from_secs(90));
+        assert_eq!(c.upstream.health_path.as_deref(), Some("/ready"));
+        assert_eq!(c.upstream.health_fail_threshold, 5);
+        assert!(!c.upstream.health_probe);
+        for (pairs, key, hint) in [
+            (
+                ("KVBUST_UPSTREAM__HEALTH_INTERVAL", "soon"),
+                "upstream.health_interval",
+                "like \"5s\"",
+            ),
+            (
+                ("KVBUST_UPSTREAM__HEALTH_INTERVAL", "0s"),
+                "upstream.health_interval",
+                "health_probe = false",
+            ),
+            (
+                ("KVBUST_UPSTREAM__HEALTH_TIMEOUT", "0ms"),
+                "upstream.health_timeout",
+                "greater than zero",
+            ),
+            (
+                ("KVBUST_UPSTREAM__HEALTH_PATH", "health"),
+                "upstream.health_path",
+                "like \"/health\"",
+            ),
+            (
+                ("KVBUST_UPSTREAM__HEALTH_FAIL_THRESHOLD", "0"),
+                "upstream.health_fail_threshold",
+                "at least 1",
+            ),
+            (
+                ("KVBUST_UPSTREAM__HEALTH_SUCCESS_THRESHOLD", "0"),
+                "upstream.health_success_threshold",
+                "at least 1",
+            ),
+        ] {
+            let err = load(&[pairs]).unwrap_err();
+            assert_eq!(err.key, key, "{err}");
+            assert!(err.message.contains(hint), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_authority_override_must_be_a_bare_authority_beside_a_url() {
+        let url = ("KVBUST_UPSTREAM__URL", "http://10.0.0.5:8000");
+        let load = |pairs: &[(&str, &str)]| Config::load(None, &env(pairs), &Default::default());
+        for ok in [
+            "model.example.com",
+            "model.example.com:8443",
+            "[::1]:80",
+            "10.1.2.3",
+        ] {
+            let c = load(&[url, ("KVBUST_UPSTREAM__AUTHORITY", ok)]).unwrap();
+            assert_eq!(c.upstream.authority.as_deref(), Some(ok));
+        }
+        for bad in ["user:pw@host", "host/path", "ho st", "host:port", ""] {
+            let err = load(&[url, ("KVBUST_UPSTREAM__AUTHORITY", bad)]).unwrap_err();
+            assert_eq!(err.key, "upstream.authority", "{bad}: {err}");
+            assert!(err.message.contains("host:port"), "{bad}: {err}");
+        }
+        let err = load(&[("KVBUST_UPSTREAM__AUTHORITY", "m.example")]).unwrap_err();
+        assert!(err.message.contains("needs upstream.url"), "{err}");
+        let err = load(&[
+            url,
+            ("KVBUST_UPSTREAM__AUTHORITY", "m.example"),
+            ("KVBUST_UPSTREAM__KEEP_HOST", "true"),
+        ])
+        .unwrap_err();
+        assert!(err.message.contains("keep_host"), "{err}");
     }
 
     #[test]

@@ -133,6 +133,28 @@ impl ProxyError {
     }
 }
 
+/// The most bytes of client-supplied text quoted in an error or a log line.
+pub const MAX_EXCERPT: usize = 200;
+
+/// Client text fit to quote in an error or a log line: at most [`MAX_EXCERPT`] bytes, control
+/// characters (newlines included) escaped, `…` when cut.
+pub fn excerpt(text: &[u8]) -> String {
+    let cut = text.len() > MAX_EXCERPT;
+    let shown = String::from_utf8_lossy(&text[..text.len().min(MAX_EXCERPT)]);
+    let mut out = String::with_capacity(shown.len() + 8);
+    for c in shown.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if cut {
+        out.push('…');
+    }
+    out
+}
+
 /// `{"error": {"message", "type", "code"}}` as compact JSON.
 pub fn error_body(message: &str, kind: &str, code: &str) -> Bytes {
     #[derive(Serialize)]

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod error;
+pub mod health;
 pub mod healthcheck;
 pub mod metrics;
 pub mod mock;

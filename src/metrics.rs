@@ -50,6 +50,7 @@ pub struct Families {
     pub shutdown_aborted_connections: IntCounter,
     pub tls_reloads: IntCounterVec,
     pub upstream_tls_insecure: IntGauge,
+    pub upstream_up: IntGauge,
 }
 
 impl Metrics {
@@ -193,6 +194,14 @@ impl Metrics {
                 IntGauge::new(
                     "upstream_tls_insecure_skip_verify",
                     "1 when the upstream's certificate is not verified (upstream.tls.insecure_skip_verify).",
+                )
+                .expect("valid"),
+            ),
+            upstream_up: reg(
+                &r,
+                IntGauge::new(
+                    "upstream_up",
+                    "1 while the upstream answers its health probe (upstream.health_path), 0 before it first does, after upstream.health_fail_threshold failures in a row, and when upstream.health_probe = false.",
                 )
                 .expect("valid"),
             ),

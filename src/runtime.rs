@@ -1,5 +1,5 @@
 //! Run-time state shared by the data path and the admin port: the default phase switch, the
-//! draining flag, the session ledger (absent in stateless mode), the benchmark id and the
+//! draining flag, the upstream's health status, the session ledger (absent in stateless mode), the benchmark id and the
 //! metrics. Holds no I/O handles.
 
 use std::num::NonZeroUsize;
@@ -14,6 +14,8 @@ pub struct Runtime {
     pub config: Arc<Config>,
     pub metrics: Metrics,
     pub benchmark_id: String,
+    /// What the health probe knows about the upstream; `/readyz` follows it.
+    pub upstream_health: Arc<crate::health::Readiness>,
     /// Request bodies buffered for rewriting, all workers together (`limits.max_buffered_total`).
     pub bodies: crate::proxy::budget::BodyBudget,
     default_phase: AtomicU8,
@@ -38,6 +40,7 @@ impl Runtime {
         let cap = NonZeroUsize::new(config.cache_bust.ledger_capacity).unwrap_or(NonZeroUsize::MIN);
         Arc::new(Self {
             benchmark_id,
+            upstream_health: Arc::new(crate::health::Readiness::new(config.upstream.health_probe)),
             bodies: crate::proxy::budget::BodyBudget::new(
                 config.limits.max_buffered_total.as_u64(),
             ),
@@ -74,6 +77,17 @@ impl Runtime {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// `Ok` when `/readyz` should answer 200; else why not (draining, or the upstream).
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.is_draining() {
+            return Err("draining".into());
+        }
+        match self.upstream_health.status().not_ready_reason() {
+            None => Ok(()),
+            Some(why) => Err(why),
+        }
     }
 
     pub fn start_draining(&self) {

@@ -106,7 +106,9 @@ pub async fn run(
 ) -> Result<RunReport, ServerError> {
     let config = rt.config.clone();
     // Everything that can fail is set up before any worker starts, so a mistake is one clear error.
-    let upstream = Upstream::parse(upstream_url).map_err(ServerError::Upstream)?;
+    let upstream = Upstream::parse(upstream_url)
+        .and_then(|u| u.with_authority(config.upstream.authority.as_deref()))
+        .map_err(ServerError::Upstream)?;
     let client_tls =
         Arc::new(forward::tls_config(&config.upstream).map_err(ServerError::Upstream)?);
     let tls = match &config.listen.tls {
@@ -133,7 +135,7 @@ pub async fn run(
     let mut workers = Vec::new();
     // One worker per data socket (`DataListener::bind` made `listen.workers` of them).
     for (i, listener) in listeners.data.sockets.into_iter().enumerate() {
-        let client = forward::build_client(&config.upstream, client_tls.clone());
+        let client = forward::build_client(&config.upstream, client_tls.clone(), &upstream);
         let proxy = Proxy::new(rt.clone(), upstream.clone(), client, synth.clone());
         let worker = Worker {
             proxy,
@@ -164,6 +166,17 @@ pub async fn run(
         workers.push(done_rx);
     }
 
+    // The upstream health probe (readiness): one task here, not one per worker, with a client
+    // built like the workers' (same TLS and authority). Ends when draining starts.
+    let health = crate::health::spawn(
+        &config.upstream,
+        rt.upstream_health.clone(),
+        rt.metrics.clone(),
+        upstream.clone(),
+        forward::build_client(&config.upstream, client_tls.clone(), &upstream),
+        stop_rx.clone(),
+    );
+
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(admin::serve(listeners.admin, rt.clone(), async {
         let _ = admin_stop_rx.await;
@@ -174,6 +187,9 @@ pub async fn run(
     rt.start_draining();
     let _ = stop_tx.send(true);
     tracing::info!(grace = ?config.shutdown.grace, "draining");
+    if let Some(h) = health {
+        let _ = h.await;
+    }
     let mut report = RunReport::default();
     for done in workers {
         match done.await {

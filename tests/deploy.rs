@@ -548,6 +548,12 @@ fn check_kvbust_container(
             .insert(get["path"].as_str().unwrap().to_string());
     }
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{ctx}");
+    // /readyz waits for the model server. A native sidecar's startup probe on it would never
+    // pass (the model server starts only after it does), and a liveness probe on it would
+    // restart kvbust whenever the model server is down: both must ask about kvbust itself.
+    for probe in ["startupProbe", "livenessProbe"] {
+        assert_eq!(c[probe]["httpGet"]["path"], "/healthz", "{ctx}: {probe}");
+    }
 
     // Hardening.
     let sc = &c["securityContext"];

@@ -306,3 +306,226 @@ async fn twenty_thousand_sessions_with_100_kb_ids_keep_memory_bounded() {
     );
     h.shutdown().await;
 }
+
+/// Waits (bounded) until `cond` holds, checking the state it names; not a timed sleep.
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn buffered_bodies_share_one_budget_and_past_it_get_503_at_once() {
+    let h = start(|c| {
+        c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix;
+        c.limits.max_body = kvbust::config::ByteSize(64 << 10);
+        c.limits.max_buffered_total = kvbust::config::ByteSize(64 << 10);
+    })
+    .await;
+    // A: declares 60,000 bytes, sends a few and pauses; its declared size is held.
+    let mut a = TcpStream::connect(h.proxy_addr).await.unwrap();
+    a.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 60000\r\n\r\n{\"messages\":")
+        .await
+        .unwrap();
+    wait_for("A's reservation", || h.runtime.bodies.used() == 60_000).await;
+    // B: 10 KB more would pass 64 KiB: refused at once, counted, nothing forwarded.
+    let big = chat_body(&"y".repeat(10_000), false, 1);
+    let start = Instant::now();
+    let resp = send(
+        &h1(),
+        post(&h.url("/v1/chat/completions"), big.clone(), &[]),
+    )
+    .await;
+    assert_eq!(resp.status(), 503);
+    assert!(start.elapsed() < Duration::from_secs(2), "not queued");
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let v = json(resp).await;
+    assert_eq!(v["error"]["code"], "buffer_budget_exhausted");
+    assert!(h.mock.recorder().requests().is_empty());
+    // A's client goes away: its share comes back, and B's request now goes through.
+    drop(a);
+    wait_for("A's reservation to be given back", || {
+        h.runtime.bodies.used() == 0
+    })
+    .await;
+    let resp = send(&h1(), post(&h.url("/v1/chat/completions"), big, &[])).await;
+    assert_eq!(resp.status(), 200);
+    body_bytes(resp).await;
+    assert_eq!(h.runtime.bodies.used(), 0);
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_errors_total{code=\"buffer_budget_exhausted\",source=\"internal\"} 1"),
+        "{m}"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_waiting_for_upstream_headers_is_in_flight() {
+    // An upstream that takes the request and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let (mut s, _) = silent.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        std::future::pending::<()>().await;
+    });
+    let h = start_proxy(&url, |c| {
+        c.upstream.first_byte_timeout = Duration::from_millis(800)
+    })
+    .await;
+    let client = h1();
+    let req = post(
+        &h.url("/v1/chat/completions"),
+        chat_body("hi", false, 1),
+        &[],
+    );
+    let pending = tokio::spawn(async move { send(&client, req).await.status() });
+    let gauge = h.runtime.metrics.in_flight.clone();
+    wait_for("the request to be counted", || gauge.get() == 1).await;
+    assert_eq!(pending.await.unwrap(), 504);
+    wait_for("the count to drop", || gauge.get() == 0).await;
+    held.abort();
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_password_in_the_upstream_url_is_never_shown_nor_sent_as_host() {
+    let ml = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = ml.local_addr().unwrap();
+    let mock = kvbust::mock::Mock::new(quick_mock(), None);
+    tokio::spawn(kvbust::mock::serve(
+        ml,
+        mock.clone(),
+        std::future::pending(),
+    ));
+    let h = start_proxy(&format!("http://user:s3cret@{addr}"), |_| {}).await;
+    let config = body_bytes(send(&h1(), get(&h.admin_url("/config"))).await).await;
+    let config = String::from_utf8_lossy(&config);
+    assert!(config.contains("user:<redacted>@"), "{config}");
+    assert!(!config.contains("s3cret"), "{config}");
+    for (name, client) in clients() {
+        let resp = send(
+            &client,
+            post(
+                &h.url("/v1/chat/completions"),
+                chat_body("hi", false, 1),
+                &[],
+            ),
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "{name}");
+        body_bytes(resp).await;
+    }
+    for r in mock.recorder().requests() {
+        let host = r
+            .headers
+            .get("host")
+            .map(|v| v.to_str().unwrap().to_string())
+            .or(r.authority.clone())
+            .unwrap();
+        assert_eq!(host, addr.to_string());
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_thousand_concurrent_streams_all_complete() {
+    let h = start(|_| {}).await;
+    let client = h2c();
+    let url = h.url("/v1/chat/completions");
+    let body = Bytes::from(chat_body("hi", true, 8));
+    let streams = (0..1000).map(|_| {
+        let client = client.clone();
+        let req = post(&url, body.clone(), &[]);
+        async move {
+            let resp = send(&client, req).await;
+            assert_eq!(resp.status(), 200);
+            sse_data(&body_bytes(resp).await)
+        }
+    });
+    let all = futures_util::future::join_all(streams).await;
+    for events in &all {
+        assert_eq!(
+            events.iter().filter(|e| e.contains("\"content\"")).count(),
+            8
+        );
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    }
+    assert_eq!(h.mock.recorder().requests_total(), 1000);
+    assert_eq!(h.runtime.metrics.in_flight.get(), 0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_upstream_killed_mid_stream_is_counted_and_the_client_stream_ends() {
+    // An upstream that sends two events and then dies without ending the chunked body.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let events = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n";
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut buf = vec![0u8; 8192];
+            let _ = s.read(&mut buf).await;
+            let msg = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
+                events.len()
+            );
+            s.write_all(msg.as_bytes()).await.unwrap();
+            // Dropped here: the body ends without its last chunk.
+        }
+    });
+    let h = start_proxy(&url, |_| {}).await;
+    for (name, client) in clients() {
+        let resp = send(
+            &client,
+            post(
+                &h.url("/v1/chat/completions"),
+                chat_body("hi", true, 8),
+                &[],
+            ),
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "{name}");
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        let ended_with_error = loop {
+            match tokio::time::timeout(
+                Duration::from_secs(20),
+                http_body_util::BodyExt::frame(&mut body),
+            )
+            .await
+            .expect("the client's stream ends, it does not hang")
+            {
+                Some(Ok(f)) => {
+                    got.extend_from_slice(f.data_ref().map(|d| &d[..]).unwrap_or_default())
+                }
+                Some(Err(_)) => break true,
+                None => break false,
+            }
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            events,
+            "{name}: what came before is intact"
+        );
+        assert!(
+            ended_with_error,
+            "{name}: the client can tell the stream was cut"
+        );
+    }
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_errors_total{code=\"upstream_body_error\",source=\"upstream\"} 2"),
+        "{m}"
+    );
+    assert!(
+        m.contains("kvbust_streams_aborted_total{reason=\"upstream_error\"} 2"),
+        "{m}"
+    );
+    assert_eq!(h.runtime.metrics.in_flight.get(), 0);
+    h.shutdown().await;
+}

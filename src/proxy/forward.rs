@@ -1,5 +1,5 @@
-//! The pooled upstream client and header hygiene: TLS set-up, hop-by-hop removal, `Host` and
-//! `X-Forwarded-*`, URI joining, and classifying transport errors. Never inspects bodies.
+//! The pooled upstream client and header hygiene: TLS set-up, hop-by-hop removal, `Host` /
+//! `:authority` (and its `upstream.authority` override) and `X-Forwarded-*`, URI joining, and classifying transport errors. Never inspects bodies.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,7 +16,35 @@ use super::Body;
 use crate::config::{Http2Mode, RootStore, UpstreamConfig};
 use crate::error::ProxyError;
 
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
+pub type UpstreamClient = Client<Dial, Body>;
+
+/// The pooled client's connector: always dials the upstream URL's own scheme and address,
+/// whatever authority a request names. `upstream.authority` then changes only what requests
+/// say (`Host`, `:authority`, the pool key), while TLS still sees the URL's host, so SNI and the
+/// certificate check stay `upstream.tls.server_name` or the URL's host.
+#[derive(Clone)]
+pub struct Dial {
+    inner: HttpsConnector<HttpConnector>,
+    to: Uri,
+}
+
+impl tower_service::Service<Uri> for Dial {
+    type Response = <HttpsConnector<HttpConnector> as tower_service::Service<Uri>>::Response;
+    type Error = <HttpsConnector<HttpConnector> as tower_service::Service<Uri>>::Error;
+    type Future = <HttpsConnector<HttpConnector> as tower_service::Service<Uri>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, _requested: Uri) -> Self::Future {
+        // Every request of this client goes to the one upstream (see `Upstream::join`).
+        self.inner.call(self.to.clone())
+    }
+}
 
 /// One HTTP/1.1 client connection's own upstream connection. Requests on an HTTP/1.1 client
 /// connection come one after another, so a single upstream connection serves them all with no
@@ -143,7 +171,11 @@ async fn connect_h1(
 #[derive(Debug, Clone)]
 pub struct Upstream {
     pub scheme: Scheme,
+    /// The address connections are made to (the URL's authority).
     pub authority: Authority,
+    /// What requests name as their host (`Host` in HTTP/1.1, `:authority` in HTTP/2): the
+    /// URL's authority, or `upstream.authority` when set (see [`Upstream::with_authority`]).
+    pub request_authority: Authority,
     /// Without a trailing slash; empty for a bare host.
     pub base_path: String,
     pub display: String,
@@ -173,20 +205,40 @@ impl Upstream {
             .map_or(authority.as_str(), |(_, h)| h);
         let host_header = HeaderValue::from_str(host_port)
             .map_err(|e| format!("`{shown}` has an invalid host: {e}"))?;
+        // Requests name the host without user-info too: HTTP/2 sends the URI's authority as
+        // `:authority` verbatim.
+        let request_authority = host_port
+            .parse()
+            .map_err(|e| format!("`{shown}` has an invalid host: {e}"))?;
         Ok(Self {
             host_header,
             scheme,
+            request_authority,
             authority,
             base_path,
             display: crate::config::redact_url(url.trim_end_matches('/')),
         })
     }
 
-    /// The upstream URI for a client request's path and query.
+    /// Sends `Host` / `:authority` as `authority` (`upstream.authority`) instead of the URL's,
+    /// while connections still go to the URL's address. `None` keeps the URL's.
+    pub fn with_authority(mut self, authority: Option<&str>) -> Result<Self, String> {
+        if let Some(a) = authority {
+            let invalid = |e: &dyn std::fmt::Display| {
+                format!("upstream.authority `{a}` is not a valid host[:port]: {e}")
+            };
+            self.request_authority = a.parse().map_err(|e| invalid(&e))?;
+            self.host_header = HeaderValue::from_str(a).map_err(|e| invalid(&e))?;
+        }
+        Ok(self)
+    }
+
+    /// The upstream URI for a client request's path and query. Its authority is the request
+    /// authority; the client's [`Dial`] connects to the URL's address whatever it says.
     pub fn join(&self, pq: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
         Uri::builder()
             .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
+            .authority(self.request_authority.clone())
             .path_and_query(self.path_and_query(pq)?)
             .build()
             .map_err(invalid_target)
@@ -206,6 +258,18 @@ impl Upstream {
     }
 }
 
+impl Upstream {
+    /// The URL's scheme and address, as the connector wants them.
+    fn dial_uri(&self) -> Uri {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(PathAndQuery::from_static("/"));
+        // Scheme, authority and path all come from a parsed URI, so the parts are complete.
+        Uri::from_parts(parts).unwrap_or_default()
+    }
+}
+
 fn invalid_target(e: impl std::fmt::Display) -> ProxyError {
     ProxyError::bad_request(
         "invalid_uri",
@@ -213,9 +277,13 @@ fn invalid_target(e: impl std::fmt::Display) -> ProxyError {
     )
 }
 
-/// Builds one worker's pooled client: keep-alive, HTTP/2 by ALPN (or prior knowledge when
-/// configured). `tls` comes from [`tls_config`], checked once at start.
-pub fn build_client(cfg: &UpstreamConfig, tls: Arc<rustls::ClientConfig>) -> UpstreamClient {
+/// Builds one worker's pooled client for `upstream`: keep-alive, HTTP/2 by ALPN (or prior
+/// knowledge when configured). `tls` comes from [`tls_config`], checked once at start.
+pub fn build_client(
+    cfg: &UpstreamConfig,
+    tls: Arc<rustls::ClientConfig>,
+    upstream: &Upstream,
+) -> UpstreamClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -233,10 +301,14 @@ pub fn build_client(cfg: &UpstreamConfig, tls: Arc<rustls::ClientConfig>) -> Ups
         builder =
             builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    let connector = match cfg.http2 {
+    let inner = match cfg.http2 {
         Http2Mode::Auto => builder.enable_all_versions().wrap_connector(http),
         Http2Mode::Always => builder.enable_http2().wrap_connector(http),
         Http2Mode::Never => builder.enable_http1().wrap_connector(http),
+    };
+    let connector = Dial {
+        inner,
+        to: upstream.dial_uri(),
     };
     let mut b = Client::builder(TokioExecutor::new());
     b.timer(TokioTimer::new())
@@ -499,6 +571,35 @@ mod tests {
             "https://h/prefix/v1/chat/completions?x=1"
         );
         assert_eq!(u.join(None).unwrap().to_string(), "https://h/prefix/");
+    }
+
+    #[test]
+    fn an_authority_override_changes_the_request_uri_not_the_dialled_address() {
+        let pq: PathAndQuery = "/v1/models".parse().unwrap();
+        let u = Upstream::parse("https://10.0.0.1:8443/prefix")
+            .unwrap()
+            .with_authority(Some("model.example:9000"))
+            .unwrap();
+        assert_eq!(
+            u.join(Some(&pq)).unwrap().to_string(),
+            "https://model.example:9000/prefix/v1/models"
+        );
+        assert_eq!(u.dial_uri().to_string(), "https://10.0.0.1:8443/");
+        assert_eq!(u.host_header, "model.example:9000");
+        let plain = Upstream::parse("http://h:1")
+            .unwrap()
+            .with_authority(None)
+            .unwrap();
+        assert_eq!(plain.request_authority, plain.authority);
+        // A password in the URL never reaches the upstream, as Host or as :authority.
+        let secret = Upstream::parse("http://u:s3cret@h:1").unwrap();
+        assert_eq!(secret.request_authority, "h:1");
+        assert_eq!(secret.host_header, "h:1");
+        assert_eq!(secret.join(None).unwrap().to_string(), "http://h:1/");
+        assert!(Upstream::parse("http://h:1")
+            .unwrap()
+            .with_authority(Some("bad host"))
+            .is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::cachebust::{
     Shape, Target,
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
-use crate::error::ProxyError;
+use crate::error::{excerpt, ProxyError};
 use crate::runtime::Runtime;
 
 /// What a request asks for, decided from its headers before its body is read.

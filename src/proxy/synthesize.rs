@@ -29,7 +29,6 @@ const MAX_PLACEHOLDER_TOKENS: usize = 1 << 20;
 /// Longest placeholder text between `{{kvbust:` and `}}`; what is longer is not a placeholder.
 const MAX_PLACEHOLDER_INNER: usize = 64;
 /// Longest client text quoted in an error (bytes, before escaping).
-const MAX_EXCERPT: usize = 200;
 
 /// The byte ranges of a JSON object's members, in order. Keys are decoded; values stay raw.
 struct Members {
@@ -327,28 +326,9 @@ fn malformed(text: impl AsRef<[u8]>, why: &str) -> ProxyError {
         "invalid_placeholder",
         format!(
             "malformed placeholder `{}`: {why}; write {{{{kvbust:prompt:N}}}} or {{{{kvbust:prompt:N:corpus}}}}",
-            excerpt(text.as_ref())
+            crate::error::excerpt(text.as_ref())
         ),
     )
-}
-
-/// Client text fit to quote in an error or a log line: at most [`MAX_EXCERPT`] bytes, control
-/// characters (newlines included) escaped, `…` when cut.
-pub fn excerpt(text: &[u8]) -> String {
-    let cut = text.len() > MAX_EXCERPT;
-    let shown = String::from_utf8_lossy(&text[..text.len().min(MAX_EXCERPT)]);
-    let mut out = String::with_capacity(shown.len() + 8);
-    for c in shown.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    if cut {
-        out.push('…');
-    }
-    out
 }
 
 /// SIMD substring search: every chat body is scanned for placeholders, so this is on the hot path.
@@ -837,6 +817,6 @@ mod tests {
         assert!(!msg.contains('\n') && !msg.contains('\r'), "{msg}");
         assert!(msg.contains("{{kvbust:prompt:5\"},\\n\\r{"), "{msg}");
         assert!(msg.contains('…'));
-        assert_eq!(excerpt(b"a\x1b[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(crate::error::excerpt(b"a\x1b[2Jb"), "a\\u{1b}[2Jb");
     }
 }

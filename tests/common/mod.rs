@@ -71,6 +71,9 @@ pub async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Har
     cfg.admin.addr = "127.0.0.1:0".parse().unwrap();
     cfg.upstream.url = Some(upstream.to_string());
     cfg.cache_bust.benchmark_id = Some("0123456789ab".into());
+    // No upstream health probe unless a test asks for one: its requests would show up in the
+    // mock's recorder, and readiness would wait for it.
+    cfg.upstream.health_probe = false;
     tweak(&mut cfg);
     cfg.validate().expect("test config is valid");
     let data = server::DataListener::bind(cfg.listen.addr, cfg.listen.worker_count()).unwrap();

@@ -1,0 +1,113 @@
+//! Out of file descriptors (issue 14): the accept loops back off instead of spinning, and serve
+//! again once descriptors free up. Alone in its test binary because it lowers the whole
+//! process's descriptor limit (with util-linux `prlimit`, so the test needs no unsafe code).
+
+mod common;
+
+use std::io::{Read, Seek};
+use std::process::Command;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpSocket;
+
+use common::*;
+
+/// The process's user + system CPU time so far, in clock ticks (1/100 s on Linux).
+fn cpu_ticks(stat: &mut std::fs::File) -> u64 {
+    // Re-reading an open procfs file gives fresh values and needs no new descriptor.
+    stat.rewind().unwrap();
+    let mut s = String::new();
+    stat.read_to_string(&mut s).unwrap();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+fn highest_open_fd() -> u32 {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .max()
+        .unwrap()
+}
+
+fn set_nofile(soft: u64, hard: &str) {
+    let ok = Command::new("prlimit")
+        .arg("--pid")
+        .arg(std::process::id().to_string())
+        .arg(format!("--nofile={soft}:{hard}"))
+        .status()
+        .expect("prlimit (util-linux) runs")
+        .success();
+    assert!(ok, "prlimit set the limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_accept_loops_back_off_and_recover() {
+    let h = start(|c| c.listen.workers = 1).await;
+    let hard = String::from_utf8(
+        Command::new("prlimit")
+            .args([
+                "--pid",
+                &std::process::id().to_string(),
+                "--nofile",
+                "--output=HARD",
+                "--noheadings",
+            ])
+            .output()
+            .expect("prlimit (util-linux) runs")
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    let hard = if hard == "unlimited" {
+        "unlimited".to_string()
+    } else {
+        hard
+    };
+    let mut stat = std::fs::File::open("/proc/self/stat").unwrap();
+    // Sockets made now, connected once no descriptor is left: the servers' accepts must fail.
+    let to_admin = TcpSocket::new_v4().unwrap();
+    let to_data = TcpSocket::new_v4().unwrap();
+
+    // No descriptor numbers above the highest in use, and every hole below it filled.
+    set_nofile(u64::from(highest_open_fd()) + 1, &hard);
+    let mut fillers = Vec::new();
+    while let Ok(s) = TcpSocket::new_v4() {
+        fillers.push(s);
+    }
+    let mut admin = to_admin.connect(h.admin_addr).await.unwrap();
+    let _data = to_data.connect(h.proxy_addr).await.unwrap();
+
+    // Both listeners now hold a connection they cannot accept. Spinning would burn a core.
+    let before = cpu_ticks(&mut stat);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let used = cpu_ticks(&mut stat) - before;
+    assert!(
+        used <= 10,
+        "{used} ticks of CPU in 1 s while out of descriptors"
+    );
+
+    // Descriptors come back: the pending connection is accepted and served.
+    drop(fillers);
+    admin
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut resp = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), admin.read_to_end(&mut resp))
+        .await
+        .expect("served after recovery")
+        .unwrap();
+    assert!(
+        resp.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&resp)
+    );
+    set_nofile(4096.min(hard.parse().unwrap_or(4096)), &hard);
+    h.shutdown().await;
+}
