@@ -5,7 +5,6 @@
 use bytes::Bytes;
 use http::HeaderMap;
 
-use super::synthesize::excerpt;
 use crate::cachebust::{
     build_marker, digest, parse, DigestInputs, ListParts, Location, Phase, Plan, RewriteError,
     Shape, Target,

@@ -28,7 +28,6 @@ const PLACEHOLDER_OPEN: &[u8] = b"{{kvbust:";
 const MAX_PLACEHOLDER_TOKENS: usize = 1 << 20;
 /// Longest placeholder text between `{{kvbust:` and `}}`; what is longer is not a placeholder.
 const MAX_PLACEHOLDER_INNER: usize = 64;
-/// Longest client text quoted in an error (bytes, before escaping).
 
 /// The byte ranges of a JSON object's members, in order. Keys are decoded; values stay raw.
 struct Members {
@@ -62,7 +61,7 @@ fn members(body: &[u8]) -> Result<Members, ProxyError> {
     };
     // serde_json quotes a whole string that is not an object ("invalid type: string ..."):
     // bound what reaches the client and the log.
-    let quoted = |e: serde_json::Error| bad(excerpt(e.to_string().as_bytes()));
+    let quoted = |e: serde_json::Error| bad(crate::error::excerpt(e.to_string().as_bytes()));
     let mut de = serde_json::Deserializer::from_slice(body);
     let items = de.deserialize_map(V(body)).map_err(quoted)?;
     de.end().map_err(quoted)?;
