@@ -105,3 +105,27 @@ fn stacked_markers_keep_the_session_hash() {
         parsed.first_user_turn_hash(0)
     );
 }
+
+/// `config`: a TOML parse error quoted the offending line, password and all, at start-up
+/// (stderr, logs). Errors now redact URL credentials as `/config` does.
+#[test]
+fn config_parse_errors_do_not_show_url_passwords() {
+    let dir = std::env::temp_dir().join(format!("kvbust-fuzzreg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        "[upstream]\nurl = \"http://user:s9bsetodtmz0td@127.0.0.1:3100/v1\"[cache_bust]\n",
+    )
+    .unwrap();
+    let e = Config::load(Some(&path), &[], &kvbust::config::CliOverrides::default())
+        .expect_err("not TOML");
+    let msg = e.to_string();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(msg.contains("line 2"), "{msg}");
+    assert!(!msg.contains("s9bsetodtmz0td"), "{msg}");
+    assert!(
+        msg.contains("http://user:<redacted>@127.0.0.1:3100/v1"),
+        "{msg}"
+    );
+}
