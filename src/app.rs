@@ -27,6 +27,12 @@ pub enum AppError {
     Other(#[from] anyhow::Error),
 }
 
+/// `err` and its causes, `: `-joined, each once (a cause whose text its parent already
+/// repeats is not printed twice).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    crate::proxy::forward::error_chain(err)
+}
+
 impl AppError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
@@ -89,12 +95,8 @@ fn healthcheck(args: &HealthcheckArgs) -> Result<(), AppError> {
             args.path
         )));
     }
-    let timeout = humantime::parse_duration(&args.timeout).map_err(|e| {
-        AppError::Usage(format!(
-            "--timeout `{}` is not a duration like \"2s\": {e}",
-            args.timeout
-        ))
-    })?;
+    let timeout = crate::duration::parse_or_explain(&args.timeout)
+        .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
     let config = load(&args.flags)?;
     let addr = crate::healthcheck::probe_addr(config.admin.addr);
     let line = crate::healthcheck::check(addr, &args.path, timeout)
@@ -125,9 +127,9 @@ fn mock_config(args: &MockArgs) -> Result<Config, AppError> {
         ("--base-delay", &args.base_delay, &mut c.mock.base_delay),
     ] {
         if let Some(v) = v {
-            *slot = humantime::parse_duration(v).map_err(|e| ConfigError {
+            *slot = crate::duration::parse_or_explain(v).map_err(|message| ConfigError {
                 key: key.into(),
-                message: format!("`{v}` is not a duration like \"15ms\": {e}"),
+                message,
             })?;
         }
     }
@@ -185,7 +187,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
             let l = bind(([127, 0, 0, 1], 0).into(), "built-in mock", "upstream.url").await?;
             let addr = l.local_addr().map_err(|e| AppError::Other(e.into()))?;
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let mock = crate::mock::Mock::new(config.mock.clone(), None);
+            let mock = load_mock(&config.mock).await?;
             let task = tokio::spawn(crate::mock::serve(l, mock, async {
                 let _ = rx.await;
             }));
@@ -227,10 +229,26 @@ async fn serve(config: Config) -> Result<(), AppError> {
     Ok(())
 }
 
+/// The mock with its configured tokenizer, loaded off the async threads.
+async fn load_mock(cfg: &crate::mock::MockConfig) -> Result<Arc<crate::mock::Mock>, AppError> {
+    let cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || {
+        let setting = cfg.tokenizer.clone();
+        let t0 = std::time::Instant::now();
+        let mock = crate::mock::Mock::from_config(cfg)
+            .map_err(|e| AppError::Other(anyhow::anyhow!("mock.tokenizer = {setting}: {e}")))?;
+        tracing::info!(tokenizer = %setting, elapsed = ?t0.elapsed(), "mock tokenizer loaded");
+        Ok(mock)
+    })
+    .await
+    .map_err(|e| AppError::Other(e.into()))?
+}
+
 async fn mock(config: Config, listen: std::net::SocketAddr) -> Result<(), AppError> {
+    // Tokenizer first: a port that accepts before the mock can answer would charge the load to the first requests.
+    let mock = load_mock(&config.mock).await?;
     let l = bind(listen, "mock model server", "--listen").await?;
-    tracing::info!(addr = %listen, model = %config.mock.model, "kvbust mock model server");
-    let mock = crate::mock::Mock::new(config.mock.clone(), None);
+    tracing::info!(addr = %listen, model = %config.mock.model, tokenizer = %config.mock.tokenizer, "kvbust mock model server");
     crate::mock::serve(l, mock, server::shutdown_signal())
         .await
         .map_err(|e| AppError::Other(e.into()))

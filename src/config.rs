@@ -47,14 +47,14 @@ pub struct ListenConfig {
     pub workers: usize,
     /// From accept to a complete first request head (TLS handshake, HTTP/2 preface included).
     /// Both ports.
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub header_read_timeout: Duration,
     /// How long a connection may stay open with no request in flight (from the end of its last
     /// response to the next complete request head). Both ports.
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub idle_timeout: Duration,
     /// Longest gap while reading a request body, on every route.
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub body_read_timeout: Duration,
 }
 
@@ -102,7 +102,7 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
     /// How often the files are checked for changes (reloaded when changed; SIGHUP reloads at
     /// once). Zero: on SIGHUP only.
-    #[serde(default = "default_tls_watch", with = "duration_str")]
+    #[serde(default = "default_tls_watch", with = "crate::duration")]
     pub watch_interval: Duration,
 }
 
@@ -159,19 +159,19 @@ pub struct UpstreamConfig {
     /// Forward the client's `Host` header instead of the upstream's authority.
     pub keep_host: bool,
     pub http2: Http2Mode,
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub connect_timeout: Duration,
     /// Time from sending the request to receiving response headers. Non-streaming generations
     /// answer only when done, so this is generous by default.
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub first_byte_timeout: Duration,
     /// Longest allowed gap between two response body frames.
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub idle_timeout: Duration,
     /// Whole-request limit; none by default because long generations are normal.
-    #[serde(with = "opt_duration_str")]
+    #[serde(with = "crate::duration::option")]
     pub total_timeout: Option<Duration>,
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
     /// `Host` (HTTP/1.1) and `:authority` (HTTP/2) sent upstream instead of the URL's authority;
@@ -185,10 +185,10 @@ pub struct UpstreamConfig {
     /// with 404 or 405. Set: that path only.
     pub health_path: Option<String>,
     /// Time between two probes (from the end of one to the start of the next).
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub health_interval: Duration,
     /// Longest a probe may take (connect, response and its body); longer counts as a failure.
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub health_timeout: Duration,
     /// Failed probes in a row that turn an up upstream down.
     pub health_fail_threshold: u32,
@@ -262,7 +262,7 @@ impl Default for LimitsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ShutdownConfig {
     /// How long in-flight requests and streams may run after SIGTERM/SIGINT.
-    #[serde(with = "duration_str")]
+    #[serde(with = "crate::duration")]
     pub grace: Duration,
 }
 
@@ -592,66 +592,6 @@ impl<'de> Deserialize<'de> for ByteSize {
             Raw::N(n) => Ok(ByteSize(n)),
             Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
         }
-    }
-}
-
-/// Reads a duration's text; a bare number gets a message asking for a unit.
-fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        S(String),
-        N(f64),
-    }
-    match Raw::deserialize(d)? {
-        Raw::S(s) => Ok(s),
-        Raw::N(n) => Err(serde::de::Error::custom(format!(
-            "`{n}` has no unit; write a duration like \"{n}s\" or \"{n}ms\""
-        ))),
-    }
-}
-
-/// Durations as humantime strings (`"5s"`, `"250ms"`, `"1m 30s"`).
-pub mod duration_str {
-    use serde::{Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&humantime::format_duration(*d))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = super::duration_text(d)?;
-        humantime::parse_duration(s.trim()).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "`{s}` is not a duration like \"5s\" or \"250ms\": {e}"
-            ))
-        })
-    }
-}
-
-/// Optional durations; `"none"` or an absent key means no limit.
-pub mod opt_duration_str {
-    use serde::{Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.collect_str(&humantime::format_duration(*d)),
-            None => s.serialize_str("none"),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let s = super::duration_text(d)?;
-        if s.trim().eq_ignore_ascii_case("none") {
-            return Ok(None);
-        }
-        humantime::parse_duration(s.trim()).map(Some).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "`{s}` is not a duration like \"30m\" (or \"none\"): {e}"
-            ))
-        })
     }
 }
 

@@ -8,6 +8,7 @@ pub mod cachebust;
 pub mod cli;
 pub mod config;
 pub mod conn;
+pub mod duration;
 pub mod error;
 pub mod health;
 pub mod healthcheck;

@@ -10,7 +10,8 @@ fn main() -> ExitCode {
     match kvbust::app::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kvbust: {e}");
+            // The whole cause chain: typed errors keep the detail in their sources.
+            eprintln!("kvbust: {}", kvbust::app::error_chain(&e));
             e.exit_code()
         }
     }

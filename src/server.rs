@@ -84,8 +84,8 @@ pub struct RunReport {
 pub enum ServerError {
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
-    #[error("upstream: {0}")]
-    Upstream(String),
+    #[error(transparent)]
+    Upstream(#[from] forward::UpstreamSetupError),
     #[error("data listener: {0}")]
     Listener(std::io::Error),
 }
@@ -107,10 +107,8 @@ pub async fn run(
     let config = rt.config.clone();
     // Everything that can fail is set up before any worker starts, so a mistake is one clear error.
     let upstream = Upstream::parse(upstream_url)
-        .and_then(|u| u.with_authority(config.upstream.authority.as_deref()))
-        .map_err(ServerError::Upstream)?;
-    let client_tls =
-        Arc::new(forward::tls_config(&config.upstream).map_err(ServerError::Upstream)?);
+        .and_then(|u| u.with_authority(config.upstream.authority.as_deref()))?;
+    let client_tls = Arc::new(forward::tls_config(&config.upstream)?);
     let tls = match &config.listen.tls {
         Some(files) => Some(Arc::new(ReloadingTls::new(files)?)),
         None => None,

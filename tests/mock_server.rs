@@ -1,9 +1,13 @@
-//! The built-in mock model server over real HTTP on 127.0.0.1 port 0: HTTP/1.1 and h2c, streaming and not, the
-//! simulated prefix cache, cancellation, the recorder and graceful shutdown. No fixed ports; no sleeps used as
-//! synchronisation (waits go through the recorder, with timeouts only as failure guards).
+//! The built-in mock model server over real HTTP on 127.0.0.1 port 0: HTTP/1.1 and h2c, streaming and not, every
+//! API shape (chat, completions, Responses, Anthropic Messages), the simulated prefix cache and its reset, token
+//! counts with the shipped Qwen3 tokenizer, cancellation, the recorder and its byte budget, and graceful
+//! shutdown. No fixed ports; no sleeps used as synchronisation (waits go through the recorder, with timeouts
+//! only as failure guards).
+
+mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,8 +17,10 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use kvbust::mock::{self, Mock, MockConfig};
+use kvbust::mock::{self, Mock, MockConfig, MockTokenizer};
+use kvbust::synth::tokenizer::Tokenizer;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -31,9 +37,19 @@ struct Server {
 
 impl Server {
     async fn start(cfg: MockConfig) -> Server {
+        Server::start_with(cfg, None).await
+    }
+
+    /// A mock counting with the shipped Qwen3 tokenizer and its chat template (the default `mock.tokenizer`).
+    async fn start_qwen3(cfg: MockConfig) -> Server {
+        let tokenizer = MockTokenizer::hf(qwen3()).expect("the Qwen3 chat template compiles");
+        Server::start_with(cfg, Some(tokenizer)).await
+    }
+
+    async fn start_with(cfg: MockConfig, tokenizer: Option<MockTokenizer>) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
         let addr = listener.local_addr().expect("local addr");
-        let mock = Mock::new(cfg, None);
+        let mock = Mock::new(cfg, tokenizer);
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(mock::serve(listener, mock.clone(), async {
             let _ = rx.await;
@@ -61,6 +77,31 @@ impl Server {
         res.expect("serve task did not panic")
             .expect("serve returned Ok");
     }
+}
+
+/// The shipped Qwen3 tokenizer, loaded once per test binary.
+fn qwen3() -> Arc<Tokenizer> {
+    static QWEN3: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    QWEN3
+        .get_or_init(|| Arc::new(Tokenizer::default_qwen3().expect("shipped tokenizer loads")))
+        .clone()
+}
+
+/// Qwen3 tokens of `text` alone.
+fn n_tokens(text: &str) -> u64 {
+    qwen3().encode(text).expect("encodes").len() as u64
+}
+
+/// Qwen3's chat template: `<|im_start|>ROLE\n … <|im_end|>\n` costs 5 tokens per message, the assistant
+/// header `<|im_start|>assistant\n` 3 (the mock counts the rendered template, as vLLM does).
+fn qwen3_prompt(contents: &[&str]) -> u64 {
+    contents.iter().map(|c| n_tokens(c) + 5).sum::<u64>() + 3
+}
+
+/// What a repeat of an `n`-token prompt reads from a 16-token-block cache: every full block but never the
+/// whole prompt.
+fn repeat_hit(n: u64) -> u64 {
+    (n - 1) / 16 * 16
 }
 
 /// Fast pacing so tests do not wait on the defaults.
@@ -711,4 +752,354 @@ async fn graceful_shutdown_lets_in_flight_streams_finish() {
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "the listener is closed"
     );
+}
+
+/// `event: NAME` / `data: JSON` pairs of an SSE body, in order; every event has both lines.
+fn named_events(body: &[u8]) -> Vec<(String, Value)> {
+    let text = std::str::from_utf8(body).expect("SSE is UTF-8");
+    assert!(text.ends_with("\n\n"), "ends with a blank line: {text:?}");
+    text.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (head, data) = e
+                .split_once('\n')
+                .unwrap_or_else(|| panic!("two lines: {e:?}"));
+            let name = head
+                .strip_prefix("event: ")
+                .unwrap_or_else(|| panic!("{e:?}"));
+            let data = data
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("{e:?}"));
+            let v: Value = serde_json::from_str(data).unwrap_or_else(|err| panic!("{err}: {data}"));
+            assert_eq!(v["type"], name, "`type` names the event: {e:?}");
+            (name.to_owned(), v)
+        })
+        .collect()
+}
+
+const SYSTEM: &str = "You answer questions about the camping shop's return policy. Tents can be returned within thirty days, sleeping bags within fourteen, and stoves only unused.";
+const USER: &str = "Can I return a tent I bought three weeks ago?";
+
+#[tokio::test]
+async fn responses_stream_has_openais_event_sequence_and_usage() {
+    let server = Server::start_qwen3(quick()).await;
+    let client = client(false);
+    let expected_prompt = qwen3_prompt(&[SYSTEM, USER]);
+    let body = json!({
+        "model": "gpt-test",
+        "instructions": SYSTEM,
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": USER}]}],
+        "max_output_tokens": 5,
+        "stream": true,
+    });
+    let resp = post_json(&client, &server.url("/v1/responses"), &body, &[]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let events = named_events(&body_bytes(resp).await);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let mut want = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    want.extend(["response.output_text.delta"; 5]);
+    want.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]);
+    assert_eq!(names, want);
+    for (i, (_, v)) in events.iter().enumerate() {
+        assert_eq!(v["sequence_number"], i, "{v}");
+    }
+    let deltas: String = events
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .map(|(_, v)| v["delta"].as_str().expect("delta text").to_owned())
+        .collect();
+    assert_eq!(deltas.split(' ').count(), 5, "{deltas:?}");
+    assert_eq!(events[9].1["text"], deltas.as_str());
+    let done = &events[12].1["response"];
+    assert_eq!(done["model"], "gpt-test");
+    assert_eq!(done["status"], "incomplete", "stopped at max_output_tokens");
+    assert_eq!(done["output"][0]["content"][0]["text"], deltas.as_str());
+    let usage = &done["usage"];
+    assert_eq!(usage["input_tokens"], expected_prompt, "{usage}");
+    assert_eq!(usage["input_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(usage["output_tokens"], 5);
+    assert_eq!(usage["output_tokens_details"]["reasoning_tokens"], 0);
+    assert_eq!(usage["total_tokens"], expected_prompt + 5);
+
+    // The same request again, not streamed: one `response` object, its prefix read from the cache.
+    let mut again = body.clone();
+    again["stream"] = json!(false);
+    let v = body_json(post_json(&client, &server.url("/v1/responses"), &again, &[]).await).await;
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["output"][0]["type"], "message");
+    assert_eq!(v["output"][0]["content"][0]["type"], "output_text");
+    assert_eq!(
+        v["output"][0]["content"][0]["text"],
+        deltas.as_str(),
+        "deterministic"
+    );
+    assert_eq!(v["usage"]["input_tokens"], expected_prompt);
+    assert_eq!(
+        v["usage"]["input_tokens_details"]["cached_tokens"],
+        repeat_hit(expected_prompt)
+    );
+    // Without a limit the mock stops on its own, and says the response is complete.
+    let free = json!({"input": USER});
+    let v = body_json(post_json(&client, &server.url("/v1/responses"), &free, &[]).await).await;
+    assert_eq!(v["status"], "completed");
+    assert_eq!(
+        v["usage"]["output_tokens"],
+        MockConfig::default().default_max_tokens
+    );
+    assert_eq!(v["usage"]["input_tokens"], qwen3_prompt(&[USER]));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn messages_stream_has_anthropics_event_sequence_and_usage() {
+    let server = Server::start_qwen3(quick()).await;
+    let client = client(true);
+    let n = qwen3_prompt(&[SYSTEM, USER]);
+    let body = json!({
+        "model": "claude-test",
+        "max_tokens": 4,
+        "system": [{"type": "text", "text": SYSTEM}],
+        "messages": [{"role": "user", "content": USER}],
+        "stream": true,
+    });
+    let resp = post_json(&client, &server.url("/v1/messages"), &body, &[]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let events = named_events(&body_bytes(resp).await);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let mut want = vec!["message_start", "content_block_start", "ping"];
+    want.extend(["content_block_delta"; 4]);
+    want.extend(["content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(names, want);
+    let start = &events[0].1["message"];
+    assert_eq!(start["model"], "claude-test");
+    assert_eq!(start["content"], json!([]));
+    let u = &start["usage"];
+    // A cold prompt: its full blocks are written to the cache, the tail is plain input.
+    assert_eq!(u["cache_read_input_tokens"], 0, "{u}");
+    assert_eq!(u["cache_creation_input_tokens"], n / 16 * 16, "{u}");
+    assert_eq!(u["input_tokens"], n % 16, "{u}");
+    let text: String = events[3..7]
+        .iter()
+        .map(|(_, v)| {
+            assert_eq!(v["delta"]["type"], "text_delta");
+            v["delta"]["text"].as_str().expect("text").to_owned()
+        })
+        .collect();
+    assert_eq!(text.split(' ').count(), 4);
+    let delta = &events[8].1;
+    assert_eq!(delta["delta"]["stop_reason"], "max_tokens");
+    assert_eq!(delta["usage"]["output_tokens"], 4);
+
+    let mut again = body.clone();
+    again["stream"] = json!(false);
+    let v = body_json(post_json(&client, &server.url("/v1/messages"), &again, &[]).await).await;
+    assert_eq!(
+        (v["type"].as_str(), v["role"].as_str()),
+        (Some("message"), Some("assistant"))
+    );
+    assert_eq!(v["content"][0]["text"], text.as_str());
+    let u = &v["usage"];
+    let read = repeat_hit(n);
+    assert_eq!(u["cache_read_input_tokens"], read, "{u}");
+    assert_eq!(u["cache_creation_input_tokens"], 0, "{u}");
+    assert_eq!(
+        u["input_tokens"],
+        n - read,
+        "input_tokens excludes cached tokens: {u}"
+    );
+    assert_eq!(u["output_tokens"], 4);
+
+    // Errors are Anthropic-shaped on this route.
+    let bad = json!({"messages": [{"role": "user", "content": "x"}]});
+    let resp = post_json(&client, &server.url("/v1/messages"), &bad, &[]).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let v = body_json(resp).await;
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_tokens")),
+        "{v}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_prefix_is_cached_across_every_shape() {
+    let server = Server::start_qwen3(quick()).await;
+    let client = client(false);
+    let n = qwen3_prompt(&[SYSTEM, USER]);
+    let chat = json!({"max_tokens": 2, "messages": [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]});
+    let v =
+        body_json(post_json(&client, &server.url("/v1/chat/completions"), &chat, &[]).await).await;
+    assert_eq!(v["usage"]["prompt_tokens"], n);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let messages =
+        json!({"max_tokens": 2, "system": SYSTEM, "messages": [{"role": "user", "content": USER}]});
+    let v = body_json(post_json(&client, &server.url("/v1/messages"), &messages, &[]).await).await;
+    let u = &v["usage"];
+    assert_eq!(u["cache_read_input_tokens"], repeat_hit(n), "{u}");
+    let total = [
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ]
+    .iter()
+    .map(|k| u[*k].as_u64().expect("count"))
+    .sum::<u64>();
+    assert_eq!(total, n, "{u}");
+    let responses = json!({"instructions": SYSTEM, "input": USER, "max_output_tokens": 2});
+    let v =
+        body_json(post_json(&client, &server.url("/v1/responses"), &responses, &[]).await).await;
+    assert_eq!(v["usage"]["input_tokens"], n);
+    assert_eq!(
+        v["usage"]["input_tokens_details"]["cached_tokens"],
+        repeat_hit(n)
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn reset_prefix_cache_empties_the_cache_as_vllms_does() {
+    let server = Server::start(quick()).await;
+    let client = client(false);
+    let body = chat(2, false, false, &long_prompt("reset"));
+    let cached = |v: &Value| {
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached")
+    };
+    let url = server.url("/v1/chat/completions");
+    body_json(post_json(&client, &url, &body, &[]).await).await;
+    let warm = body_json(post_json(&client, &url, &body, &[]).await).await;
+    assert!(cached(&warm) > 0, "{warm}");
+
+    let resp = send(
+        &client,
+        Method::POST,
+        &server.url("/reset_prefix_cache"),
+        "",
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers().get("content-type").is_none(), "a bare 200");
+    assert!(body_bytes(resp).await.is_empty());
+    let cold = body_json(post_json(&client, &url, &body, &[]).await).await;
+    assert_eq!(cached(&cold), 0, "{cold}");
+    let warm_again = body_json(post_json(&client, &url, &body, &[]).await).await;
+    assert_eq!(cached(&warm_again), cached(&warm));
+
+    let ok = server.url("/reset_prefix_cache?reset_running_requests=true&reset_external=0");
+    assert_eq!(
+        send(&client, Method::POST, &ok, "", &[]).await.status(),
+        StatusCode::OK
+    );
+    let bad = server.url("/reset_prefix_cache?reset_external=maybe");
+    let resp = send(&client, Method::POST, &bad, "", &[]).await;
+    assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(body_json(resp).await["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("reset_external")));
+    let resp = send(
+        &client,
+        Method::GET,
+        &server.url("/reset_prefix_cache"),
+        "",
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(resp.headers()["allow"], "POST");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_token_exact_placeholder_prompt_is_counted_exactly_through_the_proxy() {
+    let server = Server::start_qwen3(quick()).await;
+    let h = common::start_proxy(&server.url(""), |c| {
+        c.synth.placeholder_seed = Some(11);
+        c.synth.placeholder_prefetch = 0;
+    })
+    .await;
+    let client = client(false);
+    let body = json!({"model": "m", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "{{kvbust:prompt:1024}}"}]});
+    let v = body_json(post_json(&client, &h.url("/v1/chat/completions"), &body, &[]).await).await;
+    let sent: Value = serde_json::from_slice(
+        &server
+            .mock
+            .recorder()
+            .requests()
+            .pop()
+            .expect("forwarded")
+            .body,
+    )
+    .expect("JSON");
+    let prompt = sent["messages"][0]["content"].as_str().expect("expanded");
+    assert_eq!(n_tokens(prompt), 1024, "the placeholder is token-exact");
+    // 1024 + the chat template's 8 tokens around one user message.
+    assert_eq!(v["usage"]["prompt_tokens"], 1024 + 8, "{}", v["usage"]);
+
+    // The reset reaches the mock through the proxy, so the README's isolation demo can be run again.
+    let resp = send(
+        &client,
+        Method::POST,
+        &h.url("/reset_prefix_cache"),
+        "",
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let last = server.mock.recorder().requests().pop().expect("forwarded");
+    assert_eq!(last.uri, "/reset_prefix_cache");
+    h.shutdown().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_recorder_keeps_bodies_within_its_byte_budget() {
+    let cfg = quick();
+    let budget = cfg.record_bytes.as_u64() as usize;
+    assert_eq!(budget, 16 << 20, "the default budget");
+    let server = Server::start(cfg).await;
+    let client = client(false);
+    const BODY: usize = 3 << 20;
+    let mut digests = Vec::new();
+    for i in 0..30u8 {
+        let body = Bytes::from(vec![b'a' + i % 26; BODY]);
+        digests.push(<[u8; 32]>::from(Sha256::digest(&body)));
+        let resp = send(&client, Method::POST, &server.url("/upload"), body, &[]).await;
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        body_bytes(resp).await;
+    }
+    let rec = server.mock.recorder();
+    assert_eq!(rec.requests_total(), 30);
+    let kept_bytes = rec.body_bytes();
+    assert!(kept_bytes <= budget, "{kept_bytes} bytes kept");
+    let got = rec.requests();
+    assert_eq!(got.len(), 30, "every request is still listed");
+    let kept: Vec<usize> = (0..30).filter(|&i| got[i].body_kept()).collect();
+    // The newest bodies that fit: 16 MiB / 3 MiB = 5.
+    assert_eq!(kept, (25..30).collect::<Vec<_>>());
+    assert_eq!(kept_bytes, 5 * BODY);
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.body_len, BODY);
+        assert_eq!(r.body_sha256, digests[i], "digest of request {i}");
+        assert_eq!(r.body.len(), if kept.contains(&i) { BODY } else { 0 });
+    }
+    server.shutdown().await;
 }

@@ -1,9 +1,68 @@
-//! `MockConfig`: the mock model server's knobs (model name, pacing, prefix-cache geometry) with quick-start defaults.
-//! Owns only the typed settings and their serde shape; it never reads files or the environment (the config layer does).
+//! `MockConfig`: the mock model server's knobs (model name, tokenizer, pacing, prefix-cache geometry, recorder
+//! budget) with quick-start defaults. Owns only the typed settings, their serde shape and their validation; it
+//! never loads a tokenizer or reads the environment (the config layer and [`super::Mock::from_config`] do).
 
+use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::config::ByteSize;
+
+/// Which tokenizer the mock counts prompt tokens with (`mock.tokenizer`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum MockTokenizerSetting {
+    /// `"qwen3"`: the shipped Qwen3 tokenizer and its chat template (the default).
+    #[default]
+    Qwen3,
+    /// `"builtin"`: a cheap deterministic BPE-like splitter, no chat template (fastest).
+    Builtin,
+    /// Any other string: a `tokenizer.json` file, or a folder with `tokenizer.json` (+ `tokenizer_config.json`
+    /// for the chat template).
+    Path(PathBuf),
+}
+
+impl fmt::Display for MockTokenizerSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MockTokenizerSetting::Qwen3 => f.write_str("qwen3"),
+            MockTokenizerSetting::Builtin => f.write_str("builtin"),
+            MockTokenizerSetting::Path(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+impl From<&str> for MockTokenizerSetting {
+    fn from(s: &str) -> Self {
+        match s {
+            "qwen3" => MockTokenizerSetting::Qwen3,
+            "builtin" => MockTokenizerSetting::Builtin,
+            path => MockTokenizerSetting::Path(PathBuf::from(path)),
+        }
+    }
+}
+
+impl Serialize for MockTokenizerSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MockTokenizerSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.trim().is_empty() {
+            return Err(serde::de::Error::custom(
+                "must be \"qwen3\", \"builtin\" or a path to a tokenizer.json file or folder",
+            ));
+        }
+        Ok(MockTokenizerSetting::from(s.as_str()))
+    }
+}
+
+/// Largest `mock.record_bytes` accepted: the recorder is for tests and diagnostics, not an archive.
+pub const MAX_RECORD_BYTES: u64 = 4 << 30;
 
 /// Settings of the built-in mock model server.
 ///
@@ -14,14 +73,17 @@ use serde::{Deserialize, Serialize};
 pub struct MockConfig {
     /// Model id reported by `/v1/models` and in responses when the request names none (default `kvbust-mock`).
     pub model: String,
+    /// Tokenizer prompt tokens are counted with (default `"qwen3"`, the shipped one; `"builtin"` is cheaper but
+    /// counts differently; or a path). Chat-shaped prompts are rendered through its chat template first.
+    pub tokenizer: MockTokenizerSetting,
     /// Fixed cost before the first token of every completion (default `5ms`).
-    #[serde(with = "super::duration_serde")]
+    #[serde(with = "crate::duration")]
     pub base_delay: Duration,
     /// Prefill cost per prompt token that is not served from the simulated prefix cache (default `20us`).
-    #[serde(with = "super::duration_serde")]
+    #[serde(with = "crate::duration")]
     pub prefill_per_token: Duration,
     /// Delay between consecutive output tokens (default `15ms`).
-    #[serde(with = "super::duration_serde")]
+    #[serde(with = "crate::duration")]
     pub inter_token: Duration,
     /// Tokens per KV block of the simulated prefix cache (default 16, as vLLM). 0 disables the cache.
     pub block_size: usize,
@@ -35,12 +97,16 @@ pub struct MockConfig {
     /// How many of the most recent requests the recorder keeps with headers and body (default 1024); counters
     /// are always kept. Bounds memory when the mock serves a long benchmark.
     pub record_requests: usize,
+    /// Byte budget for the bodies the recorder keeps (default 16 MiB): past it, the oldest kept bodies are
+    /// dropped (their size and sha256 stay), and a body larger than the budget is never kept.
+    pub record_bytes: ByteSize,
 }
 
 impl Default for MockConfig {
     fn default() -> Self {
         MockConfig {
             model: "kvbust-mock".to_owned(),
+            tokenizer: MockTokenizerSetting::Qwen3,
             base_delay: Duration::from_millis(5),
             prefill_per_token: Duration::from_micros(20),
             inter_token: Duration::from_millis(15),
@@ -49,6 +115,7 @@ impl Default for MockConfig {
             default_max_tokens: 16,
             max_model_len: 131_072,
             record_requests: 1024,
+            record_bytes: ByteSize(16 << 20),
         }
     }
 }
@@ -63,6 +130,25 @@ impl MockConfig {
         }
         if self.default_max_tokens == 0 {
             return Err("mock.default_max_tokens must be at least 1; the default is 16".to_owned());
+        }
+        if self.record_bytes.0 > MAX_RECORD_BYTES {
+            return Err(format!(
+                "mock.record_bytes must be at most 4GiB (got {}); the default is 16MiB",
+                self.record_bytes
+            ));
+        }
+        if let MockTokenizerSetting::Path(p) = &self.tokenizer {
+            let ok = if p.is_dir() {
+                p.join("tokenizer.json").is_file()
+            } else {
+                p.is_file()
+            };
+            if !ok {
+                return Err(format!(
+                    "mock.tokenizer {} is neither a tokenizer.json file nor a folder holding one; use \"qwen3\", \"builtin\" or a valid path",
+                    p.display()
+                ));
+            }
         }
         Ok(())
     }
@@ -83,7 +169,31 @@ mod tests {
         assert_eq!(v["inter_token"], "15ms");
         assert_eq!(v["prefill_per_token"], "20us");
         assert_eq!(v["model"], "kvbust-mock");
+        assert_eq!(v["tokenizer"], "qwen3");
+        assert_eq!(v["record_bytes"], "16MiB");
         assert!(MockConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn tokenizer_and_record_bytes_parse_and_validate() {
+        let c: MockConfig =
+            serde_json::from_str(r#"{"tokenizer":"builtin","record_bytes":"1KiB"}"#)
+                .expect("parses");
+        assert_eq!(c.tokenizer, MockTokenizerSetting::Builtin);
+        assert_eq!(c.record_bytes, ByteSize(1024));
+        let c: MockConfig =
+            serde_json::from_str(r#"{"tokenizer":"/nowhere/tokenizer.json"}"#).expect("parses");
+        let e = c.validate().expect_err("missing file");
+        assert!(e.starts_with("mock.tokenizer "), "{e}");
+        assert!(e.contains("/nowhere/tokenizer.json"), "{e}");
+        let c = MockConfig {
+            record_bytes: ByteSize(MAX_RECORD_BYTES + 1),
+            ..MockConfig::default()
+        };
+        let e = c.validate().expect_err("too large");
+        assert!(e.starts_with("mock.record_bytes "), "{e}");
+        assert!(serde_json::from_str::<MockConfig>(r#"{"tokenizer":""}"#).is_err());
+        assert!(serde_json::from_str::<MockConfig>(r#"{"record_bytes":"lots"}"#).is_err());
     }
 
     #[test]

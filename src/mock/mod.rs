@@ -1,18 +1,30 @@
-//! Built-in mock OpenAI-compatible model server with a simulated prefix cache. Never talks to the network except through the listener it is given.
+//! Built-in mock model server (OpenAI chat/completions and Responses, Anthropic Messages) with a simulated
+//! prefix cache. Never talks to the network except through the listener it is given.
 //!
 //! [`Mock::handle`] answers one request; [`serve`] runs it on a listener (HTTP/1.1 and h2c on one port, graceful
-//! shutdown). Every request, on any path and with any method, is recorded by the [`Recorder`] with its exact
-//! body bytes before it is answered.
+//! shutdown). Every request, on any path and with any method, is recorded by the [`Recorder`] (its exact body
+//! bytes within `mock.record_bytes`, its size and sha256 always) before it is answered.
+//!
+//! Prompt tokens are counted with the configured tokenizer ([`tokenize`]; the shipped Qwen3 one and its chat
+//! template by default), and every shape goes through the same simulated vLLM-style prefix cache
+//! ([`prefix_cache`]), so a prefix sent as a chat request is a cache hit for a Messages or Responses request.
 //!
 //! # Routes
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: deterministic completions of exactly `max_completion_tokens`
 //!   / `max_tokens` tokens (default [`MockConfig::default_max_tokens`]), `finish_reason: "length"`, with
-//!   `usage.prompt_tokens`, `completion_tokens`, `total_tokens` and `prompt_tokens_details.cached_tokens` from the
-//!   simulated vLLM-style prefix cache ([`prefix_cache`]). The model reported is the request's `model`, else the
-//!   configured one. With `"stream": true`: `text/event-stream`, one SSE event (one body frame) per token, the
-//!   first chat chunk carrying `delta.role = "assistant"`, then a chunk with `finish_reason`, then (when
-//!   `stream_options.include_usage` is true, in which case every chunk also has `"usage": null`) a chunk with empty
-//!   `choices` and the `usage`, then `data: [DONE]`.
+//!   `usage.prompt_tokens`, `completion_tokens`, `total_tokens` and `prompt_tokens_details.cached_tokens`. The
+//!   model reported is the request's `model`, else the configured one. With `"stream": true`:
+//!   `text/event-stream`, one SSE event (one body frame) per token, the first chat chunk carrying
+//!   `delta.role = "assistant"`, then a chunk with `finish_reason`, then (when `stream_options.include_usage` is
+//!   true, in which case every chunk also has `"usage": null`) a chunk with empty `choices` and the `usage`,
+//!   then `data: [DONE]`.
+//! - `POST /v1/responses`: OpenAI Responses ([`responses`]): `max_output_tokens` tokens, `usage.input_tokens`,
+//!   `input_tokens_details.cached_tokens`; streamed as `response.created` … `response.completed`.
+//! - `POST /v1/messages`: Anthropic Messages ([`anthropic`]): `max_tokens` tokens, `usage.input_tokens`
+//!   (uncached only), `cache_read_input_tokens`, `cache_creation_input_tokens`; streamed as `message_start` …
+//!   `message_stop`; errors in Anthropic's shape.
+//! - `POST /reset_prefix_cache`: empties the simulated prefix cache, as vLLM's (200, empty body; vLLM's
+//!   `reset_running_requests` / `reset_external` query flags are accepted and have nothing more to do here).
 //! - `GET /v1/models`: the configured model. `GET /health`: 200 `{"status":"ok"}`.
 //! - Anything else: 404 (unknown path) or 405 (known path, wrong method), OpenAI-shaped
 //!   `{"error":{"message","type","code"}}`; an unparseable or invalid body is 400, a body over 256 MiB 413.
@@ -31,12 +43,13 @@
 //! Values are humantime durations (`"250ms"`, `"2s"`); an unparseable value is answered with 400.
 //! Completion responses carry `x-mock-prompt-tokens` and `x-mock-cached-tokens` headers.
 
+pub mod anthropic;
 pub mod config;
-pub mod duration_serde;
 pub mod openai;
 pub mod output;
 pub mod prefix_cache;
 pub mod recorder;
+pub mod responses;
 mod server;
 mod sse;
 pub mod tokenize;
@@ -51,16 +64,18 @@ use bytes::{Bytes, BytesMut};
 use http::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Empty, Full};
+use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-pub use config::MockConfig;
-use openai::{ApiError, Endpoint, GenRequest, PromptPart, ResponseMeta, Usage};
+pub use config::{MockConfig, MockTokenizerSetting};
+use openai::{ApiError, Endpoint, GenRequest, Prompt, ResponseMeta, Usage};
 use prefix_cache::PrefixCache;
 pub use recorder::{CapturedRequest, Recorder};
+use responses::{ResponseEvents, ResponseInfo};
 pub use server::serve;
-use sse::{after, SseBody, StreamPlan};
-use tokenize::MockTokenizer;
+use sse::{after, Shape, SseBody, StreamPlan};
+pub use tokenize::MockTokenizer;
 
 /// Header: delay before anything is sent (see the module documentation).
 pub const HEADER_FIRST_TOKEN_DELAY: &str = "x-mock-first-token-delay";
@@ -77,8 +92,14 @@ pub const MAX_BODY_BYTES: usize = 256 << 20;
 /// `created` of every response and model: fixed, so output is fully deterministic (2025-01-01T00:00:00Z).
 pub const CREATED: u64 = 1_735_689_600;
 
-/// Prompts larger than this (in bytes) are tokenized on a blocking thread when a real tokenizer is configured.
-const BLOCKING_TOKENIZE_BYTES: usize = 32 << 10;
+/// Prompts larger than this (in bytes) are rendered and tokenized on a blocking thread when a real tokenizer is
+/// configured. Qwen3 encodes only about 1.5-2 MB/s on the shared 2-core test machine (release build: a 1 KB
+/// completions prompt caps the mock at about 1,850 requests/s), so this bounds the time a prompt holds an async
+/// worker (and delays other streams' events) to about half a millisecond; the hand-off costs tens of µs.
+const BLOCKING_TOKENIZE_BYTES: usize = 1 << 10;
+
+/// Bodies larger than this are hashed on a blocking thread (sha256 runs at several hundred MB/s).
+const BLOCKING_DIGEST_BYTES: usize = 1 << 20;
 
 /// The mock model server: configuration, tokenizer, simulated prefix cache and recorder.
 pub struct Mock {
@@ -120,7 +141,7 @@ impl Overrides {
                 )
             };
             let text = v.to_str().map_err(|_| bad())?;
-            duration_serde::parse(text).map(Some).map_err(|_| bad())
+            crate::duration::parse(text).map(Some).map_err(|_| bad())
         };
         Ok(Overrides {
             first_token_delay: get(HEADER_FIRST_TOKEN_DELAY)?,
@@ -145,6 +166,54 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<MockBody> {
 
 fn error_response(e: &ApiError) -> Response<MockBody> {
     json_response(e.status, e.body())
+}
+
+/// An error in the shape of `endpoint`'s API.
+fn error_response_for(endpoint: Endpoint, e: &ApiError) -> Response<MockBody> {
+    json_response(e.status, e.body_for(Some(endpoint)))
+}
+
+/// A vLLM/FastAPI boolean query value.
+fn query_bool(value: &str) -> Option<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" | "t" | "yes" | "y" | "on" => Some(true),
+        "0" | "false" | "f" | "no" | "n" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// Checks the query of `POST /reset_prefix_cache`: vLLM's two flags must be booleans.
+fn reset_query(query: Option<&str>) -> Result<(), ApiError> {
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if matches!(key, "reset_running_requests" | "reset_external") && query_bool(value).is_none()
+        {
+            return Err(ApiError {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                message: format!("query parameter `{key}` must be a boolean such as true or false"),
+                kind: "invalid_request_error",
+                code: "invalid_value",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// sha256 of `body`, off the async threads when it is large.
+async fn digest(body: &Bytes) -> [u8; 32] {
+    if body.len() <= BLOCKING_DIGEST_BYTES {
+        return Sha256::digest(body).into();
+    }
+    let owned = body.clone();
+    match tokio::task::spawn_blocking(move || Sha256::digest(&owned).into()).await {
+        Ok(d) => d,
+        // Only if the blocking pool is shutting down: hash here rather than record a wrong digest.
+        Err(_) => Sha256::digest(body).into(),
+    }
 }
 
 /// Reads the whole body, up to [`MAX_BODY_BYTES`]; returns what was read and the error that stopped it, if any.
@@ -199,6 +268,7 @@ where
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     Generate(Endpoint),
+    ResetPrefixCache,
     Models,
     Health,
     Unknown,
@@ -208,6 +278,9 @@ fn route(path: &str) -> Route {
     match path {
         "/v1/chat/completions" => Route::Generate(Endpoint::Chat),
         "/v1/completions" => Route::Generate(Endpoint::Completions),
+        "/v1/responses" => Route::Generate(Endpoint::Responses),
+        "/v1/messages" => Route::Generate(Endpoint::Messages),
+        "/reset_prefix_cache" => Route::ResetPrefixCache,
         "/v1/models" => Route::Models,
         "/health" => Route::Health,
         _ => Route::Unknown,
@@ -215,17 +288,24 @@ fn route(path: &str) -> Route {
 }
 
 impl Mock {
-    /// A mock with `cfg`, counting tokens with `tokenizer` or, when `None`, the built-in fallback
-    /// ([`tokenize::builtin_pieces`]).
-    pub fn new(cfg: MockConfig, tokenizer: Option<Arc<tokenizers::Tokenizer>>) -> Arc<Mock> {
-        let tokenizer = tokenizer.map_or(MockTokenizer::Builtin, MockTokenizer::Hf);
+    /// A mock with `cfg`, counting tokens with `tokenizer` or, when `None`, the built-in one
+    /// ([`tokenize::builtin_pieces`]); `cfg.tokenizer` is not looked at (see [`Mock::from_config`]).
+    pub fn new(cfg: MockConfig, tokenizer: Option<MockTokenizer>) -> Arc<Mock> {
+        let budget = usize::try_from(cfg.record_bytes.as_u64()).unwrap_or(usize::MAX);
         Arc::new(Mock {
             cache: Mutex::new(PrefixCache::new(cfg.block_size, cfg.cache_blocks)),
-            recorder: Recorder::new(cfg.record_requests),
+            recorder: Recorder::new(cfg.record_requests, budget),
             next_id: AtomicU64::new(0),
-            tokenizer,
+            tokenizer: tokenizer.unwrap_or(MockTokenizer::Builtin),
             cfg,
         })
+    }
+
+    /// A mock with `cfg`, counting tokens with the tokenizer `cfg.tokenizer` names. Blocking: loading a
+    /// tokenizer reads and parses its `tokenizer.json` (the shipped Qwen3 one takes well under a second).
+    pub fn from_config(cfg: MockConfig) -> Result<Arc<Mock>, crate::synth::error::SynthError> {
+        let tokenizer = MockTokenizer::load(&cfg.tokenizer)?;
+        Ok(Mock::new(cfg, Some(tokenizer)))
     }
 
     /// What the mock received and what happened to its streams.
@@ -262,18 +342,24 @@ impl Mock {
             uri: origin,
             authority: parts.uri.authority().map(ToString::to_string),
             headers: parts.headers.clone(),
+            body_len: bytes.len(),
+            body_sha256: digest(&bytes).await,
             body: bytes.clone(),
             version: parts.version,
         });
         tracing::debug!(method = %parts.method, uri = %parts.uri, bytes = bytes.len(), "mock: request");
+        let route = route(parts.uri.path());
+        let shape_error = |e: &ApiError| match route {
+            Route::Generate(endpoint) => error_response_for(endpoint, e),
+            _ => error_response(e),
+        };
         if let Some(e) = body_error {
-            return error_response(&e);
+            return shape_error(&e);
         }
         let overrides = match Overrides::parse(&parts.headers) {
             Ok(o) => o,
-            Err(e) => return error_response(&e),
+            Err(e) => return shape_error(&e),
         };
-        let route = route(parts.uri.path());
         if let Route::Generate(endpoint) = route {
             if parts.method == Method::POST {
                 return self.generate(endpoint, &bytes, overrides, received).await;
@@ -288,19 +374,28 @@ impl Mock {
                 json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#))
             }
             Route::Models if is_get => json_response(StatusCode::OK, self.models_body()),
+            Route::ResetPrefixCache if parts.method == Method::POST => {
+                if let Err(e) = reset_query(parts.uri.query()) {
+                    return error_response(&e);
+                }
+                self.reset_prefix_cache();
+                tracing::info!("mock: prefix cache reset");
+                // vLLM answers a bare 200 with no body.
+                Response::new(Empty::new().boxed())
+            }
             Route::Unknown => error_response(&ApiError {
                 status: StatusCode::NOT_FOUND,
                 message: format!("no route for {} {}", parts.method, parts.uri.path()),
                 kind: "invalid_request_error",
                 code: "not_found",
             }),
-            Route::Health | Route::Models | Route::Generate(_) => {
-                let allow = if matches!(route, Route::Generate(_)) {
+            Route::Health | Route::Models | Route::Generate(_) | Route::ResetPrefixCache => {
+                let allow = if matches!(route, Route::Generate(_) | Route::ResetPrefixCache) {
                     "POST"
                 } else {
                     "GET, HEAD"
                 };
-                let mut resp = error_response(&ApiError {
+                let mut resp = shape_error(&ApiError {
                     status: StatusCode::METHOD_NOT_ALLOWED,
                     message: format!(
                         "{} is not allowed on {}; use {allow}",
@@ -331,38 +426,22 @@ impl Mock {
         Bytes::from(v.to_string())
     }
 
-    async fn tokenize(&self, prompt: Vec<PromptPart>) -> Vec<u32> {
-        fn encode_all(tokenizer: &MockTokenizer, prompt: Vec<PromptPart>) -> Vec<u32> {
-            let mut out = Vec::new();
-            for part in prompt {
-                match part {
-                    PromptPart::Text(t) => out.extend(tokenizer.encode(&t)),
-                    PromptPart::Tokens(t) => out.extend(t),
-                }
-            }
-            out
+    /// The prompt's token ids, rendered and encoded on a blocking thread when that is expensive.
+    async fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+        if !self.tokenizer.is_expensive()
+            || MockTokenizer::prompt_bytes(&prompt) <= BLOCKING_TOKENIZE_BYTES
+        {
+            return self.tokenizer.prompt_tokens(&prompt);
         }
-        let text_bytes: usize = prompt
-            .iter()
-            .map(|p| {
-                if let PromptPart::Text(t) = p {
-                    t.len()
-                } else {
-                    0
-                }
-            })
-            .sum();
-        if self.tokenizer.is_expensive() && text_bytes > BLOCKING_TOKENIZE_BYTES {
-            let tokenizer = self.tokenizer.clone();
-            match tokio::task::spawn_blocking(move || encode_all(&tokenizer, prompt)).await {
-                Ok(tokens) => tokens,
-                Err(e) => {
-                    tracing::warn!(error = %e, "mock: tokenizer task failed; counting the prompt as empty");
-                    Vec::new()
-                }
-            }
-        } else {
-            encode_all(&self.tokenizer, prompt)
+        let tokenizer = self.tokenizer.clone();
+        match tokio::task::spawn_blocking(move || tokenizer.prompt_tokens(&prompt)).await {
+            Ok(tokens) => tokens,
+            Err(e) => Err(ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: format!("the mock's tokenizer task failed: {e}"),
+                kind: "server_error",
+                code: "tokenizer_failed",
+            }),
         }
     }
 
@@ -377,18 +456,22 @@ impl Mock {
             model,
             prompt,
             max_tokens,
+            instructions,
             stream,
             include_usage,
             ..
         } = match openai::parse_request(endpoint, body, &self.cfg.model) {
             Ok(r) => r,
-            Err(e) => return error_response(&e),
+            Err(e) => return error_response_for(endpoint, &e),
         };
-        let tokens = self.tokenize(prompt).await;
+        let tokens = match self.tokenize(prompt).await {
+            Ok(t) => t,
+            Err(e) => return error_response_for(endpoint, &e),
+        };
         let completion_tokens = max_tokens.unwrap_or(self.cfg.default_max_tokens).max(1);
         let requested = tokens.len().saturating_add(completion_tokens as usize);
         if self.cfg.max_model_len > 0 && requested > self.cfg.max_model_len {
-            return error_response(&ApiError::bad_request(
+            return error_response_for(endpoint, &ApiError::bad_request(
                 "context_length_exceeded",
                 format!(
                     "This model's maximum context length is {} tokens. However, you requested {requested} tokens \
@@ -399,15 +482,16 @@ impl Mock {
                 ),
             ));
         }
-        let cached = self
+        let (cached, written) = self
             .cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .admit(&tokens);
+            .admit_counting_writes(&tokens);
         let usage = Usage {
             prompt_tokens: tokens.len(),
             completion_tokens: completion_tokens as usize,
             cached_tokens: cached,
+            cache_written: written,
         };
         let uncached = u32::try_from(tokens.len() - cached).unwrap_or(u32::MAX);
         let prefill = self
@@ -423,13 +507,26 @@ impl Mock {
         let id = match endpoint {
             Endpoint::Chat => format!("chatcmpl-mock-{seq:08x}"),
             Endpoint::Completions => format!("cmpl-mock-{seq:08x}"),
+            Endpoint::Responses => format!("resp_mock{seq:08x}"),
+            Endpoint::Messages => format!("msg_mock{seq:08x}"),
         };
-        let meta = ResponseMeta {
-            endpoint,
-            id,
-            created: CREATED,
-            model,
-            include_usage: stream && include_usage,
+        let shape = match endpoint {
+            Endpoint::Chat | Endpoint::Completions => Shape::OpenAi(ResponseMeta {
+                endpoint,
+                id,
+                created: CREATED,
+                model,
+                include_usage: stream && include_usage,
+            }),
+            Endpoint::Responses => Shape::Responses(ResponseEvents::new(ResponseInfo {
+                item_id: format!("msg_mock{seq:08x}"),
+                id,
+                created_at: CREATED,
+                model,
+                instructions,
+                max_output_tokens: max_tokens,
+            })),
+            Endpoint::Messages => Shape::Messages { id, model },
         };
         let seed = output::seed(&tokens);
         tracing::debug!(
@@ -451,7 +548,7 @@ impl Mock {
                 None => after(received, ttft),
             };
             let plan = StreamPlan {
-                meta,
+                shape,
                 usage,
                 seed,
                 tokens: completion_tokens,
@@ -468,7 +565,12 @@ impl Mock {
             let generation = inter_token.saturating_mul(completion_tokens - 1);
             tokio::time::sleep_until(after(after(received, ttft), generation)).await;
             let text = output::text(seed, completion_tokens);
-            json_response(StatusCode::OK, openai::full_response(&meta, &text, &usage))
+            let body = match &shape {
+                Shape::OpenAi(meta) => openai::full_response(meta, &text, &usage),
+                Shape::Responses(ev) => responses::full_response(ev.info(), &text, &usage),
+                Shape::Messages { id, model } => anthropic::full_response(id, model, &text, &usage),
+            };
+            json_response(StatusCode::OK, body)
         };
         resp.headers_mut()
             .insert(HEADER_PROMPT_TOKENS, HeaderValue::from(usage.prompt_tokens));
@@ -560,7 +662,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_configured_tokenizer_counts_prompt_tokens() {
-        let mock = Mock::new(quick(), Some(tokenize::tests::word_level()));
+        let tokenizer = MockTokenizer::hf(tokenize::tests::word_level()).expect("no template");
+        let mock = Mock::new(quick(), Some(tokenizer));
         let body = r#"{"prompt":["hello world hello", [7, 8]],"max_tokens":1}"#;
         let resp = mock
             .clone()

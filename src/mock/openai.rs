@@ -1,6 +1,7 @@
-//! OpenAI wire shapes for the mock: parsing a completion request into a [`GenRequest`], and building response
-//! bodies, SSE events and OpenAI-shaped error bodies. Owns only JSON in and out; it never sleeps, never touches
-//! the prefix cache or the network, and never panics on any input.
+//! OpenAI chat/completions wire shapes for the mock, and the request model every shape parses into: parsing a
+//! request into a [`GenRequest`] (dispatching `/v1/responses` and `/v1/messages` to their modules), building
+//! chat/completions bodies and SSE events, and error bodies in the route's shape. Owns only JSON in and out; it
+//! never sleeps, never touches the prefix cache or the network, and never panics on any input.
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -13,6 +14,40 @@ pub enum Endpoint {
     Chat,
     /// `POST /v1/completions`
     Completions,
+    /// `POST /v1/responses` (OpenAI Responses API)
+    Responses,
+    /// `POST /v1/messages` (Anthropic Messages API)
+    Messages,
+}
+
+/// One chat message as the chat template sees it: a role and its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user`, `assistant`, `tool`.
+    pub role: String,
+    /// The message's text (text parts joined by newlines).
+    pub content: String,
+}
+
+impl Message {
+    /// A message of `role` with `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// What is tokenized for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    /// Chat-shaped routes (chat, responses, messages): rendered through the tokenizer's chat template, as vLLM
+    /// does, then tokenized without adding special tokens.
+    Messages(Vec<Message>),
+    /// `/v1/completions`: text tokenized with the tokenizer's special tokens (as vLLM does), or token ids as
+    /// they are.
+    Raw(Vec<PromptPart>),
 }
 
 /// A piece of prompt: text to tokenize, or token ids given directly (`/v1/completions` accepts both).
@@ -31,10 +66,13 @@ pub struct GenRequest {
     pub endpoint: Endpoint,
     /// The model to report: the request's `model`, else the configured one.
     pub model: String,
-    /// The prompt, in order; tokenized and concatenated.
-    pub prompt: Vec<PromptPart>,
-    /// `max_completion_tokens`, else `max_tokens`; `None` when neither is set.
+    /// The prompt.
+    pub prompt: Prompt,
+    /// The output limit the request set (`max_completion_tokens`/`max_tokens`, `max_output_tokens`); `None`
+    /// when it set none.
     pub max_tokens: Option<u32>,
+    /// `/v1/responses`: the request's `instructions`, echoed in the response object.
+    pub instructions: Option<Value>,
     /// `stream`.
     pub stream: bool,
     /// `stream_options.include_usage`.
@@ -65,18 +103,28 @@ impl ApiError {
         }
     }
 
-    /// The JSON body.
+    /// The OpenAI-shaped JSON body.
     pub fn body(&self) -> Bytes {
         let v = json!({"error": {"message": self.message, "type": self.kind, "code": self.code}});
         Bytes::from(v.to_string())
     }
+
+    /// The body in the shape of `endpoint`'s API: Anthropic's `{"type":"error","error":{"type","message"}}`
+    /// on `/v1/messages`, OpenAI's everywhere else.
+    pub fn body_for(&self, endpoint: Option<Endpoint>) -> Bytes {
+        if endpoint == Some(Endpoint::Messages) {
+            let v = json!({"type": "error", "error": {"type": self.kind, "message": self.message}});
+            return Bytes::from(v.to_string());
+        }
+        self.body()
+    }
 }
 
-fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
 }
 
-fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<bool, ApiError> {
+pub(crate) fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<bool, ApiError> {
     match field(obj, key) {
         None => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
@@ -87,8 +135,9 @@ fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<bool, Api
     }
 }
 
-fn max_tokens(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
-    for key in ["max_completion_tokens", "max_tokens"] {
+/// The first of `keys` that is set, as a token count of at least 1.
+pub(crate) fn max_tokens(obj: &Map<String, Value>, keys: &[&str]) -> Result<Option<u32>, ApiError> {
+    for &key in keys {
         if let Some(v) = field(obj, key) {
             return match v.as_u64() {
                 Some(n) if n >= 1 => Ok(Some(u32::try_from(n).unwrap_or(u32::MAX))),
@@ -102,26 +151,58 @@ fn max_tokens(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
     Ok(None)
 }
 
-fn content_text(content: Option<&Value>, index: usize) -> Result<String, ApiError> {
+/// Text parts joined by newlines; non-text parts (images, audio) carry no text to count.
+pub(crate) fn parts_text(parts: &[Value]) -> String {
+    let texts: Vec<&str> = parts
+        .iter()
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+        .collect();
+    texts.join("\n")
+}
+
+/// A message `content`: a string, a list of parts (see [`parts_text`]) or null; `path` names it in errors.
+pub(crate) fn content_text(content: Option<&Value>, path: &str) -> Result<String, ApiError> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            // Text parts joined by newlines; non-text parts (images, audio) carry no text to count.
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect();
-            Ok(texts.join("\n"))
-        }
+        Some(Value::Array(parts)) => Ok(parts_text(parts)),
         Some(other) => Err(ApiError::bad_request(
             "invalid_type",
-            format!("`messages[{index}].content` must be a string, a list of content parts or null, got {other}"),
+            format!("`{path}` must be a string, a list of content parts or null, got {other}"),
         )),
     }
 }
 
-fn chat_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
+/// The request's `model`, else `default_model`.
+pub(crate) fn model(obj: &Map<String, Value>, default_model: &str) -> Result<String, ApiError> {
+    match field(obj, "model") {
+        None => Ok(default_model.to_owned()),
+        Some(Value::String(m)) => Ok(m.clone()),
+        Some(other) => Err(ApiError::bad_request(
+            "invalid_type",
+            format!("`model` must be a string, got {other}"),
+        )),
+    }
+}
+
+/// The body as a JSON object.
+pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_json",
+            format!("The request body is not valid JSON: {e}"),
+        )
+    })?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::bad_request(
+            "invalid_json",
+            "The request body must be a JSON object",
+        )),
+    }
+}
+
+fn chat_prompt(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
     let Some(Value::Array(messages)) = field(obj, "messages") else {
         return Err(ApiError::bad_request(
             "missing_messages",
@@ -134,7 +215,7 @@ fn chat_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
             "`messages` must be a non-empty list of messages",
         ));
     }
-    let mut text = String::new();
+    let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         let Some(role) = m.get("role").and_then(Value::as_str) else {
             return Err(ApiError::bad_request(
@@ -142,12 +223,10 @@ fn chat_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
                 format!("`messages[{i}].role` must be a string"),
             ));
         };
-        text.push_str(role);
-        text.push('\n');
-        text.push_str(&content_text(m.get("content"), i)?);
-        text.push('\n');
+        let content = content_text(m.get("content"), &format!("messages[{i}].content"))?;
+        out.push(Message::new(role, content));
     }
-    Ok(text)
+    Ok(out)
 }
 
 fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
@@ -191,28 +270,13 @@ pub fn parse_request(
     body: &[u8],
     default_model: &str,
 ) -> Result<GenRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(
-            "invalid_json",
-            format!("The request body is not valid JSON: {e}"),
-        )
-    })?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::bad_request(
-            "invalid_json",
-            "The request body must be a JSON object",
-        ));
-    };
-    let model = match field(&obj, "model") {
-        None => default_model.to_owned(),
-        Some(Value::String(m)) => m.clone(),
-        Some(other) => {
-            return Err(ApiError::bad_request(
-                "invalid_type",
-                format!("`model` must be a string, got {other}"),
-            ))
-        }
-    };
+    match endpoint {
+        Endpoint::Responses => return super::responses::parse_request(body, default_model),
+        Endpoint::Messages => return super::anthropic::parse_request(body, default_model),
+        Endpoint::Chat | Endpoint::Completions => {}
+    }
+    let obj = json_object(body)?;
+    let model = model(&obj, default_model)?;
     if let Some(n) = field(&obj, "n") {
         if n.as_u64() != Some(1) {
             return Err(ApiError::bad_request(
@@ -222,8 +286,8 @@ pub fn parse_request(
         }
     }
     let prompt = match endpoint {
-        Endpoint::Chat => vec![PromptPart::Text(chat_prompt(&obj)?)],
-        Endpoint::Completions => completion_prompt(&obj)?,
+        Endpoint::Completions => Prompt::Raw(completion_prompt(&obj)?),
+        _ => Prompt::Messages(chat_prompt(&obj)?),
     };
     let stream = opt_bool(&obj, "stream", "stream")?;
     let include_usage = match field(&obj, "stream_options") {
@@ -242,7 +306,8 @@ pub fn parse_request(
         endpoint,
         model,
         prompt,
-        max_tokens: max_tokens(&obj)?,
+        max_tokens: max_tokens(&obj, &["max_completion_tokens", "max_tokens"])?,
+        instructions: None,
         stream,
         include_usage,
     })
@@ -257,6 +322,9 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the simulated prefix cache.
     pub cached_tokens: usize,
+    /// Prompt tokens this request newly wrote to the simulated prefix cache (its full blocks that were not
+    /// cached): Anthropic's `cache_creation_input_tokens`, OpenAI Responses' `cache_write_tokens`.
+    pub cache_written: usize,
 }
 
 impl Usage {
@@ -289,19 +357,19 @@ pub struct ResponseMeta {
 /// The non-streaming response body.
 pub fn full_response(meta: &ResponseMeta, text: &str, usage: &Usage) -> Bytes {
     let choice = match meta.endpoint {
-        Endpoint::Chat => json!({
+        Endpoint::Completions => {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
+        }
+        _ => json!({
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "logprobs": null,
             "finish_reason": "length",
         }),
-        Endpoint::Completions => {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
-        }
     };
     let object = match meta.endpoint {
-        Endpoint::Chat => "chat.completion",
         Endpoint::Completions => "text_completion",
+        _ => "chat.completion",
     };
     let v = json!({
         "id": meta.id,
@@ -320,8 +388,8 @@ fn sse(v: &Value) -> Bytes {
 
 fn chunk(meta: &ResponseMeta, choices: Value, usage: Option<Value>) -> Bytes {
     let object = match meta.endpoint {
-        Endpoint::Chat => "chat.completion.chunk",
         Endpoint::Completions => "text_completion",
+        _ => "chat.completion.chunk",
     };
     let mut v = json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": choices});
     if meta.include_usage {
@@ -333,14 +401,14 @@ fn chunk(meta: &ResponseMeta, choices: Value, usage: Option<Value>) -> Bytes {
 /// The SSE event carrying completion token `index` (the first chat chunk also carries `role`).
 pub fn token_event(meta: &ResponseMeta, index: u32, piece: &str) -> Bytes {
     let choice = match meta.endpoint {
-        Endpoint::Chat if index == 0 => json!({
-            "index": 0, "delta": {"role": "assistant", "content": piece}, "logprobs": null, "finish_reason": null,
-        }),
-        Endpoint::Chat => {
-            json!({"index": 0, "delta": {"content": piece}, "logprobs": null, "finish_reason": null})
-        }
         Endpoint::Completions => {
             json!({"index": 0, "text": piece, "logprobs": null, "finish_reason": null})
+        }
+        _ if index == 0 => json!({
+            "index": 0, "delta": {"role": "assistant", "content": piece}, "logprobs": null, "finish_reason": null,
+        }),
+        _ => {
+            json!({"index": 0, "delta": {"content": piece}, "logprobs": null, "finish_reason": null})
         }
     };
     chunk(meta, json!([choice]), None)
@@ -349,12 +417,10 @@ pub fn token_event(meta: &ResponseMeta, index: u32, piece: &str) -> Bytes {
 /// The SSE event closing the choice with `finish_reason: "length"` (no content).
 pub fn finish_event(meta: &ResponseMeta) -> Bytes {
     let choice = match meta.endpoint {
-        Endpoint::Chat => {
-            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"})
-        }
         Endpoint::Completions => {
             json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "length"})
         }
+        _ => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"}),
     };
     chunk(meta, json!([choice]), None)
 }
@@ -387,9 +453,11 @@ mod tests {
         .expect("valid");
         assert_eq!(
             r.prompt,
-            [PromptPart::Text(
-                "system\nbe brief\nuser\na\nb\nassistant\n\n".into()
-            )]
+            Prompt::Messages(vec![
+                Message::new("system", "be brief"),
+                Message::new("user", "a\nb"),
+                Message::new("assistant", ""),
+            ])
         );
         assert_eq!(
             (r.model.as_str(), r.max_tokens, r.stream, r.include_usage),
@@ -402,18 +470,18 @@ mod tests {
         let p = |b: &str| parse(Endpoint::Completions, b).map(|r| r.prompt);
         assert_eq!(
             p(r#"{"prompt":"hi"}"#),
-            Ok(vec![PromptPart::Text("hi".into())])
+            Ok(Prompt::Raw(vec![PromptPart::Text("hi".into())]))
         );
         assert_eq!(
             p(r#"{"prompt":[1,2]}"#),
-            Ok(vec![PromptPart::Tokens(vec![1, 2])])
+            Ok(Prompt::Raw(vec![PromptPart::Tokens(vec![1, 2])]))
         );
         assert_eq!(
             p(r#"{"prompt":["a",[3]]}"#),
-            Ok(vec![
+            Ok(Prompt::Raw(vec![
                 PromptPart::Text("a".into()),
                 PromptPart::Tokens(vec![3])
-            ])
+            ]))
         );
         for bad in [
             r#"{"prompt":[]}"#,
@@ -516,6 +584,7 @@ mod tests {
             prompt_tokens: 10,
             completion_tokens: 2,
             cached_tokens: 4,
+            cache_written: 0,
         };
         let u: Value =
             serde_json::from_str(&String::from_utf8_lossy(&usage_event(&meta, &usage))[6..])

@@ -82,15 +82,26 @@ impl PrefixCache {
     /// Serves one request: returns how many of its prompt tokens were cached, then caches all its full blocks
     /// (the hit blocks become most recently used, the prompt's first block most of all).
     pub fn admit(&mut self, tokens: &[u32]) -> usize {
+        self.admit_counting_writes(tokens).0
+    }
+
+    /// [`PrefixCache::admit`], also returning how many prompt tokens this request newly wrote to the cache
+    /// (its full blocks that were not cached before). `cached + written` never exceeds the prompt.
+    pub fn admit_counting_writes(&mut self, tokens: &[u32]) -> (usize, usize) {
         let Some(blocks) = &mut self.blocks else {
-            return 0;
+            return (0, 0);
         };
         let hashes = chain(tokens, self.block_size);
         let hit = hashes.iter().take_while(|h| blocks.contains(*h)).count();
+        // Blocks past the first miss may still be cached (a chain whose head was evicted): not a write.
+        let written = hashes[hit..]
+            .iter()
+            .filter(|h| !blocks.contains(*h))
+            .count();
         for h in hashes.iter().rev() {
             blocks.put(*h, ());
         }
-        self.cap_hit(hit, tokens.len())
+        (self.cap_hit(hit, tokens.len()), written * self.block_size)
     }
 
     /// vLLM never serves the whole prompt from cache: at most `(n - 1) / block_size` full blocks count.
@@ -174,6 +185,20 @@ mod tests {
         assert_eq!(c.admit(&b), 6);
         assert_eq!(c.peek(&b), 8);
         assert_eq!(c.peek(&d), 0);
+    }
+
+    #[test]
+    fn writes_count_only_blocks_not_cached_before() {
+        let mut c = PrefixCache::new(4, 100);
+        let p = toks(0..18); // 4 full blocks + 2 tokens
+        assert_eq!(c.admit_counting_writes(&p), (0, 16));
+        assert_eq!(c.admit_counting_writes(&p), (16, 0));
+        let mut q = toks(0..8);
+        q.extend(100..110); // 2 shared blocks, 2 new full blocks + 2 tokens
+        assert_eq!(c.admit_counting_writes(&q), (8, 8));
+        let full = toks(0..16); // all 4 blocks cached: the last is recomputed, not written
+        assert_eq!(c.admit_counting_writes(&full), (12, 0));
+        assert_eq!(PrefixCache::new(0, 10).admit_counting_writes(&p), (0, 0));
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! The streaming response body of a mock completion: one SSE event per body frame, paced by a timer, produced
-//! lazily as the connection polls for it. Owns the stream's schedule and its completed/cancelled accounting; it
+//! The streaming response body of a mock completion in any shape (chat/completions chunks, Responses events,
+//! Anthropic events): one SSE event per body frame, paced by a timer, produced lazily as the connection polls
+//! for it. Owns the stream's schedule and its completed/cancelled accounting; it
 //! never buffers events ahead, spawns no task (dropping the body stops generation), and never panics.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -12,9 +14,11 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::anthropic;
 use super::openai::{self, ResponseMeta, Usage};
 use super::output;
 use super::recorder::StreamGuard;
+use super::responses::ResponseEvents;
 
 /// `base + d`, or about thirty years after `base` when that would overflow.
 pub(crate) fn after(base: Instant, d: Duration) -> Instant {
@@ -22,19 +26,77 @@ pub(crate) fn after(base: Instant, d: Duration) -> Instant {
         .unwrap_or_else(|| base + Duration::from_secs(86_400 * 365 * 30))
 }
 
+/// The wire shape of a stream: which events open it, carry each token and close it.
+#[derive(Debug)]
+pub(crate) enum Shape {
+    /// Chat and completions chunks (`data:` only), ending with `data: [DONE]`.
+    OpenAi(ResponseMeta),
+    /// OpenAI Responses events.
+    Responses(ResponseEvents),
+    /// Anthropic Messages events.
+    Messages {
+        /// `msg_…`
+        id: String,
+        /// `model`.
+        model: String,
+    },
+}
+
+impl Shape {
+    /// Events sent as soon as the stream opens, before the first token is due.
+    fn opening(&mut self, usage: &Usage) -> Vec<Bytes> {
+        match self {
+            Shape::OpenAi(_) => Vec::new(),
+            Shape::Responses(ev) => ev.opening(),
+            Shape::Messages { id, model } => anthropic::opening(id, model, usage),
+        }
+    }
+
+    /// Events sent with the first token, just before it.
+    fn before_first_token(&mut self) -> Vec<Bytes> {
+        match self {
+            Shape::Responses(ev) => ev.before_first_token(),
+            Shape::OpenAi(_) | Shape::Messages { .. } => Vec::new(),
+        }
+    }
+
+    fn token(&mut self, index: u32, piece: &str) -> Bytes {
+        match self {
+            Shape::OpenAi(meta) => openai::token_event(meta, index, piece),
+            Shape::Responses(ev) => ev.token(piece),
+            Shape::Messages { .. } => anthropic::token(piece),
+        }
+    }
+
+    /// Events after the last token; the last one ends the stream.
+    fn closing(&mut self, usage: &Usage) -> Vec<Bytes> {
+        match self {
+            Shape::OpenAi(meta) => {
+                let mut out = vec![openai::finish_event(meta)];
+                if meta.include_usage {
+                    out.push(openai::usage_event(meta, usage));
+                }
+                out.push(Bytes::from_static(openai::DONE_EVENT));
+                out
+            }
+            Shape::Responses(ev) => ev.closing(usage),
+            Shape::Messages { .. } => anthropic::closing(usage),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Next {
-    Token,
-    Finish,
-    Usage,
-    Done,
+enum Phase {
+    Opening,
+    Tokens,
+    Closing,
     End,
 }
 
 /// What a stream will say and when.
 #[derive(Debug)]
 pub(crate) struct StreamPlan {
-    pub meta: ResponseMeta,
+    pub shape: Shape,
     pub usage: Usage,
     pub seed: u64,
     pub tokens: u32,
@@ -43,11 +105,12 @@ pub(crate) struct StreamPlan {
     pub inter_token: Duration,
 }
 
-/// SSE body: token events at `first_token_at + i × inter_token`, then the finish event, the usage event (if
-/// requested) and `data: [DONE]`, each its own frame.
+/// SSE body: the shape's opening events at once, token events at `first_token_at + i × inter_token`, then its
+/// closing events, each its own frame.
 pub(crate) struct SseBody {
     plan: StreamPlan,
-    next: Next,
+    phase: Phase,
+    queue: VecDeque<Bytes>,
     index: u32,
     due: Instant,
     timer: Pin<Box<Sleep>>,
@@ -57,15 +120,11 @@ pub(crate) struct SseBody {
 impl SseBody {
     pub(crate) fn new(plan: StreamPlan, guard: StreamGuard) -> Self {
         let due = plan.first_token_at;
-        let next = if plan.tokens == 0 {
-            Next::Finish
-        } else {
-            Next::Token
-        };
         SseBody {
             timer: Box::pin(tokio::time::sleep_until(due)),
             plan,
-            next,
+            phase: Phase::Opening,
+            queue: VecDeque::new(),
             index: 0,
             due,
             guard,
@@ -82,48 +141,55 @@ impl Body for SseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = &mut *self;
-        let event = match this.next {
-            Next::Token => {
-                if Instant::now() < this.due && this.timer.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
+        loop {
+            if let Some(event) = this.queue.pop_front() {
+                if this.phase == Phase::Closing && this.queue.is_empty() {
+                    // The last event is on its way: the stream is complete.
+                    this.phase = Phase::End;
+                    this.guard.complete();
                 }
-                let piece = output::piece(this.plan.seed, this.index);
-                let event = openai::token_event(&this.plan.meta, this.index, &piece);
-                this.index += 1;
-                if this.index >= this.plan.tokens {
-                    this.next = Next::Finish;
-                } else {
+                return Poll::Ready(Some(Ok(Frame::data(event))));
+            }
+            match this.phase {
+                Phase::Opening => {
+                    let events = this.plan.shape.opening(&this.plan.usage);
+                    this.queue.extend(events);
+                    this.phase = Phase::Tokens;
+                }
+                Phase::Tokens if this.index >= this.plan.tokens => {
+                    let events = this.plan.shape.closing(&this.plan.usage);
+                    this.queue.extend(events);
+                    this.phase = Phase::Closing;
+                }
+                Phase::Tokens => {
+                    if Instant::now() < this.due && this.timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    if this.index == 0 {
+                        let events = this.plan.shape.before_first_token();
+                        this.queue.extend(events);
+                    }
+                    let piece = output::piece(this.plan.seed, this.index);
+                    let event = this.plan.shape.token(this.index, &piece);
+                    this.queue.push_back(event);
+                    this.index += 1;
                     // A fixed schedule: a slow reader gets the backlog at once, as from a real server.
                     this.due = after(this.due, this.plan.inter_token);
                     let due = this.due;
                     this.timer.as_mut().reset(due);
                 }
-                event
+                Phase::Closing => {
+                    // A shape that closes with no event still completes.
+                    this.phase = Phase::End;
+                    this.guard.complete();
+                }
+                Phase::End => return Poll::Ready(None),
             }
-            Next::Finish => {
-                this.next = if this.plan.meta.include_usage {
-                    Next::Usage
-                } else {
-                    Next::Done
-                };
-                openai::finish_event(&this.plan.meta)
-            }
-            Next::Usage => {
-                this.next = Next::Done;
-                openai::usage_event(&this.plan.meta, &this.plan.usage)
-            }
-            Next::Done => {
-                this.next = Next::End;
-                this.guard.complete();
-                Bytes::from_static(openai::DONE_EVENT)
-            }
-            Next::End => return Poll::Ready(None),
-        };
-        Poll::Ready(Some(Ok(Frame::data(event))))
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.next == Next::End
+        self.phase == Phase::End && self.queue.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -1,13 +1,31 @@
-//! Prompt tokenization for the mock: a configured Hugging Face tokenizer, or a cheap deterministic built-in one.
-//! Owns text → token ids only; it never panics on any input and never loads anything from disk or the network.
+//! Prompt tokenization for the mock: the configured Hugging Face tokenizer (the shipped Qwen3 one by default)
+//! with its chat template, or a cheap deterministic built-in one. Owns prompt → token ids only; it never panics
+//! on any input and never fetches anything over the network (a tokenizer path is read once, at load).
+//!
+//! With a real tokenizer, chat-shaped prompts (chat, responses, messages) are rendered through the tokenizer's
+//! chat template with the generation prompt and tokenized without adding special tokens, and completions prompts
+//! are tokenized with them, as vLLM does; so `prompt_tokens` includes the template's tokens (Qwen3: 5 per
+//! message plus 3 for the assistant header). A tokenizer without a chat template, and the built-in one, count
+//! `role\ncontent\n` per message instead.
 
 use std::sync::Arc;
+
+use super::config::MockTokenizerSetting;
+use super::openai::{ApiError, Message, Prompt, PromptPart};
+use crate::synth::chat_template::ChatTemplate;
+use crate::synth::error::SynthError;
+use crate::synth::tokenizer::Tokenizer;
 
 /// The tokenizer the mock counts prompt tokens with.
 #[derive(Clone)]
 pub enum MockTokenizer {
-    /// A real tokenizer (the configured one); special tokens are not added.
-    Hf(Arc<tokenizers::Tokenizer>),
+    /// A real tokenizer and its chat template, when it has one.
+    Hf {
+        /// The tokenizer.
+        tokenizer: Arc<Tokenizer>,
+        /// Its chat template, compiled once.
+        template: Option<Arc<ChatTemplate>>,
+    },
     /// The built-in fallback: see [`builtin_pieces`].
     Builtin,
 }
@@ -15,30 +33,126 @@ pub enum MockTokenizer {
 impl std::fmt::Debug for MockTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            MockTokenizer::Hf(_) => f.write_str("MockTokenizer::Hf"),
+            MockTokenizer::Hf {
+                tokenizer,
+                template,
+            } => f
+                .debug_struct("MockTokenizer::Hf")
+                .field("fingerprint", &tokenizer.fingerprint())
+                .field("chat_template", &template.is_some())
+                .finish(),
             MockTokenizer::Builtin => f.write_str("MockTokenizer::Builtin"),
         }
     }
 }
 
+/// The text the built-in tokenizer (and a tokenizer without a chat template) counts for chat messages.
+pub fn plain_render(messages: &[Message]) -> String {
+    let mut text = String::new();
+    for m in messages {
+        text.push_str(&m.role);
+        text.push('\n');
+        text.push_str(&m.content);
+        text.push('\n');
+    }
+    text
+}
+
 impl MockTokenizer {
-    /// Token ids of `text`. A real tokenizer that fails on some input falls back to the built-in one.
+    /// `tokenizer` with its chat template compiled (an invalid template is an error).
+    pub fn hf(tokenizer: Arc<Tokenizer>) -> Result<Self, SynthError> {
+        let template = ChatTemplate::for_tokenizer(&tokenizer)?.map(Arc::new);
+        Ok(MockTokenizer::Hf {
+            tokenizer,
+            template,
+        })
+    }
+
+    /// Loads the tokenizer `setting` names (blocking: reads and parses `tokenizer.json`).
+    pub fn load(setting: &MockTokenizerSetting) -> Result<Self, SynthError> {
+        let tokenizer = match setting {
+            MockTokenizerSetting::Builtin => return Ok(MockTokenizer::Builtin),
+            MockTokenizerSetting::Qwen3 => Tokenizer::default_qwen3()?,
+            MockTokenizerSetting::Path(p) => Tokenizer::from_path(p)?,
+        };
+        Self::hf(Arc::new(tokenizer))
+    }
+
+    /// Token ids of `text`, without special tokens. A real tokenizer that fails on some input falls back to
+    /// the built-in one.
     pub fn encode(&self, text: &str) -> Vec<u32> {
+        self.encode_inner(text, false)
+    }
+
+    fn encode_inner(&self, text: &str, special: bool) -> Vec<u32> {
         match self {
-            MockTokenizer::Hf(t) => match t.encode_fast(text, false) {
-                Ok(enc) => enc.get_ids().to_vec(),
-                Err(e) => {
-                    tracing::debug!(error = %e, "tokenizer failed; using the built-in fallback for this prompt");
-                    builtin_encode(text)
+            MockTokenizer::Hf { tokenizer, .. } => {
+                match tokenizer.inner().encode_fast(text, special) {
+                    Ok(enc) => enc.get_ids().to_vec(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "tokenizer failed; using the built-in fallback for this prompt");
+                        builtin_encode(text)
+                    }
                 }
-            },
+            }
             MockTokenizer::Builtin => builtin_encode(text),
+        }
+    }
+
+    /// The prompt's token ids (see the module documentation); a chat template that refuses the messages (say,
+    /// roles that do not alternate) is a 400, as in vLLM.
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+        match prompt {
+            Prompt::Messages(messages) => {
+                let text = match self {
+                    MockTokenizer::Hf {
+                        template: Some(t), ..
+                    } => {
+                        let pairs: Vec<(&str, &str)> = messages
+                            .iter()
+                            .map(|m| (m.role.as_str(), m.content.as_str()))
+                            .collect();
+                        t.render(&pairs).map_err(|e| {
+                            ApiError::bad_request(
+                                "chat_template_error",
+                                format!("the chat template could not render these messages: {e}"),
+                            )
+                        })?
+                    }
+                    _ => plain_render(messages),
+                };
+                Ok(self.encode_inner(&text, false))
+            }
+            Prompt::Raw(parts) => {
+                let mut out = Vec::new();
+                for part in parts {
+                    match part {
+                        PromptPart::Text(t) => out.extend(self.encode_inner(t, true)),
+                        PromptPart::Tokens(t) => out.extend_from_slice(t),
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Bytes of text a prompt makes the tokenizer read (to decide whether it belongs on a blocking thread).
+    pub fn prompt_bytes(prompt: &Prompt) -> usize {
+        match prompt {
+            Prompt::Messages(m) => m.iter().map(|m| m.role.len() + m.content.len()).sum(),
+            Prompt::Raw(parts) => parts
+                .iter()
+                .map(|p| match p {
+                    PromptPart::Text(t) => t.len(),
+                    PromptPart::Tokens(_) => 0,
+                })
+                .sum(),
         }
     }
 
     /// Whether encoding is expensive enough that large inputs belong on a blocking thread.
     pub fn is_expensive(&self) -> bool {
-        matches!(self, MockTokenizer::Hf(_))
+        matches!(self, MockTokenizer::Hf { .. })
     }
 }
 
@@ -151,19 +265,47 @@ pub(crate) mod tests {
     }
 
     /// A tiny word-level tokenizer: whitespace pre-tokenizer, three known words, everything else `[UNK]`.
-    pub(crate) fn word_level() -> Arc<tokenizers::Tokenizer> {
+    pub(crate) fn word_level() -> Arc<Tokenizer> {
         let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
             "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
             "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2},"unk_token":"[UNK]"}}"#;
-        Arc::new(json.parse().expect("a valid tokenizer.json"))
+        Arc::new(Tokenizer::from_bytes(json.as_bytes(), None).expect("a valid tokenizer.json"))
     }
 
     #[test]
     fn a_configured_tokenizer_is_used() {
-        let t = MockTokenizer::Hf(word_level());
+        let t = MockTokenizer::hf(word_level()).expect("no template to compile");
         assert!(t.is_expensive());
         assert_eq!(t.encode("hello world, hello"), [1, 2, 0, 1]);
         assert_eq!(t.encode(""), Vec::<u32>::new());
+        // No chat template: messages are counted as `role\ncontent\n`.
+        let m = Prompt::Messages(vec![Message::new("hello", "world world")]);
+        assert_eq!(t.prompt_tokens(&m), Ok(vec![1, 2, 2]));
+    }
+
+    #[test]
+    fn qwen3_counts_its_chat_template_around_the_content() {
+        let t = MockTokenizer::load(&MockTokenizerSetting::Qwen3).expect("shipped tokenizer");
+        let MockTokenizer::Hf { tokenizer, .. } = &t else {
+            panic!("qwen3 is a real tokenizer")
+        };
+        let content = "The quick brown fox jumps over the lazy dog.";
+        let n = tokenizer.encode(content).expect("encodes").len();
+        let one = Prompt::Messages(vec![Message::new("user", content)]);
+        let ids = t.prompt_tokens(&one).expect("renders");
+        // <|im_start|>user\n … <|im_end|>\n<|im_start|>assistant\n
+        assert_eq!(ids.len(), n + 8);
+        let im_start = tokenizer.inner().token_to_id("<|im_start|>");
+        assert_eq!(ids.first().copied(), im_start);
+        let two = Prompt::Messages(vec![
+            Message::new("system", "Be terse."),
+            Message::new("user", content),
+        ]);
+        let sys = tokenizer.encode("Be terse.").expect("encodes").len();
+        assert_eq!(t.prompt_tokens(&two).expect("renders").len(), sys + n + 13);
+        // Completions text is the text's own tokens (Qwen3 adds no BOS).
+        let raw = Prompt::Raw(vec![PromptPart::Text(content.into())]);
+        assert_eq!(t.prompt_tokens(&raw).expect("encodes").len(), n);
     }
 
     proptest::proptest! {
@@ -187,5 +329,10 @@ pub(crate) mod tests {
         assert_eq!(&b[..a.len()], &a[..]);
         assert_ne!(builtin_encode("the"), builtin_encode("The"));
         assert_eq!(MockTokenizer::Builtin.encode("x y"), builtin_encode("x y"));
+        let m = Prompt::Messages(vec![Message::new("user", "x y")]);
+        assert_eq!(
+            MockTokenizer::Builtin.prompt_tokens(&m),
+            Ok(builtin_encode("user\nx y\n"))
+        );
     }
 }

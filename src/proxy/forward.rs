@@ -184,32 +184,68 @@ pub struct Upstream {
     pub host_header: HeaderValue,
 }
 
+type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why the upstream client could not be set up at start. Each names the key to fix and keeps
+/// its cause (`config::validate` has already checked the URL's shape, so these are rare).
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamSetupError {
+    /// `url` is shown with any password redacted.
+    #[error("upstream.url `{url}` {problem}")]
+    Url {
+        url: String,
+        problem: &'static str,
+        #[source]
+        source: Option<Cause>,
+    },
+    #[error("upstream.authority `{value}` is not a valid host[:port]")]
+    Authority {
+        value: String,
+        #[source]
+        source: Cause,
+    },
+    #[error(transparent)]
+    TlsFile(#[from] crate::tls::TlsError),
+    #[error("{key}: {problem}")]
+    Tls {
+        key: &'static str,
+        problem: &'static str,
+        #[source]
+        source: Option<rustls::Error>,
+    },
+}
+
 impl Upstream {
-    pub fn parse(url: &str) -> Result<Self, String> {
+    pub fn parse(url: &str) -> Result<Self, UpstreamSetupError> {
         let shown = crate::config::redact_url(url);
+        let bad = |problem: &'static str, source: Option<Cause>| UpstreamSetupError::Url {
+            url: shown.clone(),
+            problem,
+            source,
+        };
         let uri: Uri = url
             .parse()
-            .map_err(|e| format!("`{shown}` is not a URL: {e}"))?;
+            .map_err(|e| bad("is not a URL", Some(Box::new(e))))?;
         let scheme = uri
             .scheme()
             .cloned()
-            .ok_or_else(|| format!("`{shown}` has no scheme"))?;
+            .ok_or_else(|| bad("has no scheme", None))?;
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("`{shown}` has no host"))?;
+            .ok_or_else(|| bad("has no host", None))?;
         let base_path = uri.path().trim_end_matches('/').to_string();
         let host_port = authority
             .as_str()
             .rsplit_once('@')
             .map_or(authority.as_str(), |(_, h)| h);
         let host_header = HeaderValue::from_str(host_port)
-            .map_err(|e| format!("`{shown}` has an invalid host: {e}"))?;
+            .map_err(|e| bad("has an invalid host", Some(Box::new(e))))?;
         // Requests name the host without user-info too: HTTP/2 sends the URI's authority as
         // `:authority` verbatim.
         let request_authority = host_port
             .parse()
-            .map_err(|e| format!("`{shown}` has an invalid host: {e}"))?;
+            .map_err(|e: http::uri::InvalidUri| bad("has an invalid host", Some(Box::new(e))))?;
         Ok(Self {
             host_header,
             scheme,
@@ -222,13 +258,16 @@ impl Upstream {
 
     /// Sends `Host` / `:authority` as `authority` (`upstream.authority`) instead of the URL's,
     /// while connections still go to the URL's address. `None` keeps the URL's.
-    pub fn with_authority(mut self, authority: Option<&str>) -> Result<Self, String> {
+    pub fn with_authority(mut self, authority: Option<&str>) -> Result<Self, UpstreamSetupError> {
         if let Some(a) = authority {
-            let invalid = |e: &dyn std::fmt::Display| {
-                format!("upstream.authority `{a}` is not a valid host[:port]: {e}")
+            let invalid = |source: Cause| UpstreamSetupError::Authority {
+                value: a.to_string(),
+                source,
             };
-            self.request_authority = a.parse().map_err(|e| invalid(&e))?;
-            self.host_header = HeaderValue::from_str(a).map_err(|e| invalid(&e))?;
+            self.request_authority = a
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| invalid(Box::new(e)))?;
+            self.host_header = HeaderValue::from_str(a).map_err(|e| invalid(Box::new(e)))?;
         }
         Ok(self)
     }
@@ -323,25 +362,34 @@ pub fn build_client(
 }
 
 /// The upstream TLS settings; every error names the key to fix.
-pub fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
+pub fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, UpstreamSetupError> {
     let provider = crate::tls::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("upstream.tls: {e}"))?;
+        .map_err(|e| UpstreamSetupError::Tls {
+            key: "upstream.tls",
+            problem: "no usable protocol version",
+            source: Some(e),
+        })?;
     // A client certificate for upstreams that require one (mTLS).
     let identity = match (&cfg.tls.client_cert, &cfg.tls.client_key) {
         (Some(cert), Some(key)) => Some((
-            crate::tls::load_certs("upstream.tls.client_cert", cert).map_err(|e| e.to_string())?,
-            crate::tls::load_key("upstream.tls.client_key", key).map_err(|e| e.to_string())?,
+            crate::tls::load_certs("upstream.tls.client_cert", cert)?,
+            crate::tls::load_key("upstream.tls.client_key", key)?,
         )),
         _ => None,
     };
     let finish =
         |b: rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>| {
             match identity {
-                Some((chain, key)) => b.with_client_auth_cert(chain, key).map_err(|e| {
-                    format!("upstream.tls.client_key does not match upstream.tls.client_cert: {e}")
-                }),
+                Some((chain, key)) => {
+                    b.with_client_auth_cert(chain, key)
+                        .map_err(|e| UpstreamSetupError::Tls {
+                            key: "upstream.tls.client_key",
+                            problem: "does not match upstream.tls.client_cert",
+                            source: Some(e),
+                        })
+                }
                 None => Ok(b.with_no_client_auth()),
             }
         };
@@ -366,17 +414,16 @@ pub fn tls_config(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> 
             }
             let (added, _ignored) = roots.add_parsable_certificates(found.certs);
             if added == 0 && cfg.tls.ca_file.is_none() {
-                return Err(
-                    "upstream.tls.roots = \"native\" found no usable system certificates; \
-                            use roots = \"webpki\" or set upstream.tls.ca_file"
-                        .into(),
-                );
+                return Err(UpstreamSetupError::Tls {
+                    key: "upstream.tls.roots",
+                    problem: "\"native\" found no usable system certificates; use roots = \"webpki\" or set upstream.tls.ca_file",
+                    source: None,
+                });
             }
         }
     }
     if let Some(path) = &cfg.tls.ca_file {
-        let extra =
-            crate::tls::load_roots("upstream.tls.ca_file", path).map_err(|e| e.to_string())?;
+        let extra = crate::tls::load_roots("upstream.tls.ca_file", path)?;
         roots.roots.extend(extra.roots);
     }
     finish(builder.with_root_certificates(roots))
@@ -515,7 +562,7 @@ pub fn classify(
     }
     let detail = error_chain(&err);
     if err.is_connect() {
-        if detail.contains("timed out") || detail.contains("TimedOut") {
+        if is_timeout(&err) {
             return ProxyError::UpstreamTimeout {
                 stage: "accept the connection",
                 after: connect_timeout,
@@ -527,6 +574,20 @@ pub fn classify(
         };
     }
     ProxyError::UpstreamBroken(detail)
+}
+
+/// Whether `err` or any error it wraps is an I/O timeout (the connector's connect timeout).
+fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// An exchange that failed after the request was handed to the upstream connection: the

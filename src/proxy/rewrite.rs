@@ -6,8 +6,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 
 use crate::cachebust::{
-    build_marker, digest, parse, DigestInputs, ListParts, Location, Phase, Plan, RewriteError,
-    Shape, Target,
+    build_marker, digest, parse, DigestInputs, ListParts, Phase, Plan, RewriteError, Shape, Target,
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
@@ -270,14 +269,9 @@ pub fn apply(
         Err(e) => return unparseable(e, rt),
     };
     if let Some(loc) = outcome.location {
-        let loc = match loc {
-            Location::System => "system",
-            Location::FirstUser => "first_user",
-            Location::Fallthrough => "fallthrough",
-        };
         rt.metrics
             .markers
-            .with_label_values(&[d.target.as_str(), d.phase.as_str(), loc])
+            .with_label_values(&[d.target.as_str(), d.phase.as_str(), loc.as_str()])
             .inc();
     }
     Ok(Rewritten {

@@ -1,6 +1,8 @@
-//! Chat-template token overheads (AIPerf `_estimate_chat_template_overheads`): renders the
-//! tokenizer's Jinja chat template on three fixed probes and measures fixed and per-message cost.
-//! Owns template rendering for that estimate only; must never render request payloads.
+//! Chat templates: [`ChatTemplate`] compiles a tokenizer's Jinja chat template once and renders it
+//! as transformers' `apply_chat_template` does, and [`estimate_overheads`] measures its fixed and
+//! per-message token cost on three fixed probes (AIPerf `_estimate_chat_template_overheads`).
+//! Owns template rendering only; never tokenizes beyond the estimate and never reads request
+//! bodies itself (the mock model hands it role/content pairs).
 
 use std::collections::BTreeMap;
 
@@ -46,46 +48,73 @@ fn special_token(tokenizer: &Tokenizer, id: Option<u32>) -> Value {
         .unwrap_or(Value::from(()))
 }
 
-/// Renders `template` like transformers' `apply_chat_template(tokenize=False,
-/// add_generation_prompt=True)`: Jinja with trim_blocks and lstrip_blocks.
-pub fn render(
-    template: &str,
-    messages: &[(&str, &str)],
+/// A chat template compiled once (Jinja with trim_blocks and lstrip_blocks, Python string
+/// methods, `raise_exception`), with the tokenizer's BOS and EOS token texts.
+pub struct ChatTemplate {
+    env: Environment<'static>,
     bos: Value,
     eos: Value,
-) -> Result<String, SynthError> {
-    let mut env = Environment::new();
-    let syntax = minijinja::syntax::SyntaxConfig::builder()
-        .trim_blocks(true)
-        .lstrip_blocks(true)
-        .build()
-        .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
-    env.set_syntax(syntax);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function(
-        "raise_exception",
-        |msg: String| -> Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(
-                minijinja::ErrorKind::InvalidOperation,
-                msg,
-            ))
-        },
-    );
-    env.add_template("chat", template)
-        .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
-    let tmpl = env
-        .get_template("chat")
-        .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
-    let msgs: Vec<Value> = messages.iter().map(|(r, c)| message(r, c)).collect();
-    let ctx = map([
-        ("messages", Value::from(msgs)),
-        ("add_generation_prompt", Value::from(true)),
-        ("tools", Value::from(())),
-        ("bos_token", bos),
-        ("eos_token", eos),
-    ]);
-    tmpl.render(ctx)
-        .map_err(|e| SynthError::ChatTemplate(e.to_string()))
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `template`; a syntax error is [`SynthError::ChatTemplate`].
+    pub fn new(template: &str, bos: Value, eos: Value) -> Result<Self, SynthError> {
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        env.add_template_owned("chat", template.to_owned())
+            .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
+        Ok(ChatTemplate { env, bos, eos })
+    }
+
+    /// The tokenizer's own chat template, or `None` when it has none.
+    pub fn for_tokenizer(tokenizer: &Tokenizer) -> Result<Option<Self>, SynthError> {
+        let Some(template) = tokenizer.chat_template() else {
+            return Ok(None);
+        };
+        let bos = special_token(tokenizer, tokenizer.bos_token_id());
+        let eos = special_token(tokenizer, tokenizer.eos_token_id());
+        Self::new(template, bos, eos).map(Some)
+    }
+
+    /// Renders `messages` (role, content) like transformers' `apply_chat_template(tokenize=False,
+    /// add_generation_prompt=True)`.
+    pub fn render(&self, messages: &[(&str, &str)]) -> Result<String, SynthError> {
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
+        let msgs: Vec<Value> = messages.iter().map(|(r, c)| message(r, c)).collect();
+        let ctx = map([
+            ("messages", Value::from(msgs)),
+            ("add_generation_prompt", Value::from(true)),
+            ("tools", Value::from(())),
+            ("bos_token", self.bos.clone()),
+            ("eos_token", self.eos.clone()),
+        ]);
+        tmpl.render(ctx)
+            .map_err(|e| SynthError::ChatTemplate(e.to_string()))
+    }
 }
 
 /// AIPerf's estimate; `Ok(None)` when the tokenizer has no chat template or a per-probe value is
@@ -93,22 +122,15 @@ pub fn render(
 pub fn estimate_overheads(
     tokenizer: &Tokenizer,
 ) -> Result<Option<ChatTemplateOverheads>, SynthError> {
-    let Some(template) = tokenizer.chat_template() else {
+    let Some(template) = ChatTemplate::for_tokenizer(tokenizer)? else {
         return Ok(None);
     };
-    let bos = special_token(tokenizer, tokenizer.bos_token_id());
-    let eos = special_token(tokenizer, tokenizer.eos_token_id());
     let special = tokenizer.num_special_tokens_to_add() as f64;
     let mut fixed_sum = 0.0;
     let mut wrap_sum = 0.0;
     for s in PROBES {
-        let single = render(template, &[("user", s)], bos.clone(), eos.clone())?;
-        let triple = render(
-            template,
-            &[("user", s), ("assistant", s), ("user", s)],
-            bos.clone(),
-            eos.clone(),
-        )?;
+        let single = template.render(&[("user", s)])?;
+        let triple = template.render(&[("user", s), ("assistant", s), ("user", s)])?;
         let n_single = tokenizer.encode(&single)?.len() as f64;
         let n_triple = tokenizer.encode(&triple)?.len() as f64;
         let n_s = tokenizer.encode(s)?.len() as f64;
