@@ -129,3 +129,30 @@ fn config_parse_errors_do_not_show_url_passwords() {
         "{msg}"
     );
 }
+
+/// `rewrite`: a message whose member name holds a lone surrogate escape passed the first
+/// (syntax) parse, then failed when names were decoded, as an internal error (a 500 that asks
+/// to report a bug). It is the client's invalid JSON text: a client error.
+#[test]
+fn lone_surrogate_in_a_message_key_is_a_client_error() {
+    use kvbust::cachebust::{parse, Plan, Shape, Target};
+    for (shape, body) in [
+        (
+            Shape::Responses,
+            &br#"{"input":[{"typ\uDDDDe":"x","role":"user","content":"Hi"}]}"#[..],
+        ),
+        (
+            Shape::Chat,
+            &br#"{"messages":[{"\uD800":1,"role":"user","content":"Hi"}]}"#[..],
+        ),
+    ] {
+        let r = parse(shape, body).and_then(|p| {
+            p.apply(&Plan::new(
+                Target::FirstTurnPrefix,
+                "[rid:0123456789ab]\n\n",
+            ))
+        });
+        let e = r.expect_err("invalid text");
+        assert!(e.is_client_error(), "{e}");
+    }
+}
