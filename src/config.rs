@@ -1008,6 +1008,19 @@ impl Config {
 /// `url` with the password of its user-info replaced (`http://user:<redacted>@host/`), for
 /// anything shown to people: `/config`, `config show`, logs and error messages. A URL without
 /// a password (or not a URL at all) comes back as it was.
+/// `text` with [`redact_url`] applied to every URL-like word in it (split at whitespace and
+/// quotes), for messages that quote configuration source, e.g. a TOML parse error's line.
+pub fn redact_urls_in(text: &str) -> String {
+    if !text.contains("://") {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    for word in text.split_inclusive(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`')) {
+        out.push_str(&redact_url(word));
+    }
+    out
+}
+
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
@@ -1183,7 +1196,8 @@ fn from_figment(e: figment::Error) -> ConfigError {
             return ConfigError::new(full, message);
         }
         other => {
-            let mut m = other.to_string();
+            // Parse errors quote the source line, which may hold an upstream URL's password.
+            let mut m = redact_urls_in(&other.to_string());
             if let Some(md) = &e.metadata {
                 m.push_str(&format!(" (from {})", md.name));
             }

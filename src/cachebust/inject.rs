@@ -510,7 +510,9 @@ fn message<'a>(path: Path, raw: &'a RawValue) -> Result<RawObject<'a>, RewriteEr
             found: found(Some(raw)),
         });
     }
-    raw::object(raw).map_err(internal("object of a validated object"))
+    // The syntax was validated, but a member name holding a lone surrogate (`"\uDDDD"`) only
+    // fails now, when names are decoded: the client's JSON is invalid text, a 400.
+    raw::object(raw).map_err(RewriteError::InvalidJson)
 }
 
 /// The message's role; `None` when absent or not decodable text.

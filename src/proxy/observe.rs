@@ -442,7 +442,9 @@ impl Observer {
         }
     }
 
-    fn finish(&mut self) {
+    /// Ends the exchange: reads a JSON body's `usage` and counts the tokens (once; the body
+    /// wrapper calls it at the end of the stream; public for the fuzz harness).
+    pub fn finish(&mut self) {
         if self.ended {
             return;
         }

@@ -28,6 +28,7 @@ const PLACEHOLDER_OPEN: &[u8] = b"{{kvbust:";
 const MAX_PLACEHOLDER_TOKENS: usize = 1 << 20;
 /// Longest placeholder text between `{{kvbust:` and `}}`; what is longer is not a placeholder.
 const MAX_PLACEHOLDER_INNER: usize = 64;
+
 /// The byte ranges of a JSON object's members, in order. Keys are decoded; values stay raw.
 struct Members {
     items: Vec<(String, Range<usize>)>,
@@ -58,11 +59,12 @@ fn members(body: &[u8]) -> Result<Members, ProxyError> {
             format!("cannot synthesize into this body: {e}"),
         )
     };
+    // serde_json quotes a whole string that is not an object ("invalid type: string ..."):
+    // bound what reaches the client and the log.
+    let quoted = |e: serde_json::Error| bad(crate::error::excerpt(e.to_string().as_bytes()));
     let mut de = serde_json::Deserializer::from_slice(body);
-    let items = de
-        .deserialize_map(V(body))
-        .map_err(|e| bad(e.to_string()))?;
-    de.end().map_err(|e| bad(e.to_string()))?;
+    let items = de.deserialize_map(V(body)).map_err(quoted)?;
+    de.end().map_err(quoted)?;
     let close = body
         .iter()
         .rposition(|&b| b == b'}')
@@ -209,6 +211,7 @@ pub fn find_placeholders_limited(
     let mut out: Vec<Placeholder> = Vec::new();
     let mut total = 0usize;
     let mut at = region.start;
+    let (mut string_end, mut in_key) = (0, false);
     while let Some(i) = memfind(&body[at..region.end], PLACEHOLDER_OPEN) {
         let start = at + i;
         let rest = &body[start..region.end];
@@ -225,6 +228,17 @@ pub fn find_placeholders_limited(
             ));
         }
         let end = end + 2;
+        // Placeholders of one string share its answer, so a long string is walked once.
+        if end >= string_end {
+            let (close, is_key) = string_close(&body[end..region.end]);
+            string_end = end + close;
+            in_key = is_key;
+        }
+        if in_key {
+            // A member name is not message text: left as the client wrote it.
+            at = end;
+            continue;
+        }
         // Only ASCII was accepted above, so this is UTF-8.
         let text =
             std::str::from_utf8(&body[start..end]).map_err(|_| malformed(rest, "not UTF-8"))?;
@@ -252,6 +266,25 @@ pub fn find_placeholders_limited(
         at = end;
     }
     Ok(out)
+}
+
+/// For the JSON string that `rest` continues (from inside it, not within an escape): the
+/// offset just past its closing quote, and whether it is an object key (`:` follows).
+fn string_close(rest: &[u8]) -> (usize, bool) {
+    let mut i = 0;
+    while let Some(j) = memchr::memchr2(b'"', b'\\', &rest[i.min(rest.len())..]) {
+        let q = i + j;
+        if rest[q] == b'\\' {
+            i = q + 2;
+            continue;
+        }
+        let is_key = rest[q + 1..]
+            .iter()
+            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+            == Some(&b':');
+        return (q + 1, is_key);
+    }
+    (rest.len(), false)
 }
 
 fn parse_placeholder(text: &str, range: Range<usize>) -> Result<Placeholder, ProxyError> {
