@@ -56,7 +56,7 @@ use std::fmt;
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
-use super::marker::{is_any_marker, strip_any_marker};
+use super::marker::{is_any_marker, strip_all_markers};
 use super::raw::{self, Kind, RawObject};
 use super::target::Target;
 
@@ -972,7 +972,7 @@ impl<'a> Parsed<'a> {
             Kind::String => {
                 let s = raw::string(content).ok()?;
                 h.update(b"s\0");
-                h.update(strip_any_marker(&s).as_bytes());
+                h.update(strip_all_markers(&s).as_bytes());
             }
             Kind::Array => {
                 let serde_json::Value::Array(mut parts) =
@@ -1019,7 +1019,7 @@ fn unmark_parts(parts: &mut Vec<serde_json::Value>) {
         parts.pop();
     }
     if let Some(s) = parts.iter_mut().find_map(text_part_mut) {
-        let stripped = strip_any_marker(s);
+        let stripped = strip_all_markers(s);
         if stripped.len() != s.len() {
             *s = stripped.to_owned();
         }

@@ -126,6 +126,20 @@ pub fn strip_any_marker(s: &str) -> &str {
     out
 }
 
+/// [`strip_any_marker`] until nothing more comes off, so a text that already carried a marker
+/// when the client sent it (`[warmup]\n\nHi`) and the same text with kvbust's marker added on
+/// top reduce to the same thing (`Hi`): the session hash must not change when kvbust marks.
+pub fn strip_all_markers(s: &str) -> &str {
+    let mut out = s;
+    loop {
+        let next = strip_any_marker(out);
+        if next.len() == out.len() {
+            return out;
+        }
+        out = next;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,6 +254,11 @@ mod tests {
         assert_eq!(strip_any_marker("[rid:bec92e2bea5e]\n\nHi"), "Hi");
         assert_eq!(strip_any_marker("Hi\n\n[rid:bec92e2bea5e]"), "Hi");
         assert_eq!(strip_any_marker("[warmup]\n\nHi"), "Hi");
+        assert_eq!(
+            strip_all_markers("[rid:bec92e2bea5e]\n\n[warmup]\n\nHi\n\n[rid:bec92e2bea5e]"),
+            "Hi"
+        );
+        assert_eq!(strip_all_markers("Hi"), "Hi");
         assert_eq!(strip_any_marker("[rid:bec92e2bea5e]\n\n"), "");
         assert_eq!(strip_any_marker("\n\n[rid:bec92e2bea5e]"), "");
         assert_eq!(strip_any_marker("[rid:zzz]\n\nHi"), "[rid:zzz]\n\nHi");
