@@ -27,12 +27,6 @@ pub enum AppError {
     Other(#[from] anyhow::Error),
 }
 
-/// `err` and its causes, `: `-joined, each once (a cause whose text its parent already
-/// repeats is not printed twice).
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    crate::proxy::forward::error_chain(err)
-}
-
 impl AppError {
     pub fn exit_code(&self) -> ExitCode {
         match self {

@@ -248,6 +248,13 @@ pub struct LimitsConfig {
     pub max_control_header: ByteSize,
 }
 
+impl LimitsConfig {
+    /// `max_control_header` in bytes, as header lengths are measured.
+    pub fn control_header_len(&self) -> usize {
+        usize::try_from(self.max_control_header.as_u64()).unwrap_or(usize::MAX)
+    }
+}
+
 impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
@@ -1005,9 +1012,6 @@ impl Config {
     }
 }
 
-/// `url` with the password of its user-info replaced (`http://user:<redacted>@host/`), for
-/// anything shown to people: `/config`, `config show`, logs and error messages. A URL without
-/// a password (or not a URL at all) comes back as it was.
 /// `text` with [`redact_url`] applied to every URL-like word in it (split at whitespace and
 /// quotes), for messages that quote configuration source, e.g. a TOML parse error's line.
 pub fn redact_urls_in(text: &str) -> String {
@@ -1021,6 +1025,9 @@ pub fn redact_urls_in(text: &str) -> String {
     out
 }
 
+/// `url` with the password of its user-info replaced (`http://user:<redacted>@host/`), for
+/// anything shown to people: `/config`, `config show`, logs and error messages. A URL without
+/// a password (or not a URL at all) comes back as it was.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();

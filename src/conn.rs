@@ -358,14 +358,7 @@ where
 /// The gap that timed a request body out, if `err` (or any error it wraps) is a
 /// [`BodyReadTimeout`].
 pub fn body_timeout_in(err: &(dyn std::error::Error + 'static)) -> Option<Duration> {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if let Some(t) = e.downcast_ref::<BodyReadTimeout>() {
-            return Some(t.0);
-        }
-        cur = e.source();
-    }
-    None
+    crate::error::causes(err).find_map(|e| e.downcast_ref::<BodyReadTimeout>().map(|t| t.0))
 }
 
 #[cfg(test)]

@@ -133,6 +133,27 @@ impl ProxyError {
     }
 }
 
+/// `err` and every error it wraps, outermost first.
+pub fn causes<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(err), |e| e.source())
+}
+
+/// `err` and its causes, `: `-joined; a cause whose text its parent already repeats is left
+/// out (hyper keeps the useful part in the sources, thiserror often repeats it).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = err.to_string();
+    for e in causes(err).skip(1) {
+        let m = e.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+    }
+    s
+}
+
 /// The most bytes of client-supplied text quoted in an error or a log line.
 pub const MAX_EXCERPT: usize = 200;
 

@@ -13,8 +13,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::UpstreamConfig;
+use crate::error::error_chain;
 use crate::metrics::Metrics;
-use crate::proxy::forward::{error_chain, Upstream, UpstreamClient};
+use crate::proxy::forward::{Upstream, UpstreamClient};
 use crate::proxy::full_body;
 
 /// The probe's paths when `upstream.health_path` is not set: vLLM, SGLang, TensorRT-LLM and

@@ -11,7 +11,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // The whole cause chain: typed errors keep the detail in their sources.
-            eprintln!("kvbust: {}", kvbust::app::error_chain(&e));
+            eprintln!("kvbust: {}", kvbust::error::error_chain(&e));
             e.exit_code()
         }
     }

@@ -227,15 +227,7 @@ async fn upstream_down_is_a_502_json_error() {
     drop(dead);
     let h = start_proxy(&format!("http://{dead_addr}"), |_| {}).await;
     for (name, client) in clients() {
-        let resp = send(
-            &client,
-            post(
-                &h.url("/v1/chat/completions"),
-                chat_body("hi", false, 1),
-                &[],
-            ),
-        )
-        .await;
+        let resp = chat(&client, &h, chat_body("hi", false, 1)).await;
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY, "{name}");
         assert_eq!(resp.headers()["content-type"], "application/json");
         let v = json(resp).await;
@@ -282,11 +274,7 @@ async fn oversized_body_on_a_rewritten_route_is_a_413() {
     .await;
     let big = chat_body(&"x".repeat(4096), false, 1);
     for (name, client) in clients() {
-        let resp = send(
-            &client,
-            post(&h.url("/v1/chat/completions"), big.clone(), &[]),
-        )
-        .await;
+        let resp = chat(&client, &h, big.clone()).await;
         assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "{name}");
         let v = json(resp).await;
         assert_eq!(v["error"]["code"], "body_too_large");
@@ -425,15 +413,7 @@ async fn admin_endpoints_and_phase_switch() {
         (Some("profiling"), Some("warmup"))
     );
     // The default phase now applies to requests without the header.
-    let resp = send(
-        &c,
-        post(
-            &h.url("/v1/chat/completions"),
-            chat_body("hi", false, 1),
-            &[],
-        ),
-    )
-    .await;
+    let resp = chat(&c, &h, chat_body("hi", false, 1)).await;
     assert_eq!(resp.headers()["x-kvbust-phase"], "warmup");
     let cfg = String::from_utf8(
         body_bytes(send(&c, get(&h.admin_url("/config"))).await)

@@ -131,15 +131,7 @@ async fn a_stream_longer_than_the_idle_timeout_is_never_cut() {
     let h = start_with_mock(mock, short_timeouts).await;
     for (name, client) in clients() {
         // 40 tokens × 40 ms ≈ 1.6 s, over twice the idle timeout, with no client bytes meanwhile.
-        let resp = send(
-            &client,
-            post(
-                &h.url("/v1/chat/completions"),
-                chat_body("hi", true, 40),
-                &[],
-            ),
-        )
-        .await;
+        let resp = chat(&client, &h, chat_body("hi", true, 40)).await;
         assert_eq!(resp.status(), 200, "{name}");
         let body = body_bytes(resp).await;
         let events = sse_data(&body);
@@ -333,11 +325,7 @@ async fn buffered_bodies_share_one_budget_and_past_it_get_503_at_once() {
     // B: 10 KB more would pass 64 KiB: refused at once, counted, nothing forwarded.
     let big = chat_body(&"y".repeat(10_000), false, 1);
     let start = Instant::now();
-    let resp = send(
-        &h1(),
-        post(&h.url("/v1/chat/completions"), big.clone(), &[]),
-    )
-    .await;
+    let resp = chat(&h1(), &h, big.clone()).await;
     assert_eq!(resp.status(), 503);
     assert!(start.elapsed() < Duration::from_secs(2), "not queued");
     assert_eq!(resp.headers()["retry-after"], "1");
@@ -350,7 +338,7 @@ async fn buffered_bodies_share_one_budget_and_past_it_get_503_at_once() {
         h.runtime.bodies.used() == 0
     })
     .await;
-    let resp = send(&h1(), post(&h.url("/v1/chat/completions"), big, &[])).await;
+    let resp = chat(&h1(), &h, big).await;
     assert_eq!(resp.status(), 200);
     body_bytes(resp).await;
     assert_eq!(h.runtime.bodies.used(), 0);
@@ -408,15 +396,7 @@ async fn a_password_in_the_upstream_url_is_never_shown_nor_sent_as_host() {
     assert!(config.contains("user:<redacted>@"), "{config}");
     assert!(!config.contains("s3cret"), "{config}");
     for (name, client) in clients() {
-        let resp = send(
-            &client,
-            post(
-                &h.url("/v1/chat/completions"),
-                chat_body("hi", false, 1),
-                &[],
-            ),
-        )
-        .await;
+        let resp = chat(&client, &h, chat_body("hi", false, 1)).await;
         assert_eq!(resp.status(), 200, "{name}");
         body_bytes(resp).await;
     }
@@ -480,15 +460,7 @@ async fn an_upstream_killed_mid_stream_is_counted_and_the_client_stream_ends() {
     });
     let h = start_proxy(&url, |_| {}).await;
     for (name, client) in clients() {
-        let resp = send(
-            &client,
-            post(
-                &h.url("/v1/chat/completions"),
-                chat_body("hi", true, 8),
-                &[],
-            ),
-        )
-        .await;
+        let resp = chat(&client, &h, chat_body("hi", true, 8)).await;
         assert_eq!(resp.status(), 200, "{name}");
         let mut body = resp.into_body();
         let mut got = Vec::new();

@@ -343,15 +343,7 @@ async fn the_built_in_mock_answers_the_probe() {
 /// connection's own upstream connection, the second the worker's pool).
 async fn chat_twice(h: &Harness) {
     for (name, client) in clients() {
-        let resp = send(
-            &client,
-            post(
-                &h.url("/v1/chat/completions"),
-                chat_body("hi", false, 1),
-                &[],
-            ),
-        )
-        .await;
+        let resp = chat(&client, h, chat_body("hi", false, 1)).await;
         assert_eq!(resp.status(), StatusCode::OK, "{name}");
         body_bytes(resp).await;
     }

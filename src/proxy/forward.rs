@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::Body;
 use crate::config::{Http2Mode, RootStore, UpstreamConfig};
-use crate::error::ProxyError;
+use crate::error::{causes, error_chain, ProxyError};
 
 pub type UpstreamClient = Client<Dial, Body>;
 
@@ -586,16 +586,10 @@ pub fn classify(
 
 /// Whether `err` or any error it wraps is an I/O timeout (the connector's connect timeout).
 fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if e.downcast_ref::<std::io::Error>()
+    causes(err).any(|e| {
+        e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
-            return true;
-        }
-        cur = e.source();
-    }
-    false
+    })
 }
 
 /// An exchange that failed after the request was handed to the upstream connection: the
@@ -605,21 +599,6 @@ fn broken(err: &hyper::Error) -> ProxyError {
         Some(after) => ProxyError::ClientBodyTimeout { after },
         None => ProxyError::UpstreamBroken(error_chain(err)),
     }
-}
-
-/// Joins an error with its sources, which is where hyper keeps the useful part.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let m = e.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = e.source();
-    }
-    s
 }
 
 #[cfg(test)]

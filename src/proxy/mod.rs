@@ -298,7 +298,7 @@ impl Proxy {
                         &cfg.cache_bust.session_sources,
                         &parts.headers,
                         &cfg.headers,
-                        cfg.limits.max_control_header.as_u64() as usize,
+                        cfg.limits.control_header_len(),
                     )?;
                     let filled = self.synth.fill(&bytes, key.as_deref()).await?;
                     // AIPerf's placement: first-turn targets skip the user-context message.
@@ -492,7 +492,7 @@ async fn collect_limited(
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| match crate::conn::body_timeout_in(e.as_ref()) {
             Some(after) => ProxyError::ClientBodyTimeout { after },
-            None => ProxyError::ClientBody(forward::error_chain(e.as_ref())),
+            None => ProxyError::ClientBody(crate::error::error_chain(e.as_ref())),
         })?;
         let Ok(data) = frame.into_data() else {
             continue;

@@ -642,7 +642,7 @@ where
                 }
                 Poll::Ready(Some(Err(e))) => {
                     let e: BoxError = e.into();
-                    tracing::warn!(error = %crate::proxy::forward::error_chain(e.as_ref()), "upstream response body failed");
+                    tracing::warn!(error = %crate::error::error_chain(e.as_ref()), "upstream response body failed");
                     this.observer
                         .metrics
                         .error("upstream", "upstream_body_error");

@@ -84,7 +84,7 @@ pub fn decide(headers: &HeaderMap, control: bool, rt: &Runtime) -> Result<Decisi
         });
     }
     let names = &rt.config.headers;
-    let limit = rt.config.limits.max_control_header.as_u64() as usize;
+    let limit = rt.config.limits.control_header_len();
     let (h_phase, h_target, h_ctx) = (&names.phase, &names.target, &names.user_context_messages);
     let phase = match header(headers, h_phase, limit)? {
         Some(v) => v.parse::<Phase>().map_err(|mut e| {
@@ -222,7 +222,7 @@ pub fn apply(
                         &cfg.session_sources,
                         headers,
                         &rt.config.headers,
-                        rt.config.limits.max_control_header.as_u64() as usize,
+                        rt.config.limits.control_header_len(),
                         &parsed,
                         d.user_context_messages,
                     )?

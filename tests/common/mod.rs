@@ -154,6 +154,11 @@ pub fn post(url: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Requ
     b.body(Full::new(body.into())).unwrap()
 }
 
+/// POSTs a chat-completions `body` through `h`'s proxy with `client`.
+pub async fn chat(client: &HttpClient, h: &Harness, body: impl Into<Bytes>) -> Response<Incoming> {
+    send(client, post(&h.url("/v1/chat/completions"), body, &[])).await
+}
+
 pub fn get(url: &str) -> Request<Full<Bytes>> {
     Request::builder()
         .uri(url)
