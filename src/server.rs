@@ -88,6 +88,8 @@ pub enum ServerError {
     Upstream(#[from] forward::UpstreamSetupError),
     #[error("data listener: {0}")]
     Listener(std::io::Error),
+    #[error("data worker {0} cannot start: {1}")]
+    Worker(usize, std::io::Error),
 }
 
 /// Serves until `shutdown` resolves, then drains: readiness turns 503, no new connections are
@@ -131,6 +133,7 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut workers = Vec::new();
+    let mut starting = Vec::new();
     // One worker per data socket (`DataListener::bind` made `listen.workers` of them).
     for (i, listener) in listeners.data.sockets.into_iter().enumerate() {
         let client = forward::build_client(&config.upstream, client_tls.clone(), &upstream);
@@ -143,6 +146,7 @@ pub async fn run(
             timeouts: config.listen.conn_timeouts(),
         };
         let stop = stop_rx.clone();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<std::io::Result<()>>();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<usize>();
         std::thread::Builder::new()
             .name(format!("kvbust-worker-{i}"))
@@ -153,15 +157,42 @@ pub async fn run(
                 {
                     Ok(r) => r,
                     Err(e) => {
-                        tracing::error!("worker {i}: cannot start its runtime: {e}");
+                        let _ = started_tx.send(Err(e));
                         return;
                     }
                 };
-                let aborted = runtime.block_on(worker.serve(listener, stop));
+                let aborted = runtime.block_on(async move {
+                    // Registering needs the worker's own reactor, so it happens on its thread.
+                    let listener = match TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(e));
+                            return 0;
+                        }
+                    };
+                    let _ = started_tx.send(Ok(()));
+                    worker.serve(listener, stop).await
+                });
                 let _ = done_tx.send(aborted);
             })
             .map_err(ServerError::Listener)?;
+        starting.push(started_rx);
         workers.push(done_rx);
+    }
+    // A worker that cannot start (no descriptor left for its event loop, say) stops the whole
+    // server with that error, rather than leaving a port that accepts and never answers. Only
+    // once every worker serves does the admin port (and so readiness) come up.
+    for (i, started) in starting.into_iter().enumerate() {
+        let failed = match started.await {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(_) => std::io::Error::other("its thread ended before it started"),
+        };
+        let _ = stop_tx.send(true);
+        for done in workers {
+            let _ = done.await;
+        }
+        return Err(ServerError::Worker(i, failed));
     }
 
     // The upstream health probe (readiness): one task here, not one per worker, with a client
@@ -228,16 +259,9 @@ impl Worker {
     /// for up to `grace`. Returns how many it had to close by force.
     async fn serve(
         self,
-        listener: std::net::TcpListener,
+        listener: TcpListener,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> usize {
-        let listener = match TcpListener::from_std(listener) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!("worker cannot register the listener: {e}");
-                return 0;
-            }
-        };
         let builder = Arc::new(self.builder);
         let graceful = GracefulShutdown::new();
         let mut conns = JoinSet::new();

@@ -112,6 +112,11 @@ impl Harness {
         format!("http://{}{}", self.admin_addr, path)
     }
 
+    /// Whether the server task has already ended (returned an error or panicked, while running).
+    pub fn server_ended(&self) -> bool {
+        self.task.as_ref().is_none_or(|t| t.is_finished())
+    }
+
     /// Begins shutdown and returns the task that finishes when draining is done.
     pub fn begin_shutdown(&mut self) -> JoinHandle<RunReport> {
         if let Some(tx) = self.stop.take() {
