@@ -7,8 +7,12 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
+use kvbust::synth::corpus::{RandomCorpusStyle, RandomPools};
 use kvbust::synth::reencode::{reencode, Pieces};
 use kvbust::synth::rng::PyRandom;
+use kvbust::synth::tokenizer::{
+    ENDS_WITH_DENSE, ENDS_WITH_LETTER, STARTS_WITH_DENSE, STARTS_WITH_SPACE,
+};
 use kvbust::synth::{compose, PromptCorpus, RangeRatio, SynthParams, TokenCorpus, Tokenizer};
 
 fn fixture(name: &str) -> PathBuf {
@@ -239,4 +243,55 @@ fn qwen3_memoized_random_windows_equal_full() {
 #[test]
 fn llama_memoized_random_windows_equal_full() {
     overlapping_random_windows_agree("llama3.2");
+}
+
+/// Every position of the random corpus's id cycle in its real context: the cycle cut into
+/// chunks, twice (the second pass shifted by half a chunk, so each first-pass chunk edge lies
+/// inside a chunk), each chunk re-encoded locally and in full. Covers every safe position the
+/// shortcut finds in that cycle, dense-letter cuts included; the second pass is mostly served
+/// from the memo the first one filled, from pieces cut in other contexts.
+fn cycle_agrees(name: &str) -> (usize, usize, usize) {
+    let t = &load(name).tokenizer;
+    let ids = RandomPools::new(t, RandomCorpusStyle::Vllm).allowed;
+    let n = ids.len();
+    let chunk = 3000;
+    for shift in [0, chunk / 2] {
+        for start in (shift..n + shift).step_by(chunk) {
+            let window: Vec<u32> = (start..start + chunk).map(|j| ids[j % n]).collect();
+            check(
+                t,
+                &Pieces::opaque(window),
+                &format!("{name} cycle {start}+{chunk}"),
+            );
+        }
+    }
+    // How much of the cycle the safe positions cut up: dense-letter cuts, and the longest
+    // stretch without any safe position.
+    let flags = t.boundary_flags().unwrap();
+    let f = |id: u32| flags[id as usize];
+    let (mut dense, mut longest, mut run) = (0, 0, 0);
+    for i in 1..n {
+        let (l, r) = (f(ids[i - 1]), f(ids[i]));
+        let letter = l & ENDS_WITH_LETTER != 0 && r & STARTS_WITH_SPACE != 0;
+        let cut = l & ENDS_WITH_DENSE != 0
+            && r & STARTS_WITH_DENSE != 0
+            && t.letter_cut(ids[i - 1], ids[i]);
+        dense += usize::from(cut);
+        run = if letter || cut { 0 } else { run + 1 };
+        longest = longest.max(run);
+    }
+    (n, dense, longest)
+}
+
+#[test]
+fn qwen3_whole_random_cycle_reencodes_exactly() {
+    let (n, dense, longest) = cycle_agrees("qwen3");
+    eprintln!("qwen3: {n} ids, {dense} dense-letter cuts, longest stretch {longest}");
+    assert!(dense > 10_000, "{dense}");
+}
+
+#[test]
+fn llama_whole_random_cycle_reencodes_exactly() {
+    let (n, dense, longest) = cycle_agrees("llama3.2");
+    eprintln!("llama3.2: {n} ids, {dense} dense-letter cuts, longest stretch {longest}");
 }

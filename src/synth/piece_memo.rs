@@ -8,9 +8,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// A multiply-rotate hasher for short id slices (SipHash costs more than the lookup saves).
+/// A multiply-rotate hasher for short id slices and packed integer keys (SipHash costs more
+/// than the lookup saves; keys are never attacker-chosen).
 #[derive(Default)]
-struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -38,8 +39,9 @@ type Shard = HashMap<Box<[u32]>, Box<[u32]>, BuildHasherDefault<IdHasher>>;
 const MEMO_SHARDS: usize = 16;
 /// Entries kept before a shard is emptied (bounds the memory at a few tens of MB).
 const MEMO_MAX_ENTRIES: usize = 1 << 18;
-/// Longer pieces are re-encoded every time (rare, and costly to hash and keep).
-const MEMO_MAX_PIECE: usize = 64;
+/// Longer pieces are re-encoded every time (costly to hash and keep; with dense-letter cuts,
+/// no stretch of Qwen3's id cycle without a safe position is longer than about 520 ids).
+const MEMO_MAX_PIECE: usize = 640;
 
 /// `encode(decode(piece))` for pieces that start and end at safe positions or text ends, kept per
 /// tokenizer. A pure function of the ids, so a hit is always exact.

@@ -12,13 +12,25 @@
 //! run, re-encodes to itself. Only pieces touching a join or a cut edge are re-encoded.
 //! Tokenizers that do not match those facts exactly get the full path.
 //!
+//! The second kind of safe position lies inside a pre-token: between two dense letters (CJK,
+//! kana, Hangul syllables; [`crate::synth::tokenizer::is_dense_letter`]) where no vocabulary
+//! token can lie across the boundary ([`Tokenizer::letter_cut`]). The split regex matches the
+//! letter run the same up to the cut from the left and from the cut onwards from the right
+//! (only `\p{L}+` consumes those letters; nothing looks across them), NFC never composes onto a
+//! dense letter, and with no token across it no BPE merge joins symbols across the cut, so the
+//! pre-token's BPE is its two sides' BPE, concatenated. Long runs of such letters (a quarter
+//! of Qwen3's id cycle, in stretches of hundreds of ids) otherwise make one pre-token per
+//! window that no memo can serve, each merged from scratch.
+//!
 //! The same fact makes the re-encode of any span a concatenation of the re-encodes of its
 //! sub-pieces between safe positions, which are pure functions of their ids: the tokenizer's
 //! [`PieceMemo`](crate::synth::piece_memo::PieceMemo) keeps them, so the random corpus (whose windows are all cut from one cycle of ids) re-encodes
 //! each piece of that cycle once per process instead of once per prompt.
 
 use crate::synth::error::SynthError;
-use crate::synth::tokenizer::{Tokenizer, ENDS_WITH_LETTER, STARTS_WITH_SPACE};
+use crate::synth::tokenizer::{
+    Tokenizer, ENDS_WITH_DENSE, ENDS_WITH_LETTER, STARTS_WITH_DENSE, STARTS_WITH_SPACE,
+};
 
 /// A token sequence with what is known about its structure.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -180,8 +192,13 @@ pub fn reencode(tokenizer: &Tokenizer, pieces: &Pieces) -> Result<Vec<u32>, Synt
         _ => return full(tokenizer, x),
     };
     let flag = |id: u32| flags.get(id as usize).copied().unwrap_or(0);
-    let safe =
-        |i: usize| flag(x[i - 1]) & ENDS_WITH_LETTER != 0 && flag(x[i]) & STARTS_WITH_SPACE != 0;
+    let safe = |i: usize| {
+        let (l, r) = (flag(x[i - 1]), flag(x[i]));
+        (l & ENDS_WITH_LETTER != 0 && r & STARTS_WITH_SPACE != 0)
+            || (l & ENDS_WITH_DENSE != 0
+                && r & STARTS_WITH_DENSE != 0
+                && tokenizer.letter_cut(x[i - 1], x[i]))
+    };
     let prev_safe = |mut i: usize| {
         while i > 0 {
             i -= 1;

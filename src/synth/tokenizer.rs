@@ -3,6 +3,7 @@
 //! Owns tokenizer loading and these facts; must never fetch anything over the network.
 
 use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -10,7 +11,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::error::SynthError;
-use super::piece_memo::PieceMemo;
+use super::piece_memo::{IdHasher, PieceMemo};
 
 const QWEN3_TOKENIZER_JSON: &[u8] = include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json");
 const QWEN3_TOKENIZER_CONFIG: &[u8] =
@@ -38,6 +39,95 @@ const KNOWN_SPLIT_PATTERNS: [&str; 2] = [
 pub const STARTS_WITH_SPACE: u8 = 1;
 /// Per-id flag: the token's bytes end with an ASCII letter.
 pub const ENDS_WITH_LETTER: u8 = 2;
+/// Per-id flag: the token's bytes start with a whole dense letter ([`is_dense_letter`]); only
+/// set when [`Tokenizer::letter_cut`] is available.
+pub const STARTS_WITH_DENSE: u8 = 4;
+/// Per-id flag: the token's bytes end with a whole dense letter, lead byte included.
+pub const ENDS_WITH_DENSE: u8 = 8;
+
+/// A "dense letter": a CJK ideograph (Unified, Extension A), hiragana, katakana or a Hangul
+/// syllable, given as its 3 UTF-8 bytes. All are `\p{L}`, starters (ccc 0, NFC_QC Yes) and
+/// never the second half of a canonical composition, so NFC never acts across the boundary
+/// before one; scripts written without spaces, whose long letter runs are single pre-tokens.
+pub fn is_dense_letter(b: &[u8]) -> bool {
+    let Ok(s) = std::str::from_utf8(b) else {
+        return false;
+    };
+    let mut chars = s.chars();
+    let (Some(c), None) = (chars.next(), chars.next()) else {
+        return false;
+    };
+    matches!(c, '\u{3041}'..='\u{3096}' | '\u{30A1}'..='\u{30FA}' | '\u{3400}'..='\u{4DBF}'
+        | '\u{4E00}'..='\u{9FFF}' | '\u{AC00}'..='\u{D7A3}')
+}
+
+fn is_continuation(b: u8) -> bool {
+    b & 0xC0 == 0x80
+}
+
+/// Where BPE merges may cross the boundary between two dense letters `c1 | c2` inside one
+/// pre-token. A cut there is merge-safe when no vocabulary token can lie across it: a token
+/// `t = L ++ R` lies across it when `L` is consistent with ending in `c1` (`L` ends with all of
+/// `c1`, or `L` is a tail of `c1`'s bytes) and `R` with starting with `c2`. Tokens are keyed by
+/// the part of `c1`/`c2` they pin down (1–3 tail bytes of `c1`, 1–3 head bytes of `c2`); a cut
+/// is safe when none of the 9 keys of `(c1, c2)` is present. Merge results are tokens, so no
+/// merge can then join symbols across the cut, and BPE of the pre-token is the BPE of its two
+/// sides, concatenated.
+struct LetterCuts {
+    keys: HashSet<u64, BuildHasherDefault<IdHasher>>,
+    /// Bit `4 * tail_len + head_len`: some key of these lengths exists (skips empty lookups).
+    lengths: u16,
+}
+
+impl LetterCuts {
+    fn key(tail: &[u8], head: &[u8]) -> u64 {
+        let pack = |b: &[u8]| b.iter().fold(0u64, |acc, &x| acc << 8 | u64::from(x));
+        (tail.len() as u64) << 60 | pack(tail) << 32 | (head.len() as u64) << 28 | pack(head)
+    }
+
+    fn build(table: &ByteTable) -> Self {
+        let mut keys: HashSet<u64, BuildHasherDefault<IdHasher>> = HashSet::default();
+        let mut lengths = 0u16;
+        for id in 0..table.present.len() as u32 {
+            let Some(t) = table.token(id) else { continue };
+            for k in 1..t.len() {
+                let (l, r) = t.split_at(k);
+                let tail = if l.len() >= 3 { &l[l.len() - 3..] } else { l };
+                let tail_ok = if tail.len() == 3 {
+                    is_dense_letter(tail)
+                } else {
+                    tail.iter().all(|&b| is_continuation(b))
+                };
+                let head = if r.len() >= 3 { &r[..3] } else { r };
+                let head_ok = if head.len() == 3 {
+                    is_dense_letter(head)
+                } else {
+                    (0xE3..=0xED).contains(&head[0])
+                        && head[1..].iter().all(|&b| is_continuation(b))
+                };
+                if tail_ok && head_ok {
+                    keys.insert(Self::key(tail, head));
+                    lengths |= 1 << (4 * tail.len() + head.len());
+                }
+            }
+        }
+        LetterCuts { keys, lengths }
+    }
+
+    /// No token can lie across `c1 | c2` (both 3-byte dense letters).
+    fn safe(&self, c1: &[u8], c2: &[u8]) -> bool {
+        for tl in 1..=3 {
+            for hl in 1..=3 {
+                if self.lengths & (1 << (4 * tl + hl)) != 0
+                    && self.keys.contains(&Self::key(&c1[3 - tl..], &c2[..hl]))
+                {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
 
 /// The split regex of a pipeline whose pre-token boundaries [`crate::synth::reencode`] (and the
 /// coding corpus's fast encode) may rely on: NFC or no normalizer, the split regex of Qwen2's or
@@ -96,6 +186,7 @@ pub struct Tokenizer {
     fast_reencode: bool,
     boundary_flags: OnceLock<Option<Vec<u8>>>,
     byte_table: OnceLock<Option<ByteTable>>,
+    letter_cuts: OnceLock<Option<LetterCuts>>,
     piece_memo: PieceMemo,
 }
 
@@ -335,6 +426,7 @@ impl Tokenizer {
             fast_reencode: true,
             boundary_flags: OnceLock::new(),
             byte_table: OnceLock::new(),
+            letter_cuts: OnceLock::new(),
             piece_memo: Default::default(),
             inner,
         })
@@ -445,6 +537,7 @@ impl Tokenizer {
                 split_pattern(&self.inner)?;
                 let table = self.byte_table()?;
                 let base = self.vocab_size;
+                let dense = self.letter_cuts().is_some();
                 Some(
                     (0..table.present.len() as u32)
                         .map(|id| {
@@ -458,12 +551,59 @@ impl Tokenizer {
                             if b.last().is_some_and(u8::is_ascii_alphabetic) {
                                 f |= ENDS_WITH_LETTER;
                             }
+                            if dense && b.len() >= 3 {
+                                if is_dense_letter(&b[..3]) {
+                                    f |= STARTS_WITH_DENSE;
+                                }
+                                if is_dense_letter(&b[b.len() - 3..]) {
+                                    f |= ENDS_WITH_DENSE;
+                                }
+                            }
                             f
                         })
                         .collect(),
                 )
             })
             .as_deref()
+    }
+
+    /// The merge-safety table for cuts between dense letters, for pipelines where such a cut is
+    /// a clean split of the encode (see [`crate::synth::reencode`]): those of
+    /// [`split_pattern`], with a BPE that does not short-cut whole words found in the vocabulary
+    /// (`ignore_merges`: a sub-word that is a token would then encode differently alone) and no
+    /// added token holding a dense letter (the added-token split runs before pre-tokenizing).
+    fn letter_cuts(&self) -> Option<&LetterCuts> {
+        self.letter_cuts
+            .get_or_init(|| {
+                split_pattern(&self.inner)?;
+                let merges_only = matches!(self.inner.get_model(),
+                    tokenizers::ModelWrapper::BPE(bpe) if !bpe.ignore_merges);
+                let added_ok = self.inner.get_added_tokens_decoder().values().all(|t| {
+                    !t.content
+                        .chars()
+                        .any(|c| is_dense_letter(c.encode_utf8(&mut [0; 4]).as_bytes()))
+                });
+                if !(merges_only && added_ok) {
+                    return None;
+                }
+                Some(LetterCuts::build(self.byte_table()?))
+            })
+            .as_ref()
+    }
+
+    /// Whether the boundary between `left` and `right` (ids flagged [`ENDS_WITH_DENSE`] and
+    /// [`STARTS_WITH_DENSE`]) is a position where `encode` of any text splits: no token can lie
+    /// across the two dense letters that meet there.
+    pub fn letter_cut(&self, left: u32, right: u32) -> bool {
+        let (Some(cuts), Some(table)) = (self.letter_cuts(), self.byte_table()) else {
+            return false;
+        };
+        match (table.token(left), table.token(right)) {
+            (Some(l), Some(r)) if l.len() >= 3 && r.len() >= 3 => {
+                cuts.safe(&l[l.len() - 3..], &r[..3])
+            }
+            _ => false,
+        }
     }
 
     /// Re-encodes of pieces between safe positions, shared by everything using this tokenizer.
