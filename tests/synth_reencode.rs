@@ -295,3 +295,41 @@ fn llama_whole_random_cycle_reencodes_exactly() {
     let (n, dense, longest) = cycle_agrees("llama3.2");
     eprintln!("llama3.2: {n} ids, {dense} dense-letter cuts, longest stretch {longest}");
 }
+
+#[test]
+fn a_warmed_piece_memo_changes_no_prompt() {
+    let warm = Tokenizer::default_qwen3().unwrap();
+    RandomPools::new(&warm, RandomCorpusStyle::Vllm)
+        .warm_piece_memo(&warm)
+        .unwrap();
+    assert!(
+        warm.piece_memo().len() > 50_000,
+        "{}",
+        warm.piece_memo().len()
+    );
+    let slow = Tokenizer::default_qwen3()
+        .unwrap()
+        .with_fast_reencode(false);
+    for (style, seed) in [
+        (RandomCorpusStyle::Vllm, 3u64),
+        (RandomCorpusStyle::Sglang, 4),
+    ] {
+        let params = SynthParams {
+            prompt_corpus: PromptCorpus::Random,
+            random_corpus_style: style,
+            isl: Some(1024),
+            osl: Some(16),
+            random_seed: Some(seed),
+            num_dataset_entries: 16,
+            range_ratio: Some(RangeRatio {
+                input: 0.0,
+                output: 0.0,
+                per_direction: false,
+            }),
+            ..SynthParams::default()
+        };
+        let fast = compose(&params, &warm, None, &mut |_, _| {}).unwrap();
+        let reference = compose(&params, &slow, None, &mut |_, _| {}).unwrap();
+        assert_eq!(fast, reference, "{style:?}");
+    }
+}

@@ -18,7 +18,7 @@ use lru::LruCache;
 
 use crate::synth::coding_exact::CodingCorpus;
 use crate::synth::corpus::sonnet::SHAKESPEARE;
-use crate::synth::corpus::{RandomCorpusStyle, TokenCorpus};
+use crate::synth::corpus::{RandomCorpusStyle, RandomPools, TokenCorpus};
 use crate::synth::error::SynthError;
 use crate::synth::params::PromptCorpus;
 use crate::synth::rng::derive_seed;
@@ -92,6 +92,8 @@ pub struct PromptLanes {
     cache_dir: Option<PathBuf>,
     corpora: Corpora,
     lanes: Mutex<LruCache<(PromptCorpus, usize), Arc<Lane>>>,
+    /// The random corpus's piece memo warm-up was started (once per lanes, with prefetch on).
+    random_warm: AtomicBool,
 }
 
 /// The root seed of lane (corpus, `tokens`) under the placeholder root seed: its k-th prompt is
@@ -123,6 +125,7 @@ impl PromptLanes {
             lanes: Mutex::new(LruCache::new(
                 NonZeroUsize::new(MAX_LANES).unwrap_or(NonZeroUsize::MIN),
             )),
+            random_warm: AtomicBool::new(false),
         })
     }
 
@@ -180,7 +183,29 @@ impl PromptLanes {
             return Ok(l.clone());
         }
         lanes.put((corpus, tokens), lane.clone());
+        drop(lanes);
+        if corpus == PromptCorpus::Random {
+            self.warm_random();
+        }
         Ok(lane)
+    }
+
+    /// Generating ahead for the random corpus: the first random lane warms the tokenizer's
+    /// piece memo over the whole id cycle in the background, so even the first prompts of every
+    /// random lane are mostly memo hits (prompts stay the same: the memo only holds exact
+    /// re-encodes).
+    fn warm_random(&self) {
+        if self.depth == 0 || self.random_warm.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (tokenizer, style) = (self.tokenizer.clone(), self.style);
+        rayon::spawn(move || {
+            let t0 = std::time::Instant::now();
+            match RandomPools::new(&tokenizer, style).warm_piece_memo(&tokenizer) {
+                Ok(()) => tracing::info!(elapsed = ?t0.elapsed(), "random corpus piece memo warm"),
+                Err(e) => tracing::warn!("random corpus piece memo warm-up stopped: {e}"),
+            }
+        });
     }
 
     /// A buffered prompt, without blocking on generation (None: none ready).

@@ -1,7 +1,15 @@
 //! The random corpus's token pools (AIPerf `--prompt-corpus random`): the body pool per style
-//! and the top-up pool. Owns pool construction only; must never draw random numbers.
+//! and the top-up pool. Owns pool construction and warming the piece memo for the body pool's
+//! cycle; must never draw random numbers.
 
+use rayon::prelude::*;
+
+use crate::synth::error::SynthError;
+use crate::synth::reencode::{reencode, Pieces};
 use crate::synth::tokenizer::Tokenizer;
+
+/// Ids per chunk when warming the piece memo (long enough that chunk edges cut few pieces).
+const WARM_CHUNK: usize = 4096;
 
 /// `--random-corpus-style`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -49,5 +57,24 @@ impl RandomPools {
             }
         };
         RandomPools { allowed, topup }
+    }
+
+    /// Re-encodes the body pool's whole cycle once, in chunks on the rayon pool, so the
+    /// tokenizer's piece memo holds every piece a body window can contain (except those cut by
+    /// a chunk edge). Every prompt from this pool is then mostly memo hits; without it, the first
+    /// cycle's worth of prompts re-encode their pieces as they go. Output never depends on it:
+    /// a memo entry is a pure function of its key.
+    pub fn warm_piece_memo(&self, tokenizer: &Tokenizer) -> Result<(), SynthError> {
+        let ids = &self.allowed;
+        let n = ids.len();
+        (0..n.div_ceil(WARM_CHUNK))
+            .into_par_iter()
+            .try_for_each(|c| {
+                // The last chunk runs on across the wrap, as windows do.
+                let chunk = (c * WARM_CHUNK..(c + 1) * WARM_CHUNK)
+                    .map(|j| ids[j % n])
+                    .collect();
+                reencode(tokenizer, &Pieces::opaque(chunk)).map(drop)
+            })
     }
 }
