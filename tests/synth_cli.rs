@@ -124,9 +124,16 @@ fn prompt_cases_through_the_cli() {
             }
         }
     }
-    // Qwen3 uses the shipped ids; the Llama corpus was tokenized once and cached.
-    let cached = std::fs::read_dir(&cache).unwrap().count();
-    assert_eq!(cached, 1);
+    // Qwen3 uses the shipped ids; the Llama corpus was tokenized once and cached. The random
+    // case left the Qwen3 piece memo beside it.
+    let mut cached: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    cached.sort();
+    assert_eq!(cached.len(), 2, "{cached:?}");
+    assert!(cached[0].starts_with("piece-memo-"), "{cached:?}");
+    assert!(cached[1].starts_with("sonnet-ids-"), "{cached:?}");
     std::fs::remove_dir_all(&cache).unwrap();
 }
 

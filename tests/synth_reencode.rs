@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
-use kvbust::synth::corpus::{RandomCorpusStyle, RandomPools};
+use kvbust::synth::corpus::{random, RandomCorpusStyle, RandomPools};
 use kvbust::synth::reencode::{reencode, Pieces};
 use kvbust::synth::rng::PyRandom;
 use kvbust::synth::tokenizer::{
@@ -332,4 +332,48 @@ fn a_warmed_piece_memo_changes_no_prompt() {
         let reference = compose(&params, &slow, None, &mut |_, _| {}).unwrap();
         assert_eq!(fast, reference, "{style:?}");
     }
+}
+
+#[test]
+fn a_piece_memo_read_from_its_cache_file_changes_no_prompt() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("piece-memo-cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    let first = Tokenizer::default_qwen3().unwrap();
+    assert!(!random::load_piece_memo(&first, &dir), "no file yet");
+    RandomPools::new(&first, RandomCorpusStyle::Vllm)
+        .warm_piece_memo(&first)
+        .unwrap();
+    random::save_piece_memo(&first, &dir);
+    let second = Tokenizer::default_qwen3().unwrap();
+    assert!(random::load_piece_memo(&second, &dir));
+    assert_eq!(second.piece_memo().len(), first.piece_memo().len());
+    let slow = Tokenizer::default_qwen3()
+        .unwrap()
+        .with_fast_reencode(false);
+    let params = SynthParams {
+        prompt_corpus: PromptCorpus::Random,
+        isl: Some(700),
+        osl: Some(16),
+        random_seed: Some(8),
+        num_dataset_entries: 16,
+        ..SynthParams::default()
+    };
+    let fast = compose(&params, &second, None, &mut |_, _| {}).unwrap();
+    let reference = compose(&params, &slow, None, &mut |_, _| {}).unwrap();
+    assert_eq!(fast, reference);
+
+    // A damaged file adds nothing.
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    let third = Tokenizer::default_qwen3().unwrap();
+    assert!(!random::load_piece_memo(&third, &dir));
+    assert!(third.piece_memo().is_empty());
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::synth::coding::{self, CodingPool};
 use crate::synth::coding_exact::CodingCorpus;
 use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
-use crate::synth::corpus::{RandomCorpusStyle, RandomPools, TokenCorpus};
+use crate::synth::corpus::{random, RandomCorpusStyle, RandomPools, TokenCorpus};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
 use crate::synth::generator::{CorpusSource, GeneratorRngs, PreseedRng, PromptGenerator};
@@ -231,7 +231,15 @@ pub fn build_dataset_with(
         )),
         _ => None,
     };
-    compose_from(params, tokenizer, source, progress)
+    // The random corpus's piece memo (every seed's windows come from the same id cycle) is
+    // cached beside the corpus id caches: read before, written after a run that had none.
+    let memo_dir = cache_dir.filter(|_| params.prompt_corpus == PromptCorpus::Random);
+    let memo_loaded = memo_dir.is_some_and(|d| random::load_piece_memo(tokenizer, d));
+    let dataset = compose_from(params, tokenizer, source, progress)?;
+    if let Some(dir) = memo_dir.filter(|_| !memo_loaded) {
+        random::save_piece_memo(tokenizer, dir);
+    }
+    Ok(dataset)
 }
 
 /// Builds the dataset AIPerf 0.13.0 would build for `params` and `tokenizer`. The sonnet corpus

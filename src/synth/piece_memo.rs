@@ -111,4 +111,52 @@ impl PieceMemo {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Every entry as u32 words (for a cache file): the entry count, then per entry the key
+    /// length, the value length, the key, the value.
+    pub fn to_words(&self) -> Vec<u32> {
+        let mut words: Vec<u32> = vec![0];
+        let mut count = 0u32;
+        for shard in &self.shards {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            for (k, v) in shard.iter() {
+                words.extend([k.len() as u32, v.len() as u32]);
+                words.extend_from_slice(k);
+                words.extend_from_slice(v);
+                count += 1;
+            }
+        }
+        words[0] = count;
+        words
+    }
+
+    /// Adds the entries of [`PieceMemo::to_words`] output; false (nothing added) when the words
+    /// are not such a list, whole. The caller must only pass entries made with the same
+    /// tokenizer: they are trusted as exact.
+    pub fn load_words(&self, words: &[u32]) -> bool {
+        let Some(&count) = words.first() else {
+            return false;
+        };
+        // Parse everything before inserting anything, so a malformed list adds nothing.
+        let mut entries = Vec::new();
+        let mut at = 1;
+        for _ in 0..count {
+            let Some(&[k, v]) = words.get(at..at + 2) else {
+                return false;
+            };
+            let (k, v) = (k as usize, v as usize);
+            let Some(kv) = words.get(at + 2..at + 2 + k + v) else {
+                return false;
+            };
+            entries.push(kv.split_at(k));
+            at += 2 + k + v;
+        }
+        if at != words.len() {
+            return false;
+        }
+        for (k, v) in entries {
+            self.insert(k, v);
+        }
+        true
+    }
 }

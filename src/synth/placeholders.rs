@@ -18,7 +18,7 @@ use lru::LruCache;
 
 use crate::synth::coding_exact::CodingCorpus;
 use crate::synth::corpus::sonnet::SHAKESPEARE;
-use crate::synth::corpus::{RandomCorpusStyle, RandomPools, TokenCorpus};
+use crate::synth::corpus::{random, RandomCorpusStyle, RandomPools, TokenCorpus};
 use crate::synth::error::SynthError;
 use crate::synth::params::PromptCorpus;
 use crate::synth::rng::derive_seed;
@@ -199,10 +199,23 @@ impl PromptLanes {
             return;
         }
         let (tokenizer, style) = (self.tokenizer.clone(), self.style);
+        let dir = self.cache_dir.clone();
         rayon::spawn(move || {
             let t0 = std::time::Instant::now();
+            if dir
+                .as_deref()
+                .is_some_and(|d| random::load_piece_memo(&tokenizer, d))
+            {
+                tracing::info!(elapsed = ?t0.elapsed(), "random corpus piece memo read from the cache");
+                return;
+            }
             match RandomPools::new(&tokenizer, style).warm_piece_memo(&tokenizer) {
-                Ok(()) => tracing::info!(elapsed = ?t0.elapsed(), "random corpus piece memo warm"),
+                Ok(()) => {
+                    tracing::info!(elapsed = ?t0.elapsed(), "random corpus piece memo warm");
+                    if let Some(d) = dir {
+                        random::save_piece_memo(&tokenizer, &d);
+                    }
+                }
                 Err(e) => tracing::warn!("random corpus piece memo warm-up stopped: {e}"),
             }
         });

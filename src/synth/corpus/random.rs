@@ -2,8 +2,11 @@
 //! and the top-up pool. Owns pool construction and warming the piece memo for the body pool's
 //! cycle; must never draw random numbers.
 
+use std::path::{Path, PathBuf};
+
 use rayon::prelude::*;
 
+use crate::synth::corpus::tokens::{checked_bytes, checked_words, write_bytes_atomically};
 use crate::synth::error::SynthError;
 use crate::synth::reencode::{reencode, Pieces};
 use crate::synth::tokenizer::Tokenizer;
@@ -76,5 +79,34 @@ impl RandomPools {
                     .collect();
                 reencode(tokenizer, &Pieces::opaque(chunk)).map(drop)
             })
+    }
+}
+
+/// The piece memo's cache file for `tokenizer` in `dir`.
+fn memo_cache_path(dir: &Path, tokenizer: &Tokenizer) -> PathBuf {
+    dir.join(format!(
+        "piece-memo-v1-{}.bin",
+        &tokenizer.fingerprint()[..16]
+    ))
+}
+
+/// Fills the tokenizer's piece memo from the cache file in `dir` (written by
+/// [`save_piece_memo`] for a tokenizer with the same `tokenizer.json` bytes); false when there
+/// is none or it is damaged (the memo is then filled as prompts are made, as without a cache).
+pub fn load_piece_memo(tokenizer: &Tokenizer, dir: &Path) -> bool {
+    std::fs::read(memo_cache_path(dir, tokenizer))
+        .ok()
+        .and_then(|bytes| checked_words(&bytes))
+        .is_some_and(|words| tokenizer.piece_memo().load_words(&words))
+}
+
+/// Writes the tokenizer's piece memo to its cache file in `dir` (failures are ignored: it is
+/// only a cache). The random corpus's pieces are the same for every seed and style, so the next
+/// run skips re-encoding the id cycle's pieces.
+pub fn save_piece_memo(tokenizer: &Tokenizer, dir: &Path) {
+    let memo = tokenizer.piece_memo();
+    if !memo.is_empty() {
+        let bytes = checked_bytes(&memo.to_words());
+        write_bytes_atomically(&memo_cache_path(dir, tokenizer), &bytes);
     }
 }

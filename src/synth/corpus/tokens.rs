@@ -64,17 +64,11 @@ impl TokenCorpus {
 
     /// The bytes of the id-cache format for this corpus.
     pub fn to_cache_bytes(&self) -> Vec<u8> {
-        let mut body = Vec::with_capacity((self.tokens.len() + self.joins.len() + 1) * 4);
-        body.extend_from_slice(&(self.joins.len() as u32).to_le_bytes());
-        for &j in self.joins.iter() {
-            body.extend_from_slice(&(j as u32).to_le_bytes());
-        }
-        for id in self.tokens.iter() {
-            body.extend_from_slice(&id.to_le_bytes());
-        }
-        let mut bytes = Sha256::digest(&body).to_vec();
-        bytes.extend_from_slice(&body);
-        bytes
+        let mut words = Vec::with_capacity(self.tokens.len() + self.joins.len() + 1);
+        words.push(self.joins.len() as u32);
+        words.extend(self.joins.iter().map(|&j| j as u32));
+        words.extend_from_slice(&self.tokens);
+        checked_bytes(&words)
     }
 
     /// Token indices where chunks 1.. begin.
@@ -105,17 +99,7 @@ pub(crate) fn read_cache(path: &Path) -> Option<TokenCorpus> {
 }
 
 pub(crate) fn parse_cache(bytes: &[u8]) -> Option<TokenCorpus> {
-    if bytes.len() < 36 || (bytes.len() - 32) % 4 != 0 {
-        return None;
-    }
-    let (sum, body) = bytes.split_at(32);
-    if Sha256::digest(body).as_slice() != sum {
-        return None;
-    }
-    let words: Vec<u32> = body
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let words = checked_words(bytes)?;
     let n_joins = *words.first()? as usize;
     if words.len() < 1 + n_joins {
         return None;
@@ -127,15 +111,43 @@ pub(crate) fn parse_cache(bytes: &[u8]) -> Option<TokenCorpus> {
     ))
 }
 
+/// The cache files' framing: a 32-byte sha256 of the rest, then `words` as little-endian u32s.
+pub(crate) fn checked_bytes(words: &[u32]) -> Vec<u8> {
+    let body: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut bytes = Sha256::digest(&body).to_vec();
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+/// The words of a [`checked_bytes`] file; `None` when it is damaged or holds no word.
+pub(crate) fn checked_words(bytes: &[u8]) -> Option<Vec<u32>> {
+    if bytes.len() < 36 || (bytes.len() - 32) % 4 != 0 {
+        return None;
+    }
+    let (sum, body) = bytes.split_at(32);
+    if Sha256::digest(body).as_slice() != sum {
+        return None;
+    }
+    Some(
+        body.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
 /// Writes an entry atomically (temp file + rename); failures are ignored (it is only a cache).
 pub(crate) fn write_cache(path: &Path, corpus: &TokenCorpus) {
-    let bytes = corpus.to_cache_bytes();
+    write_bytes_atomically(path, &corpus.to_cache_bytes());
+}
+
+/// Writes a cache file atomically (temp file + rename); failures are ignored.
+pub(crate) fn write_bytes_atomically(path: &Path, bytes: &[u8]) {
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, &bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
+    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
 }
