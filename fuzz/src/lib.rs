@@ -440,10 +440,12 @@ fn observe(ct: &str, pieces: &[&[u8]]) -> [u64; 4] {
     o.finish();
     drop(o);
     let l = ["profiling", "none"];
+    // The latency histograms carry route, phase and target (issue 12).
+    let exchange = ["chat", "profiling", "none"];
     [
-        m.ttft.with_label_values(&["chat"]).get_sample_count(),
+        m.ttft.with_label_values(&exchange).get_sample_count(),
         m.inter_token
-            .with_label_values(&["chat"])
+            .with_label_values(&exchange)
             .get_sample_count(),
         m.prompt_tokens.with_label_values(&l).get(),
         m.cached_tokens.with_label_values(&l).get(),

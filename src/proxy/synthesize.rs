@@ -1,13 +1,14 @@
 //! In-flight synthesis: fills a chat request's `messages` from the synthetic dataset
 //! (`x-kvbust-synth: 1` or a synthetic route) and expands `{{kvbust:prompt:N[:corpus]}}`
-//! placeholders; a `[synth.dataset]` naming a trace (`input_file`) replays its entries in order.
-//! Splices into the client's bytes so every other member stays as sent; builds the
-//! dataset and prompt streams once, off the async threads. Never parses bodies that need neither.
+//! placeholders in message content (never elsewhere); a `[synth.dataset]` naming a trace
+//! (`input_file`) replays its entries in order. Splices into the client's bytes so every other
+//! member stays as sent; builds the dataset and prompt streams once, off the async threads.
+//! Never parses bodies that need neither.
 
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use lru::LruCache;
@@ -210,9 +211,20 @@ pub fn find_placeholders_limited(
     max_tokens: usize,
 ) -> Result<Vec<Placeholder>, ProxyError> {
     // Every chat body comes through here: one SIMD search decides for the many without any.
-    if memfind(body, PLACEHOLDER_OPEN).is_none() {
+    if find_open(body).is_none() {
         return Ok(Vec::new());
     }
+    scan_content(body, max_count, max_tokens)
+}
+
+/// [`find_placeholders_limited`] once the body holds `{{kvbust:`: kept out of line so the
+/// common call stays a search and a return.
+#[inline(never)]
+fn scan_content(
+    body: &[u8],
+    max_count: usize,
+    max_tokens: usize,
+) -> Result<Vec<Placeholder>, ProxyError> {
     let mut scan = Scan {
         body,
         max_count,
@@ -222,9 +234,7 @@ pub fn find_placeholders_limited(
     };
     for (i, message) in chat_messages(body)?.into_iter().enumerate() {
         // Only a message holding the text is decoded further (a second pass over its bytes).
-        if Kind::of(message) != Kind::Object
-            || memfind(message.get().as_bytes(), PLACEHOLDER_OPEN).is_none()
-        {
+        if Kind::of(message) != Kind::Object || find_open(message.get().as_bytes()).is_none() {
             continue;
         }
         let obj = raw::object(message).map_err(|e| invalid_body(&format!("messages[{i}]"), e))?;
@@ -234,8 +244,7 @@ pub fn find_placeholders_limited(
                 let parts = raw::array(c)
                     .map_err(|e| invalid_body(&format!("messages[{i}].content"), e))?;
                 for (j, part) in parts.into_iter().enumerate() {
-                    if Kind::of(part) != Kind::Object
-                        || memfind(part.get().as_bytes(), PLACEHOLDER_OPEN).is_none()
+                    if Kind::of(part) != Kind::Object || find_open(part.get().as_bytes()).is_none()
                     {
                         continue;
                     }
@@ -256,13 +265,19 @@ pub fn find_placeholders_limited(
 /// The top-level `messages` array's elements (the last `messages`); none when it is absent or
 /// not an array (no message content to expand: the upstream judges such a body).
 fn chat_messages(body: &[u8]) -> Result<Vec<&RawValue>, ProxyError> {
-    match raw::object_with_array(body, "messages") {
-        Ok((_, messages)) => Ok(messages.unwrap_or_default()),
-        // One pass failed: not an object, invalid JSON, or `messages` not an array. The general
-        // reader tells the first two (and words them); the third has nothing to expand.
-        Err(_) => serde_json::from_slice::<raw::RawObject>(body)
-            .map(|_| Vec::new())
-            .map_err(|e| invalid_body("this body", e)),
+    if let Ok((_, messages)) = raw::object_with_array(body, "messages") {
+        return Ok(messages.unwrap_or_default());
+    }
+    // The one-pass reader failed: not an object, invalid JSON (worded here), or some `messages`
+    // is not an array. Only the last one counts: an earlier duplicate of another kind does not
+    // hide the array the upstream reads.
+    let top =
+        serde_json::from_slice::<raw::RawObject>(body).map_err(|e| invalid_body("this body", e))?;
+    match top.get("messages") {
+        Some(m) if Kind::of(m) == Kind::Array => {
+            raw::array(m).map_err(|e| invalid_body("messages", e))
+        }
+        _ => Ok(Vec::new()),
     }
 }
 
@@ -299,7 +314,7 @@ impl Scan<'_> {
         };
         let end_of_text = span.end.saturating_sub(1);
         let mut at = span.start + 1;
-        while let Some(i) = memfind(&body[at..end_of_text], PLACEHOLDER_OPEN) {
+        while let Some(i) = find_open(&body[at..end_of_text]) {
             let start = at + i;
             // No JSON escape holds `{`, `}` or ends in `[A-Za-z0-9:_-]` followed by `}}`, so a
             // match in the raw text is the literal text.
@@ -398,8 +413,11 @@ fn malformed(text: impl AsRef<[u8]>, why: &str) -> ProxyError {
 }
 
 /// SIMD substring search: every chat body is scanned for placeholders, so this is on the hot path.
-fn memfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    memchr::memmem::find(hay, needle)
+/// The searcher is built once: `memmem::find` would build it again on every call.
+fn find_open(hay: &[u8]) -> Option<usize> {
+    static OPEN: LazyLock<memchr::memmem::Finder<'static>> =
+        LazyLock::new(|| memchr::memmem::Finder::new(PLACEHOLDER_OPEN));
+    OPEN.find(hay)
 }
 
 /// Whether this request asks for a synthetic body (`control`: it carries kvbust headers).
@@ -979,10 +997,17 @@ mod tests {
                 );
             }
         }
-        // The last `messages` is the one the upstream reads.
-        let body = br#"{"messages":[{"content":"{{kvbust:prompt:1}}"}],"messages":[{"content":"{{kvbust:prompt:2}}"}]}"#;
-        let found = find_placeholders(body).unwrap();
-        assert_eq!(found.iter().map(|p| p.tokens).collect::<Vec<_>>(), [2]);
+        // The last `messages` is the one the upstream reads, whatever the earlier ones are (a
+        // fuzz finding: a string before the array hid it).
+        for body in [
+            &br#"{"messages":[{"content":"{{kvbust:prompt:1}}"}],"messages":[{"content":"{{kvbust:prompt:2}}"}]}"#[..],
+            br#"{"messages":"{{kvbust:prompt:1}}","messages":[{"content":"{{kvbust:prompt:2}}"}]}"#,
+        ] {
+            let found = find_placeholders(body).unwrap();
+            assert_eq!(found.iter().map(|p| p.tokens).collect::<Vec<_>>(), [2]);
+        }
+        let body = br#"{"messages":[{"content":"{{kvbust:prompt:1}}"}],"messages":null}"#;
+        assert!(find_placeholders(body).unwrap().is_empty());
         // Not JSON, or not an object: a bounded 400.
         for bad in [&b"{{kvbust:prompt:1}}"[..], br#"["{{kvbust:prompt:1}}"]"#] {
             let e = find_placeholders(bad).unwrap_err();
