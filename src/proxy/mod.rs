@@ -43,13 +43,11 @@ pub fn full_body(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).map_err(|never| match never {}).boxed()
 }
 
-/// The API routes kvbust understands; everything else is `Other` and passes through untouched.
+/// The route a request is on: one of the API paths (POST), named by the body shape read
+/// there ([`Shape::path`] holds the paths), or `Other`, which passes through untouched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
-    Chat,
-    Completions,
-    Responses,
-    Messages,
+    Api(Shape),
     Other,
 }
 
@@ -58,31 +56,20 @@ impl Route {
         if method != Method::POST {
             return Route::Other;
         }
-        match path.trim_end_matches('/') {
-            "/v1/chat/completions" => Route::Chat,
-            "/v1/completions" => Route::Completions,
-            "/v1/responses" => Route::Responses,
-            "/v1/messages" => Route::Messages,
-            _ => Route::Other,
-        }
+        Shape::from_path(path.trim_end_matches('/')).map_or(Route::Other, Route::Api)
     }
 
+    /// The metric and log label: the shape's name, or `other`.
     pub fn label(self) -> &'static str {
         match self {
-            Route::Chat => "chat",
-            Route::Completions => "completions",
-            Route::Responses => "responses",
-            Route::Messages => "messages",
+            Route::Api(shape) => shape.as_str(),
             Route::Other => "other",
         }
     }
 
     pub fn shape(self) -> Option<Shape> {
         match self {
-            Route::Chat => Some(Shape::Chat),
-            Route::Completions => Some(Shape::Completions),
-            Route::Responses => Some(Shape::Responses),
-            Route::Messages => Some(Shape::Messages),
+            Route::Api(shape) => Some(shape),
             Route::Other => None,
         }
     }
@@ -664,11 +651,23 @@ mod tests {
     #[test]
     fn routes_are_post_only_and_exact() {
         let cases = [
-            (Method::POST, "/v1/chat/completions", Route::Chat),
-            (Method::POST, "/v1/chat/completions/", Route::Chat),
-            (Method::POST, "/v1/completions", Route::Completions),
-            (Method::POST, "/v1/responses", Route::Responses),
-            (Method::POST, "/v1/messages", Route::Messages),
+            (
+                Method::POST,
+                "/v1/chat/completions",
+                Route::Api(Shape::Chat),
+            ),
+            (
+                Method::POST,
+                "/v1/chat/completions/",
+                Route::Api(Shape::Chat),
+            ),
+            (
+                Method::POST,
+                "/v1/completions",
+                Route::Api(Shape::Completions),
+            ),
+            (Method::POST, "/v1/responses", Route::Api(Shape::Responses)),
+            (Method::POST, "/v1/messages", Route::Api(Shape::Messages)),
             (Method::GET, "/v1/chat/completions", Route::Other),
             (Method::POST, "/v1/chat/completions/extra", Route::Other),
             (Method::POST, "/v1/embeddings", Route::Other),
