@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::cachebust::{Phase, Target};
 use crate::mock::MockConfig;
 
+mod upstream_url;
+pub use upstream_url::UpstreamUrl;
+
 /// The whole effective configuration. Every section rejects unknown keys so a typo fails loudly.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -726,39 +729,18 @@ impl Config {
         Ok(cfg)
     }
 
+    /// `upstream.url` as a typed value (`None`: the built-in mock), checked as `validate` does.
+    pub fn upstream_url(&self) -> Result<Option<UpstreamUrl>, ConfigError> {
+        self.upstream
+            .url
+            .as_deref()
+            .map(UpstreamUrl::parse)
+            .transpose()
+    }
+
     /// Checks that serde cannot express. Runs once at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(url) = &self.upstream.url {
-            // Messages never repeat a password given in the URL.
-            let shown = redact_url(url);
-            let uri: http::Uri = url.parse().map_err(|e| {
-                ConfigError::new(
-                    "upstream.url",
-                    format!("`{shown}` is not a URL ({e}); write e.g. http://127.0.0.1:8000"),
-                )
-            })?;
-            match uri.scheme_str() {
-                Some("http") | Some("https") => {}
-                _ => {
-                    return Err(ConfigError::new(
-                        "upstream.url",
-                        format!("`{shown}` must start with http:// or https://"),
-                    ))
-                }
-            }
-            if uri.authority().is_none() {
-                return Err(ConfigError::new(
-                    "upstream.url",
-                    format!("`{shown}` has no host"),
-                ));
-            }
-            if uri.query().is_some() {
-                return Err(ConfigError::new(
-                    "upstream.url",
-                    "must not carry a query string",
-                ));
-            }
-        }
+        let upstream_url = self.upstream_url()?;
         if self.listen.workers > 1024 {
             return Err(ConfigError::new(
                 "listen.workers",
@@ -811,7 +793,7 @@ impl Config {
                 ));
             }
         }
-        validate_upstream(&self.upstream)?;
+        validate_upstream(&self.upstream, upstream_url.as_ref())?;
         if let Some(tls) = &self.listen.tls {
             let ca = tls.client_ca.as_ref().map(|p| ("listen.tls.client_ca", p));
             for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)]
@@ -1051,12 +1033,9 @@ fn toml_string(c: &Config) -> String {
 
 /// The `[upstream]` checks beyond the URL's syntax: the base path trap, the authority override
 /// and the health probe.
-fn validate_upstream(u: &UpstreamConfig) -> Result<(), ConfigError> {
-    if let Some(url) = &u.url {
-        // `validate` checked the URL itself; only its path is looked at here.
-        if let Ok(uri) = url.parse::<http::Uri>() {
-            check_base_path(&uri)?;
-        }
+fn validate_upstream(u: &UpstreamConfig, url: Option<&UpstreamUrl>) -> Result<(), ConfigError> {
+    if let Some(url) = url {
+        url.check_base_path()?;
     }
     if let Some(a) = &u.authority {
         let fix = "write host or host:port, e.g. model.example.com or model.example.com:8000";
@@ -1137,33 +1116,6 @@ fn validate_upstream(u: &UpstreamConfig) -> Result<(), ConfigError> {
         }
     }
     Ok(())
-}
-
-/// Refuses an upstream URL whose path holds a `/v1` segment. Clients send `/v1/...` themselves
-/// and the URL's path is a prefix, so `http://h:8000/v1` (an OpenAI SDK's `base_url`) would send
-/// every request to `/v1/v1/...`: a 404 at best, a different route at worst. Refused rather than
-/// stripped so the configuration says exactly where requests go.
-fn check_base_path(uri: &http::Uri) -> Result<(), ConfigError> {
-    let path = uri.path().trim_end_matches('/');
-    let segments: Vec<&str> = path.split('/').collect();
-    let Some(i) = segments.iter().position(|s| *s == "v1") else {
-        return Ok(());
-    };
-    // Shown without any user-info, so a password in the URL is never printed.
-    let host = uri
-        .authority()
-        .map(|a| a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h))
-        .unwrap_or_default();
-    let scheme = uri.scheme_str().unwrap_or("http");
-    let root = format!("{scheme}://{host}{}", segments[..i].join("/"));
-    Err(ConfigError::new(
-        "upstream.url",
-        format!(
-            "`{scheme}://{host}{path}` has the path {path}, but clients already send /v1/..., so \
-             requests would go to {path}/v1/chat/completions. upstream.url is the server's root, \
-             not an OpenAI SDK's base_url: set it to {root}"
-        ),
-    ))
 }
 
 /// Parses a phase/target in the CLI layer with the same rules as config.
