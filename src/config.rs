@@ -883,11 +883,8 @@ fn validate_upstream_tls(t: &UpstreamTls) -> Result<(), ConfigError> {
         ("upstream.tls.client_cert", &t.client_cert),
         ("upstream.tls.client_key", &t.client_key),
     ] {
-        if let Some(p) = p.as_ref().filter(|p| !p.is_file()) {
-            return Err(ConfigError::new(
-                key,
-                format!("{} is not a readable file", p.display()),
-            ));
+        if let Some(p) = p {
+            check_file(key, p)?;
         }
     }
     if let Some(name) = &t.server_name {
@@ -899,14 +896,20 @@ fn validate_upstream_tls(t: &UpstreamTls) -> Result<(), ConfigError> {
         }
     }
     if let Some(ca) = &t.ca_file {
-        if !ca.is_file() {
-            return Err(ConfigError::new(
-                "upstream.tls.ca_file",
-                format!("{} is not a readable file", ca.display()),
-            ));
-        }
+        check_file("upstream.tls.ca_file", ca)?;
     }
     Ok(())
+}
+
+/// `key`'s file `p` exists (as a file, not a folder).
+fn check_file(key: &str, p: &Path) -> Result<(), ConfigError> {
+    if p.is_file() {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        key,
+        format!("{} is not a readable file", p.display()),
+    ))
 }
 
 /// The data listener's certificate, key and client CA files exist.
@@ -917,12 +920,7 @@ fn validate_listen_tls(tls: Option<&TlsFiles>) -> Result<(), ConfigError> {
             .into_iter()
             .chain(ca)
         {
-            if !p.is_file() {
-                return Err(ConfigError::new(
-                    key,
-                    format!("{} is not a readable file", p.display()),
-                ));
-            }
+            check_file(key, p)?;
         }
     }
     Ok(())
