@@ -1,12 +1,15 @@
-//! The access log and the request id: one structured `tracing` line per data-port request
-//! (target `access_log`, text or JSON as `log.format` says), written when the response body
-//! ends or is dropped, and the `x-request-id` the line is keyed by. Never writes on the request
-//! path itself (lines go to the non-blocking writer `app` sets up), never logs a query string, a
-//! header value other than the request id, or a body.
+//! The access log and the request id: one line per data-port request, text or JSON as
+//! `log.format` says (the same shape `tracing`'s formatter gives other lines), written when the
+//! response body ends or is dropped, and the `x-request-id` the line is keyed by. Data workers
+//! hold their lines and hand them over in batches ([`hold_lines_on_this_thread`]) to the writer
+//! `app` installs (a background thread), so the request path neither writes nor wakes a thread
+//! per line. Never logs a query string, a header value other than the request id, or a body.
 
+use std::cell::RefCell;
+use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Uri};
@@ -16,9 +19,58 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{LogConfig, LogFormat};
 use crate::proxy::observe::Tokens;
 
-/// The tracing target of access-log lines. Not under `kvbust::`: filter directives match target
-/// prefixes, so `kvbust::access` would also take in this module's own events.
+/// The target access-log lines carry (as a `tracing` event's target would be written), so they
+/// can be told from other log lines.
 pub const TARGET: &str = "access_log";
+
+/// A data worker hands its held lines over once this many bytes are waiting (about 100 lines),
+/// or at the latest every [`FLUSH_PERIOD`].
+const BATCH_BYTES: usize = 32 << 10;
+
+/// How long a held line may wait on a quiet worker.
+pub const FLUSH_PERIOD: Duration = Duration::from_millis(200);
+
+/// Where lines go: set once per process (by `app`, or a test that reads the lines).
+type Sink = Box<dyn Fn(&[u8]) + Send + Sync>;
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+thread_local! {
+    /// The lines this thread holds, when it holds them (data workers do).
+    static HELD: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+}
+
+/// Sets where access lines go, for the rest of the process; `false` if it was already set.
+/// `write` gets whole lines, many at a time, each ending in `\n`.
+pub fn install(write: impl Fn(&[u8]) + Send + Sync + 'static) -> bool {
+    SINK.set(Box::new(write)).is_ok()
+}
+
+/// Makes this thread hold its access lines and hand them to the sink in batches; the thread
+/// must then call [`flush_this_thread`] now and then ([`flush_periodically`]) and when it ends.
+pub fn hold_lines_on_this_thread() {
+    HELD.with(|h| *h.borrow_mut() = Some(Vec::with_capacity(BATCH_BYTES + 1024)));
+}
+
+/// Hands the lines this thread holds to the sink.
+pub fn flush_this_thread() {
+    let Some(sink) = SINK.get() else { return };
+    HELD.with(|h| {
+        if let Some(buf) = h.borrow_mut().as_mut().filter(|b| !b.is_empty()) {
+            sink(buf);
+            buf.clear();
+        }
+    });
+}
+
+/// Flushes this thread's lines every [`FLUSH_PERIOD`], forever (a data worker's task).
+pub async fn flush_periodically() {
+    let mut tick = tokio::time::interval(FLUSH_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        flush_this_thread();
+    }
+}
 
 /// The request-id header, passed on to the upstream and set on the response.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -28,6 +80,7 @@ pub type Labels = (&'static str, &'static str, Option<String>);
 
 /// What the request path knows of one request, for its access-log line.
 pub struct Entry {
+    format: LogFormat,
     method: Method,
     /// The client's request target; only its path is logged.
     uri: Uri,
@@ -61,8 +114,12 @@ impl Entry {
     /// The entry of a request, or `None` when `log.access` is off (then nothing else is done
     /// for the access log, request ids included). Takes the client's `x-request-id`, or sets a
     /// new one on the request so the upstream sees the id the line carries.
-    pub fn begin<B>(on: bool, req: &mut http::Request<B>, route: &'static str) -> Option<Entry> {
-        if !on {
+    pub fn begin<B>(
+        log: &LogConfig,
+        req: &mut http::Request<B>,
+        route: &'static str,
+    ) -> Option<Entry> {
+        if !log.access {
             return None;
         }
         let headers = req.headers_mut();
@@ -79,6 +136,7 @@ impl Entry {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok());
         Some(Entry {
+            format: log.format,
             method: req.method().clone(),
             uri: req.uri().clone(),
             route,
@@ -142,34 +200,192 @@ impl Entry {
         &self.request_id
     }
 
-    /// Writes the line.
+    /// Writes the line: into this thread's held lines, or straight to the sink.
     pub fn write(&self, o: &Outcome) {
-        let us = |d: Duration| d.as_micros() as u64;
-        tracing::info!(
-            target: TARGET,
-            method = %self.method,
-            path = self.uri.path(),
-            route = self.route,
-            status = self.status,
-            upstream_status = self.upstream_status,
-            phase = self.phase,
-            target = self.target,
-            rid = self.rid.as_deref(),
-            request_id = self.request_id.to_str().unwrap_or("(not visible ASCII)"),
-            upstream_connect_us = self.upstream_connect.map(us),
-            ttft_us = o.ttft.map(us),
-            duration_us = us(o.duration),
-            events = o.events,
-            bytes_in = self.bytes_in,
-            bytes_out = o.bytes_out,
-            prompt_tokens = o.tokens.prompt,
-            cached_tokens = o.tokens.cached,
-            completion_tokens = o.tokens.completion,
-            end = o.end,
-            error = self.error,
-            "access"
-        );
+        let Some(sink) = SINK.get() else { return };
+        // `try_with`: a line written while this thread's locals are being torn down goes out
+        // at once instead of panicking.
+        let held = HELD.try_with(|h| match h.borrow_mut().as_mut() {
+            Some(buf) => {
+                self.render(buf, o, SystemTime::now());
+                if buf.len() >= BATCH_BYTES {
+                    sink(buf);
+                    buf.clear();
+                }
+                true
+            }
+            None => false,
+        });
+        if held != Ok(true) {
+            let mut line = Vec::with_capacity(512);
+            self.render(&mut line, o, SystemTime::now());
+            sink(&line);
+        }
     }
+
+    /// Appends the line (with its `\n`) to `out`.
+    fn render(&self, out: &mut Vec<u8>, o: &Outcome, at: SystemTime) {
+        let us = |d: Duration| d.as_micros() as u64;
+        let mut line = Line::start(out, self.format, at);
+        line.text("method", self.method.as_str());
+        line.text("path", self.uri.path());
+        line.text("route", self.route);
+        line.num("status", Some(u64::from(self.status)));
+        line.num("upstream_status", self.upstream_status.map(u64::from));
+        line.text("phase", self.phase);
+        line.text("target", self.target);
+        if let Some(rid) = &self.rid {
+            line.text("rid", rid);
+        }
+        let id = self.request_id.to_str().unwrap_or("(not visible ASCII)");
+        line.text("request_id", id);
+        line.num("upstream_connect_us", self.upstream_connect.map(us));
+        line.num("ttft_us", o.ttft.map(us));
+        line.num("duration_us", Some(us(o.duration)));
+        line.num("events", o.events);
+        line.num("bytes_in", self.bytes_in);
+        line.num("bytes_out", Some(o.bytes_out));
+        line.num("prompt_tokens", o.tokens.prompt);
+        line.num("cached_tokens", o.tokens.cached);
+        line.num("completion_tokens", o.tokens.completion);
+        line.text("end", o.end);
+        if let Some(e) = self.error {
+            line.text("error", e);
+        }
+        line.end();
+    }
+}
+
+/// One line being written, field by field, in the layout `tracing`'s formatter gives an event
+/// `info!(target: "access_log", field = value, ..., "access")`: text
+/// `<time>  INFO access_log: access method=POST path="/v1/..." status=200 ...`, or JSON
+/// `{"timestamp":..,"level":"INFO","fields":{"message":"access",...},"target":"access_log"}`.
+/// A field without a value is left out. The method is written bare in text, as `%` did.
+struct Line<'a> {
+    out: &'a mut Vec<u8>,
+    json: bool,
+}
+
+impl<'a> Line<'a> {
+    fn start(out: &'a mut Vec<u8>, format: LogFormat, at: SystemTime) -> Self {
+        let json = format == LogFormat::Json;
+        if json {
+            out.extend_from_slice(b"{\"timestamp\":\"");
+            timestamp(out, at);
+            out.extend_from_slice(b"\",\"level\":\"INFO\",\"fields\":{\"message\":\"access\"");
+        } else {
+            timestamp(out, at);
+            out.extend_from_slice(b"  INFO access_log: access");
+        }
+        Line { out, json }
+    }
+
+    fn key(&mut self, key: &str) {
+        if self.json {
+            self.out.extend_from_slice(b",\"");
+            self.out.extend_from_slice(key.as_bytes());
+            self.out.extend_from_slice(b"\":");
+        } else {
+            self.out.push(b' ');
+            self.out.extend_from_slice(key.as_bytes());
+            self.out.push(b'=');
+        }
+    }
+
+    fn text(&mut self, key: &str, value: &str) {
+        self.key(key);
+        if self.json {
+            // Writing a str into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *self.out, value);
+        } else if key == "method" {
+            self.out.extend_from_slice(value.as_bytes());
+        } else {
+            debug_quoted(self.out, value);
+        }
+    }
+
+    fn num(&mut self, key: &str, value: Option<u64>) {
+        if let Some(v) = value {
+            self.key(key);
+            self.out
+                .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        }
+    }
+
+    fn end(self) {
+        if self.json {
+            self.out
+                .extend_from_slice(b"},\"target\":\"access_log\"}\n");
+        } else {
+            self.out.push(b'\n');
+        }
+    }
+}
+
+/// `value` quoted and escaped as Rust's `{:?}` writes a string (what `tracing` writes for a
+/// `&str` field in text), so a quote or a control character cannot break the line.
+fn debug_quoted(out: &mut Vec<u8>, value: &str) {
+    out.push(b'"');
+    for c in value.chars() {
+        match c {
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
+            '\n' => out.extend_from_slice(b"\\n"),
+            '\r' => out.extend_from_slice(b"\\r"),
+            '\t' => out.extend_from_slice(b"\\t"),
+            '\0' => out.extend_from_slice(b"\\0"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => {
+                let mut b = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
+            }
+        }
+    }
+    out.push(b'"');
+}
+
+/// RFC 3339 UTC with microseconds, `2026-11-30T20:01:17.025766Z`, as `tracing`'s default timer.
+fn timestamp(out: &mut Vec<u8>, at: SystemTime) {
+    let since = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    let secs = since.as_secs();
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let t = secs % 86_400;
+    let digits = |out: &mut Vec<u8>, n: u64, width: u32| {
+        for i in (0..width).rev() {
+            out.push(b'0' + (n / 10u64.pow(i) % 10) as u8);
+        }
+    };
+    digits(out, y.clamp(0, 9999) as u64, 4);
+    out.push(b'-');
+    digits(out, u64::from(m), 2);
+    out.push(b'-');
+    digits(out, u64::from(d), 2);
+    out.push(b'T');
+    digits(out, t / 3600, 2);
+    out.push(b':');
+    digits(out, t / 60 % 60, 2);
+    out.push(b':');
+    digits(out, t % 60, 2);
+    out.push(b'.');
+    digits(out, u64::from(since.subsec_micros()), 6);
+    out.push(b'Z');
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// A new request id: 16 lowercase hex characters, unique in this process. A per-process random
@@ -207,16 +423,6 @@ where
     let filter = env_filter
         .and_then(|f| EnvFilter::try_new(f).ok())
         .unwrap_or_else(|| EnvFilter::new(&log.level));
-    let access = if log.access {
-        "access_log=info"
-    } else {
-        "access_log=off"
-    };
-    // A fixed, valid directive.
-    let filter = match access.parse() {
-        Ok(d) => filter.add_directive(d),
-        Err(_) => filter,
-    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
@@ -252,16 +458,23 @@ mod tests {
         }
     }
 
-    fn request(id: Option<&'static str>) -> http::Request<()> {
-        let mut b = http::Request::post("/v1/chat/completions?key=secret");
+    fn request(id: Option<&str>, path: &str) -> http::Request<()> {
+        let mut b = http::Request::post(path);
         if let Some(id) = id {
             b = b.header(X_REQUEST_ID, id);
         }
         b.body(()).unwrap()
     }
 
-    fn sample(req: &mut http::Request<()>) -> Entry {
-        let mut e = Entry::begin(true, req, "chat").unwrap();
+    fn log(format: LogFormat) -> LogConfig {
+        LogConfig {
+            format,
+            ..LogConfig::default()
+        }
+    }
+
+    fn sample(req: &mut http::Request<()>, format: LogFormat) -> Entry {
+        let mut e = Entry::begin(&log(format), req, "chat").unwrap();
         e.phase = "warmup";
         e.target = "first_turn_prefix";
         e.rid = Some("0123456789ab".into());
@@ -285,87 +498,193 @@ mod tests {
         }
     }
 
-    fn render(log: &LogConfig, ansi: bool, entry: &Entry) -> String {
+    fn rendered(entry: &Entry, o: &Outcome) -> String {
+        let mut out = Vec::new();
+        let at = SystemTime::UNIX_EPOCH + Duration::from_micros(1_764_532_877_025_766);
+        entry.render(&mut out, o, at);
+        String::from_utf8(out).unwrap()
+    }
+
+    /// The line `tracing`'s own formatter writes for the same fields (the way the access log
+    /// was written before it was batched): what the rendered line must equal.
+    fn via_tracing(format: LogFormat, e: &Entry, o: &Outcome) -> String {
         let cap = Capture::default();
-        let sub = subscriber(log, None, cap.clone(), ansi);
+        let sub = subscriber(&log(format), None, cap.clone(), false);
+        let us = |d: Duration| d.as_micros() as u64;
         tracing::subscriber::with_default(sub, || {
-            tracing::info!("not an access line");
-            entry.write(&outcome());
+            tracing::info!(
+                target: TARGET,
+                method = %e.method,
+                path = e.uri.path(),
+                route = e.route,
+                status = e.status,
+                upstream_status = e.upstream_status,
+                phase = e.phase,
+                target = e.target,
+                rid = e.rid.as_deref(),
+                request_id = e.request_id.to_str().unwrap_or("(not visible ASCII)"),
+                upstream_connect_us = e.upstream_connect.map(us),
+                ttft_us = o.ttft.map(us),
+                duration_us = us(o.duration),
+                events = o.events,
+                bytes_in = e.bytes_in,
+                bytes_out = o.bytes_out,
+                prompt_tokens = o.tokens.prompt,
+                cached_tokens = o.tokens.cached,
+                completion_tokens = o.tokens.completion,
+                end = o.end,
+                error = e.error,
+                "access"
+            );
         });
         let out = cap.0.lock().unwrap().clone();
         String::from_utf8(out).unwrap()
     }
 
-    #[test]
-    fn text_line_has_the_fields_and_no_colours() {
-        let mut req = request(Some("client-id-1"));
-        let e = sample(&mut req);
-        let log = LogConfig {
-            level: "warn".into(),
-            ..LogConfig::default()
-        };
-        let text = render(&log, false, &e);
-        assert!(!text.contains('\x1b'), "{text:?}");
-        // `log.level = warn` hides the info line but not the access line.
-        assert_eq!(text.lines().count(), 1, "{text}");
-        for field in [
-            " access_log: access ",
-            "method=POST",
-            "path=\"/v1/chat/completions\"",
-            "route=\"chat\"",
-            "status=200",
-            "upstream_status=200",
-            "phase=\"warmup\"",
-            "target=\"first_turn_prefix\"",
-            "rid=\"0123456789ab\"",
-            "request_id=\"client-id-1\"",
-            "ttft_us=1500",
-            "duration_us=20000",
-            "events=6",
-            "bytes_out=900",
-            "prompt_tokens=40",
-            "cached_tokens=32",
-            "completion_tokens=4",
-            "end=\"complete\"",
-        ] {
-            assert!(text.contains(field), "{field} missing: {text}");
+    /// Drops the timestamp, which differs between the two writers.
+    fn untimed(format: LogFormat, line: &str) -> serde_json::Value {
+        match format {
+            LogFormat::Text => serde_json::Value::String(line.split_once(' ').unwrap().1.into()),
+            LogFormat::Json => {
+                let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
+                v.as_object_mut().unwrap().remove("timestamp").unwrap();
+                v
+            }
         }
-        assert!(!text.contains("secret"), "{text}");
-        // Unknown facts are left out, not written as empty.
-        assert!(!text.contains("upstream_connect_us"), "{text}");
-        assert!(!text.contains("bytes_in"), "{text}");
-        // The client's id is kept, not replaced.
-        assert_eq!(req.headers()[X_REQUEST_ID], "client-id-1");
-        assert!(render(&log, true, &e).contains('\x1b'));
     }
 
     #[test]
-    fn json_line_and_off_switch() {
-        let mut req = request(None);
-        let e = sample(&mut req);
+    fn lines_are_what_tracing_would_write() {
+        for format in [LogFormat::Text, LogFormat::Json] {
+            // A full line; one with most facts unknown; one whose path and id need escaping.
+            let mut full = request(Some("client-id-1"), "/v1/chat/completions?key=secret");
+            let full = sample(&mut full, format);
+            let mut sparse = request(None, "/v1/models");
+            let mut sparse = Entry::begin(&log(format), &mut sparse, "other").unwrap();
+            sparse.status = 502;
+            sparse.error = Some("upstream_connect");
+            let mut odd = request(Some(r#"a"b\c"#), "/v1/%22quoted%22/\"x\"");
+            let mut odd = sample(&mut odd, format);
+            odd.upstream_connect = Some(Duration::from_micros(75));
+            odd.bytes_in = Some(12);
+            let bare = Outcome {
+                ttft: None,
+                events: None,
+                tokens: Tokens::default(),
+                end: "client_disconnect",
+                ..outcome()
+            };
+            for (e, o) in [(&full, outcome()), (&sparse, bare), (&odd, outcome())] {
+                let ours = rendered(e, &o);
+                let theirs = via_tracing(format, e, &o);
+                assert_eq!(ours.lines().count(), 1, "{ours}");
+                assert!(ours.ends_with('\n'));
+                assert_eq!(
+                    untimed(format, &ours),
+                    untimed(format, &theirs),
+                    "{format:?}"
+                );
+                if format == LogFormat::Text {
+                    // Text must match byte for byte (JSON was compared as values above).
+                    assert_eq!(
+                        ours.split_once(' ').unwrap().1,
+                        theirs.split_once(' ').unwrap().1
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn text_line_has_the_fields_and_no_query_or_colours() {
+        let mut req = request(Some("client-id-1"), "/v1/chat/completions?key=secret");
+        let e = sample(&mut req, LogFormat::Text);
+        let text = rendered(&e, &outcome());
+        assert!(
+            text.starts_with("2025-11-30T20:01:17.025766Z  INFO access_log: access method=POST path=\"/v1/chat/completions\" route=\"chat\" status=200"),
+            "{text}"
+        );
+        assert!(!text.contains('\x1b') && !text.contains("secret"), "{text}");
+        // Unknown facts are left out, not written as empty.
+        assert!(!text.contains("upstream_connect_us") && !text.contains("bytes_in"));
+        // The client's id is kept, not replaced.
+        assert_eq!(req.headers()[X_REQUEST_ID], "client-id-1");
+    }
+
+    #[test]
+    fn a_new_request_id_goes_on_the_request_and_the_off_switch_sets_none() {
+        let mut req = request(None, "/v1/chat/completions");
+        let e = sample(&mut req, LogFormat::Json);
         let generated = req.headers()[X_REQUEST_ID].to_str().unwrap().to_string();
         assert_eq!(generated.len(), 16);
-        let log = LogConfig {
-            format: LogFormat::Json,
-            ..LogConfig::default()
-        };
-        let text = render(&log, false, &e);
-        let line = text
-            .lines()
-            .find(|l| l.contains(r#""target":"access_log""#))
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&rendered(&e, &outcome())).unwrap();
         assert_eq!(v["fields"]["request_id"], generated.as_str());
-        assert_eq!(v["fields"]["cached_tokens"], 32);
-        assert_eq!(v["fields"]["target"], "first_turn_prefix");
+        assert_eq!(v["target"], TARGET);
         let off = LogConfig {
             access: false,
             ..LogConfig::default()
         };
-        assert!(!render(&off, false, &e).contains(" access_log: access "));
         let mut plain = http::Request::get("/x").body(()).unwrap();
-        assert!(Entry::begin(false, &mut plain, "other").is_none());
+        assert!(Entry::begin(&off, &mut plain, "other").is_none());
         assert!(!plain.headers().contains_key(X_REQUEST_ID));
+    }
+
+    #[test]
+    fn timestamps_are_utc_rfc3339_with_microseconds() {
+        for (micros, want) in [
+            (0, "1970-01-01T00:00:00.000000Z"),
+            (951_782_400_000_001, "2000-02-29T00:00:00.000001Z"),
+            (1_764_532_877_025_766, "2025-11-30T20:01:17.025766Z"),
+            (4_102_444_799_999_999, "2099-12-31T23:59:59.999999Z"),
+        ] {
+            let mut out = Vec::new();
+            timestamp(
+                &mut out,
+                SystemTime::UNIX_EPOCH + Duration::from_micros(micros),
+            );
+            assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
+    }
+
+    /// Lines the process-wide sink received (this test binary installs one that keeps them).
+    fn sunk() -> String {
+        static LINES: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+        let lines = LINES.get_or_init(|| {
+            let lines = Arc::new(Mutex::new(Vec::new()));
+            let l = lines.clone();
+            assert!(install(move |b| l.lock().unwrap().extend_from_slice(b)));
+            lines
+        });
+        String::from_utf8(lines.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn a_holding_thread_hands_lines_over_when_flushed_or_full() {
+        sunk();
+        std::thread::spawn(|| {
+            hold_lines_on_this_thread();
+            let id = new_request_id();
+            let mut req = request(Some(id.to_str().unwrap()), "/v1/chat/completions");
+            let e = sample(&mut req, LogFormat::Text);
+            e.write(&outcome());
+            let id = id.to_str().unwrap();
+            assert!(!sunk().contains(id), "held until flushed");
+            flush_this_thread();
+            assert_eq!(sunk().matches(id).count(), 1);
+            // Enough lines to fill a batch go over without a flush.
+            let n = BATCH_BYTES / rendered(&e, &outcome()).len() + 1;
+            for _ in 0..n {
+                e.write(&outcome());
+            }
+            assert!(sunk().matches(id).count() > 1);
+        })
+        .join()
+        .unwrap();
+        // A thread that does not hold lines writes each at once.
+        let id = new_request_id();
+        let mut req = request(Some(id.to_str().unwrap()), "/v1/chat/completions");
+        sample(&mut req, LogFormat::Json).write(&outcome());
+        assert!(sunk().contains(id.to_str().unwrap()));
     }
 
     #[test]

@@ -157,6 +157,12 @@ fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::Worke
         .filter(|v| !v.trim().is_empty());
     // Colour codes only for a person at a terminal, never into a file or a log collector.
     let ansi = std::io::stderr().is_terminal();
+    // Access lines come in batches from the data workers and take the same way out.
+    let access = writer.clone();
+    crate::access_log::install(move |lines| {
+        use std::io::Write;
+        let _ = access.clone().write_all(lines);
+    });
     let subscriber = crate::access_log::subscriber(&config.log, rust_log.as_deref(), writer, ansi);
     tracing::subscriber::set_global_default(subscriber).ok()?;
     Some(guard)

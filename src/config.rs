@@ -528,7 +528,7 @@ pub struct LogConfig {
     /// A tracing filter directive, e.g. `info` or `kvbust=debug`; `RUST_LOG` wins when set.
     pub level: String,
     pub format: LogFormat,
-    /// One access-log line per data-port request (tracing target `access_log`), whatever `level`
+    /// One access-log line per data-port request (marked `access_log`), whatever `level`
     /// says; a request id (`x-request-id`, the client's or a new one) goes with it.
     pub access: bool,
 }

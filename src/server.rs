@@ -161,7 +161,10 @@ pub async fn run(
                         return;
                     }
                 };
+                // This worker's access lines leave in batches; the rest on its way out.
+                crate::access_log::hold_lines_on_this_thread();
                 let aborted = runtime.block_on(async move {
+                    tokio::spawn(crate::access_log::flush_periodically());
                     // Registering needs the worker's own reactor, so it happens on its thread.
                     let listener = match TcpListener::from_std(listener) {
                         Ok(l) => l,
@@ -173,6 +176,8 @@ pub async fn run(
                     let _ = started_tx.send(Ok(()));
                     worker.serve(listener, stop).await
                 });
+                drop(runtime);
+                crate::access_log::flush_this_thread();
                 let _ = done_tx.send(aborted);
             })
             .map_err(ServerError::Listener)?;

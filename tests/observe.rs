@@ -66,6 +66,12 @@ fn logs() -> Arc<Logs> {
         };
         let sub = kvbust::access_log::subscriber(&cfg, None, LogWriter(logs.clone()), false);
         tracing::subscriber::set_global_default(sub).expect("the only subscriber");
+        let access = LogWriter(logs.clone());
+        let access = Mutex::new(access);
+        assert!(kvbust::access_log::install(move |b| {
+            use std::io::Write;
+            let _ = access.lock().unwrap().write_all(b);
+        }));
         logs
     })
     .clone()
@@ -319,7 +325,7 @@ async fn every_shape_is_measured_per_phase_and_logged() {
     logs();
     let (up, seen) = upstream().await;
     for (path, route, content, (p, c, g)) in SHAPES {
-        let h = start_proxy(&up, |_| {}).await;
+        let h = start_proxy(&up, |c| c.log.format = LogFormat::Json).await;
         let client = h1();
         let mut ids = Vec::new();
         // Two requests per phase: a stream and a plain response; the warmup ones with a target.
@@ -419,7 +425,7 @@ async fn every_shape_is_measured_per_phase_and_logged() {
 async fn request_ids_are_made_when_missing_and_errors_are_logged() {
     let logs = logs();
     let (up, seen) = upstream().await;
-    let h = start_proxy(&up, |_| {}).await;
+    let h = start_proxy(&up, |c| c.log.format = LogFormat::Json).await;
     let resp = send(
         &h1(),
         post(
@@ -497,7 +503,11 @@ async fn request_ids_are_made_when_missing_and_errors_are_logged() {
 async fn request_usage_counts_usage_and_the_client_gets_exactly_what_it_asked_for() {
     logs();
     let (up, seen) = upstream().await;
-    let h = start_proxy(&up, |c| c.observe.request_usage = true).await;
+    let h = start_proxy(&up, |c| {
+        c.observe.request_usage = true;
+        c.log.format = LogFormat::Json;
+    })
+    .await;
     let direct = h1();
     let mut streams = 0.0;
     for path in ["/v1/chat/completions", "/v1/completions"] {

@@ -6,7 +6,8 @@ use bytes::Bytes;
 use http::HeaderMap;
 
 use crate::cachebust::{
-    build_marker, digest, parse, DigestInputs, ListParts, Phase, Plan, RewriteError, Shape, Target,
+    build_marker, digest, marker::rid_marker, parse, DigestInputs, ListParts, Phase, Plan,
+    RewriteError, Shape, Target,
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
@@ -247,7 +248,19 @@ pub fn apply(
         trajectory_index: 0,
         trace_id: String::new(),
     };
-    let Some(marker) = build_marker(d.target, d.phase, inputs.as_ref().unwrap_or(&fallback)) else {
+    // The digest once: it is both the RID reported and the one in the marker.
+    let rid = inputs.as_ref().map(digest);
+    let marker = match (d.target, &rid) {
+        (
+            Target::SystemPrefix
+            | Target::SystemSuffix
+            | Target::FirstTurnPrefix
+            | Target::FirstTurnSuffix,
+            Some(rid),
+        ) => Some(rid_marker(rid, d.target.is_prefix())),
+        _ => build_marker(d.target, d.phase, inputs.as_ref().unwrap_or(&fallback)),
+    };
+    let Some(marker) = marker else {
         return Ok(Rewritten {
             body: None,
             rid: None,
@@ -276,7 +289,7 @@ pub fn apply(
     }
     Ok(Rewritten {
         body: outcome.body.map(Bytes::from),
-        rid: inputs.as_ref().map(digest),
+        rid,
     })
 }
 
