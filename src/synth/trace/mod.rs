@@ -511,6 +511,21 @@ pub fn build(
             check_session(file, sid, entries)?;
         }
     }
+    let texts = prompts(file, params, tokenizer, content, &sessions, block_size)?;
+    Ok(Dataset {
+        conversations: conversations(params, sessions, texts, root_seed),
+    })
+}
+
+/// Every line's prompt text in AIPerf's request order (one flat list, session by session).
+fn prompts(
+    file: &TraceFile,
+    params: &TraceParams,
+    tokenizer: &Tokenizer,
+    content: &mut dyn TraceContent,
+    sessions: &[(String, Vec<Entry>)],
+    block_size: usize,
+) -> Result<Vec<Option<String>>, SynthError> {
     let separator = match params.terminator {
         BlockTerminator::Aiperf => tokenizer.bos_token_id().or(tokenizer.eos_token_id()),
         BlockTerminator::None => None,
@@ -531,7 +546,7 @@ pub fn build(
         }
         Ok::<(), SynthError>(())
     };
-    for (_, entries) in &sessions {
+    for (_, entries) in sessions {
         for e in entries {
             let text = match &e.input {
                 Input::Text(t) => Some(t.clone()),
@@ -559,8 +574,18 @@ pub fn build(
         }
     }
     flush(&mut pending, &mut flat)?;
-    let mut texts = flat.into_iter();
+    Ok(flat)
+}
 
+/// The sessions as conversations, their turns taking `texts` in order, with `max_tokens` from
+/// the line or drawn around `--osl`.
+fn conversations(
+    params: &TraceParams,
+    sessions: Vec<(String, Vec<Entry>)>,
+    texts: Vec<Option<String>>,
+    root_seed: u64,
+) -> Vec<Conversation> {
+    let mut texts = texts.into_iter();
     let mut max_tokens_rng = DerivedRng::derive(root_seed, "composer.turn.max_tokens").py;
     let osl_stddev = params.osl_stddev.trunc();
     let mut conversations = Vec::with_capacity(sessions.len());
@@ -601,7 +626,7 @@ pub fn build(
             turns,
         });
     }
-    Ok(Dataset { conversations })
+    conversations
 }
 
 /// The dataset for `params.input_file` (see [`SynthParams`]): reads the trace, builds the
