@@ -326,6 +326,15 @@ impl<'a> Line<'a> {
 /// `&str` field in text), so a quote or a control character cannot break the line.
 fn debug_quoted(out: &mut Vec<u8>, value: &str) {
     out.push(b'"');
+    // The usual case, printable ASCII with nothing to escape, in one copy.
+    if value
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'"');
+        return;
+    }
     for c in value.chars() {
         match c {
             '"' => out.extend_from_slice(b"\\\""),

@@ -448,8 +448,9 @@ impl Default for SynthConfig {
     }
 }
 
-/// Names of the request headers kvbust reads. The kvbust ones (and every `x-kvbust-*`
-/// header) are removed before forwarding; the two session headers pass through.
+/// Names of the headers kvbust reads on requests and sets on responses (`response_*`). The
+/// kvbust request ones (and every `x-kvbust-*` header) are removed before forwarding; the two
+/// session headers pass through.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct HeaderNames {
@@ -463,6 +464,14 @@ pub struct HeaderNames {
     pub synth: String,
     pub correlation_id: String,
     pub session_id: String,
+    /// The RID digest of the request, or `none` (with `cache_bust.response_headers`).
+    pub response_rid: String,
+    /// The phase the request was marked for (with `cache_bust.response_headers`).
+    pub response_phase: String,
+    /// Microseconds kvbust spent before sending the request upstream (likewise).
+    pub response_overhead_us: String,
+    /// A synthesized trace entry's timestamp (ms), for a client following a trace.
+    pub response_trace_timestamp: String,
 }
 
 impl Default for HeaderNames {
@@ -479,12 +488,16 @@ impl Default for HeaderNames {
             synth: s("x-kvbust-synth"),
             correlation_id: s("x-correlation-id"),
             session_id: s("x-session-id"),
+            response_rid: s("x-kvbust-rid"),
+            response_phase: s("x-kvbust-phase"),
+            response_overhead_us: s("x-kvbust-overhead-us"),
+            response_trace_timestamp: s("x-kvbust-trace-timestamp"),
         }
     }
 }
 
 impl HeaderNames {
-    fn all(&self) -> [(&'static str, &String); 10] {
+    fn all(&self) -> [(&'static str, &String); 14] {
         [
             ("phase", &self.phase),
             ("target", &self.target),
@@ -496,6 +509,10 @@ impl HeaderNames {
             ("synth", &self.synth),
             ("correlation_id", &self.correlation_id),
             ("session_id", &self.session_id),
+            ("response_rid", &self.response_rid),
+            ("response_phase", &self.response_phase),
+            ("response_overhead_us", &self.response_overhead_us),
+            ("response_trace_timestamp", &self.response_trace_timestamp),
         ]
     }
 

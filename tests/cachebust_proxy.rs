@@ -568,3 +568,40 @@ async fn header_names_are_configurable() {
     assert_eq!(v["messages"][0]["content"], format!("{expect}Q"));
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn response_header_names_are_configurable() {
+    let h = start(|c| {
+        c.cache_bust.target = Target::FirstTurnPrefix;
+        c.headers.response_rid = "x-bench-rid".into();
+        c.headers.response_phase = "x-bench-phase".into();
+        c.headers.response_overhead_us = "x-bench-overhead".into();
+    })
+    .await;
+    let resp = send(
+        &h1(),
+        post(
+            &h.url("/v1/chat/completions"),
+            chat_body("Q", false, 1),
+            &[("x-kvbust-phase", "warmup")],
+        ),
+    )
+    .await;
+    let headers = resp.headers().clone();
+    body_bytes(resp).await;
+    let rid = headers["x-bench-rid"].to_str().unwrap();
+    assert!(
+        rid.len() == 12 && rid.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{rid}"
+    );
+    assert_eq!(headers["x-bench-phase"], "warmup");
+    assert!(headers["x-bench-overhead"]
+        .to_str()
+        .unwrap()
+        .parse::<u64>()
+        .is_ok());
+    for old in ["x-kvbust-rid", "x-kvbust-phase", "x-kvbust-overhead-us"] {
+        assert!(!headers.contains_key(old), "{old} still set");
+    }
+    h.shutdown().await;
+}

@@ -1,6 +1,11 @@
-//! The request path, read top to bottom: classify the route → decide phase and target → (collect,
-//! parse once, mark) → forward → stream the response back through the observer. Bodies that need
-//! no change are never collected or parsed; response bodies are never collected.
+//! The request path, one phase per method, in the order [`Proxy::forward`] shows on one screen:
+//! classify the route (`handle`) → decide (phase, target, and what the body needs, from the
+//! headers alone) → prepare the body (collect it within the limits; synthesize, expand
+//! placeholders, mark, ask for usage) → upstream request → send → response headers → observe
+//! (stream back; time, count, log). A request body is collected only on an API route where a
+//! step needs it (with `synth.placeholders` on, the default, every chat body: the scan must see
+//! its bytes); each step reads the bytes the one before left, and one that finds nothing to do
+//! copies nothing. Everything else streams through. Never collects a response body.
 
 pub mod budget;
 pub mod forward;
@@ -22,7 +27,7 @@ use http_body::Body as HttpBody;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 
-use crate::cachebust::Shape;
+use crate::cachebust::{Phase, Shape, Target};
 use crate::conn::{Activity, BodyTimeout, RequestGuard};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
@@ -38,13 +43,11 @@ pub fn full_body(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).map_err(|never| match never {}).boxed()
 }
 
-/// The API routes kvbust understands; everything else is `Other` and passes through untouched.
+/// The route a request is on: one of the API paths (POST), named by the body shape read
+/// there ([`Shape::path`] holds the paths), or `Other`, which passes through untouched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
-    Chat,
-    Completions,
-    Responses,
-    Messages,
+    Api(Shape),
     Other,
 }
 
@@ -53,31 +56,20 @@ impl Route {
         if method != Method::POST {
             return Route::Other;
         }
-        match path.trim_end_matches('/') {
-            "/v1/chat/completions" => Route::Chat,
-            "/v1/completions" => Route::Completions,
-            "/v1/responses" => Route::Responses,
-            "/v1/messages" => Route::Messages,
-            _ => Route::Other,
-        }
+        Shape::from_path(path.trim_end_matches('/')).map_or(Route::Other, Route::Api)
     }
 
+    /// The metric and log label: the shape's name, or `other`.
     pub fn label(self) -> &'static str {
         match self {
-            Route::Chat => "chat",
-            Route::Completions => "completions",
-            Route::Responses => "responses",
-            Route::Messages => "messages",
+            Route::Api(shape) => shape.as_str(),
             Route::Other => "other",
         }
     }
 
     pub fn shape(self) -> Option<Shape> {
         match self {
-            Route::Chat => Some(Shape::Chat),
-            Route::Completions => Some(Shape::Completions),
-            Route::Responses => Some(Shape::Responses),
-            Route::Messages => Some(Shape::Messages),
+            Route::Api(shape) => Some(shape),
             Route::Other => None,
         }
     }
@@ -132,13 +124,15 @@ pub struct Proxy {
     client: UpstreamClient,
     upstream: Upstream,
     synth: Arc<synthesize::Synthesizer>,
+    response_headers: ResponseHeaders,
 }
 
 /// Labels and facts carried from the request to its response.
 struct Exchange {
     route: Route,
-    phase: &'static str,
-    target: &'static str,
+    /// Decided on API routes only; `None` elsewhere (label `none`).
+    phase: Option<Phase>,
+    target: Target,
     rid: Option<String>,
     /// The synthesized entry's trace timestamp (ms), when it has one.
     trace_timestamp: Option<String>,
@@ -146,6 +140,60 @@ struct Exchange {
     log: Option<crate::access_log::Entry>,
     /// kvbust added `include_usage` (`observe.request_usage`): take it out of the response.
     strip_usage: bool,
+}
+
+impl Exchange {
+    fn phase_label(&self) -> &'static str {
+        self.phase.map_or("none", Phase::as_str)
+    }
+
+    /// Phase, target and RID, as the access log takes them.
+    fn log_labels(&mut self) -> crate::access_log::Labels {
+        (self.phase_label(), self.target.as_str(), self.rid.take())
+    }
+}
+
+/// What a request on an API route needs done to its body, decided from its headers alone.
+struct BodyWork {
+    shape: Shape,
+    decision: rewrite::Decision,
+    /// Synthesize the body (`x-kvbust-synth`).
+    synth: bool,
+    /// Expand `{{kvbust:...}}` placeholders.
+    placeholders: bool,
+    /// Ask for `usage` on the client's behalf (`observe.request_usage`).
+    usage: bool,
+}
+
+impl BodyWork {
+    fn needs_body(&self) -> bool {
+        self.decision.needs_body() || self.synth || self.placeholders || self.usage
+    }
+}
+
+/// The response header names, parsed once (`headers.response_*`, validated at start).
+struct ResponseHeaders {
+    rid: HeaderName,
+    phase: HeaderName,
+    overhead_us: HeaderName,
+    trace_timestamp: HeaderName,
+}
+
+impl ResponseHeaders {
+    fn new(names: &crate::config::HeaderNames) -> Self {
+        // `Config::validate` checked every name; a name that still fails falls back to the
+        // default, which is valid.
+        let parse = |name: &str, default: &'static str| {
+            HeaderName::from_bytes(name.as_bytes())
+                .unwrap_or_else(|_| HeaderName::from_static(default))
+        };
+        Self {
+            rid: parse(&names.response_rid, "x-kvbust-rid"),
+            phase: parse(&names.response_phase, "x-kvbust-phase"),
+            overhead_us: parse(&names.response_overhead_us, "x-kvbust-overhead-us"),
+            trace_timestamp: parse(&names.response_trace_timestamp, "x-kvbust-trace-timestamp"),
+        }
+    }
 }
 
 impl Proxy {
@@ -157,6 +205,7 @@ impl Proxy {
         synth: Arc<synthesize::Synthesizer>,
     ) -> Arc<Self> {
         Arc::new(Self {
+            response_headers: ResponseHeaders::new(&rt.config.headers),
             rt,
             client,
             upstream,
@@ -194,8 +243,8 @@ impl Proxy {
         let log = crate::access_log::Entry::begin(&self.rt.config.log, &mut req, route.label());
         let mut ex = Exchange {
             route,
-            phase: "none",
-            target: "none",
+            phase: None,
+            target: Target::None,
             rid: None,
             trace_timestamp: None,
             log,
@@ -229,7 +278,7 @@ impl Proxy {
                 let code = err.code();
                 let mut resp = err.into_response::<Full<Bytes>>();
                 if let Some(log) = ex.log.take() {
-                    log.failed(&mut resp, (ex.phase, ex.target, ex.rid.take()), code, start);
+                    log.failed(&mut resp, ex.log_labels(), code, start);
                 }
                 resp.map(|b| b.map_err(|never| match never {}).boxed())
             }
@@ -237,11 +286,17 @@ impl Proxy {
         self.rt
             .metrics
             .requests
-            .with_label_values(&[route.label(), ex.phase, ex.target, resp.status().as_str()])
+            .with_label_values(&[
+                route.label(),
+                ex.phase_label(),
+                ex.target.as_str(),
+                resp.status().as_str(),
+            ])
             .inc();
         resp
     }
 
+    /// The phases of one request, in order; each is a method below with one job.
     async fn forward(
         &self,
         req: Request<Body>,
@@ -251,100 +306,148 @@ impl Proxy {
         in_flight: InFlight,
         ex: &mut Exchange,
     ) -> Result<Response<Body>, ProxyError> {
-        let cfg = &self.rt.config;
         let (mut parts, body) = req.into_parts();
-        let affinity = affinity.filter(|_| self.upstream.uses_affinity(cfg.upstream.http2));
-        let uri = match affinity {
-            Some(_) => self.upstream.origin_form(parts.uri.path_and_query())?,
-            None => self.upstream.join(parts.uri.path_and_query())?,
-        };
-
-        // Decide what this request needs from the headers alone; collect the body only if so.
-        let mut upstream_body = body;
+        let affinity =
+            affinity.filter(|_| self.upstream.uses_affinity(self.rt.config.upstream.http2));
         // Buffered bytes held against limits.max_buffered_total until the upstream answers.
         let mut buffered = self.rt.bodies.reservation();
-        if let Some(shape) = ex.route.shape() {
-            let control = rewrite::has_control_headers(&parts.headers, &cfg.headers);
-            let mut decision = rewrite::decide(&parts.headers, control, &self.rt)?;
-            ex.phase = decision.phase.as_str();
-            ex.target = decision.target.as_str();
-            let synth =
-                synthesize::wants_synthesis(&parts.headers, control, parts.uri.path(), cfg)?;
-            if synth && shape != Shape::Chat {
-                return Err(ProxyError::bad_request(
-                    "synthesis_unsupported",
-                    format!("{} works on /v1/chat/completions only", cfg.headers.synth),
-                ));
+        let body = match self.decide(&parts, ex)? {
+            Some(work) => {
+                self.prepare_body(work, &mut parts, body, ex, &mut buffered)
+                    .await?
             }
-            let scan = shape == Shape::Chat && cfg.synth.placeholders;
-            let usage =
-                cfg.observe.request_usage && matches!(shape, Shape::Chat | Shape::Completions);
-            if decision.needs_body() || synth || scan || usage {
-                let mut bytes = collect_limited(
-                    upstream_body,
-                    &parts.headers,
-                    cfg.limits.max_body.as_u64(),
-                    &mut buffered,
-                )
-                .await?;
-                if let Some(log) = ex.log.as_mut() {
-                    log.bytes_in = Some(bytes.len() as u64);
-                }
-                let mut changed = false;
-                let mut session = None;
-                if synth {
-                    let key = rewrite::header_session_key(
-                        &cfg.cache_bust.session_sources,
-                        &parts.headers,
-                        &cfg.headers,
-                        cfg.limits.control_header_len(),
-                    )?;
-                    let filled = self.synth.fill(&bytes, key.as_deref()).await?;
-                    // AIPerf's placement: first-turn targets skip the user-context message.
-                    decision.user_context_messages = filled.user_context_messages;
-                    session = Some(key.unwrap_or(filled.session_id));
-                    ex.trace_timestamp = filled.trace_timestamp;
-                    bytes = Bytes::from(filled.body);
-                    changed = true;
-                }
-                if scan {
-                    if let Some(b) = self.synth.expand(&bytes).await? {
-                        bytes = Bytes::from(b);
-                        changed = true;
-                    }
-                }
-                if decision.needs_body() {
-                    let out = rewrite::apply(
-                        &decision,
-                        shape,
-                        &bytes,
-                        &parts.headers,
-                        &self.rt,
-                        session.as_deref(),
-                    )?;
-                    ex.rid = out.rid;
-                    if let Some(b) = out.body {
-                        bytes = b;
-                        changed = true;
-                    }
-                }
-                if usage {
-                    if let Some(b) = usage::add_include_usage(&bytes) {
-                        bytes = Bytes::from(b);
-                        changed = true;
-                        ex.strip_usage = true;
-                    }
-                }
-                if changed {
-                    reserve(&mut buffered, bytes.len() as u64)?;
-                    parts
-                        .headers
-                        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-                }
-                upstream_body = full_body(bytes);
+            None => body,
+        };
+        let req = self.upstream_request(parts, body, client, affinity.is_some())?;
+        let overhead = start.elapsed();
+        self.rt.metrics.overhead.observe(overhead.as_secs_f64());
+        let resp = self.send(req, affinity, overhead).await?;
+        // The body went out with the request: its bytes are no longer held here.
+        drop(buffered);
+        let (mut parts, body) = resp.into_parts();
+        let log = self.response_headers(&mut parts, ex, overhead);
+        Ok(self.observe(parts, body, ex, log, start, in_flight))
+    }
+
+    /// Decide: on an API route, the phase and target (into `ex`) and what the body needs, from
+    /// the headers alone; `None` when the body goes through as it came.
+    fn decide(
+        &self,
+        parts: &http::request::Parts,
+        ex: &mut Exchange,
+    ) -> Result<Option<BodyWork>, ProxyError> {
+        let cfg = &self.rt.config;
+        let Some(shape) = ex.route.shape() else {
+            return Ok(None);
+        };
+        let control = rewrite::has_control_headers(&parts.headers, &cfg.headers);
+        let decision = rewrite::decide(&parts.headers, control, &self.rt)?;
+        ex.phase = Some(decision.phase);
+        ex.target = decision.target;
+        let synth = synthesize::wants_synthesis(&parts.headers, control, parts.uri.path(), cfg)?;
+        if synth && shape != Shape::Chat {
+            return Err(ProxyError::bad_request(
+                "synthesis_unsupported",
+                format!("{} works on /v1/chat/completions only", cfg.headers.synth),
+            ));
+        }
+        let work = BodyWork {
+            shape,
+            decision,
+            synth,
+            placeholders: shape == Shape::Chat && cfg.synth.placeholders,
+            usage: cfg.observe.request_usage && matches!(shape, Shape::Chat | Shape::Completions),
+        };
+        Ok(work.needs_body().then_some(work))
+    }
+
+    /// Prepare the body: collect it (within the limits), then synthesize, expand placeholders,
+    /// mark, and ask for usage, each step on the bytes of the one before; a changed body gets
+    /// its new `content-length`.
+    async fn prepare_body(
+        &self,
+        mut work: BodyWork,
+        parts: &mut http::request::Parts,
+        body: Body,
+        ex: &mut Exchange,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<Body, ProxyError> {
+        let cfg = &self.rt.config;
+        let original =
+            collect_limited(body, &parts.headers, cfg.limits.max_body.as_u64(), buffered).await?;
+        if let Some(log) = ex.log.as_mut() {
+            log.bytes_in = Some(original.len() as u64);
+        }
+        let mut bytes = original;
+        let mut changed = false;
+        let mut session = None;
+        if work.synth {
+            let key = rewrite::header_session_key(
+                &cfg.cache_bust.session_sources,
+                &parts.headers,
+                &cfg.headers,
+                cfg.limits.control_header_len(),
+            )?;
+            let filled = self.synth.fill(&bytes, key.as_deref()).await?;
+            // AIPerf's placement: first-turn targets skip the user-context message.
+            work.decision.user_context_messages = filled.user_context_messages;
+            session = Some(key.unwrap_or(filled.session_id));
+            ex.trace_timestamp = filled.trace_timestamp;
+            bytes = Bytes::from(filled.body);
+            changed = true;
+        }
+        if work.placeholders {
+            if let Some(b) = self.synth.expand(&bytes).await? {
+                bytes = Bytes::from(b);
+                changed = true;
             }
         }
+        if work.decision.needs_body() {
+            let out = rewrite::apply(
+                &work.decision,
+                work.shape,
+                &bytes,
+                &parts.headers,
+                &self.rt,
+                session.as_deref(),
+            )?;
+            ex.rid = out.rid;
+            if let Some(b) = out.body {
+                bytes = b;
+                changed = true;
+            }
+        }
+        if work.usage {
+            if let Some(b) = usage::add_include_usage(&bytes) {
+                bytes = Bytes::from(b);
+                changed = true;
+                ex.strip_usage = true;
+            }
+        }
+        if changed {
+            reserve(buffered, bytes.len() as u64)?;
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        }
+        Ok(full_body(bytes))
+    }
 
+    /// The upstream request: the target in the form the connection wants, the forwarded
+    /// headers (hop-by-hop and control headers out, `x-forwarded-*` in), HTTP/1.1 semantics
+    /// (the client picks the wire version per connection: ALPN or prior knowledge).
+    fn upstream_request(
+        &self,
+        mut parts: http::request::Parts,
+        body: Body,
+        client: &Downstream,
+        origin_form: bool,
+    ) -> Result<Request<Body>, ProxyError> {
+        let cfg = &self.rt.config;
+        parts.uri = match origin_form {
+            true => self.upstream.origin_form(parts.uri.path_and_query())?,
+            false => self.upstream.join(parts.uri.path_and_query())?,
+        };
         forward::upstream_request_headers(
             &mut parts.headers,
             client.peer,
@@ -352,83 +455,105 @@ impl Proxy {
             cfg.upstream.keep_host,
             &cfg.headers.control(),
         );
-        parts.uri = uri;
-        // The client picks the wire version per connection (ALPN / prior knowledge).
         parts.version = http::Version::HTTP_11;
-        let upstream_req = Request::from_parts(parts, upstream_body);
+        Ok(Request::from_parts(parts, body))
+    }
 
-        let overhead = start.elapsed();
-        self.rt.metrics.overhead.observe(overhead.as_secs_f64());
-        // Headers must come within first_byte_timeout, and within what is left of the total.
-        let (timeout, stage, after) = match cfg.upstream.total_timeout {
-            Some(total) if total.saturating_sub(overhead) < cfg.upstream.first_byte_timeout => (
+    /// Send: on the connection's own upstream connection or through the pool, with the
+    /// response headers due within `upstream.first_byte_timeout` and within what is left of
+    /// `upstream.total_timeout` after kvbust's own `overhead`.
+    async fn send(
+        &self,
+        req: Request<Body>,
+        affinity: Option<&Affinity>,
+        overhead: std::time::Duration,
+    ) -> Result<Response<hyper::body::Incoming>, ProxyError> {
+        let cfg = &self.rt.config.upstream;
+        let (timeout, stage, after) = match cfg.total_timeout {
+            Some(total) if total.saturating_sub(overhead) < cfg.first_byte_timeout => (
                 total.saturating_sub(overhead),
                 "respond (upstream.total_timeout)",
                 total,
             ),
             _ => (
-                cfg.upstream.first_byte_timeout,
+                cfg.first_byte_timeout,
                 "send response headers",
-                cfg.upstream.first_byte_timeout,
+                cfg.first_byte_timeout,
             ),
         };
         let sent = async {
             match affinity {
-                Some(a) => {
-                    forward::send_with_affinity(a, &self.upstream, &cfg.upstream, upstream_req)
-                        .await
-                }
-                None => self.client.request(upstream_req).await.map_err(|e| {
-                    forward::classify(e, &self.upstream, cfg.upstream.connect_timeout)
-                }),
+                Some(a) => forward::send_with_affinity(a, &self.upstream, cfg, req).await,
+                None => self
+                    .client
+                    .request(req)
+                    .await
+                    .map_err(|e| forward::classify(e, &self.upstream, cfg.connect_timeout)),
             }
         };
-        let resp = match tokio::time::timeout(timeout, sent).await {
-            Err(_) => return Err(ProxyError::UpstreamTimeout { stage, after }),
-            Ok(result) => result?,
-        };
-        // The body went out with the request: its bytes are no longer held here.
-        drop(buffered);
+        match tokio::time::timeout(timeout, sent).await {
+            Err(_) => Err(ProxyError::UpstreamTimeout { stage, after }),
+            Ok(result) => result,
+        }
+    }
 
-        let (mut rparts, rbody) = resp.into_parts();
-        forward::strip_hop_by_hop(&mut rparts.headers);
-        let log = ex
-            .log
-            .take()
-            .map(|log| log.responded(&mut rparts, (ex.phase, ex.target, ex.rid.clone())));
-        if ex.route != Route::Other && cfg.cache_bust.response_headers {
-            let h = &mut rparts.headers;
-            let rid = ex.rid.as_deref().unwrap_or("none");
+    /// Response headers: hop-by-hop ones out; the request id, and on API routes the RID, phase
+    /// and overhead (`cache_bust.response_headers`) and a trace entry's timestamp, in. Returns
+    /// the access-log entry, now knowing the upstream's answer.
+    fn response_headers(
+        &self,
+        parts: &mut http::response::Parts,
+        ex: &mut Exchange,
+        overhead: std::time::Duration,
+    ) -> Option<crate::access_log::Entry> {
+        forward::strip_hop_by_hop(&mut parts.headers);
+        let labels = (ex.phase_label(), ex.target.as_str(), ex.rid.clone());
+        let log = ex.log.take().map(|log| log.responded(parts, labels));
+        let names = &self.response_headers;
+        let h = &mut parts.headers;
+        if ex.route != Route::Other && self.rt.config.cache_bust.response_headers {
             // Digests are hex and phases are fixed words, so these are always valid values.
-            if let Ok(v) = HeaderValue::from_str(rid) {
-                h.insert(HeaderName::from_static("x-kvbust-rid"), v);
+            if let Ok(v) = HeaderValue::from_str(ex.rid.as_deref().unwrap_or("none")) {
+                h.insert(names.rid.clone(), v);
             }
-            // On API routes the phase was decided before forwarding.
             h.insert(
-                HeaderName::from_static("x-kvbust-phase"),
-                HeaderValue::from_static(ex.phase),
+                names.phase.clone(),
+                HeaderValue::from_static(ex.phase_label()),
             );
             h.insert(
-                HeaderName::from_static("x-kvbust-overhead-us"),
+                names.overhead_us.clone(),
                 HeaderValue::from(overhead.as_micros() as u64),
             );
         }
         // The trace's schedule, for a client that wants to follow it (a number: a valid value).
         if let Some(v) = ex.trace_timestamp.as_deref() {
             if let Ok(v) = HeaderValue::from_str(v) {
-                rparts
-                    .headers
-                    .insert(HeaderName::from_static("x-kvbust-trace-timestamp"), v);
+                h.insert(names.trace_timestamp.clone(), v);
             }
         }
-        let content_type = rparts
+        log
+    }
+
+    /// Observe: the response body streams back through the observer, which times it, reads
+    /// its usage, keeps the request in flight until it ends, and writes the access line.
+    fn observe(
+        &self,
+        parts: http::response::Parts,
+        body: hyper::body::Incoming,
+        ex: &Exchange,
+        log: Option<crate::access_log::Entry>,
+        start: Instant,
+        in_flight: InFlight,
+    ) -> Response<Body> {
+        let cfg = &self.rt.config;
+        let content_type = parts
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok());
         let labels = observe::Labels {
             route: ex.route.label(),
-            phase: ex.phase,
-            target: ex.target,
+            phase: ex.phase_label(),
+            target: ex.target.as_str(),
         };
         let scan_limit =
             (ex.route != Route::Other).then(|| cfg.observe.max_usage_scan.as_u64() as usize);
@@ -442,14 +567,14 @@ impl Proxy {
         .holding(in_flight)
         .logging(log);
         let body = Observed::new(
-            rbody,
+            body,
             cfg.upstream.idle_timeout,
             cfg.upstream.total_timeout.map(|t| (t, start)),
             observer,
         )
         .stripping_usage(ex.strip_usage)
         .boxed();
-        Ok(Response::from_parts(rparts, body))
+        Response::from_parts(parts, body)
     }
 }
 
@@ -526,11 +651,23 @@ mod tests {
     #[test]
     fn routes_are_post_only_and_exact() {
         let cases = [
-            (Method::POST, "/v1/chat/completions", Route::Chat),
-            (Method::POST, "/v1/chat/completions/", Route::Chat),
-            (Method::POST, "/v1/completions", Route::Completions),
-            (Method::POST, "/v1/responses", Route::Responses),
-            (Method::POST, "/v1/messages", Route::Messages),
+            (
+                Method::POST,
+                "/v1/chat/completions",
+                Route::Api(Shape::Chat),
+            ),
+            (
+                Method::POST,
+                "/v1/chat/completions/",
+                Route::Api(Shape::Chat),
+            ),
+            (
+                Method::POST,
+                "/v1/completions",
+                Route::Api(Shape::Completions),
+            ),
+            (Method::POST, "/v1/responses", Route::Api(Shape::Responses)),
+            (Method::POST, "/v1/messages", Route::Api(Shape::Messages)),
             (Method::GET, "/v1/chat/completions", Route::Other),
             (Method::POST, "/v1/chat/completions/extra", Route::Other),
             (Method::POST, "/v1/embeddings", Route::Other),
