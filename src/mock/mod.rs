@@ -324,15 +324,8 @@ impl Mock {
         *cache = PrefixCache::new(self.cfg.block_size, self.cfg.cache_blocks);
     }
 
-    /// Answers one request. Never panics and never fails: every problem is an OpenAI-shaped error response.
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<BoxBody<Bytes, Infallible>>
-    where
-        B: http_body::Body<Data = Bytes> + Send + 'static,
-        B::Error: Display,
-    {
-        let received = Instant::now();
-        let (parts, body) = req.into_parts();
-        let (bytes, body_error) = read_body(body).await;
+    /// Hands the request (origin-form URI, headers, body and its digest) to the recorder.
+    async fn record(&self, parts: &http::request::Parts, bytes: &Bytes) {
         let origin = parts
             .uri
             .path_and_query()
@@ -343,16 +336,25 @@ impl Mock {
             authority: parts.uri.authority().map(ToString::to_string),
             headers: parts.headers.clone(),
             body_len: bytes.len(),
-            body_sha256: digest(&bytes).await,
+            body_sha256: digest(bytes).await,
             body: bytes.clone(),
             version: parts.version,
         });
+    }
+
+    /// Answers one request. Never panics and never fails: every problem is an OpenAI-shaped error response.
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<BoxBody<Bytes, Infallible>>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Display,
+    {
+        let received = Instant::now();
+        let (parts, body) = req.into_parts();
+        let (bytes, body_error) = read_body(body).await;
+        self.record(&parts, &bytes).await;
         tracing::debug!(method = %parts.method, uri = %parts.uri, bytes = bytes.len(), "mock: request");
         let route = route(parts.uri.path());
-        let shape_error = |e: &ApiError| match route {
-            Route::Generate(endpoint) => error_response_for(endpoint, e),
-            _ => error_response(e),
-        };
+        let shape_error = |e: &ApiError| route_error(route, e);
         if let Some(e) = body_error {
             return shape_error(&e);
         }
@@ -390,24 +392,7 @@ impl Mock {
                 code: "not_found",
             }),
             Route::Health | Route::Models | Route::Generate(_) | Route::ResetPrefixCache => {
-                let allow = if matches!(route, Route::Generate(_) | Route::ResetPrefixCache) {
-                    "POST"
-                } else {
-                    "GET, HEAD"
-                };
-                let mut resp = shape_error(&ApiError {
-                    status: StatusCode::METHOD_NOT_ALLOWED,
-                    message: format!(
-                        "{} is not allowed on {}; use {allow}",
-                        parts.method,
-                        parts.uri.path()
-                    ),
-                    kind: "invalid_request_error",
-                    code: "method_not_allowed",
-                });
-                resp.headers_mut()
-                    .insert(ALLOW, HeaderValue::from_static(allow));
-                resp
+                method_not_allowed(route, &parts)
             }
         }
     }
@@ -588,6 +573,37 @@ async fn full_response(plan: StreamPlan) -> Response<MockBody> {
         Shape::Messages { id, model } => anthropic::full_response(id, model, &text, usage),
     };
     json_response(StatusCode::OK, body)
+}
+
+/// `e` shaped as the route's API shapes errors (OpenAI's shape off the generation routes).
+fn route_error(route: Route, e: &ApiError) -> Response<MockBody> {
+    match route {
+        Route::Generate(endpoint) => error_response_for(endpoint, e),
+        _ => error_response(e),
+    }
+}
+
+/// A 405 naming the methods `route` takes (also in `Allow`), shaped for the route's API.
+fn method_not_allowed(route: Route, parts: &http::request::Parts) -> Response<MockBody> {
+    let allow = if matches!(route, Route::Generate(_) | Route::ResetPrefixCache) {
+        "POST"
+    } else {
+        "GET, HEAD"
+    };
+    let e = ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!(
+            "{} is not allowed on {}; use {allow}",
+            parts.method,
+            parts.uri.path()
+        ),
+        kind: "invalid_request_error",
+        code: "method_not_allowed",
+    };
+    let mut resp = route_error(route, &e);
+    resp.headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    resp
 }
 
 /// The response's id and the shape of its body for `endpoint`, request number `seq`.
