@@ -18,6 +18,11 @@ use kvbust::proxy::synthesize::{find_placeholders, Synthesizer};
 /// A chat body of about `size` bytes: a system prompt, then user/assistant turns of prose with
 /// escapes and non-ASCII, as multi-turn benchmark clients send them.
 fn chat_body(size: usize) -> Vec<u8> {
+    chat_body_ending(size, "")
+}
+
+/// [`chat_body`] whose last message ends with `tail` (e.g. a placeholder).
+fn chat_body_ending(size: usize, tail: &str) -> Vec<u8> {
     let filler = "All the world's a stage, and all the men and women merely players; \u{e9}\u{1f600} \"quoted\"\n";
     let mut messages =
         vec![serde_json::json!({"role": "system", "content": "You are a helpful assistant."})];
@@ -29,6 +34,11 @@ fn chat_body(size: usize) -> Vec<u8> {
         len += text.len() + 40;
         messages.push(serde_json::json!({"role": role, "content": text}));
         i += 1;
+    }
+    if let Some(serde_json::Value::String(last)) =
+        messages.last_mut().and_then(|m| m.get_mut("content"))
+    {
+        last.push_str(tail);
     }
     serde_json::to_vec(&serde_json::json!({
         "model": "bench", "messages": messages, "stream": true, "max_tokens": 128, "temperature": 0.0,
@@ -88,6 +98,19 @@ fn rewrite(c: &mut Criterion) {
             BenchmarkId::new("placeholder_scan", label),
             &body,
             |b, body| b.iter(|| black_box(find_placeholders(black_box(body)).expect("scans"))),
+        );
+        // The same body with one placeholder in its last message: the scan's slow path.
+        let with = chat_body_ending(size, " {{kvbust:prompt:16}}");
+        g.bench_with_input(
+            BenchmarkId::new("placeholder_scan_one", label),
+            &with,
+            |b, body| {
+                b.iter(|| {
+                    let found = find_placeholders(black_box(body)).expect("scans");
+                    assert_eq!(found.len(), 1);
+                    black_box(found)
+                })
+            },
         );
     }
     g.finish();

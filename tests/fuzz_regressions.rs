@@ -19,7 +19,7 @@ fn longest_run(s: &str, c: char) -> usize {
 }
 
 /// `placeholders`: a placeholder in a member *name* inside `messages` was expanded, turning a key
-/// into a prompt. Only string values are message text.
+/// into a prompt. Only message content is prompt text (a string `content`, a text part's `text`).
 #[test]
 fn placeholder_in_an_object_key_is_not_expanded() {
     let body =
@@ -51,6 +51,15 @@ fn a_string_body_is_not_echoed_whole() {
     );
 }
 
+fn inputs() -> kvbust::cachebust::DigestInputs {
+    kvbust::cachebust::DigestInputs {
+        benchmark_id: "0123456789ab".into(),
+        recycle_pass: 0,
+        trajectory_index: 0,
+        trace_id: "session_000000".into(),
+    }
+}
+
 fn runtime() -> Arc<Runtime> {
     Runtime::new(Arc::new(Config::default()), Metrics::new())
 }
@@ -80,22 +89,16 @@ fn bad_control_header_values_are_quoted_at_most_200_bytes() {
     }
 }
 
-/// `rewrite_json` (open, not fixed on this branch): the first-user-turn session hash strips one
-/// marker per end, so a turn that already carries one (`[warmup]\n\n…`) hashes differently once
-/// kvbust stacks its RID marker on it, against `first_user_turn_hash`'s doc ("a marked and an
-/// unmarked copy of the same turn hash the same"). Stripping to a fixpoint would close it.
+/// `rewrite_json` (finding 5): the first-user-turn session hash stripped one marker per end, so
+/// a turn that already carried one (`[warmup]\n\n…`) hashed differently once kvbust stacked its
+/// RID marker on it, against `first_user_turn_hash`'s doc ("a marked and an unmarked copy of
+/// the same turn hash the same"). It now strips to a fixpoint.
 #[test]
 fn stacked_markers_keep_the_session_hash() {
-    use kvbust::cachebust::{build_marker, parse, DigestInputs, Phase, Plan, Shape, Target};
+    use kvbust::cachebust::{build_marker, parse, Phase, Plan, Shape, Target};
     let body = br#"{"messages":[{"role":"user","content":"[warmup]\n\nSummarise:"}]}"#;
-    let inputs = DigestInputs {
-        benchmark_id: "0123456789ab".into(),
-        recycle_pass: 0,
-        trajectory_index: 0,
-        trace_id: "session_000000".into(),
-    };
     let target = Target::FirstTurnPrefix;
-    let marker = build_marker(target, Phase::Profiling, &inputs).unwrap();
+    let marker = build_marker(target, Phase::Profiling, &inputs()).unwrap();
     let parsed = parse(Shape::Chat, body).unwrap();
     let out = parsed.apply(&Plan::new(target, &marker)).unwrap();
     let marked = out.body.expect("marked");
@@ -103,6 +106,43 @@ fn stacked_markers_keep_the_session_hash() {
         parse(Shape::Chat, &marked).unwrap().first_user_turn_hash(0),
         parsed.first_user_turn_hash(0)
     );
+}
+
+/// `rewrite` (finding 7): with `list_parts = inline_text`, an empty first text part became a
+/// part that is only the marker, which the first-user-turn hash dropped as a marker part while
+/// the unmarked copy kept the empty part, so marking moved the session. The fuzzer's own inputs
+/// (`fuzz/corpus/rewrite/regression-*`: 6 plan bytes as `check_rewrite` reads them, then the body).
+#[test]
+fn inline_text_on_an_empty_first_text_part_keeps_the_session_hash() {
+    use kvbust::cachebust::{build_marker, parse, ListParts, Plan, Shape, Target};
+    for input in [
+        &include_bytes!("../fuzz/corpus/rewrite/regression-inline-empty-text-000007")[..],
+        include_bytes!("../fuzz/corpus/rewrite/regression-inline-empty-text-000010"),
+    ] {
+        let (plan, body) = input.split_at(6);
+        // Shape, target, phase, digest, user-context count, list parts, as the harness reads them.
+        assert_eq!(Shape::ALL[plan[0] as usize % 4], Shape::Chat);
+        let target = Target::ALL[plan[1] as usize % Target::ALL.len()];
+        assert_eq!(target, Target::WarmupIsolationSystem);
+        assert_eq!((plan[2] & 1, plan[4] % 3, plan[5] & 1), (1, 0, 1));
+        let marker = build_marker(target, kvbust::cachebust::Phase::Warmup, &inputs()).unwrap();
+        let parsed = parse(Shape::Chat, body).unwrap();
+        let plan = Plan {
+            list_parts: ListParts::InlineText,
+            ..Plan::new(target, &marker)
+        };
+        let marked = parsed.apply(&plan).unwrap().body.expect("marked");
+        let text = String::from_utf8_lossy(&marked);
+        assert!(
+            text.contains(r#"[{"type":"text","text":"[warmup]\n\n"},{"#),
+            "{text}"
+        );
+        assert_eq!(
+            parse(Shape::Chat, &marked).unwrap().first_user_turn_hash(0),
+            parsed.first_user_turn_hash(0),
+            "{text}"
+        );
+    }
 }
 
 /// `config`: a TOML parse error quoted the offending line, password and all, at start-up

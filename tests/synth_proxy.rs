@@ -222,6 +222,49 @@ async fn placeholders_become_fresh_token_exact_prompts_from_each_corpus() {
     h.shutdown().await;
 }
 
+/// Only message content is prompt text: a placeholder in a role, a name, a tool call's
+/// arguments, an image URL, a part of another type or a member name reaches the upstream byte
+/// for byte (even a malformed one); the content string and the text part are expanded, and every
+/// byte around them is the client's.
+#[tokio::test]
+async fn placeholders_expand_in_message_content_and_nowhere_else() {
+    let h = start(|c| c.synth.placeholder_seed = Some(5)).await;
+    let client = h1();
+    let pieces = [
+        r#"{"model":"m","user":"{{kvbust:prompt:9}}","messages":[{"role":"system","name":"{{kvbust:prompt:8}}","content":"S<<"#,
+        r#">>"},{"role":"user","content":[{"type":"image_url","image_url":{"url":"{{kvbust:prompt:7}}"}},{"type":"text","{{kvbust:prompt:6}}":1,"text":"T<<"#,
+        r#">>"},{"type":"refusal","refusal":"{{kvbust:prompt:5}}"}]},{"role":"assistant","content":null,"tool_calls":[{"id":"{{kvbust:prompt:4}}","type":"function","function":{"name":"f","arguments":"{\"q\": \"{{kvbust:prompt:3}}\", \"bad\": \"{{kvbust:oops\"}"}}]},{"role":"tool","tool_call_id":"{{kvbust:prompt:2}}","content":"ok"}],"max_tokens":2}"#,
+    ];
+    let placeholders = ["{{kvbust:prompt:30:random}}", "{{kvbust:prompt:20:random}}"];
+    let body = format!(
+        "{}{}{}{}{}",
+        pieces[0], placeholders[0], pieces[1], placeholders[1], pieces[2]
+    );
+    let resp = send(&client, post(&h.url("/v1/chat/completions"), body, &[])).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    body_bytes(resp).await;
+    let got = h.mock.recorder().requests().pop().unwrap().body;
+    let got = std::str::from_utf8(&got).unwrap();
+    // The forwarded body is the client's pieces with a prompt in each gap.
+    let rest = got.strip_prefix(pieces[0]).expect(got);
+    let (first, rest) = rest.split_once(pieces[1]).expect(got);
+    let second = rest.strip_suffix(pieces[2]).expect(got);
+    let v: Value = serde_json::from_str(got).unwrap();
+    let decoded = |pointer: &str| {
+        let s = v.pointer(pointer).unwrap().as_str().unwrap();
+        s[3..s.len() - 2].to_string()
+    };
+    for (raw, pointer, n) in [
+        (first, "/messages/0/content", 30),
+        (second, "/messages/1/content/1/text", 20),
+    ] {
+        assert!(!raw.contains("kvbust"), "{raw}");
+        let text = decoded(pointer);
+        assert_eq!(tokenizer().encode(&text).unwrap().len(), n, "{text:?}");
+    }
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn malformed_placeholders_and_synthesis_off_chat_are_400() {
     let h = start(|_| {}).await;

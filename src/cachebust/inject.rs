@@ -593,13 +593,7 @@ fn text_of_part<'a>(part: &'a RawValue, text_type: &str) -> Option<&'a RawValue>
     if Kind::of(part) != Kind::Object {
         return None;
     }
-    let obj = raw::object(part).ok()?;
-    let is_text = obj
-        .get("type")
-        .and_then(raw::as_str)
-        .is_some_and(|t| t == text_type);
-    let text = obj.get("text")?;
-    (is_text && Kind::of(text) == Kind::String).then_some(text)
+    raw::part_text(&raw::object(part).ok()?, text_type)
 }
 
 /// Python `part == {"type": text_type, "text": text}`: exactly those two keys and values.
@@ -957,12 +951,14 @@ impl<'a> Parsed<'a> {
 
     /// A stable hash (16 lowercase hex of SHA-256) of the first user turn's content in its
     /// *unmarked* form, for session identity when no header names the session. A marked and an
-    /// unmarked copy of the same turn hash the same: a leading `[rid:<12 hex>]\n\n` /
-    /// `[warmup]\n\n` and a trailing `\n\n[rid:<12 hex>]` are removed from a string (any digest:
-    /// the hash is taken before the session's marker is known); in a list of parts a first or last
-    /// part that is a marker (`{"type":"text"|"input_text","text":"[rid:…]"}`, stripped or full)
-    /// is dropped and the first text part's string is stripped the same way. Parts are hashed in
-    /// a canonical JSON form (sorted keys, compact). `None` when there is no first user turn, its
+    /// unmarked copy of the same turn hash the same, whichever [`ListParts`] rule marked it:
+    /// leading `[rid:<12 hex>]\n\n` / `[warmup]\n\n` and trailing `\n\n[rid:<12 hex>]` are
+    /// removed from a string until none is left (any digest: the hash is taken before the
+    /// session's marker is known); in a list of parts every text part
+    /// (`{"type":"text"|"input_text","text":…}`) that is empty or only markers is dropped (a marker
+    /// part, stripped or full, or an empty part the inline rule marked), and the first remaining
+    /// text part's string is stripped the same way. Parts are hashed in a canonical JSON form
+    /// (sorted keys, compact). `None` when there is no first user turn, its
     /// content is neither a string nor an array, or the body is a stateful Responses request.
     pub fn first_user_turn_hash(&self, user_context_messages: usize) -> Option<String> {
         let content = self.first_user_content(user_context_messages).ok()??;
@@ -1007,17 +1003,22 @@ fn text_part_mut(part: &mut serde_json::Value) -> Option<&mut String> {
     }
 }
 
-fn is_marker_part(part: &mut serde_json::Value) -> bool {
-    text_part_mut(part).is_some_and(|s| is_any_marker(s))
+/// A text part with no text once markers are off: a marker part (own-part rule), the part
+/// `inline_text` adds when there is no text part, an empty text part `inline_text` marked (it
+/// is then nothing but the marker), or an empty text part.
+fn is_blank_text_part(part: &mut serde_json::Value) -> bool {
+    text_part_mut(part).is_some_and(|s| {
+        let rest = strip_all_markers(s);
+        rest.is_empty() || is_any_marker(rest)
+    })
 }
 
+/// The unmarked form of a first turn's parts. Blank text parts are dropped wherever they are,
+/// because AIPerf's inline rule gives `[{"type":"text","text":""}, img]` and `[img]` the same
+/// marked form `[{"type":"text","text":"[warmup]\n\n"}, img]`: both unmarked turns must hash as
+/// it does. (An empty text part carries no prompt; AIPerf never renders one.)
 fn unmark_parts(parts: &mut Vec<serde_json::Value>) {
-    if parts.first_mut().is_some_and(is_marker_part) {
-        parts.remove(0);
-    }
-    if parts.last_mut().is_some_and(is_marker_part) {
-        parts.pop();
-    }
+    parts.retain_mut(|p| !is_blank_text_part(p));
     if let Some(s) = parts.iter_mut().find_map(text_part_mut) {
         let stripped = strip_all_markers(s);
         if stripped.len() != s.len() {

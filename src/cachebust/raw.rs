@@ -220,6 +220,18 @@ pub(crate) fn as_str<'a>(raw: &'a RawValue) -> Option<Cow<'a, str>> {
     }
 }
 
+/// The `text` string of a content part `{"type": text_type, "text": "…", …}` (the last member of
+/// each key, as everywhere); `None` for any other part. Chat and Anthropic text parts use
+/// `text_type = "text"`, Responses input parts `"input_text"`.
+pub(crate) fn part_text<'a>(part: &RawObject<'a>, text_type: &str) -> Option<&'a RawValue> {
+    let is_text = part
+        .get("type")
+        .and_then(as_str)
+        .is_some_and(|t| t == text_type);
+    let text = part.get("text")?;
+    (is_text && Kind::of(text) == Kind::String).then_some(text)
+}
+
 /// Byte range of `raw` inside `base`, when `raw` was borrowed from `base` (always the case for
 /// values parsed from the body; `None` would be an engine bug, reported, never a panic).
 pub(crate) fn span(base: &[u8], raw: &RawValue) -> Option<Range<usize>> {

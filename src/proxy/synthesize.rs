@@ -1,13 +1,14 @@
 //! In-flight synthesis: fills a chat request's `messages` from the synthetic dataset
 //! (`x-kvbust-synth: 1` or a synthetic route) and expands `{{kvbust:prompt:N[:corpus]}}`
-//! placeholders; a `[synth.dataset]` naming a trace (`input_file`) replays its entries in order.
-//! Splices into the client's bytes so every other member stays as sent; builds the
-//! dataset and prompt streams once, off the async threads. Never parses bodies that need neither.
+//! placeholders in message content (never elsewhere); a `[synth.dataset]` naming a trace
+//! (`input_file`) replays its entries in order. Splices into the client's bytes so every other
+//! member stays as sent; builds the dataset and prompt streams once, off the async threads.
+//! Never parses bodies that need neither.
 
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use lru::LruCache;
@@ -15,6 +16,7 @@ use serde::de::{MapAccess, Visitor};
 use serde::Deserializer as _;
 use serde_json::value::RawValue;
 
+use crate::cachebust::raw::{self, Kind};
 use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
 use crate::synth::corpus::sonnet::default_cache_dir;
@@ -187,7 +189,13 @@ pub struct Placeholder {
     pub corpus: Option<PromptCorpus>,
 }
 
-/// Finds `{{kvbust:prompt:N}}` / `{{kvbust:prompt:N:corpus}}` inside the `messages` value.
+/// Finds `{{kvbust:prompt:N}}` / `{{kvbust:prompt:N:corpus}}` in message content: the string
+/// `content` of a message in the top-level `messages`, or the `text` of its `content` parts of
+/// type `text` (`kvbust-contract.md`: "inside any message content"). Everything else (roles,
+/// names, tool calls and their arguments, other part types, other members, member names) is
+/// message metadata, not prompt text, and passes through as sent, placeholder or not. Duplicate
+/// keys: the last `messages`, `content`, `type` and `text` count, as for the upstream's parser.
+/// A placeholder is matched in the raw JSON, so one spelled with escapes (`\u007b…`) is text.
 pub fn find_placeholders(body: &[u8]) -> Result<Vec<Placeholder>, ProxyError> {
     find_placeholders_limited(body, usize::MAX, usize::MAX)
 }
@@ -195,96 +203,170 @@ pub fn find_placeholders(body: &[u8]) -> Result<Vec<Placeholder>, ProxyError> {
 /// [`find_placeholders`] that stops with a 400 as soon as there are more than `max_count`
 /// placeholders or they ask for more than `max_tokens` tokens together. A placeholder is only
 /// `[A-Za-z0-9:_-]` between the braces (so it always sits inside one JSON string); anything
-/// else after `{{kvbust:` is malformed, and the error quotes a bounded, escaped excerpt.
+/// else after `{{kvbust:` in message content is malformed, and the error quotes a bounded,
+/// escaped excerpt of that string.
 pub fn find_placeholders_limited(
     body: &[u8],
     max_count: usize,
     max_tokens: usize,
 ) -> Result<Vec<Placeholder>, ProxyError> {
-    if memfind(body, PLACEHOLDER_OPEN).is_none() {
+    // Every chat body comes through here: one SIMD search decides for the many without any.
+    if find_open(body).is_none() {
         return Ok(Vec::new());
     }
-    let m = members(body)?;
-    let Some((_, region)) = m.items.iter().rev().find(|(k, _)| k == "messages") else {
-        return Ok(Vec::new());
+    scan_content(body, max_count, max_tokens)
+}
+
+/// [`find_placeholders_limited`] once the body holds `{{kvbust:`: kept out of line so the
+/// common call stays a search and a return.
+#[inline(never)]
+fn scan_content(
+    body: &[u8],
+    max_count: usize,
+    max_tokens: usize,
+) -> Result<Vec<Placeholder>, ProxyError> {
+    let mut scan = Scan {
+        body,
+        max_count,
+        max_tokens,
+        total: 0,
+        out: Vec::new(),
     };
-    let mut out: Vec<Placeholder> = Vec::new();
-    let mut total = 0usize;
-    let mut at = region.start;
-    let (mut string_end, mut in_key) = (0, false);
-    while let Some(i) = memfind(&body[at..region.end], PLACEHOLDER_OPEN) {
-        let start = at + i;
-        let rest = &body[start..region.end];
-        let inner = rest[PLACEHOLDER_OPEN.len()..]
-            .iter()
-            .take(MAX_PLACEHOLDER_INNER + 1)
-            .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'_' | b'-'))
-            .count();
-        let end = start + PLACEHOLDER_OPEN.len() + inner;
-        if inner > MAX_PLACEHOLDER_INNER || !body[end..region.end].starts_with(b"}}") {
-            return Err(malformed(
-                rest,
-                "it is not closed with `}}` after at most 64 characters of [A-Za-z0-9:_-]",
-            ));
-        }
-        let end = end + 2;
-        // Placeholders of one string share its answer, so a long string is walked once.
-        if end >= string_end {
-            let (close, is_key) = string_close(&body[end..region.end]);
-            string_end = end + close;
-            in_key = is_key;
-        }
-        if in_key {
-            // A member name is not message text: left as the client wrote it.
-            at = end;
+    for (i, message) in chat_messages(body)?.into_iter().enumerate() {
+        // Only a message holding the text is decoded further (a second pass over its bytes).
+        if Kind::of(message) != Kind::Object || find_open(message.get().as_bytes()).is_none() {
             continue;
         }
-        // Only ASCII was accepted above, so this is UTF-8.
-        let text =
-            std::str::from_utf8(&body[start..end]).map_err(|_| malformed(rest, "not UTF-8"))?;
-        let p = parse_placeholder(text, start..end)?;
-        total = total.saturating_add(p.tokens);
-        if out.len() >= max_count {
+        let obj = raw::object(message).map_err(|e| invalid_body(&format!("messages[{i}]"), e))?;
+        match obj.get("content") {
+            Some(c) if Kind::of(c) == Kind::String => scan.string(c)?,
+            Some(c) if Kind::of(c) == Kind::Array => {
+                let parts = raw::array(c)
+                    .map_err(|e| invalid_body(&format!("messages[{i}].content"), e))?;
+                for (j, part) in parts.into_iter().enumerate() {
+                    if Kind::of(part) != Kind::Object || find_open(part.get().as_bytes()).is_none()
+                    {
+                        continue;
+                    }
+                    let part = raw::object(part)
+                        .map_err(|e| invalid_body(&format!("messages[{i}].content[{j}]"), e))?;
+                    if let Some(text) = raw::part_text(&part, "text") {
+                        scan.string(text)?;
+                    }
+                }
+            }
+            // No content, or content of another kind: nothing that is prompt text.
+            _ => {}
+        }
+    }
+    Ok(scan.out)
+}
+
+/// The top-level `messages` array's elements (the last `messages`); none when it is absent or
+/// not an array (no message content to expand: the upstream judges such a body).
+fn chat_messages(body: &[u8]) -> Result<Vec<&RawValue>, ProxyError> {
+    if let Ok((_, messages)) = raw::object_with_array(body, "messages") {
+        return Ok(messages.unwrap_or_default());
+    }
+    // The one-pass reader failed: not an object, invalid JSON (worded here), or some `messages`
+    // is not an array. Only the last one counts: an earlier duplicate of another kind does not
+    // hide the array the upstream reads.
+    let top =
+        serde_json::from_slice::<raw::RawObject>(body).map_err(|e| invalid_body("this body", e))?;
+    match top.get("messages") {
+        Some(m) if Kind::of(m) == Kind::Array => {
+            raw::array(m).map_err(|e| invalid_body("messages", e))
+        }
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// A 400 for JSON the placeholder scan cannot read; serde_json may quote a whole string
+/// ("invalid type: string …"), so the message is bounded and escaped.
+fn invalid_body(what: &str, e: serde_json::Error) -> ProxyError {
+    ProxyError::bad_request(
+        "invalid_body",
+        format!(
+            "cannot expand placeholders in {what}: {}",
+            crate::error::excerpt(e.to_string().as_bytes())
+        ),
+    )
+}
+
+/// The placeholders found so far, against the request's limits.
+struct Scan<'a> {
+    body: &'a [u8],
+    max_count: usize,
+    max_tokens: usize,
+    total: usize,
+    out: Vec<Placeholder>,
+}
+
+impl Scan<'_> {
+    /// Every placeholder inside one JSON string literal of the body, in order.
+    fn string(&mut self, literal: &RawValue) -> Result<(), ProxyError> {
+        let body = self.body;
+        // A RawValue borrowed from the body always lies in it; a string literal has its quotes.
+        let Some(span) = raw::span(body, literal) else {
+            return Err(ProxyError::Internal(
+                "placeholder scan: a value outside the body".into(),
+            ));
+        };
+        let end_of_text = span.end.saturating_sub(1);
+        let mut at = span.start + 1;
+        while let Some(i) = find_open(&body[at..end_of_text]) {
+            let start = at + i;
+            // No JSON escape holds `{`, `}` or ends in `[A-Za-z0-9:_-]` followed by `}}`, so a
+            // match in the raw text is the literal text.
+            let rest = &body[start..end_of_text];
+            let inner = rest[PLACEHOLDER_OPEN.len()..]
+                .iter()
+                .take(MAX_PLACEHOLDER_INNER + 1)
+                .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'_' | b'-'))
+                .count();
+            let end = start + PLACEHOLDER_OPEN.len() + inner;
+            if inner > MAX_PLACEHOLDER_INNER || !body[end..end_of_text].starts_with(b"}}") {
+                return Err(malformed(
+                    rest,
+                    "it is not closed with `}}` after at most 64 characters of [A-Za-z0-9:_-]",
+                ));
+            }
+            let end = end + 2;
+            // Only ASCII was accepted above, so this is UTF-8.
+            let text =
+                std::str::from_utf8(&body[start..end]).map_err(|_| malformed(rest, "not UTF-8"))?;
+            let p = parse_placeholder(text, start..end)?;
+            self.push(p)?;
+            at = end;
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, p: Placeholder) -> Result<(), ProxyError> {
+        self.total = self.total.saturating_add(p.tokens);
+        if self.out.len() >= self.max_count {
             return Err(ProxyError::bad_request(
                 "placeholder_limit",
                 format!(
-                    "the request holds more than synth.max_placeholders = {max_count} \
-                     placeholders; send fewer or raise the limit"
+                    "the request holds more than synth.max_placeholders = {} \
+                     placeholders; send fewer or raise the limit",
+                    self.max_count
                 ),
             ));
         }
-        if total > max_tokens {
+        if self.total > self.max_tokens {
             return Err(ProxyError::bad_request(
                 "placeholder_limit",
                 format!(
                     "the placeholders ask for more than synth.max_placeholder_tokens = \
-                     {max_tokens} tokens together; ask for fewer or raise the limit"
+                     {} tokens together; ask for fewer or raise the limit",
+                    self.max_tokens
                 ),
             ));
         }
-        out.push(p);
-        at = end;
+        self.out.push(p);
+        Ok(())
     }
-    Ok(out)
-}
-
-/// For the JSON string that `rest` continues (from inside it, not within an escape): the
-/// offset just past its closing quote, and whether it is an object key (`:` follows).
-fn string_close(rest: &[u8]) -> (usize, bool) {
-    let mut i = 0;
-    while let Some(j) = memchr::memchr2(b'"', b'\\', &rest[i.min(rest.len())..]) {
-        let q = i + j;
-        if rest[q] == b'\\' {
-            i = q + 2;
-            continue;
-        }
-        let is_key = rest[q + 1..]
-            .iter()
-            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
-            == Some(&b':');
-        return (q + 1, is_key);
-    }
-    (rest.len(), false)
 }
 
 fn parse_placeholder(text: &str, range: Range<usize>) -> Result<Placeholder, ProxyError> {
@@ -331,8 +413,11 @@ fn malformed(text: impl AsRef<[u8]>, why: &str) -> ProxyError {
 }
 
 /// SIMD substring search: every chat body is scanned for placeholders, so this is on the hot path.
-fn memfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    memchr::memmem::find(hay, needle)
+/// The searcher is built once: `memmem::find` would build it again on every call.
+fn find_open(hay: &[u8]) -> Option<usize> {
+    static OPEN: LazyLock<memchr::memmem::Finder<'static>> =
+        LazyLock::new(|| memchr::memmem::Finder::new(PLACEHOLDER_OPEN));
+    OPEN.find(hay)
 }
 
 /// Whether this request asks for a synthetic body (`control`: it carries kvbust headers).
@@ -802,8 +887,8 @@ mod tests {
 
     #[test]
     fn a_malformed_placeholder_is_quoted_short_and_on_one_line() {
-        // `{{kvbust:` in one string, `}}` megabytes later in another, raw newlines between:
-        // valid JSON, so only the placeholder scan can reject it.
+        // `{{kvbust:` at the end of one content string, `}}` megabytes later in another, raw
+        // newlines between: the placeholder ends with its string, so only that is quoted.
         let filler = "x".repeat(5 << 20);
         let body = format!(
             "{{\"messages\":[{{\"role\":\"user\",\"content\":\"{{{{kvbust:prompt:5\"}},\n\r{{\"role\":\"user\",\"content\":\"{filler}}}}}\"}}]}}"
@@ -812,10 +897,124 @@ mod tests {
         let err = find_placeholders(body.as_bytes()).unwrap_err();
         assert_eq!(err.code(), "invalid_placeholder");
         let msg = err.to_string();
+        assert!(
+            msg.contains("`{{kvbust:prompt:5`: it is not closed"),
+            "{msg}"
+        );
+        // Megabytes of one string after `{{kvbust:`: at most 200 bytes of it, escaped.
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":"{{{{kvbust:prompt:5 \n\u001b{filler}"}}]}}"#
+        );
+        let msg = find_placeholders(body.as_bytes()).unwrap_err().to_string();
         assert!(msg.len() < 600, "{} bytes", msg.len());
         assert!(!msg.contains('\n') && !msg.contains('\r'), "{msg}");
-        assert!(msg.contains("{{kvbust:prompt:5\"},\\n\\r{"), "{msg}");
+        assert!(msg.contains(r"{{kvbust:prompt:5 \n\u001bxx"), "{msg}");
         assert!(msg.contains('…'));
         assert_eq!(crate::error::excerpt(b"a\x1b[2Jb"), "a\\u{1b}[2Jb");
+    }
+
+    /// Which strings under `messages` are message content: a placeholder anywhere else (roles,
+    /// names, tool calls, other parts, member names, duplicates the upstream ignores) stays as
+    /// sent, even a malformed one; content strings and `text` parts expand.
+    #[test]
+    fn placeholders_expand_only_in_message_content() {
+        let cases: &[(&str, &str, &[usize])] = &[
+            (
+                "content string",
+                r#"[{"role":"user","content":"a {{kvbust:prompt:1}} b"}]"#,
+                &[1],
+            ),
+            (
+                "role",
+                r#"[{"role":"{{kvbust:prompt:2}}","content":"x"}]"#,
+                &[],
+            ),
+            (
+                "name",
+                r#"[{"role":"user","name":"{{kvbust:prompt:3}}","content":"x"}]"#,
+                &[],
+            ),
+            (
+                "tool call arguments",
+                r#"[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"{{kvbust:prompt:4}}","arguments":"{\"q\":\"{{kvbust:prompt:4}}\"}"}}]}]"#,
+                &[],
+            ),
+            (
+                "legacy function_call arguments",
+                r#"[{"role":"assistant","function_call":{"name":"f","arguments":"{{kvbust:prompt:5}}"}}]"#,
+                &[],
+            ),
+            (
+                "tool result: its content counts, its call id does not",
+                r#"[{"role":"tool","tool_call_id":"{{kvbust:prompt:6}}","content":"r {{kvbust:prompt:7}}"}]"#,
+                &[7],
+            ),
+            (
+                "parts: only `text` of type text",
+                r#"[{"role":"user","content":[{"type":"image_url","image_url":{"url":"{{kvbust:prompt:8}}"}},{"text":"{{kvbust:prompt:9}}","type":"text"},{"type":"input_text","text":"{{kvbust:prompt:10}}"},{"text":"{{kvbust:prompt:11}}"},{"type":"text","text":"t","cache_control":"{{kvbust:prompt:12}}"},{"type":"text","text":{"x":"{{kvbust:prompt:13}}"}},"{{kvbust:prompt:14}}",{"type":"text","text":"{{kvbust:prompt:15}}{{kvbust:prompt:16}}"}]}]"#,
+                &[9, 15, 16],
+            ),
+            (
+                "member names",
+                r#"[{"{{kvbust:prompt:17}}":"user","content":[{"type":"text","{{kvbust:prompt:18}}":1,"text":"y"}]}]"#,
+                &[],
+            ),
+            (
+                "duplicate content: the last counts",
+                r#"[{"role":"user","content":"{{kvbust:prompt:19}}","content":"{{kvbust:prompt:20}}"}]"#,
+                &[20],
+            ),
+            (
+                "content of another kind",
+                r#"[{"role":"user","content":{"text":"{{kvbust:prompt:21}}"}},{"role":"user"},"{{kvbust:prompt:22}}",["{{kvbust:prompt:23}}"]]"#,
+                &[],
+            ),
+            (
+                "malformed outside content",
+                r#"[{"role":"user","name":"{{kvbust:nope","content":"{{kvbust:prompt:24}}"}]"#,
+                &[24],
+            ),
+            (
+                "escapes around it",
+                r#"[{"role":"user","content":"\"\\{{kvbust:prompt:25}}\u00e9 \u007b{kvbust:prompt:26}}"}]"#,
+                &[25],
+            ),
+            ("messages not an array", r#""{{kvbust:prompt:27}}""#, &[]),
+        ];
+        for (what, messages, want) in cases {
+            let body = format!(
+                r#"{{"model":"{{{{kvbust:prompt:90}}}}","messages":{messages},"user":"{{{{kvbust:prompt:91}}}}"}}"#
+            );
+            let found =
+                find_placeholders(body.as_bytes()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got: Vec<usize> = found.iter().map(|p| p.tokens).collect();
+            assert_eq!(&got, want, "{what}: {body}");
+            for p in &found {
+                assert_eq!(
+                    &body.as_bytes()[p.range.clone()],
+                    format!("{{{{kvbust:prompt:{}}}}}", p.tokens).as_bytes(),
+                    "{what}"
+                );
+            }
+        }
+        // The last `messages` is the one the upstream reads, whatever the earlier ones are (a
+        // fuzz finding: a string before the array hid it).
+        for body in [
+            &br#"{"messages":[{"content":"{{kvbust:prompt:1}}"}],"messages":[{"content":"{{kvbust:prompt:2}}"}]}"#[..],
+            br#"{"messages":"{{kvbust:prompt:1}}","messages":[{"content":"{{kvbust:prompt:2}}"}]}"#,
+        ] {
+            let found = find_placeholders(body).unwrap();
+            assert_eq!(found.iter().map(|p| p.tokens).collect::<Vec<_>>(), [2]);
+        }
+        let body = br#"{"messages":[{"content":"{{kvbust:prompt:1}}"}],"messages":null}"#;
+        assert!(find_placeholders(body).unwrap().is_empty());
+        // Not JSON, or not an object: a bounded 400.
+        for bad in [&b"{{kvbust:prompt:1}}"[..], br#"["{{kvbust:prompt:1}}"]"#] {
+            let e = find_placeholders(bad).unwrap_err();
+            assert_eq!(
+                (e.status(), e.code()),
+                (http::StatusCode::BAD_REQUEST, "invalid_body")
+            );
+        }
     }
 }

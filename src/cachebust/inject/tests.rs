@@ -810,6 +810,93 @@ fn first_user_turn_hash_ignores_markers() {
     );
 }
 
+/// Fuzz finding 7: `inline_text` turns an empty first text part into a part that is only the
+/// marker, which the hash used to drop as a marker part while the unmarked copy kept the empty
+/// part. Every blank-text layout, under both list-parts rules, every marking target, prefix and
+/// suffix, once and stacked, in each shape with parts: the marked turn hashes as the unmarked one.
+#[test]
+fn blank_text_parts_keep_the_session_hash_under_every_list_parts_rule() {
+    const IMG: &str = r#"{"type":"image_url","image_url":{"url":"u"}}"#;
+    let layouts = [
+        format!(r#"[{{"type":"text","text":""}},{IMG}]"#),
+        format!(r#"[{IMG},{{"type":"text","text":""}}]"#),
+        format!(r#"[{IMG}]"#),
+        r#"[{"type":"text","text":""}]"#.to_owned(),
+        r#"[]"#.to_owned(),
+        r#"[{"type":"text","text":""},{"type":"text","text":""},{"type":"text","text":"A"}]"#
+            .to_owned(),
+        format!(r#"[{{"text":"","type":"text","cache_control":{{"type":"ephemeral"}}}},{IMG}]"#),
+        r#"[{"type":"text","text":"[rid:0123456789ab]"},{"type":"text","text":"B"}]"#.to_owned(),
+    ];
+    let markers = [RID_P, RID_S, "[warmup]\n\n", "[rid:00000000ffff]\n\n"];
+    let mut checked = 0;
+    for shape in [Shape::Chat, Shape::Messages, Shape::Responses] {
+        let part_type = shape.text_part_type();
+        for layout in &layouts {
+            let content = layout.replace(r#""type":"text""#, &format!(r#""type":"{part_type}""#));
+            let root = if shape == Shape::Responses {
+                "input"
+            } else {
+                "messages"
+            };
+            let body = format!(r#"{{"{root}":[{{"role":"user","content":{content}}}]}}"#);
+            let want = parse(shape, body.as_bytes())
+                .unwrap()
+                .first_user_turn_hash(0);
+            assert!(want.is_some(), "{body}");
+            for list_parts in [ListParts::OwnPart, ListParts::InlineText] {
+                for first in markers {
+                    let target = if first.starts_with("\n") {
+                        Target::FirstTurnSuffix
+                    } else {
+                        Target::FirstTurnPrefix
+                    };
+                    let plan = Plan {
+                        list_parts,
+                        ..Plan::new(target, first)
+                    };
+                    let once = run(shape, &body, &plan).body.unwrap_or(body.clone().into());
+                    // A second marker of another session on top (a client echoing kvbust's bytes).
+                    let plan2 = Plan {
+                        list_parts,
+                        ..Plan::new(Target::FirstTurnPrefix, "[rid:0000000000aa]\n\n")
+                    };
+                    let twice = parse(shape, &once).unwrap().apply(&plan2).unwrap();
+                    for marked in [once.clone(), twice.body.unwrap_or(once.clone())] {
+                        let got = parse(shape, &marked).unwrap().first_user_turn_hash(0);
+                        assert_eq!(
+                            got,
+                            want,
+                            "{list_parts:?} {first:?}: {body} -> {}",
+                            String::from_utf8_lossy(&marked)
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 3 * 8 * 2 * 4 * 2);
+    // Dropping blank parts is the only new equivalence: text still counts.
+    let h = |c: &str| {
+        parse(
+            Shape::Chat,
+            format!(r#"{{"messages":[{{"role":"user","content":{c}}}]}}"#).as_bytes(),
+        )
+        .unwrap()
+        .first_user_turn_hash(0)
+    };
+    assert_eq!(
+        h(&format!(r#"[{{"type":"text","text":""}},{IMG}]"#)),
+        h(&format!("[{IMG}]"))
+    );
+    assert_ne!(h(r#"[{"type":"text","text":" "}]"#), h("[]"));
+    assert_ne!(
+        h(r#"[{"type":"text","text":"A"}]"#),
+        h(r#"[{"type":"text","text":"B"}]"#)
+    );
+}
+
 #[test]
 fn user_field() {
     let p = |b: &str| {
