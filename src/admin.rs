@@ -66,73 +66,21 @@ async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
         // 503 while draining and while the upstream is not up (the body says which).
         (&Method::GET, "/readyz") => match rt.readiness() {
             Ok(()) => text(StatusCode::OK, "ready\n"),
-            Err(why) => {
-                let mut r = Response::new(Full::new(Bytes::from(format!("not ready: {why}\n"))));
-                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-                r
-            }
+            Err(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
         },
-        (&Method::GET, "/metrics") => {
-            let mut r = Response::new(Full::new(Bytes::from(rt.metrics.render())));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            r
-        }
+        (&Method::GET, "/metrics") => typed(
+            rt.metrics.render(),
+            "text/plain; version=0.0.4; charset=utf-8",
+        ),
         (&Method::GET, "/phase") => json(
             StatusCode::OK,
             serde_json::json!({ "phase": rt.default_phase().as_str() }),
         ),
-        (&Method::PUT, "/phase") => {
-            if let Some(resp) = check_token(&req, rt) {
-                return resp;
-            }
-            let body = match Limited::new(req.into_body(), 1024).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(_) => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        "body must be `warmup` or `profiling` (at most 1 KiB)",
-                        "invalid_phase",
-                    )
-                }
-            };
-            let text_body = String::from_utf8_lossy(&body);
-            // Accept a bare word or a JSON string / {"phase": ...} for convenience.
-            let word = text_body.trim().trim_matches('"').to_string();
-            let word = serde_json::from_str::<serde_json::Value>(text_body.trim())
-                .ok()
-                .and_then(|v| v.get("phase").and_then(|p| p.as_str()).map(str::to_string))
-                .unwrap_or(word);
-            match word.parse::<Phase>() {
-                Ok(p) => {
-                    let old = rt.set_default_phase(p);
-                    tracing::info!(
-                        old = old.as_str(),
-                        new = p.as_str(),
-                        "default phase changed"
-                    );
-                    json(
-                        StatusCode::OK,
-                        serde_json::json!({ "old": old.as_str(), "new": p.as_str() }),
-                    )
-                }
-                Err(e) => error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("PUT /phase: {e}"),
-                    "invalid_phase",
-                ),
-            }
-        }
-        (&Method::GET, "/config") => {
-            let mut r = Response::new(Full::new(Bytes::from(rt.config.redacted().to_toml())));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/toml"),
-            );
-            r
-        }
+        (&Method::PUT, "/phase") => put_phase(req, rt).await,
+        (&Method::GET, "/config") => typed(rt.config.redacted().to_toml(), "application/toml"),
         (_, "/healthz" | "/readyz" | "/metrics" | "/phase" | "/config") => error(
             StatusCode::METHOD_NOT_ALLOWED,
             &format!("{} is not allowed on {path}", req.method()),
@@ -146,8 +94,52 @@ async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
     }
 }
 
-fn check_token(req: &Request<Incoming>, rt: &Runtime) -> Option<Response<AdminBody>> {
-    let want = rt.config.admin.token.as_deref()?;
+/// `PUT /phase`: sets the default phase (token-checked) and answers with the old and new one.
+async fn put_phase(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
+    if let Some(resp) = check_token(&req, rt.config.admin.token.as_deref()) {
+        return resp;
+    }
+    let body = match Limited::new(req.into_body(), 1024).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "body must be `warmup` or `profiling` (at most 1 KiB)",
+                "invalid_phase",
+            )
+        }
+    };
+    let text_body = String::from_utf8_lossy(&body);
+    // Accept a bare word or a JSON string / {"phase": ...} for convenience.
+    let word = text_body.trim().trim_matches('"').to_string();
+    let word = serde_json::from_str::<serde_json::Value>(text_body.trim())
+        .ok()
+        .and_then(|v| v.get("phase").and_then(|p| p.as_str()).map(str::to_string))
+        .unwrap_or(word);
+    match word.parse::<Phase>() {
+        Ok(p) => {
+            let old = rt.set_default_phase(p);
+            tracing::info!(
+                old = old.as_str(),
+                new = p.as_str(),
+                "default phase changed"
+            );
+            json(
+                StatusCode::OK,
+                serde_json::json!({ "old": old.as_str(), "new": p.as_str() }),
+            )
+        }
+        Err(e) => error(
+            StatusCode::BAD_REQUEST,
+            &format!("PUT /phase: {e}"),
+            "invalid_phase",
+        ),
+    }
+}
+
+/// `None` when the call may go ahead: no `admin.token` is configured, or `req` carries it.
+fn check_token(req: &Request<Incoming>, token: Option<&str>) -> Option<Response<AdminBody>> {
+    let want = token?;
     let got = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -174,9 +166,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-fn text(status: StatusCode, body: &'static str) -> Response<AdminBody> {
-    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<AdminBody> {
+    let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
+    r
+}
+
+/// A 200 with `body` as `content_type`.
+fn typed(body: impl Into<Bytes>, content_type: &'static str) -> Response<AdminBody> {
+    let mut r = text(StatusCode::OK, body);
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
 }
 

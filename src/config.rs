@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::cachebust::{Phase, Target};
 use crate::mock::MockConfig;
 
+mod upstream_url;
+pub use upstream_url::UpstreamUrl;
+
 /// The whole effective configuration. Every section rejects unknown keys so a typo fails loudly.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -743,39 +746,18 @@ impl Config {
         Ok(cfg)
     }
 
+    /// `upstream.url` as a typed value (`None`: the built-in mock), checked as `validate` does.
+    pub fn upstream_url(&self) -> Result<Option<UpstreamUrl>, ConfigError> {
+        self.upstream
+            .url
+            .as_deref()
+            .map(UpstreamUrl::parse)
+            .transpose()
+    }
+
     /// Checks that serde cannot express. Runs once at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(url) = &self.upstream.url {
-            // Messages never repeat a password given in the URL.
-            let shown = redact_url(url);
-            let uri: http::Uri = url.parse().map_err(|e| {
-                ConfigError::new(
-                    "upstream.url",
-                    format!("`{shown}` is not a URL ({e}); write e.g. http://127.0.0.1:8000"),
-                )
-            })?;
-            match uri.scheme_str() {
-                Some("http") | Some("https") => {}
-                _ => {
-                    return Err(ConfigError::new(
-                        "upstream.url",
-                        format!("`{shown}` must start with http:// or https://"),
-                    ))
-                }
-            }
-            if uri.authority().is_none() {
-                return Err(ConfigError::new(
-                    "upstream.url",
-                    format!("`{shown}` has no host"),
-                ));
-            }
-            if uri.query().is_some() {
-                return Err(ConfigError::new(
-                    "upstream.url",
-                    "must not carry a query string",
-                ));
-            }
-        }
+        let upstream_url = self.upstream_url()?;
         if self.listen.workers > 1024 {
             return Err(ConfigError::new(
                 "listen.workers",
@@ -785,64 +767,42 @@ impl Config {
                 ),
             ));
         }
-        if self.upstream.tls.insecure_skip_verify && self.upstream.tls.ca_file.is_some() {
+        validate_upstream_tls(&self.upstream.tls)?;
+        validate_upstream(&self.upstream, upstream_url.as_ref())?;
+        validate_listen_tls(self.listen.tls.as_ref())?;
+        self.validate_timeouts()?;
+        validate_limits(&self.limits)?;
+        validate_placeholder_limits(&self.synth)?;
+        validate_cache_bust(&self.cache_bust)?;
+        validate_header_names(&self.headers)?;
+        validate_synth_inputs(&self.synth)?;
+        validate_admin(&self.admin)?;
+        if self.cache_bust.ledger == LedgerMode::Stateless && self.cache_bust.benchmark_id.is_none()
+        {
             return Err(ConfigError::new(
-                "upstream.tls.insecure_skip_verify",
-                "set either insecure_skip_verify or ca_file, not both",
+                "cache_bust.benchmark_id",
+                "cache_bust.ledger = \"stateless\" needs a benchmark id shared by every replica \
+                 (a random one per process would make replicas disagree): set \
+                 cache_bust.benchmark_id (KVBUST_CACHE_BUST__BENCHMARK_ID), new for each run",
             ));
         }
-        let t = &self.upstream.tls;
-        match (&t.client_cert, &t.client_key) {
-            (Some(_), None) | (None, Some(_)) => {
-                return Err(ConfigError::new(
-                    "upstream.tls.client_cert",
-                    "set both upstream.tls.client_cert and upstream.tls.client_key, or neither",
-                ))
-            }
-            _ => {}
-        }
-        for (key, p) in [
-            ("upstream.tls.client_cert", &t.client_cert),
-            ("upstream.tls.client_key", &t.client_key),
-        ] {
-            if let Some(p) = p.as_ref().filter(|p| !p.is_file()) {
-                return Err(ConfigError::new(
-                    key,
-                    format!("{} is not a readable file", p.display()),
-                ));
-            }
-        }
-        if let Some(name) = &t.server_name {
-            if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
-                return Err(ConfigError::new(
-                    "upstream.tls.server_name",
-                    format!("`{name}` is not a DNS name or IP address (e.g. model.internal)"),
-                ));
-            }
-        }
-        if let Some(ca) = &self.upstream.tls.ca_file {
-            if !ca.is_file() {
-                return Err(ConfigError::new(
-                    "upstream.tls.ca_file",
-                    format!("{} is not a readable file", ca.display()),
-                ));
-            }
-        }
-        validate_upstream(&self.upstream)?;
-        if let Some(tls) = &self.listen.tls {
-            let ca = tls.client_ca.as_ref().map(|p| ("listen.tls.client_ca", p));
-            for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)]
-                .into_iter()
-                .chain(ca)
-            {
-                if !p.is_file() {
-                    return Err(ConfigError::new(
-                        key,
-                        format!("{} is not a readable file", p.display()),
-                    ));
-                }
-            }
-        }
+        validate_http2(&self.listen)?;
+        // The mock's messages start with the key they are about.
+        self.mock.validate().map_err(|m| match m.split_once(' ') {
+            Some((key, rest)) => ConfigError::new(key, rest),
+            None => ConfigError::new("mock", m),
+        })?;
+        tracing_subscriber::EnvFilter::try_new(&self.log.level).map_err(|e| {
+            ConfigError::new(
+                "log.level",
+                format!("`{}` is not a filter like \"info\" ({e})", self.log.level),
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Every timeout must be greater than zero.
+    fn validate_timeouts(&self) -> Result<(), ConfigError> {
         for (key, d) in [
             ("upstream.connect_timeout", self.upstream.connect_timeout),
             (
@@ -864,153 +824,6 @@ impl Config {
                 ));
             }
         }
-        if self.limits.max_body.0 == 0 {
-            return Err(ConfigError::new(
-                "limits.max_body",
-                "must be greater than zero (e.g. \"64MiB\")",
-            ));
-        }
-        if self.limits.max_buffered_total.0 < self.limits.max_body.0 {
-            return Err(ConfigError::new(
-                "limits.max_buffered_total",
-                format!(
-                    "must be at least limits.max_body ({}), or no body of the largest allowed size could ever be buffered",
-                    self.limits.max_body
-                ),
-            ));
-        }
-        if self.limits.max_control_header.0 == 0 {
-            return Err(ConfigError::new(
-                "limits.max_control_header",
-                "must be greater than zero (e.g. \"1KiB\")",
-            ));
-        }
-        for (key, n) in [
-            ("synth.max_placeholders", self.synth.max_placeholders),
-            (
-                "synth.max_placeholder_tokens",
-                self.synth.max_placeholder_tokens,
-            ),
-            ("synth.placeholder_queue", self.synth.placeholder_queue),
-        ] {
-            if n == 0 {
-                return Err(ConfigError::new(
-                    key,
-                    "must be at least 1; set synth.placeholders = false to turn placeholders off",
-                ));
-            }
-        }
-        if self.cache_bust.ledger_capacity == 0 {
-            return Err(ConfigError::new(
-                "cache_bust.ledger_capacity",
-                "must be at least 1",
-            ));
-        }
-        if self.cache_bust.session_sources.is_empty() {
-            return Err(ConfigError::new(
-                "cache_bust.session_sources",
-                "list at least one of x_correlation_id, x_session_id, body_user, first_user_turn",
-            ));
-        }
-        if let Some(b) = &self.cache_bust.benchmark_id {
-            if b.is_empty() {
-                return Err(ConfigError::new(
-                    "cache_bust.benchmark_id",
-                    "must not be empty; omit it for a random id",
-                ));
-            }
-        }
-        for (key, name) in self.headers.all() {
-            let ok = http::HeaderName::from_bytes(name.as_bytes()).is_ok()
-                && name.bytes().all(|b| !b.is_ascii_uppercase());
-            if !ok {
-                return Err(ConfigError::new(
-                    format!("headers.{key}"),
-                    format!("`{name}` is not a lowercase HTTP header name"),
-                ));
-            }
-        }
-        if let Some(d) = &self.synth.dataset {
-            d.validate()
-                .map_err(|e| ConfigError::new("synth.dataset", e.to_string()))?;
-        }
-        for r in &self.synth.routes {
-            if !r.starts_with('/') {
-                return Err(ConfigError::new(
-                    "synth.routes",
-                    format!("`{r}` must be a path like \"/v1/chat/completions\""),
-                ));
-            }
-        }
-        if let Some(t) = &self.synth.tokenizer {
-            if !t.exists() {
-                return Err(ConfigError::new(
-                    "synth.tokenizer",
-                    format!("{} does not exist", t.display()),
-                ));
-            }
-        }
-        if self.admin.token.as_deref() == Some("") {
-            return Err(ConfigError::new(
-                "admin.token",
-                "must not be empty; omit it to disable auth",
-            ));
-        }
-        if !self.admin.addr.ip().is_loopback()
-            && self.admin.token.is_none()
-            && !self.admin.allow_unauthenticated
-        {
-            return Err(ConfigError::new(
-                "admin.token",
-                format!(
-                    "admin.addr {} is reachable from other hosts but no token is set, so anyone \
-                     could change the phase of a running benchmark: set admin.token \
-                     (KVBUST_ADMIN__TOKEN), listen on 127.0.0.1, or set \
-                     admin.allow_unauthenticated = true on a trusted network",
-                    self.admin.addr
-                ),
-            ));
-        }
-        if self.cache_bust.ledger == LedgerMode::Stateless && self.cache_bust.benchmark_id.is_none()
-        {
-            return Err(ConfigError::new(
-                "cache_bust.benchmark_id",
-                "cache_bust.ledger = \"stateless\" needs a benchmark id shared by every replica \
-                 (a random one per process would make replicas disagree): set \
-                 cache_bust.benchmark_id (KVBUST_CACHE_BUST__BENCHMARK_ID), new for each run",
-            ));
-        }
-        if self.listen.http2_max_concurrent_streams == 0 {
-            return Err(ConfigError::new(
-                "listen.http2_max_concurrent_streams",
-                "must be at least 1",
-            ));
-        }
-        for (key, v) in [
-            (
-                "listen.http2_stream_window",
-                self.listen.http2_stream_window.0,
-            ),
-            (
-                "listen.http2_connection_window",
-                self.listen.http2_connection_window.0,
-            ),
-        ] {
-            if !(65_535..=(i32::MAX as u64)).contains(&v) {
-                return Err(ConfigError::new(key, "must be between 64KiB and 2GiB"));
-            }
-        }
-        // The mock's messages start with the key they are about.
-        self.mock.validate().map_err(|m| match m.split_once(' ') {
-            Some((key, rest)) => ConfigError::new(key, rest),
-            None => ConfigError::new("mock", m),
-        })?;
-        tracing_subscriber::EnvFilter::try_new(&self.log.level).map_err(|e| {
-            ConfigError::new(
-                "log.level",
-                format!("`{}` is not a filter like \"info\" ({e})", self.log.level),
-            )
-        })?;
         Ok(())
     }
 
@@ -1066,55 +879,231 @@ fn toml_string(c: &Config) -> String {
     toml::to_string_pretty(c).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
 }
 
-/// The `[upstream]` checks beyond the URL's syntax: the base path trap, the authority override
-/// and the health probe.
-fn validate_upstream(u: &UpstreamConfig) -> Result<(), ConfigError> {
-    if let Some(url) = &u.url {
-        // `validate` checked the URL itself; only its path is looked at here.
-        if let Ok(uri) = url.parse::<http::Uri>() {
-            check_base_path(&uri)?;
+/// The upstream's TLS settings: consistent, with files that exist and a valid name.
+fn validate_upstream_tls(t: &UpstreamTls) -> Result<(), ConfigError> {
+    if t.insecure_skip_verify && t.ca_file.is_some() {
+        return Err(ConfigError::new(
+            "upstream.tls.insecure_skip_verify",
+            "set either insecure_skip_verify or ca_file, not both",
+        ));
+    }
+    match (&t.client_cert, &t.client_key) {
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "upstream.tls.client_cert",
+                "set both upstream.tls.client_cert and upstream.tls.client_key, or neither",
+            ))
+        }
+        _ => {}
+    }
+    for (key, p) in [
+        ("upstream.tls.client_cert", &t.client_cert),
+        ("upstream.tls.client_key", &t.client_key),
+    ] {
+        if let Some(p) = p {
+            check_file(key, p)?;
         }
     }
+    if let Some(name) = &t.server_name {
+        if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+            return Err(ConfigError::new(
+                "upstream.tls.server_name",
+                format!("`{name}` is not a DNS name or IP address (e.g. model.internal)"),
+            ));
+        }
+    }
+    if let Some(ca) = &t.ca_file {
+        check_file("upstream.tls.ca_file", ca)?;
+    }
+    Ok(())
+}
+
+/// `key`'s file `p` exists (as a file, not a folder).
+fn check_file(key: &str, p: &Path) -> Result<(), ConfigError> {
+    if p.is_file() {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        key,
+        format!("{} is not a readable file", p.display()),
+    ))
+}
+
+/// The data listener's certificate, key and client CA files exist.
+fn validate_listen_tls(tls: Option<&TlsFiles>) -> Result<(), ConfigError> {
+    if let Some(tls) = tls {
+        let ca = tls.client_ca.as_ref().map(|p| ("listen.tls.client_ca", p));
+        for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)]
+            .into_iter()
+            .chain(ca)
+        {
+            check_file(key, p)?;
+        }
+    }
+    Ok(())
+}
+
+/// Body and header size limits.
+fn validate_limits(l: &LimitsConfig) -> Result<(), ConfigError> {
+    if l.max_body.0 == 0 {
+        return Err(ConfigError::new(
+            "limits.max_body",
+            "must be greater than zero (e.g. \"64MiB\")",
+        ));
+    }
+    if l.max_buffered_total.0 < l.max_body.0 {
+        return Err(ConfigError::new(
+            "limits.max_buffered_total",
+            format!(
+                "must be at least limits.max_body ({}), or no body of the largest allowed size could ever be buffered",
+                l.max_body
+            ),
+        ));
+    }
+    if l.max_control_header.0 == 0 {
+        return Err(ConfigError::new(
+            "limits.max_control_header",
+            "must be greater than zero (e.g. \"1KiB\")",
+        ));
+    }
+    Ok(())
+}
+
+/// The placeholder caps are at least 1.
+fn validate_placeholder_limits(s: &SynthConfig) -> Result<(), ConfigError> {
+    for (key, n) in [
+        ("synth.max_placeholders", s.max_placeholders),
+        ("synth.max_placeholder_tokens", s.max_placeholder_tokens),
+        ("synth.placeholder_queue", s.placeholder_queue),
+    ] {
+        if n == 0 {
+            return Err(ConfigError::new(
+                key,
+                "must be at least 1; set synth.placeholders = false to turn placeholders off",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The ledger's capacity, the session sources and the benchmark id.
+fn validate_cache_bust(c: &CacheBustConfig) -> Result<(), ConfigError> {
+    if c.ledger_capacity == 0 {
+        return Err(ConfigError::new(
+            "cache_bust.ledger_capacity",
+            "must be at least 1",
+        ));
+    }
+    if c.session_sources.is_empty() {
+        return Err(ConfigError::new(
+            "cache_bust.session_sources",
+            "list at least one of x_correlation_id, x_session_id, body_user, first_user_turn",
+        ));
+    }
+    if let Some(b) = &c.benchmark_id {
+        if b.is_empty() {
+            return Err(ConfigError::new(
+                "cache_bust.benchmark_id",
+                "must not be empty; omit it for a random id",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Configured header names are lowercase HTTP header names.
+fn validate_header_names(h: &HeaderNames) -> Result<(), ConfigError> {
+    for (key, name) in h.all() {
+        let ok = http::HeaderName::from_bytes(name.as_bytes()).is_ok()
+            && name.bytes().all(|b| !b.is_ascii_uppercase());
+        if !ok {
+            return Err(ConfigError::new(
+                format!("headers.{key}"),
+                format!("`{name}` is not a lowercase HTTP header name"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The synthesis dataset, routes and tokenizer.
+fn validate_synth_inputs(s: &SynthConfig) -> Result<(), ConfigError> {
+    if let Some(d) = &s.dataset {
+        d.validate()
+            .map_err(|e| ConfigError::new("synth.dataset", e.to_string()))?;
+    }
+    for r in &s.routes {
+        if !r.starts_with('/') {
+            return Err(ConfigError::new(
+                "synth.routes",
+                format!("`{r}` must be a path like \"/v1/chat/completions\""),
+            ));
+        }
+    }
+    if let Some(t) = &s.tokenizer {
+        if !t.exists() {
+            return Err(ConfigError::new(
+                "synth.tokenizer",
+                format!("{} does not exist", t.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An admin port reachable from other hosts needs a token (or an explicit opt-out).
+fn validate_admin(a: &AdminConfig) -> Result<(), ConfigError> {
+    if a.token.as_deref() == Some("") {
+        return Err(ConfigError::new(
+            "admin.token",
+            "must not be empty; omit it to disable auth",
+        ));
+    }
+    if !a.addr.ip().is_loopback() && a.token.is_none() && !a.allow_unauthenticated {
+        return Err(ConfigError::new(
+            "admin.token",
+            format!(
+                "admin.addr {} is reachable from other hosts but no token is set, so anyone \
+                 could change the phase of a running benchmark: set admin.token \
+                 (KVBUST_ADMIN__TOKEN), listen on 127.0.0.1, or set \
+                 admin.allow_unauthenticated = true on a trusted network",
+                a.addr
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// HTTP/2 stream limits and flow-control windows.
+fn validate_http2(l: &ListenConfig) -> Result<(), ConfigError> {
+    if l.http2_max_concurrent_streams == 0 {
+        return Err(ConfigError::new(
+            "listen.http2_max_concurrent_streams",
+            "must be at least 1",
+        ));
+    }
+    for (key, v) in [
+        ("listen.http2_stream_window", l.http2_stream_window.0),
+        (
+            "listen.http2_connection_window",
+            l.http2_connection_window.0,
+        ),
+    ] {
+        if !(65_535..=(i32::MAX as u64)).contains(&v) {
+            return Err(ConfigError::new(key, "must be between 64KiB and 2GiB"));
+        }
+    }
+    Ok(())
+}
+
+/// The `[upstream]` checks beyond the URL's syntax: the base path trap, the authority override
+/// and the health probe.
+fn validate_upstream(u: &UpstreamConfig, url: Option<&UpstreamUrl>) -> Result<(), ConfigError> {
+    if let Some(url) = url {
+        url.check_base_path()?;
+    }
     if let Some(a) = &u.authority {
-        let fix = "write host or host:port, e.g. model.example.com or model.example.com:8000";
-        let parsed = a.parse::<http::uri::Authority>().map_err(|e| {
-            ConfigError::new(
-                "upstream.authority",
-                format!("`{a}` is not a valid authority ({e}); {fix}"),
-            )
-        })?;
-        if parsed.as_str().contains('@') || parsed.host().is_empty() {
-            return Err(ConfigError::new(
-                "upstream.authority",
-                format!("`{a}` must be a bare host[:port], without user-info; {fix}"),
-            ));
-        }
-        // `Authority` accepts any text after the colon; a port must be a number.
-        let port = &parsed.as_str()[parsed.host().len()..];
-        let bad_port = !port.is_empty()
-            && port
-                .strip_prefix(':')
-                .is_none_or(|p| p.parse::<u16>().is_err());
-        if bad_port {
-            return Err(ConfigError::new(
-                "upstream.authority",
-                format!("`{a}` has a port that is not a number from 0 to 65535; {fix}"),
-            ));
-        }
-        if u.keep_host {
-            return Err(ConfigError::new(
-                "upstream.authority",
-                "is set together with upstream.keep_host = true, which forwards the client's \
-                 Host instead: keep one of them",
-            ));
-        }
-        if u.url.is_none() {
-            return Err(ConfigError::new(
-                "upstream.authority",
-                "needs upstream.url (the built-in mock answers any Host): set upstream.url or \
-                 remove upstream.authority",
-            ));
-        }
+        validate_authority(a, u)?;
     }
     if let Some(p) = &u.health_path {
         if !p.starts_with('/') || http::uri::PathAndQuery::try_from(p.as_str()).is_err() {
@@ -1156,31 +1145,48 @@ fn validate_upstream(u: &UpstreamConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Refuses an upstream URL whose path holds a `/v1` segment. Clients send `/v1/...` themselves
-/// and the URL's path is a prefix, so `http://h:8000/v1` (an OpenAI SDK's `base_url`) would send
-/// every request to `/v1/v1/...`: a 404 at best, a different route at worst. Refused rather than
-/// stripped so the configuration says exactly where requests go.
-fn check_base_path(uri: &http::Uri) -> Result<(), ConfigError> {
-    let path = uri.path().trim_end_matches('/');
-    let segments: Vec<&str> = path.split('/').collect();
-    let Some(i) = segments.iter().position(|s| *s == "v1") else {
-        return Ok(());
-    };
-    // Shown without any user-info, so a password in the URL is never printed.
-    let host = uri
-        .authority()
-        .map(|a| a.as_str().rsplit_once('@').map_or(a.as_str(), |(_, h)| h))
-        .unwrap_or_default();
-    let scheme = uri.scheme_str().unwrap_or("http");
-    let root = format!("{scheme}://{host}{}", segments[..i].join("/"));
-    Err(ConfigError::new(
-        "upstream.url",
-        format!(
-            "`{scheme}://{host}{path}` has the path {path}, but clients already send /v1/..., so \
-             requests would go to {path}/v1/chat/completions. upstream.url is the server's root, \
-             not an OpenAI SDK's base_url: set it to {root}"
-        ),
-    ))
+/// `upstream.authority` (`a`): a bare host[:port], with `upstream.url` set and `keep_host` off.
+fn validate_authority(a: &str, u: &UpstreamConfig) -> Result<(), ConfigError> {
+    let fix = "write host or host:port, e.g. model.example.com or model.example.com:8000";
+    let parsed = a.parse::<http::uri::Authority>().map_err(|e| {
+        ConfigError::new(
+            "upstream.authority",
+            format!("`{a}` is not a valid authority ({e}); {fix}"),
+        )
+    })?;
+    if parsed.as_str().contains('@') || parsed.host().is_empty() {
+        return Err(ConfigError::new(
+            "upstream.authority",
+            format!("`{a}` must be a bare host[:port], without user-info; {fix}"),
+        ));
+    }
+    // `Authority` accepts any text after the colon; a port must be a number.
+    let port = &parsed.as_str()[parsed.host().len()..];
+    let bad_port = !port.is_empty()
+        && port
+            .strip_prefix(':')
+            .is_none_or(|p| p.parse::<u16>().is_err());
+    if bad_port {
+        return Err(ConfigError::new(
+            "upstream.authority",
+            format!("`{a}` has a port that is not a number from 0 to 65535; {fix}"),
+        ));
+    }
+    if u.keep_host {
+        return Err(ConfigError::new(
+            "upstream.authority",
+            "is set together with upstream.keep_host = true, which forwards the client's \
+             Host instead: keep one of them",
+        ));
+    }
+    if u.url.is_none() {
+        return Err(ConfigError::new(
+            "upstream.authority",
+            "needs upstream.url (the built-in mock answers any Host): set upstream.url or \
+             remove upstream.authority",
+        ));
+    }
+    Ok(())
 }
 
 /// Parses a phase/target in the CLI layer with the same rules as config.

@@ -324,15 +324,8 @@ impl Mock {
         *cache = PrefixCache::new(self.cfg.block_size, self.cfg.cache_blocks);
     }
 
-    /// Answers one request. Never panics and never fails: every problem is an OpenAI-shaped error response.
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<BoxBody<Bytes, Infallible>>
-    where
-        B: http_body::Body<Data = Bytes> + Send + 'static,
-        B::Error: Display,
-    {
-        let received = Instant::now();
-        let (parts, body) = req.into_parts();
-        let (bytes, body_error) = read_body(body).await;
+    /// Hands the request (origin-form URI, headers, body and its digest) to the recorder.
+    async fn record(&self, parts: &http::request::Parts, bytes: &Bytes) {
         let origin = parts
             .uri
             .path_and_query()
@@ -343,16 +336,25 @@ impl Mock {
             authority: parts.uri.authority().map(ToString::to_string),
             headers: parts.headers.clone(),
             body_len: bytes.len(),
-            body_sha256: digest(&bytes).await,
+            body_sha256: digest(bytes).await,
             body: bytes.clone(),
             version: parts.version,
         });
+    }
+
+    /// Answers one request. Never panics and never fails: every problem is an OpenAI-shaped error response.
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<BoxBody<Bytes, Infallible>>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Display,
+    {
+        let received = Instant::now();
+        let (parts, body) = req.into_parts();
+        let (bytes, body_error) = read_body(body).await;
+        self.record(&parts, &bytes).await;
         tracing::debug!(method = %parts.method, uri = %parts.uri, bytes = bytes.len(), "mock: request");
         let route = route(parts.uri.path());
-        let shape_error = |e: &ApiError| match route {
-            Route::Generate(endpoint) => error_response_for(endpoint, e),
-            _ => error_response(e),
-        };
+        let shape_error = |e: &ApiError| route_error(route, e);
         if let Some(e) = body_error {
             return shape_error(&e);
         }
@@ -390,24 +392,7 @@ impl Mock {
                 code: "not_found",
             }),
             Route::Health | Route::Models | Route::Generate(_) | Route::ResetPrefixCache => {
-                let allow = if matches!(route, Route::Generate(_) | Route::ResetPrefixCache) {
-                    "POST"
-                } else {
-                    "GET, HEAD"
-                };
-                let mut resp = shape_error(&ApiError {
-                    status: StatusCode::METHOD_NOT_ALLOWED,
-                    message: format!(
-                        "{} is not allowed on {}; use {allow}",
-                        parts.method,
-                        parts.uri.path()
-                    ),
-                    kind: "invalid_request_error",
-                    code: "method_not_allowed",
-                });
-                resp.headers_mut()
-                    .insert(ALLOW, HeaderValue::from_static(allow));
-                resp
+                method_not_allowed(route, &parts)
             }
         }
     }
@@ -445,6 +430,57 @@ impl Mock {
         }
     }
 
+    /// A 400 `context_length_exceeded` when the prompt plus the requested output would not fit
+    /// `mock.max_model_len` (0: no limit), worded as vLLM words it.
+    fn check_context(&self, prompt_tokens: usize, completion_tokens: u32) -> Result<(), ApiError> {
+        let requested = prompt_tokens.saturating_add(completion_tokens as usize);
+        if self.cfg.max_model_len > 0 && requested > self.cfg.max_model_len {
+            return Err(ApiError::bad_request(
+                "context_length_exceeded",
+                format!(
+                    "This model's maximum context length is {} tokens. However, you requested {requested} tokens \
+                     ({prompt_tokens} in the messages, {completion_tokens} in the completion). Please reduce the length of the \
+                     messages or completion.",
+                    self.cfg.max_model_len,
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The override, else the base delay plus prefill for the `uncached` prompt tokens.
+    fn time_to_first_token(&self, ov: &Overrides, uncached: usize) -> Duration {
+        let uncached = u32::try_from(uncached).unwrap_or(u32::MAX);
+        let prefill = self
+            .cfg
+            .prefill_per_token
+            .checked_mul(uncached)
+            .unwrap_or(Duration::MAX);
+        ov.first_token_delay
+            .unwrap_or_else(|| self.cfg.base_delay.saturating_add(prefill))
+    }
+
+    /// The SSE response for `plan`. With an explicit first-token delay the headers wait for it
+    /// too, and the tokens are timed from when they are sent.
+    async fn stream_response(
+        &self,
+        mut plan: StreamPlan,
+        hold_headers: bool,
+    ) -> Response<MockBody> {
+        // Counted from here, so a client that leaves during the delay below counts as a cancelled stream.
+        let guard = self.recorder.stream_started();
+        if hold_headers {
+            tokio::time::sleep_until(plan.first_token_at).await;
+            plan.first_token_at = Instant::now();
+        }
+        let mut resp = Response::new(SseBody::new(plan, guard).boxed());
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        resp.headers_mut()
+            .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        resp
+    }
+
     async fn generate(
         &self,
         endpoint: Endpoint,
@@ -469,18 +505,8 @@ impl Mock {
             Err(e) => return error_response_for(endpoint, &e),
         };
         let completion_tokens = max_tokens.unwrap_or(self.cfg.default_max_tokens).max(1);
-        let requested = tokens.len().saturating_add(completion_tokens as usize);
-        if self.cfg.max_model_len > 0 && requested > self.cfg.max_model_len {
-            return error_response_for(endpoint, &ApiError::bad_request(
-                "context_length_exceeded",
-                format!(
-                    "This model's maximum context length is {} tokens. However, you requested {requested} tokens \
-                     ({} in the messages, {completion_tokens} in the completion). Please reduce the length of the \
-                     messages or completion.",
-                    self.cfg.max_model_len,
-                    tokens.len()
-                ),
-            ));
+        if let Err(e) = self.check_context(tokens.len(), completion_tokens) {
+            return error_response_for(endpoint, &e);
         }
         let (cached, written) = self
             .cache
@@ -493,41 +519,17 @@ impl Mock {
             cached_tokens: cached,
             cache_written: written,
         };
-        let uncached = u32::try_from(tokens.len() - cached).unwrap_or(u32::MAX);
-        let prefill = self
-            .cfg
-            .prefill_per_token
-            .checked_mul(uncached)
-            .unwrap_or(Duration::MAX);
-        let ttft = ov
-            .first_token_delay
-            .unwrap_or_else(|| self.cfg.base_delay.saturating_add(prefill));
+        let ttft = self.time_to_first_token(&ov, tokens.len() - cached);
         let inter_token = ov.inter_token.unwrap_or(self.cfg.inter_token);
         let seq = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let id = match endpoint {
-            Endpoint::Chat => format!("chatcmpl-mock-{seq:08x}"),
-            Endpoint::Completions => format!("cmpl-mock-{seq:08x}"),
-            Endpoint::Responses => format!("resp_mock{seq:08x}"),
-            Endpoint::Messages => format!("msg_mock{seq:08x}"),
-        };
-        let shape = match endpoint {
-            Endpoint::Chat | Endpoint::Completions => Shape::OpenAi(ResponseMeta {
-                endpoint,
-                id,
-                created: CREATED,
-                model,
-                include_usage: stream && include_usage,
-            }),
-            Endpoint::Responses => Shape::Responses(ResponseEvents::new(ResponseInfo {
-                item_id: format!("msg_mock{seq:08x}"),
-                id,
-                created_at: CREATED,
-                model,
-                instructions,
-                max_output_tokens: max_tokens,
-            })),
-            Endpoint::Messages => Shape::Messages { id, model },
-        };
+        let shape = response_shape(
+            endpoint,
+            seq,
+            model,
+            stream && include_usage,
+            instructions,
+            max_tokens,
+        );
         let seed = output::seed(&tokens);
         tracing::debug!(
             prompt = usage.prompt_tokens,
@@ -537,46 +539,105 @@ impl Mock {
             "mock: completion"
         );
 
+        let plan = StreamPlan {
+            shape,
+            usage,
+            seed,
+            tokens: completion_tokens,
+            first_token_at: after(received, ttft),
+            inter_token,
+        };
         let mut resp = if stream {
-            // Counted from here, so a client that leaves during the delay below counts as a cancelled stream.
-            let guard = self.recorder.stream_started();
-            let first_token_at = match ov.first_token_delay {
-                Some(d) => {
-                    tokio::time::sleep_until(after(received, d)).await;
-                    Instant::now()
-                }
-                None => after(received, ttft),
-            };
-            let plan = StreamPlan {
-                shape,
-                usage,
-                seed,
-                tokens: completion_tokens,
-                first_token_at,
-                inter_token,
-            };
-            let mut resp = Response::new(SseBody::new(plan, guard).boxed());
-            resp.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-            resp.headers_mut()
-                .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            resp
+            self.stream_response(plan, ov.first_token_delay.is_some())
+                .await
         } else {
-            let generation = inter_token.saturating_mul(completion_tokens - 1);
-            tokio::time::sleep_until(after(after(received, ttft), generation)).await;
-            let text = output::text(seed, completion_tokens);
-            let body = match &shape {
-                Shape::OpenAi(meta) => openai::full_response(meta, &text, &usage),
-                Shape::Responses(ev) => responses::full_response(ev.info(), &text, &usage),
-                Shape::Messages { id, model } => anthropic::full_response(id, model, &text, &usage),
-            };
-            json_response(StatusCode::OK, body)
+            full_response(plan).await
         };
         resp.headers_mut()
             .insert(HEADER_PROMPT_TOKENS, HeaderValue::from(usage.prompt_tokens));
         resp.headers_mut()
             .insert(HEADER_CACHED_TOKENS, HeaderValue::from(usage.cached_tokens));
         resp
+    }
+}
+
+/// The whole JSON response for `plan`, once its last token would have been generated.
+async fn full_response(plan: StreamPlan) -> Response<MockBody> {
+    let generation = plan.inter_token.saturating_mul(plan.tokens - 1);
+    tokio::time::sleep_until(after(plan.first_token_at, generation)).await;
+    let text = output::text(plan.seed, plan.tokens);
+    let usage = &plan.usage;
+    let body = match &plan.shape {
+        Shape::OpenAi(meta) => openai::full_response(meta, &text, usage),
+        Shape::Responses(ev) => responses::full_response(ev.info(), &text, usage),
+        Shape::Messages { id, model } => anthropic::full_response(id, model, &text, usage),
+    };
+    json_response(StatusCode::OK, body)
+}
+
+/// `e` shaped as the route's API shapes errors (OpenAI's shape off the generation routes).
+fn route_error(route: Route, e: &ApiError) -> Response<MockBody> {
+    match route {
+        Route::Generate(endpoint) => error_response_for(endpoint, e),
+        _ => error_response(e),
+    }
+}
+
+/// A 405 naming the methods `route` takes (also in `Allow`), shaped for the route's API.
+fn method_not_allowed(route: Route, parts: &http::request::Parts) -> Response<MockBody> {
+    let allow = if matches!(route, Route::Generate(_) | Route::ResetPrefixCache) {
+        "POST"
+    } else {
+        "GET, HEAD"
+    };
+    let e = ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!(
+            "{} is not allowed on {}; use {allow}",
+            parts.method,
+            parts.uri.path()
+        ),
+        kind: "invalid_request_error",
+        code: "method_not_allowed",
+    };
+    let mut resp = route_error(route, &e);
+    resp.headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    resp
+}
+
+/// The response's id and the shape of its body for `endpoint`, request number `seq`.
+fn response_shape(
+    endpoint: Endpoint,
+    seq: u64,
+    model: String,
+    include_usage: bool,
+    instructions: Option<serde_json::Value>,
+    max_tokens: Option<u32>,
+) -> Shape {
+    let id = match endpoint {
+        Endpoint::Chat => format!("chatcmpl-mock-{seq:08x}"),
+        Endpoint::Completions => format!("cmpl-mock-{seq:08x}"),
+        Endpoint::Responses => format!("resp_mock{seq:08x}"),
+        Endpoint::Messages => format!("msg_mock{seq:08x}"),
+    };
+    match endpoint {
+        Endpoint::Chat | Endpoint::Completions => Shape::OpenAi(ResponseMeta {
+            endpoint,
+            id,
+            created: CREATED,
+            model,
+            include_usage,
+        }),
+        Endpoint::Responses => Shape::Responses(ResponseEvents::new(ResponseInfo {
+            item_id: format!("msg_mock{seq:08x}"),
+            id,
+            created_at: CREATED,
+            model,
+            instructions,
+            max_output_tokens: max_tokens,
+        })),
+        Endpoint::Messages => Shape::Messages { id, model },
     }
 }
 

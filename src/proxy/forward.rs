@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::Body;
-use crate::config::{Http2Mode, RootStore, UpstreamConfig};
+use crate::config::{Http2Mode, RootStore, UpstreamConfig, UpstreamUrl};
 use crate::error::{causes, error_chain, ProxyError};
 
 pub type UpstreamClient = Client<Dial, Body>;
@@ -195,7 +195,7 @@ pub struct Upstream {
 type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why the upstream client could not be set up at start. Each names the key to fix and keeps
-/// its cause (`config::validate` has already checked the URL's shape, so these are rare).
+/// its cause (`config::validate` has already checked the URL, so these are rare).
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamSetupError {
     /// `url` is shown with any password redacted.
@@ -224,43 +224,33 @@ pub enum UpstreamSetupError {
 }
 
 impl Upstream {
+    /// Parses `url` with the rules `config::validate` applies ([`UpstreamUrl::parse`]).
     pub fn parse(url: &str) -> Result<Self, UpstreamSetupError> {
-        let shown = crate::config::redact_url(url);
-        let bad = |problem: &'static str, source: Option<Cause>| UpstreamSetupError::Url {
-            url: shown.clone(),
-            problem,
-            source,
-        };
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| bad("is not a URL", Some(Box::new(e))))?;
-        let scheme = uri
-            .scheme()
-            .cloned()
-            .ok_or_else(|| bad("has no scheme", None))?;
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| bad("has no host", None))?;
-        let base_path = uri.path().trim_end_matches('/').to_string();
-        let host_port = authority
-            .as_str()
-            .rsplit_once('@')
-            .map_or(authority.as_str(), |(_, h)| h);
-        let host_header = HeaderValue::from_str(host_port)
-            .map_err(|e| bad("has an invalid host", Some(Box::new(e))))?;
+        let parsed = UpstreamUrl::parse(url).map_err(|e| UpstreamSetupError::Url {
+            url: crate::config::redact_url(url),
+            problem: "is not a valid upstream URL",
+            source: Some(Box::new(e)),
+        })?;
+        Self::from_url(&parsed)
+    }
+
+    /// The upstream of a URL parsed at config validation.
+    pub fn from_url(url: &UpstreamUrl) -> Result<Self, UpstreamSetupError> {
         // Requests name the host without user-info too: HTTP/2 sends the URI's authority as
         // `:authority` verbatim.
-        let request_authority = host_port
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| bad("has an invalid host", Some(Box::new(e))))?;
+        let host_header =
+            HeaderValue::from_str(url.host().as_str()).map_err(|e| UpstreamSetupError::Url {
+                url: url.display().to_string(),
+                problem: "has an invalid host",
+                source: Some(Box::new(e)),
+            })?;
         Ok(Self {
             host_header,
-            scheme,
-            request_authority,
-            authority,
-            base_path,
-            display: crate::config::redact_url(url.trim_end_matches('/')),
+            scheme: url.scheme().clone(),
+            request_authority: url.host().clone(),
+            authority: url.authority().clone(),
+            base_path: url.base_path().to_string(),
+            display: url.display().to_string(),
         })
     }
 

@@ -90,7 +90,12 @@ fn vllm_decode_to_target(
     }
 }
 
-fn vllm(params: &BenchParams, tokenizer: &Tokenizer) -> Result<Vec<BenchRequest>, SynthError> {
+/// vLLM's input length bounds from `--random-input-len` and the ratio, refusing a ratio outside
+/// [0, 1) and bounds that allow an empty prompt.
+fn vllm_input_bounds(
+    params: &BenchParams,
+    tokenizer: &Tokenizer,
+) -> Result<(i64, i64), SynthError> {
     let r = params.range_ratio;
     let ok = |x: f64| (0.0..1.0).contains(&x);
     if !ok(r.input) || !ok(r.output) {
@@ -112,6 +117,12 @@ fn vllm(params: &BenchParams, tokenizer: &Tokenizer) -> Result<Vec<BenchRequest>
             params.prefix_len as i64 + in_lo
         )));
     }
+    Ok((in_lo, in_hi))
+}
+
+fn vllm(params: &BenchParams, tokenizer: &Tokenizer) -> Result<Vec<BenchRequest>, SynthError> {
+    let (in_lo, in_hi) = vllm_input_bounds(params, tokenizer)?;
+    let r = params.range_ratio;
     let out = params.output_len as f64;
     let out_lo = ((out * (1.0 - r.output)).floor() as i64).max(1);
     let out_hi = ((out * (1.0 + r.output)).ceil() as i64).max(1);

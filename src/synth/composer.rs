@@ -266,6 +266,69 @@ pub fn compose_from(
     source: Option<CorpusSource>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Dataset, SynthError> {
+    check_composable(params, tokenizer)?;
+    let n_conv = params.num_dataset_entries;
+    let root_seed = params.random_seed.unwrap_or_else(rand::random);
+    let num_special = tokenizer.num_special_tokens_to_add() as u64;
+
+    // 1. Compensation facts (no draws).
+    let comp = compensation(params, tokenizer)?;
+
+    // 1b. Sequence distribution (no draws; checked before any prompt is made).
+    let mut lengths = length_distribution(params, root_seed, num_special)?;
+
+    // 1c. Prompt generator and the shared system prompt.
+    let corpus = corpus_source(params, tokenizer, source, root_seed)?;
+    let is_random = matches!(corpus, CorpusSource::Random(_));
+    let is_coding = matches!(corpus, CorpusSource::Coding(_));
+    // The coding pool draws on its own `dataset.coding_content.*` streams.
+    let rngs = if is_coding {
+        GeneratorRngs::derive_under(root_seed, coding::STREAM_PREFIX)
+    } else {
+        GeneratorRngs::derive(root_seed)
+    };
+    let mut gen = PromptGenerator::new(tokenizer, corpus, rngs);
+    let shared_system = match comp.shared_system_length {
+        Some(len) => Some(gen.generate_prompt(len, None)?),
+        None => None,
+    };
+
+    // 2. Preseed (random corpus with a range ratio).
+    if is_random {
+        preseed(&mut lengths, &mut gen, n_conv, root_seed, tokenizer);
+    }
+
+    // 3. Prefix pool.
+    let prefix_pool = if params.prefix_pool_enabled() {
+        build_prefix_pool(params, tokenizer, &mut gen, is_coding, is_random)?
+    } else {
+        Vec::new()
+    };
+
+    // 4. Conversations.
+    let mut conversations = Composer {
+        params,
+        comp: &comp,
+        lengths: &mut lengths,
+        prefix_pool: &prefix_pool,
+    }
+    .conversations(&mut gen, root_seed, is_random, progress)?;
+
+    // 5. Finalize: system messages, then user-context prompts in session order.
+    let system_message = params.system_prompt.clone().or(shared_system);
+    for conv in &mut conversations {
+        conv.system_message = system_message.clone();
+    }
+    if let Some(len) = params.user_context_prompt_length {
+        for conv in &mut conversations {
+            conv.user_context_message = Some(gen.generate_prompt(len, None)?);
+        }
+    }
+    Ok(Dataset { conversations })
+}
+
+/// Refuses what `compose` cannot build: invalid parameters, a trace, an empty vocabulary.
+fn check_composable(params: &SynthParams, tokenizer: &Tokenizer) -> Result<(), SynthError> {
     params.validate()?;
     if params.input_file.is_some() {
         return Err(SynthError::invalid(
@@ -275,66 +338,69 @@ pub fn compose_from(
     if tokenizer.vocab_size() == 0 {
         return Err(SynthError::invalid("the tokenizer has an empty vocabulary"));
     }
-    let n_conv = params.num_dataset_entries;
-    let seeded = params.random_seed.is_some();
-    let root_seed = params.random_seed.unwrap_or_else(rand::random);
-    let num_special = tokenizer.num_special_tokens_to_add() as u64;
+    Ok(())
+}
 
-    // 1. Compensation facts (no draws).
-    let comp = compensation(params, tokenizer)?;
-
-    // 1b. Sequence distribution (no draws; checked before any prompt is made).
-    let mut lengths = match (params.range_ratio, params.isl, params.osl) {
-        (Some(r), Some(isl), Some(osl)) => {
-            let bounds = ratio_bounds(
-                params.random_corpus_style,
-                isl,
-                osl,
-                r.input,
-                r.output,
-                num_special,
-            );
-            if params.random_corpus_style == RandomCorpusStyle::Vllm {
-                let prefix = if params.prefix_pool_enabled() {
-                    params.prefix_prompt_length as i64
-                } else {
-                    0
-                };
-                if prefix + bounds.input.0 < 1 {
-                    return Err(SynthError::invalid(format!(
-                        "--random-range-ratio {} with --isl {isl} produces a minimum input of {} \
-                         tokens; raise --isl or lower the ratio",
-                        r.input, bounds.input.0
-                    )));
-                }
-            }
-            Lengths::Ratio {
-                bounds,
-                style: params.random_corpus_style,
-                num_special: num_special as i64,
-                isl_cache: Vec::new(),
-                osl_cache: Vec::new(),
-                cursor: 0,
-                live: DerivedRng::derive(root_seed, "models.range_ratio.distribution").np,
-            }
+/// The input/output length distribution: the range ratio's bounds when `--random-range-ratio`,
+/// `--isl` and `--osl` are all given (refusing bounds that allow an empty input), else normal
+/// lengths around `--isl`.
+fn length_distribution(
+    params: &SynthParams,
+    root_seed: u64,
+    num_special: u64,
+) -> Result<Lengths, SynthError> {
+    let (Some(r), Some(isl), Some(osl)) = (params.range_ratio, params.isl, params.osl) else {
+        let mut isl_mean = params.isl.unwrap_or(DEFAULT_ISL);
+        if isl_mean > 0 {
+            isl_mean = isl_mean.saturating_sub(num_special);
         }
-        _ => {
-            let mut isl_mean = params.isl.unwrap_or(DEFAULT_ISL);
-            if isl_mean > 0 {
-                isl_mean = isl_mean.saturating_sub(num_special);
-            }
-            Lengths::Normal {
-                isl_mean,
-                osl: params.osl,
-                max_tokens_rng: Box::new(
-                    DerivedRng::derive(root_seed, "composer.turn.max_tokens").py,
-                ),
-            }
-        }
+        return Ok(Lengths::Normal {
+            isl_mean,
+            osl: params.osl,
+            max_tokens_rng: Box::new(DerivedRng::derive(root_seed, "composer.turn.max_tokens").py),
+        });
     };
+    let bounds = ratio_bounds(
+        params.random_corpus_style,
+        isl,
+        osl,
+        r.input,
+        r.output,
+        num_special,
+    );
+    if params.random_corpus_style == RandomCorpusStyle::Vllm {
+        let prefix = if params.prefix_pool_enabled() {
+            params.prefix_prompt_length as i64
+        } else {
+            0
+        };
+        if prefix + bounds.input.0 < 1 {
+            return Err(SynthError::invalid(format!(
+                "--random-range-ratio {} with --isl {isl} produces a minimum input of {} \
+                 tokens; raise --isl or lower the ratio",
+                r.input, bounds.input.0
+            )));
+        }
+    }
+    Ok(Lengths::Ratio {
+        bounds,
+        style: params.random_corpus_style,
+        num_special: num_special as i64,
+        isl_cache: Vec::new(),
+        osl_cache: Vec::new(),
+        cursor: 0,
+        live: DerivedRng::derive(root_seed, "models.range_ratio.distribution").np,
+    })
+}
 
-    // 1c. Prompt generator and the shared system prompt.
-    let corpus = match (params.prompt_corpus, source) {
+/// The prompt source for `--prompt-corpus`: `source` when it fits, else built here.
+fn corpus_source(
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    source: Option<CorpusSource>,
+    root_seed: u64,
+) -> Result<CorpusSource, SynthError> {
+    Ok(match (params.prompt_corpus, source) {
         (PromptCorpus::Sonnet, Some(s @ CorpusSource::Sonnet(_))) => s,
         (PromptCorpus::Sonnet, _) => {
             return Err(SynthError::invalid("the sonnet corpus was not provided"))
@@ -356,132 +422,184 @@ pub fn compose_from(
                 .as_token_corpus()
                 .clone(),
         ),
-    };
-    let is_random = matches!(corpus, CorpusSource::Random(_));
-    let is_coding = matches!(corpus, CorpusSource::Coding(_));
-    let rngs = if is_coding {
-        GeneratorRngs::derive_under(root_seed, coding::STREAM_PREFIX)
-    } else {
-        GeneratorRngs::derive(root_seed)
-    };
-    let mut gen = PromptGenerator::new(tokenizer, corpus, rngs);
-    let shared_system = match comp.shared_system_length {
-        Some(len) => Some(gen.generate_prompt(len, None)?),
-        None => None,
-    };
+    })
+}
 
-    // 2. Preseed (random corpus with a range ratio).
-    if is_random {
-        if let Lengths::Ratio {
-            bounds,
-            style,
-            num_special,
-            isl_cache,
-            osl_cache,
-            ..
-        } = &mut lengths
-        {
-            let mut g = match style {
-                RandomCorpusStyle::Vllm => {
-                    PreseedRng::Pcg(NumpyGenerator::new(u128::from(root_seed)))
-                }
-                RandomCorpusStyle::Sglang => {
-                    PreseedRng::Legacy(Box::new(RandomState::new(fold_seed_to_u32(root_seed))))
-                }
-            };
-            *isl_cache = (0..n_conv)
-                .map(|_| g.integers(bounds.input.0, bounds.input.1 + 1))
-                .map(|v| match style {
-                    RandomCorpusStyle::Sglang => (v - *num_special).max(1),
-                    RandomCorpusStyle::Vllm => v,
-                })
-                .collect();
-            *osl_cache = (0..n_conv)
-                .map(|_| g.integers(bounds.output.0, bounds.output.1 + 1))
-                .collect();
-            let vocab = tokenizer.vocab_size() as i64;
-            let offsets = (0..n_conv).map(|_| g.integers(0, vocab)).collect();
-            gen.set_preseed(g, offsets);
+/// The random corpus's preseed with a range ratio: every conversation's input and output
+/// length, then its corpus offset, drawn up front from the tool's own generator, which the
+/// prompt generator then continues. Nothing to do with normal lengths.
+fn preseed(
+    lengths: &mut Lengths,
+    gen: &mut PromptGenerator<&Tokenizer>,
+    n_conv: usize,
+    root_seed: u64,
+    tokenizer: &Tokenizer,
+) {
+    let Lengths::Ratio {
+        bounds,
+        style,
+        num_special,
+        isl_cache,
+        osl_cache,
+        ..
+    } = lengths
+    else {
+        return;
+    };
+    let mut g = match style {
+        RandomCorpusStyle::Vllm => PreseedRng::Pcg(NumpyGenerator::new(u128::from(root_seed))),
+        RandomCorpusStyle::Sglang => {
+            PreseedRng::Legacy(Box::new(RandomState::new(fold_seed_to_u32(root_seed))))
         }
-    }
+    };
+    *isl_cache = (0..n_conv)
+        .map(|_| g.integers(bounds.input.0, bounds.input.1 + 1))
+        .map(|v| match style {
+            RandomCorpusStyle::Sglang => (v - *num_special).max(1),
+            RandomCorpusStyle::Vllm => v,
+        })
+        .collect();
+    *osl_cache = (0..n_conv)
+        .map(|_| g.integers(bounds.output.0, bounds.output.1 + 1))
+        .collect();
+    let vocab = tokenizer.vocab_size() as i64;
+    let offsets = (0..n_conv).map(|_| g.integers(0, vocab)).collect();
+    gen.set_preseed(g, offsets);
+}
 
-    // 3. Prefix pool.
-    let mut prefix_pool: Vec<Vec<u32>> = Vec::new();
-    if params.prefix_pool_enabled() {
-        let len = params.prefix_prompt_length;
-        for _ in 0..params.num_prefix_prompts {
-            if is_coding {
-                // AIPerf's coding generator keeps the raw window ids (built in its constructor,
-                // before the shared system prompt; the two are never combined).
-                prefix_pool.push(gen.sample_pieces(len).tokens);
-                continue;
-            }
-            let tokens = if is_random {
-                gen.random_prefix_tokens(len)
-            } else {
-                gen.sample_pieces(len)
-            };
-            let text = gen.decode_to_exact_len(tokens, len)?;
-            prefix_pool.push(tokenizer.encode(&text)?);
+/// The `--num-prefix-prompts` prefixes of `--prefix-prompt-length` tokens each.
+fn build_prefix_pool(
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    gen: &mut PromptGenerator<&Tokenizer>,
+    is_coding: bool,
+    is_random: bool,
+) -> Result<Vec<Vec<u32>>, SynthError> {
+    let len = params.prefix_prompt_length;
+    let mut pool = Vec::with_capacity(params.num_prefix_prompts);
+    for _ in 0..params.num_prefix_prompts {
+        if is_coding {
+            // AIPerf's coding generator keeps the raw window ids (built in its constructor,
+            // before the shared system prompt; the two are never combined).
+            pool.push(gen.sample_pieces(len).tokens);
+            continue;
         }
-    }
-
-    // 4. Conversations.
-    let turn_rng = DerivedRng::derive(root_seed, "composer.conversation.turn_count");
-    let mut turn_rng = turn_rng.py;
-    let mut conversations = Vec::with_capacity(n_conv);
-    // Random corpus, preseeded, single-turn, no prefix: every body is known in advance (the
-    // request index, the cached offset and length), so round one of the fix-up loop is
-    // computed ahead in parallel, a batch at a time.
-    let speculate = is_random
-        && prefix_pool.is_empty()
-        && params.session_turns_mean == 1.0
-        && params.session_turns_stddev <= 0.0;
-    let first_index = gen.request_index();
-    for i in 0..n_conv {
-        if speculate && i % SPECULATION_BATCH == 0 {
-            if let Lengths::Ratio { isl_cache, .. } = &lengths {
-                let offsets = gen.remaining_offsets().to_vec();
-                let batch: Vec<Vec<u32>> = (i..(i + SPECULATION_BATCH).min(n_conv))
-                    .filter_map(|c| {
-                        let isl = (*isl_cache.get(c)?).max(0) as u64;
-                        let len = isl.saturating_sub(comp.first_turn_adjustment).max(1) as usize;
-                        let offset = *offsets.get(c - i)?;
-                        gen.random_body(offset, first_index + c as u64, len)
-                    })
-                    .collect();
-                gen.prefetch_reencodes(batch)?;
-            }
-        }
-        let session_id = if seeded {
-            format!("session_{i:06}")
+        let tokens = if is_random {
+            gen.random_prefix_tokens(len)
         } else {
-            uuid4()
+            gen.sample_pieces(len)
         };
-        let num_turns = turn_rng
-            .sample_positive_normal_integer(params.session_turns_mean, params.session_turns_stddev)
-            as usize;
+        let text = gen.decode_to_exact_len(tokens, len)?;
+        pool.push(tokenizer.encode(&text)?);
+    }
+    Ok(pool)
+}
+
+/// What every conversation's turns are made from.
+struct Composer<'a> {
+    params: &'a SynthParams,
+    comp: &'a Compensation,
+    lengths: &'a mut Lengths,
+    prefix_pool: &'a [Vec<u32>],
+}
+
+impl Composer<'_> {
+    /// Every conversation in session order, telling `progress` after each.
+    fn conversations(
+        &mut self,
+        gen: &mut PromptGenerator<&Tokenizer>,
+        root_seed: u64,
+        is_random: bool,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<Conversation>, SynthError> {
+        let n_conv = self.params.num_dataset_entries;
+        let seeded = self.params.random_seed.is_some();
+        let turn_rng = DerivedRng::derive(root_seed, "composer.conversation.turn_count");
+        let mut turn_rng = turn_rng.py;
+        let mut conversations = Vec::with_capacity(n_conv);
+        // Random corpus, preseeded, single-turn, no prefix: every body is known in advance (the
+        // request index, the cached offset and length), so round one of the fix-up loop is
+        // computed ahead in parallel, a batch at a time.
+        let speculate = is_random
+            && self.prefix_pool.is_empty()
+            && self.params.session_turns_mean == 1.0
+            && self.params.session_turns_stddev <= 0.0;
+        let first_index = gen.request_index();
+        for i in 0..n_conv {
+            if speculate && i % SPECULATION_BATCH == 0 {
+                self.speculate(gen, i, n_conv, first_index)?;
+            }
+            let session_id = if seeded {
+                format!("session_{i:06}")
+            } else {
+                uuid4()
+            };
+            let num_turns = turn_rng.sample_positive_normal_integer(
+                self.params.session_turns_mean,
+                self.params.session_turns_stddev,
+            ) as usize;
+            conversations.push(Conversation {
+                session_id,
+                system_message: None,
+                user_context_message: None,
+                turns: self.conversation(gen, num_turns)?,
+            });
+            progress(i + 1, n_conv);
+        }
+        Ok(conversations)
+    }
+
+    /// Computes round one of the fix-up loop for the batch of conversations from `i` ahead, in
+    /// parallel (only called when every body is known in advance).
+    fn speculate(
+        &self,
+        gen: &mut PromptGenerator<&Tokenizer>,
+        i: usize,
+        n_conv: usize,
+        first_index: u64,
+    ) -> Result<(), SynthError> {
+        let Lengths::Ratio { isl_cache, .. } = &*self.lengths else {
+            return Ok(());
+        };
+        let offsets = gen.remaining_offsets().to_vec();
+        let batch: Vec<Vec<u32>> = (i..(i + SPECULATION_BATCH).min(n_conv))
+            .filter_map(|c| {
+                let isl = (*isl_cache.get(c)?).max(0) as u64;
+                let len = isl.saturating_sub(self.comp.first_turn_adjustment).max(1) as usize;
+                let offset = *offsets.get(c - i)?;
+                gen.random_body(offset, first_index + c as u64, len)
+            })
+            .collect();
+        gen.prefetch_reencodes(batch)
+    }
+
+    /// One conversation's `num_turns` turns; the first takes a prefix when there is a pool.
+    fn conversation(
+        &mut self,
+        gen: &mut PromptGenerator<&Tokenizer>,
+        num_turns: usize,
+    ) -> Result<Vec<Turn>, SynthError> {
         let mut turns = Vec::with_capacity(num_turns);
         for t in 0..num_turns {
-            let (isl, max_tokens, exact) = lengths.next(params);
-            let with_prefix = t == 0 && !prefix_pool.is_empty();
+            let (isl, max_tokens, exact) = self.lengths.next(self.params);
+            let with_prefix = t == 0 && !self.prefix_pool.is_empty();
             let adjustment = if t == 0 {
-                comp.first_turn_adjustment
+                self.comp.first_turn_adjustment
             } else {
-                comp.subsequent_turn_adjustment
+                self.comp.subsequent_turn_adjustment
             };
             let floor = if with_prefix { 0 } else { 1 };
             let isl = isl.saturating_sub(adjustment).max(floor);
             let prefix = if with_prefix {
-                let k = gen.prefix_choice(prefix_pool.len());
-                Some(prefix_pool[k].as_slice())
+                let k = gen.prefix_choice(self.prefix_pool.len());
+                Some(self.prefix_pool[k].as_slice())
             } else {
                 None
             };
             let body_len = if exact {
                 isl as usize
             } else {
-                gen.sample_length(isl as f64, params.isl_stddev)
+                gen.sample_length(isl as f64, self.params.isl_stddev)
             };
             let text = gen.generate_prompt(body_len, prefix)?;
             turns.push(Turn {
@@ -490,24 +608,6 @@ pub fn compose_from(
                 ..Turn::default()
             });
         }
-        conversations.push(Conversation {
-            session_id,
-            system_message: None,
-            user_context_message: None,
-            turns,
-        });
-        progress(i + 1, n_conv);
+        Ok(turns)
     }
-
-    // 5. Finalize: system messages, then user-context prompts in session order.
-    let system_message = params.system_prompt.clone().or(shared_system);
-    for conv in &mut conversations {
-        conv.system_message = system_message.clone();
-    }
-    if let Some(len) = params.user_context_prompt_length {
-        for conv in &mut conversations {
-            conv.user_context_message = Some(gen.generate_prompt(len, None)?);
-        }
-    }
-    Ok(Dataset { conversations })
 }

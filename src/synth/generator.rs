@@ -30,6 +30,26 @@ pub enum PreseedRng {
     Legacy(Box<RandomState>),
 }
 
+/// `k` ids drawn uniformly from `pool` (`pool[G.integers(0, len(pool))]`), `G` being the preseed
+/// generator when installed, else `np` (the numpy side of `dataset.prompt.corpus`).
+fn draw_ids(
+    pool: &[u32],
+    k: usize,
+    mut preseed: Option<&mut PreseedRng>,
+    np: &mut NumpyGenerator,
+) -> Pieces {
+    let n = pool.len() as i64;
+    let mut out = Vec::with_capacity(k);
+    for _ in 0..k {
+        let i = match preseed.as_deref_mut() {
+            Some(g) => g.integers(0, n),
+            None => np.integers(0, n),
+        };
+        out.push(pool[i as usize]);
+    }
+    Pieces::opaque(out)
+}
+
 impl PreseedRng {
     /// A draw in `[low, high)` with this generator's own bounded method.
     pub fn integers(&mut self, low: i64, high: i64) -> i64 {
@@ -228,34 +248,24 @@ impl<T: Deref<Target = Tokenizer>> PromptGenerator<T> {
         let CorpusSource::Random(pools) = &self.corpus else {
             return self.sample_pieces(k);
         };
-        let n = pools.allowed.len() as i64;
-        let mut out = Vec::with_capacity(k);
-        for _ in 0..k {
-            let i = match self.preseed.as_mut() {
-                Some(g) => g.integers(0, n),
-                None => self.rngs.corpus.np.integers(0, n),
-            };
-            out.push(pools.allowed[i as usize]);
-        }
-        Pieces::opaque(out)
+        draw_ids(
+            &pools.allowed,
+            k,
+            self.preseed.as_mut(),
+            &mut self.rngs.corpus.np,
+        )
     }
 
     /// Extra tokens for a prompt that re-encoded short.
     fn topup(&mut self, n: usize) -> Pieces {
         match &self.corpus {
             CorpusSource::Sonnet(_) | CorpusSource::Coding(_) => self.sample_pieces(n),
-            CorpusSource::Random(pools) => {
-                let len = pools.topup.len() as i64;
-                let mut out = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let i = match self.preseed.as_mut() {
-                        Some(g) => g.integers(0, len),
-                        None => self.rngs.corpus.np.integers(0, len),
-                    };
-                    out.push(pools.topup[i as usize]);
-                }
-                Pieces::opaque(out)
-            }
+            CorpusSource::Random(pools) => draw_ids(
+                &pools.topup,
+                n,
+                self.preseed.as_mut(),
+                &mut self.rngs.corpus.np,
+            ),
         }
     }
 

@@ -11,6 +11,7 @@ pub mod dataset;
 pub mod error;
 pub mod export;
 pub mod generator;
+pub mod hash_blocks;
 pub mod marker;
 pub mod params;
 pub mod piece_memo;

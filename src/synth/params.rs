@@ -298,35 +298,42 @@ impl SynthParams {
             );
         }
         if let Some(r) = self.range_ratio {
-            let (Some(isl), Some(osl)) = (self.isl, self.osl) else {
-                return bad("--random-range-ratio needs both --isl and --osl");
-            };
-            if isl < 1 || osl < 1 {
-                return bad("--random-range-ratio needs --isl and --osl of at least 1");
-            }
-            if self.isl_stddev > 0.0 || self.osl_stddev > 0.0 {
-                return bad(
-                    "--random-range-ratio cannot be combined with --isl-stddev or --osl-stddev; \
-                     drop the stddev flags",
-                );
-            }
-            match self.random_corpus_style {
-                RandomCorpusStyle::Vllm => {
-                    let ok = |x: f64| (0.0..1.0).contains(&x);
-                    if !ok(r.input) || !ok(r.output) {
-                        return bad("--random-range-ratio must be in [0, 1) for the vllm style");
-                    }
+            self.validate_range_ratio(r)?;
+        }
+        Ok(())
+    }
+
+    /// `--random-range-ratio` needs fixed `--isl` and `--osl` and a ratio the style accepts.
+    fn validate_range_ratio(&self, r: RangeRatio) -> Result<(), SynthError> {
+        let bad = |m: &str| Err(SynthError::invalid(m));
+        let (Some(isl), Some(osl)) = (self.isl, self.osl) else {
+            return bad("--random-range-ratio needs both --isl and --osl");
+        };
+        if isl < 1 || osl < 1 {
+            return bad("--random-range-ratio needs --isl and --osl of at least 1");
+        }
+        if self.isl_stddev > 0.0 || self.osl_stddev > 0.0 {
+            return bad(
+                "--random-range-ratio cannot be combined with --isl-stddev or --osl-stddev; \
+                 drop the stddev flags",
+            );
+        }
+        match self.random_corpus_style {
+            RandomCorpusStyle::Vllm => {
+                let ok = |x: f64| (0.0..1.0).contains(&x);
+                if !ok(r.input) || !ok(r.output) {
+                    return bad("--random-range-ratio must be in [0, 1) for the vllm style");
                 }
-                RandomCorpusStyle::Sglang => {
-                    if r.per_direction {
-                        return bad(
-                            "the sglang style takes a single --random-range-ratio number, \
-                             not a JSON object",
-                        );
-                    }
-                    if !(0.0..=1.0).contains(&r.input) {
-                        return bad("--random-range-ratio must be in [0, 1] for the sglang style");
-                    }
+            }
+            RandomCorpusStyle::Sglang => {
+                if r.per_direction {
+                    return bad(
+                        "the sglang style takes a single --random-range-ratio number, \
+                         not a JSON object",
+                    );
+                }
+                if !(0.0..=1.0).contains(&r.input) {
+                    return bad("--random-range-ratio must be in [0, 1] for the sglang style");
                 }
             }
         }

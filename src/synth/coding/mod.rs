@@ -17,9 +17,9 @@ use std::sync::Arc;
 use crate::synth::corpus::TokenCorpus;
 use crate::synth::error::SynthError;
 use crate::synth::generator::GeneratorRngs;
+use crate::synth::hash_blocks::{self, HashBlocks, LayoutError};
 use crate::synth::rng::{derive_seed, DerivedRng, PyRandom};
 use crate::synth::tokenizer::Tokenizer;
-use crate::synth::trace::blocks::{self, HashBlocks, LayoutError};
 
 /// The prefix of the coding corpus's four derived streams (`.template`, `.corpus`, `.length`,
 /// `.prefix`).
@@ -197,6 +197,11 @@ impl CodingPool {
         self.root_seed
     }
 
+    /// The flat token array as a shared corpus (a cheap handle: cloning shares the ids).
+    pub fn corpus(&self) -> &TokenCorpus {
+        &self.tokens
+    }
+
     /// The flat token array.
     pub fn tokens(&self) -> &[u32] {
         self.tokens.tokens()
@@ -212,9 +217,9 @@ impl CodingPool {
         self.tokens.is_empty()
     }
 
-    /// AIPerf's window of the pool (see [`blocks::window`]).
+    /// AIPerf's window of the pool (see [`hash_blocks::window`]).
     pub fn window(&self, start: usize, n: usize) -> Vec<u32> {
-        blocks::window(self.tokens(), start, n)
+        hash_blocks::window(self.tokens(), start, n)
     }
 
     /// `_sample_tokens(n)`: a window at `corpus.randrange(len)` (no draw for `n == 0`).

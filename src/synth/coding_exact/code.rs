@@ -47,93 +47,115 @@ fn py_value(d: &mut Draw) -> String {
 
 fn py_stmt(d: &mut Draw, out: &mut String, ind: &str, vars: &[String]) {
     let v = d.pick(vars).clone();
-    match d.n(0, 11) {
-        0 => w!(out, "{ind}{} = {}", d.snake(), py_value(d)),
-        1 => {
-            w!(out, "{ind}if {v} is None:");
-            w!(
-                out,
-                "{ind}    raise {}(f\"{} is required for {{{}!r}}\")",
-                d.s(&["ValueError", "KeyError", "RuntimeError", "TypeError"]),
-                v,
-                d.pick(vars)
-            );
-        }
-        2 => {
-            let item = d.s(&vocab::NOUNS);
-            w!(out, "{ind}for {item} in {v}:");
-            w!(out, "{ind}    if not {item}.{}:", d.s(&vocab::ADJS));
-            w!(out, "{ind}        continue");
-            w!(
-                out,
-                "{ind}    {}.append({}({item}))",
-                d.noun_snake(),
-                d.fn_snake()
-            );
-        }
-        3 => w!(
+    PY_STMTS[d.n(0, PY_STMTS.len() - 1)](d, out, ind, &v, vars);
+}
+
+/// A statement at indent `ind` about the variable `v` (one of `vars`).
+type PyStmt = fn(&mut Draw, &mut String, &str, &str, &[String]);
+
+/// Python statements, drawn uniformly (the order is part of the corpus).
+const PY_STMTS: [PyStmt; 12] = [
+    |d, out, ind, _, _| w!(out, "{ind}{} = {}", d.snake(), py_value(d)),
+    py_none_check,
+    py_for_loop,
+    |d, out, ind, v, _| {
+        w!(
             out,
             "{ind}logger.{}(\"{} %s in %.2fs\", {v}, time.monotonic() - start)",
             d.s(&["info", "debug", "warning"]),
             d.sentence().to_lowercase()
-        ),
-        4 => {
-            w!(out, "{ind}try:");
-            w!(
-                out,
-                "{ind}    {} = await self.{}({v})",
-                d.noun_snake(),
-                d.fn_snake()
-            );
-            w!(
-                out,
-                "{ind}except {} as exc:",
-                d.s(&["TimeoutError", "ConnectionError", "OSError", "KeyError"])
-            );
-            w!(
-                out,
-                "{ind}    logger.warning(\"{} failed: %s\", exc)",
-                d.fn_snake()
-            );
-            w!(
-                out,
-                "{ind}    return {}",
-                d.s(&["None", "[]", "{}", "False"])
-            );
-        }
-        5 => w!(
+        )
+    },
+    py_try,
+    |d, out, ind, v, _| {
+        w!(
             out,
             "{ind}{} = {{k: v for k, v in {v}.items() if v is not None}}",
             d.noun_snake()
-        ),
-        6 => w!(
+        )
+    },
+    |d, out, ind, v, _| {
+        w!(
             out,
             "{ind}{} = [{}(x) for x in {v} if x.{}]",
             d.noun_snake(),
             d.fn_snake(),
             d.noun_snake()
-        ),
-        7 => {
-            w!(
-                out,
-                "{ind}with {}.{}() as {}:",
-                v,
-                d.s(&["lock", "session", "begin", "open"]),
-                d.s(&["tx", "fh", "conn", "ctx"])
-            );
-            w!(out, "{ind}    {}", py_call(d, vars));
-        }
-        8 => w!(
+        )
+    },
+    py_with,
+    |d, out, ind, v, _| {
+        w!(
             out,
             "{ind}assert {v} {} {}, \"{}\"",
             d.s(&[">=", "<=", "!=", "=="]),
             d.int(0, 512),
             d.noun_phrase()
-        ),
-        9 => w!(out, "{ind}# {}", d.sentence()),
-        10 => w!(out, "{ind}self._{} += {}", d.noun_snake(), d.int(1, 16)),
-        _ => w!(out, "{ind}{}", py_call(d, vars)),
-    }
+        )
+    },
+    |d, out, ind, _, _| w!(out, "{ind}# {}", d.sentence()),
+    |d, out, ind, _, _| w!(out, "{ind}self._{} += {}", d.noun_snake(), d.int(1, 16)),
+    |d, out, ind, _, vars| w!(out, "{ind}{}", py_call(d, vars)),
+];
+
+fn py_none_check(d: &mut Draw, out: &mut String, ind: &str, v: &str, vars: &[String]) {
+    w!(out, "{ind}if {v} is None:");
+    w!(
+        out,
+        "{ind}    raise {}(f\"{} is required for {{{}!r}}\")",
+        d.s(&["ValueError", "KeyError", "RuntimeError", "TypeError"]),
+        v,
+        d.pick(vars)
+    );
+}
+
+fn py_for_loop(d: &mut Draw, out: &mut String, ind: &str, v: &str, _: &[String]) {
+    let item = d.s(&vocab::NOUNS);
+    w!(out, "{ind}for {item} in {v}:");
+    w!(out, "{ind}    if not {item}.{}:", d.s(&vocab::ADJS));
+    w!(out, "{ind}        continue");
+    w!(
+        out,
+        "{ind}    {}.append({}({item}))",
+        d.noun_snake(),
+        d.fn_snake()
+    );
+}
+
+fn py_try(d: &mut Draw, out: &mut String, ind: &str, v: &str, _: &[String]) {
+    w!(out, "{ind}try:");
+    w!(
+        out,
+        "{ind}    {} = await self.{}({v})",
+        d.noun_snake(),
+        d.fn_snake()
+    );
+    w!(
+        out,
+        "{ind}except {} as exc:",
+        d.s(&["TimeoutError", "ConnectionError", "OSError", "KeyError"])
+    );
+    w!(
+        out,
+        "{ind}    logger.warning(\"{} failed: %s\", exc)",
+        d.fn_snake()
+    );
+    w!(
+        out,
+        "{ind}    return {}",
+        d.s(&["None", "[]", "{}", "False"])
+    );
+}
+
+fn py_with(d: &mut Draw, out: &mut String, ind: &str, v: &str, vars: &[String]) {
+    w!(
+        out,
+        "{ind}with {}.{}() as {}:",
+        v,
+        d.s(&["lock", "session", "begin", "open"]),
+        d.s(&["tx", "fh", "conn", "ctx"])
+    );
+    w!(out, "{ind}    {}", py_call(d, vars));
 }
 
 fn py_call(d: &mut Draw, vars: &[String]) -> String {
@@ -462,80 +484,96 @@ fn go_function(d: &mut Draw, out: &mut String, recv: Option<&str>) {
     );
     for _ in 0..d.n(2, 5) {
         let v = d.pick(&vars).clone();
-        match d.n(0, 7) {
-            0 => {
-                w!(out, "\tif {v} == {} {{", d.s(&["nil", "\"\"", "0"]));
-                w!(
-                    out,
-                    "\t\treturn {}, fmt.Errorf(\"{}: %w\", Err{})",
-                    go_zero(&ret),
-                    d.fn_snake().replace('_', " "),
-                    d.pascal()
-                );
-                w!(out, "\t}}");
-            }
-            1 => {
-                let res = d.camel();
-                w!(
-                    out,
-                    "\t{res}, err := {}.{}(ctx, {v})",
-                    d.camel(),
-                    capitalize(&d.camel_fn())
-                );
-                w!(out, "\tif err != nil {{");
-                w!(
-                    out,
-                    "\t\treturn {}, fmt.Errorf(\"{} %q: %w\", {v}, err)",
-                    go_zero(&ret),
-                    d.fn_snake().replace('_', " ")
-                );
-                w!(out, "\t}}");
-                w!(out, "\t_ = {res}");
-            }
-            2 => {
-                w!(
-                    out,
-                    "\tfor i, {} := range {v} {{",
-                    d.s(&vocab::NOUNS).replace('_', "")
-                );
-                w!(out, "\t\tif i >= {} {{", d.int(8, 1024));
-                w!(out, "\t\t\tbreak");
-                w!(out, "\t\t}}");
-                w!(out, "\t}}");
-            }
-            3 => w!(
-                out,
-                "\tslog.{}(\"{}\", \"{}\", {v}, \"elapsed\", time.Since(start))",
-                d.s(&["Info", "Debug", "Warn"]),
-                d.sentence().to_lowercase(),
-                d.noun_snake()
-            ),
-            4 => {
-                w!(
-                    out,
-                    "\tctx, cancel := context.WithTimeout(ctx, {}*time.{})",
-                    d.int(1, 60),
-                    d.s(&["Second", "Millisecond", "Minute"])
-                );
-                w!(out, "\tdefer cancel()");
-            }
-            5 => {
-                w!(out, "\tselect {{");
-                w!(out, "\tcase <-ctx.Done():");
-                w!(out, "\t\treturn {}, ctx.Err()", go_zero(&ret));
-                w!(out, "\tcase {} := <-{}:", d.camel(), d.camel());
-                w!(out, "\t\t_ = {v}");
-                w!(out, "\t}}");
-            }
-            6 => {
-                w!(out, "\tmu.Lock()");
-                w!(out, "\tdefer mu.Unlock()");
-            }
-            _ => w!(out, "\t// {}", d.sentence()),
-        }
+        GO_STMTS[d.n(0, GO_STMTS.len() - 1)](d, out, &v, &ret);
     }
     w!(out, "\treturn {}, nil", go_zero(&ret));
     w!(out, "}}");
+}
+
+/// A statement about the parameter `v` in a function returning `(ret, error)`.
+type GoStmt = fn(&mut Draw, &mut String, &str, &str);
+
+/// Go function statements, drawn uniformly (the order is part of the corpus).
+const GO_STMTS: [GoStmt; 8] = [
+    go_guard,
+    go_call,
+    go_range,
+    |d, out, v, _| {
+        w!(
+            out,
+            "\tslog.{}(\"{}\", \"{}\", {v}, \"elapsed\", time.Since(start))",
+            d.s(&["Info", "Debug", "Warn"]),
+            d.sentence().to_lowercase(),
+            d.noun_snake()
+        )
+    },
+    |d, out, _, _| {
+        w!(
+            out,
+            "\tctx, cancel := context.WithTimeout(ctx, {}*time.{})",
+            d.int(1, 60),
+            d.s(&["Second", "Millisecond", "Minute"])
+        );
+        w!(out, "\tdefer cancel()");
+    },
+    go_select,
+    |_, out, _, _| {
+        w!(out, "\tmu.Lock()");
+        w!(out, "\tdefer mu.Unlock()");
+    },
+    |d, out, _, _| w!(out, "\t// {}", d.sentence()),
+];
+
+fn go_guard(d: &mut Draw, out: &mut String, v: &str, ret: &str) {
+    w!(out, "\tif {v} == {} {{", d.s(&["nil", "\"\"", "0"]));
+    w!(
+        out,
+        "\t\treturn {}, fmt.Errorf(\"{}: %w\", Err{})",
+        go_zero(ret),
+        d.fn_snake().replace('_', " "),
+        d.pascal()
+    );
+    w!(out, "\t}}");
+}
+
+fn go_call(d: &mut Draw, out: &mut String, v: &str, ret: &str) {
+    let res = d.camel();
+    w!(
+        out,
+        "\t{res}, err := {}.{}(ctx, {v})",
+        d.camel(),
+        capitalize(&d.camel_fn())
+    );
+    w!(out, "\tif err != nil {{");
+    w!(
+        out,
+        "\t\treturn {}, fmt.Errorf(\"{} %q: %w\", {v}, err)",
+        go_zero(ret),
+        d.fn_snake().replace('_', " ")
+    );
+    w!(out, "\t}}");
+    w!(out, "\t_ = {res}");
+}
+
+fn go_range(d: &mut Draw, out: &mut String, v: &str, _: &str) {
+    w!(
+        out,
+        "\tfor i, {} := range {v} {{",
+        d.s(&vocab::NOUNS).replace('_', "")
+    );
+    w!(out, "\t\tif i >= {} {{", d.int(8, 1024));
+    w!(out, "\t\t\tbreak");
+    w!(out, "\t\t}}");
+    w!(out, "\t}}");
+}
+
+fn go_select(d: &mut Draw, out: &mut String, v: &str, ret: &str) {
+    w!(out, "\tselect {{");
+    w!(out, "\tcase <-ctx.Done():");
+    w!(out, "\t\treturn {}, ctx.Err()", go_zero(ret));
+    w!(out, "\tcase {} := <-{}:", d.camel(), d.camel());
+    w!(out, "\t\t_ = {v}");
+    w!(out, "\t}}");
 }
 
 fn go_zero(ty: &str) -> &'static str {
@@ -550,6 +588,27 @@ fn go_zero(ty: &str) -> &'static str {
 fn go(d: &mut Draw) -> String {
     let mut out = String::new();
     let pkg = d.s(&vocab::SUB_DIRS);
+    go_header(d, &mut out, pkg);
+    let ty = d.pascal();
+    go_struct(d, &mut out, &ty);
+    if d.chance(0.5) {
+        w!(out, "func New{ty}({} {}) *{ty} {{", d.camel(), go_type(d));
+        w!(out, "\treturn &{ty}{{}}");
+        w!(out, "}}");
+        w!(out);
+    }
+    for _ in 0..d.n(1, 2) {
+        go_function(d, &mut out, Some(&ty));
+        w!(out);
+    }
+    if d.chance(0.5) {
+        go_table_test(d, &mut out);
+    }
+    out
+}
+
+/// The package clause, the imports and maybe a sentinel error.
+fn go_header(d: &mut Draw, out: &mut String, pkg: &str) {
     if d.chance(0.4) {
         w!(out, "// {}", d.path("go"));
     }
@@ -582,7 +641,10 @@ fn go(d: &mut Draw) -> String {
         );
         w!(out);
     }
-    let ty = d.pascal();
+}
+
+/// The struct `ty` with JSON-tagged fields and a mutex.
+fn go_struct(d: &mut Draw, out: &mut String, ty: &str) {
     w!(out, "// {ty} {}.", d.sentence().to_lowercase());
     w!(out, "type {ty} struct {{");
     for _ in 0..d.n(2, 6) {
@@ -598,50 +660,41 @@ fn go(d: &mut Draw) -> String {
     w!(out, "\tmu sync.{}", d.s(&["Mutex", "RWMutex"]));
     w!(out, "}}");
     w!(out);
-    if d.chance(0.5) {
-        w!(out, "func New{ty}({} {}) *{ty} {{", d.camel(), go_type(d));
-        w!(out, "\treturn &{ty}{{}}");
-        w!(out, "}}");
-        w!(out);
-    }
-    for _ in 0..d.n(1, 2) {
-        go_function(d, &mut out, Some(&ty));
-        w!(out);
-    }
-    if d.chance(0.5) {
-        let f = capitalize(&d.camel_fn());
-        w!(out, "func Test{f}(t *testing.T) {{");
-        w!(out, "\ttests := []struct {{");
-        w!(out, "\t\tname string");
-        w!(out, "\t\tin   {}", go_type(d));
-        w!(out, "\t\twant {}", go_type(d));
-        w!(out, "\t}}{{");
-        for _ in 0..d.n(2, 4) {
-            w!(
-                out,
-                "\t\t{{name: \"{}\", in: {}, want: {}}},",
-                d.noun_phrase(),
-                d.int(0, 100),
-                d.int(0, 100)
-            );
-        }
-        w!(out, "\t}}");
-        let tc = d.s(&["tc", "tt", "test", "c"]);
-        w!(out, "\tfor _, {tc} := range tests {{");
-        w!(out, "\t\tt.Run({tc}.name, func(t *testing.T) {{");
-        w!(out, "\t\t\tgot := {f}({tc}.in)");
-        w!(out, "\t\t\tif got != {tc}.want {{");
+}
+
+/// A table-driven test.
+fn go_table_test(d: &mut Draw, out: &mut String) {
+    let f = capitalize(&d.camel_fn());
+    w!(out, "func Test{f}(t *testing.T) {{");
+    w!(out, "\ttests := []struct {{");
+    w!(out, "\t\tname string");
+    w!(out, "\t\tin   {}", go_type(d));
+    w!(out, "\t\twant {}", go_type(d));
+    w!(out, "\t}}{{");
+    for _ in 0..d.n(2, 4) {
         w!(
             out,
-            "\t\t\t\tt.{}(\"{f}(%v) = %v, want %v\", {tc}.in, got, {tc}.want)",
-            d.s(&["Errorf", "Fatalf"])
+            "\t\t{{name: \"{}\", in: {}, want: {}}},",
+            d.noun_phrase(),
+            d.int(0, 100),
+            d.int(0, 100)
         );
-        w!(out, "\t\t\t}}");
-        w!(out, "\t\t}})");
-        w!(out, "\t}}");
-        w!(out, "}}");
     }
-    out
+    w!(out, "\t}}");
+    let tc = d.s(&["tc", "tt", "test", "c"]);
+    w!(out, "\tfor _, {tc} := range tests {{");
+    w!(out, "\t\tt.Run({tc}.name, func(t *testing.T) {{");
+    w!(out, "\t\t\tgot := {f}({tc}.in)");
+    w!(out, "\t\t\tif got != {tc}.want {{");
+    w!(
+        out,
+        "\t\t\t\tt.{}(\"{f}(%v) = %v, want %v\", {tc}.in, got, {tc}.want)",
+        d.s(&["Errorf", "Fatalf"])
+    );
+    w!(out, "\t\t\t}}");
+    w!(out, "\t\t}})");
+    w!(out, "\t}}");
+    w!(out, "}}");
 }
 
 // ---------------------------------------------------------------- Rust

@@ -377,6 +377,25 @@ fn fastapi_server(d: &mut Draw) -> String {
     let resp = req.replace("Request", "Response");
     let tok = d.s(&["tokenizer", "tok", "processor"]);
     let lm = d.s(&["model", "lm", "llm", "generator"]);
+    fa_setup(d, &mut out, model, tok, lm);
+    fa_schemas(d, &mut out, &req, &resp);
+    fa_route(d, &mut out, &req, &resp, tok, lm);
+    if d.chance(0.5) {
+        w!(out);
+        w!(out);
+        w!(
+            out,
+            "@app.get(\"/{}\")",
+            d.s(&["healthz", "health", "ready"])
+        );
+        w!(out, "def health():");
+        w!(out, "    return {{\"ok\": True, \"cuda_mem_gib\": round(torch.cuda.memory_allocated() / 2**30, 2)}}");
+    }
+    out
+}
+
+/// Imports, constants, the app and the loaded model.
+fn fa_setup(d: &mut Draw, out: &mut String, model: &str, tok: &str, lm: &str) {
     w!(out, "import time");
     w!(out, "import uuid");
     w!(out);
@@ -408,6 +427,10 @@ fn fastapi_server(d: &mut Draw) -> String {
     w!(out, "{lm} = AutoModelForCausalLM.from_pretrained(\"{model}\", torch_dtype=torch.{}, device_map=\"{}\").eval()", d.s(&["bfloat16", "float16"]), d.s(&["auto", "cuda:0", "balanced"]));
     w!(out);
     w!(out);
+}
+
+/// The request and response models.
+fn fa_schemas(d: &mut Draw, out: &mut String, req: &str, resp: &str) {
     w!(out, "class {req}(BaseModel):");
     w!(out, "    {}: str", d.s(&["prompt", "text", "input"]));
     w!(
@@ -442,6 +465,10 @@ fn fastapi_server(d: &mut Draw) -> String {
     }
     w!(out);
     w!(out);
+}
+
+/// The generation endpoint.
+fn fa_route(d: &mut Draw, out: &mut String, req: &str, resp: &str, tok: &str, lm: &str) {
     let route = d.s(&[
         "/generate",
         "/v1/generate",
@@ -485,23 +512,20 @@ fn fastapi_server(d: &mut Draw) -> String {
     w!(out, "        completion_tokens=int(new.numel()),");
     w!(out, "        latency_ms=(time.perf_counter() - t0) * 1e3,");
     w!(out, "    )");
-    if d.chance(0.5) {
-        w!(out);
-        w!(out);
-        w!(
-            out,
-            "@app.get(\"/{}\")",
-            d.s(&["healthz", "health", "ready"])
-        );
-        w!(out, "def health():");
-        w!(out, "    return {{\"ok\": True, \"cuda_mem_gib\": round(torch.cuda.memory_allocated() / 2**30, 2)}}");
-    }
-    out
 }
 
 fn vllm_engine(d: &mut Draw) -> String {
     let mut out = String::new();
     let model = d.s(&vocab::MODELS);
+    vllm_setup(d, &mut out, model);
+    let f = d.s(&["complete", "run_prompt", "generate_one", "stream_text"]);
+    vllm_complete(d, &mut out, f);
+    vllm_main(d, &mut out, f);
+    out
+}
+
+/// Imports and the engine with its arguments.
+fn vllm_setup(d: &mut Draw, out: &mut String, model: &str) {
     w!(out, "import asyncio");
     w!(out, "import uuid");
     w!(out);
@@ -546,7 +570,10 @@ fn vllm_engine(d: &mut Draw) -> String {
     w!(out, "engine = AsyncLLMEngine.from_engine_args(engine_args)");
     w!(out);
     w!(out);
-    let f = d.s(&["complete", "run_prompt", "generate_one", "stream_text"]);
+}
+
+/// The one-prompt coroutine `f`.
+fn vllm_complete(d: &mut Draw, out: &mut String, f: &str) {
     w!(
         out,
         "async def {f}(prompt: str, max_tokens: int = {}) -> str:",
@@ -568,6 +595,10 @@ fn vllm_engine(d: &mut Draw) -> String {
     w!(out, "    return final.outputs[0].text");
     w!(out);
     w!(out);
+}
+
+/// `main()`, gathering `f` over a few prompts, and the entry point.
+fn vllm_main(d: &mut Draw, out: &mut String, f: &str) {
     w!(out, "async def main():");
     w!(out, "    prompts = [");
     for _ in 0..d.n(2, 4) {
@@ -589,7 +620,6 @@ fn vllm_engine(d: &mut Draw) -> String {
     w!(out);
     w!(out, "if __name__ == \"__main__\":");
     w!(out, "    asyncio.run(main())");
-    out
 }
 
 fn batcher(d: &mut Draw) -> String {
@@ -659,6 +689,20 @@ fn batcher(d: &mut Draw) -> String {
 
 fn data_code(d: &mut Draw) -> String {
     let mut out = String::new();
+    dc_dataset(d, &mut out);
+    dc_collate(d, &mut out);
+    if d.chance(0.5) {
+        w!(out);
+        w!(out);
+        w!(out, "def make_loader(ds, batch_size: int = {}, shuffle: bool = True, num_workers: int = {}):", d.s(&["4", "8", "16", "32"]), d.int(0, 8));
+        w!(out, "    sampler = torch.utils.data.distributed.DistributedSampler(ds, shuffle=shuffle) if torch.distributed.is_initialized() else None");
+        w!(out, "    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler, collate_fn=collate, num_workers=num_workers, pin_memory=True)");
+    }
+    out
+}
+
+/// The dataset class.
+fn dc_dataset(d: &mut Draw, out: &mut String) {
     let cls = format!("{}Dataset", d.pascal());
     w!(out, "import json");
     w!(out, "from pathlib import Path");
@@ -708,6 +752,10 @@ fn data_code(d: &mut Draw) -> String {
         "        labels = ([-100] * len(prompt_ids) + target_ids)[: self.max_len]"
     );
     w!(out, "        return {{\"input_ids\": torch.tensor(input_ids), \"labels\": torch.tensor(labels)}}");
+}
+
+/// The padding collate function.
+fn dc_collate(d: &mut Draw, out: &mut String) {
     w!(out);
     w!(out);
     w!(out, "def collate(batch: list[dict[str, torch.Tensor]], pad_id: int = {}) -> dict[str, torch.Tensor]:", d.s(&["0", "151643", "128001", "2"]));
@@ -740,19 +788,26 @@ fn data_code(d: &mut Draw) -> String {
     w!(out, "        labels[i, :n] = x[\"labels\"]");
     w!(out, "        attention_mask[i, :n] = 1");
     w!(out, "    return {{\"input_ids\": input_ids, \"labels\": labels, \"attention_mask\": attention_mask}}");
-    if d.chance(0.5) {
-        w!(out);
-        w!(out);
-        w!(out, "def make_loader(ds, batch_size: int = {}, shuffle: bool = True, num_workers: int = {}):", d.s(&["4", "8", "16", "32"]), d.int(0, 8));
-        w!(out, "    sampler = torch.utils.data.distributed.DistributedSampler(ds, shuffle=shuffle) if torch.distributed.is_initialized() else None");
-        w!(out, "    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler, collate_fn=collate, num_workers=num_workers, pin_memory=True)");
-    }
-    out
 }
 
 fn yaml_config(d: &mut Draw) -> String {
     let mut out = String::new();
     let model = d.s(&vocab::MODELS);
+    yaml_model(d, &mut out, model);
+    if d.chance(0.5) {
+        yaml_lora(d, &mut out);
+    }
+    yaml_data(d, &mut out);
+    yaml_optim(d, &mut out);
+    yaml_trainer(d, &mut out);
+    if d.chance(0.5) {
+        yaml_logging(d, &mut out);
+    }
+    out
+}
+
+/// The file comment, the run's name and seed, and the `model:` section.
+fn yaml_model(d: &mut Draw, out: &mut String, model: &str) {
     w!(
         out,
         "# {}",
@@ -785,30 +840,34 @@ fn yaml_config(d: &mut Draw) -> String {
         d.s(&["flash_attention_2", "sdpa", "eager"])
     );
     w!(out, "  gradient_checkpointing: {}", d.s(&["true", "false"]));
-    if d.chance(0.5) {
-        w!(out, "lora:");
-        w!(out, "  r: {}", d.s(&["8", "16", "32", "64"]));
-        w!(out, "  alpha: {}", d.s(&["16", "32", "64", "128"]));
-        w!(out, "  dropout: {:.2}", d.float(0.0, 0.1));
-        w!(
-            out,
-            "  target_modules: [{}]",
-            d.sample_n(
-                &[
-                    "q_proj",
-                    "k_proj",
-                    "v_proj",
-                    "o_proj",
-                    "gate_proj",
-                    "up_proj",
-                    "down_proj"
-                ],
-                2,
-                7
-            )
-            .join(", ")
-        );
-    }
+}
+
+fn yaml_lora(d: &mut Draw, out: &mut String) {
+    w!(out, "lora:");
+    w!(out, "  r: {}", d.s(&["8", "16", "32", "64"]));
+    w!(out, "  alpha: {}", d.s(&["16", "32", "64", "128"]));
+    w!(out, "  dropout: {:.2}", d.float(0.0, 0.1));
+    w!(
+        out,
+        "  target_modules: [{}]",
+        d.sample_n(
+            &[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj"
+            ],
+            2,
+            7
+        )
+        .join(", ")
+    );
+}
+
+fn yaml_data(d: &mut Draw, out: &mut String) {
     w!(out, "data:");
     w!(out, "  train_files:");
     for _ in 0..d.n(1, 3) {
@@ -828,6 +887,9 @@ fn yaml_config(d: &mut Draw) -> String {
     );
     w!(out, "  packing: {}", d.s(&["true", "false"]));
     w!(out, "  num_workers: {}", d.int(2, 16));
+}
+
+fn yaml_optim(d: &mut Draw, out: &mut String) {
     w!(out, "optim:");
     w!(
         out,
@@ -844,6 +906,10 @@ fn yaml_config(d: &mut Draw) -> String {
         d.s(&["cosine", "linear", "constant_with_warmup", "wsd"])
     );
     w!(out, "  max_grad_norm: {}", d.s(&["1.0", "0.5", "2.0"]));
+}
+
+/// The `trainer:` and `distributed:` sections.
+fn yaml_trainer(d: &mut Draw, out: &mut String) {
     w!(out, "trainer:");
     w!(
         out,
@@ -864,81 +930,92 @@ fn yaml_config(d: &mut Draw) -> String {
     );
     w!(out, "  nodes: {}", d.s(&["1", "2", "4", "8"]));
     w!(out, "  gpus_per_node: {}", d.s(&["4", "8"]));
-    if d.chance(0.5) {
-        w!(out, "logging:");
-        w!(out, "  wandb_project: {}", d.project());
-        w!(
-            out,
-            "  tags: [{}]",
-            d.sample(
-                &[
-                    "baseline",
-                    "ablation",
-                    "long-context",
-                    "code",
-                    "math",
-                    "v2",
-                    "nightly"
-                ],
-                2
-            )
-            .join(", ")
-        );
-    }
-    out
+}
+
+fn yaml_logging(d: &mut Draw, out: &mut String) {
+    w!(out, "logging:");
+    w!(out, "  wandb_project: {}", d.project());
+    w!(
+        out,
+        "  tags: [{}]",
+        d.sample(
+            &[
+                "baseline",
+                "ablation",
+                "long-context",
+                "code",
+                "math",
+                "v2",
+                "nightly"
+            ],
+            2
+        )
+        .join(", ")
+    );
 }
 
 fn json_config(d: &mut Draw) -> String {
     if d.chance(0.5) {
-        let hidden = *d.pick(&[2048u64, 3072, 4096, 5120, 8192]);
-        let heads = hidden / 128;
-        let cfg = J::obj(vec![
-            (
-                "architectures",
-                J::arr(vec![J::s(d.s(&[
-                    "Qwen3ForCausalLM",
-                    "LlamaForCausalLM",
-                    "MistralForCausalLM",
-                    "Gemma2ForCausalLM",
-                ]))]),
-            ),
-            ("attention_dropout", J::n("0.0")),
-            ("bos_token_id", J::int(d.int(0, 151_643))),
-            ("eos_token_id", J::int(d.int(0, 151_645))),
-            ("head_dim", J::int(128)),
-            ("hidden_act", J::s("silu")),
-            ("hidden_size", J::int(hidden)),
-            ("initializer_range", J::n("0.02")),
-            (
-                "intermediate_size",
-                J::int(hidden * d.int(3, 4) + d.int(0, 4) * 256),
-            ),
-            (
-                "max_position_embeddings",
-                J::int(*d.pick(&[8192u64, 32768, 40960, 131_072])),
-            ),
-            (
-                "model_type",
-                J::s(d.s(&["qwen3", "llama", "mistral", "gemma2"])),
-            ),
-            ("num_attention_heads", J::int(heads)),
-            ("num_hidden_layers", J::int(d.int(24, 80))),
-            ("num_key_value_heads", J::int(*d.pick(&[4u64, 8, 16]))),
-            ("rms_norm_eps", J::n(d.s(&["1e-06", "1e-05"]))),
-            (
-                "rope_theta",
-                J::n(d.s(&["10000.0", "500000.0", "1000000.0"])),
-            ),
-            ("tie_word_embeddings", J::Bool(d.chance(0.3))),
-            ("torch_dtype", J::s("bfloat16")),
-            ("use_cache", J::Bool(true)),
-            (
-                "vocab_size",
-                J::int(*d.pick(&[151_936u64, 128_256, 32_768, 256_000])),
-            ),
-        ]);
-        return cfg.pretty();
+        hf_model_config(d)
+    } else {
+        deepspeed_config(d)
     }
+}
+
+/// A Hugging Face model `config.json`.
+fn hf_model_config(d: &mut Draw) -> String {
+    let hidden = *d.pick(&[2048u64, 3072, 4096, 5120, 8192]);
+    let heads = hidden / 128;
+    let cfg = J::obj(vec![
+        (
+            "architectures",
+            J::arr(vec![J::s(d.s(&[
+                "Qwen3ForCausalLM",
+                "LlamaForCausalLM",
+                "MistralForCausalLM",
+                "Gemma2ForCausalLM",
+            ]))]),
+        ),
+        ("attention_dropout", J::n("0.0")),
+        ("bos_token_id", J::int(d.int(0, 151_643))),
+        ("eos_token_id", J::int(d.int(0, 151_645))),
+        ("head_dim", J::int(128)),
+        ("hidden_act", J::s("silu")),
+        ("hidden_size", J::int(hidden)),
+        ("initializer_range", J::n("0.02")),
+        (
+            "intermediate_size",
+            J::int(hidden * d.int(3, 4) + d.int(0, 4) * 256),
+        ),
+        (
+            "max_position_embeddings",
+            J::int(*d.pick(&[8192u64, 32768, 40960, 131_072])),
+        ),
+        (
+            "model_type",
+            J::s(d.s(&["qwen3", "llama", "mistral", "gemma2"])),
+        ),
+        ("num_attention_heads", J::int(heads)),
+        ("num_hidden_layers", J::int(d.int(24, 80))),
+        ("num_key_value_heads", J::int(*d.pick(&[4u64, 8, 16]))),
+        ("rms_norm_eps", J::n(d.s(&["1e-06", "1e-05"]))),
+        (
+            "rope_theta",
+            J::n(d.s(&["10000.0", "500000.0", "1000000.0"])),
+        ),
+        ("tie_word_embeddings", J::Bool(d.chance(0.3))),
+        ("torch_dtype", J::s("bfloat16")),
+        ("use_cache", J::Bool(true)),
+        (
+            "vocab_size",
+            J::int(*d.pick(&[151_936u64, 128_256, 32_768, 256_000])),
+        ),
+    ]);
+    cfg.pretty()
+}
+
+/// A DeepSpeed config with its file name.
+fn deepspeed_config(d: &mut Draw) -> String {
     let ds = J::obj(vec![
         ("train_micro_batch_size_per_gpu", J::int(d.int(1, 16))),
         ("gradient_accumulation_steps", J::int(d.int(1, 32))),

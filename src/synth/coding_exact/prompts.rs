@@ -72,90 +72,27 @@ fn constraint(d: &mut Draw) -> String {
 }
 
 fn context(d: &mut Draw, out: &mut String) {
-    match d.n(0, 5) {
-        0 => {
-            w!(out, "Here is the error:");
-            w!(out, "```");
-            w!(
-                out,
-                "{}: {}",
-                d.s(&vocab::PY_EXCEPTIONS),
-                d.s(&vocab::ERROR_PHRASES)
-            );
-            for _ in 0..d.n(1, 4) {
-                w!(
-                    out,
-                    "  at {} ({}:{})",
-                    d.fn_snake(),
-                    d.code_path(),
-                    d.int(1, 900)
-                );
-            }
-            w!(out, "```");
-        }
-        1 => {
-            w!(out, "Relevant code:");
-            w!(out, "```python");
-            w!(
-                out,
-                "def {}({}, {}={}):",
-                d.fn_snake(),
-                d.noun_snake(),
-                d.noun_snake(),
-                d.int(0, 99)
-            );
-            for _ in 0..d.n(1, 4) {
-                w!(
-                    out,
-                    "    {} = {}.{}({})",
-                    d.noun_snake(),
-                    d.noun_snake(),
-                    d.fn_snake(),
-                    d.noun_snake()
-                );
-            }
-            w!(out, "    return {}", d.noun_snake());
-            w!(out, "```");
-        }
-        2 => {
-            w!(out, "The test output:");
-            w!(out, "```");
-            for _ in 0..d.n(2, 5) {
-                let ok = d.chance(0.6);
-                w!(
-                    out,
-                    "{} {}::test_{}",
-                    if ok { "PASSED" } else { "FAILED" },
-                    d.path("py"),
-                    d.fn_snake()
-                );
-            }
-            w!(out, "```");
-        }
-        3 => {
-            w!(out, "From the logs:");
-            w!(out, "```");
-            for _ in 0..d.n(2, 5) {
-                let (h, m, s) = d.clock();
-                w!(
-                    out,
-                    "{h:02}:{m:02}:{s:02} {} {}: {}",
-                    d.s(&["WARN", "ERROR", "INFO"]),
-                    d.s(&vocab::SUB_DIRS),
-                    d.s(&vocab::ERROR_PHRASES)
-                );
-            }
-            w!(out, "```");
-        }
-        4 => w!(
+    CONTEXTS[d.n(0, CONTEXTS.len() - 1)](d, out);
+}
+
+/// What the user shows with a request, drawn uniformly (the order is part of the corpus).
+const CONTEXTS: [fn(&mut Draw, &mut String); 6] = [
+    context_error,
+    context_code,
+    context_tests,
+    context_logs,
+    |d, out| {
+        w!(
             out,
             "It only happens when {} is {} and the {} is {}.",
             d.noun_phrase(),
             d.s(&vocab::STATES),
             d.noun_phrase(),
             d.s(&vocab::STATES)
-        ),
-        _ => w!(
+        )
+    },
+    |d, out| {
+        w!(
             out,
             "I already tried {} but {} still {}.",
             d.s(&[
@@ -167,8 +104,86 @@ fn context(d: &mut Draw, out: &mut String) {
             ]),
             d.noun_phrase(),
             d.s(&["fails", "times out", "returns stale data", "leaks memory"])
-        ),
+        )
+    },
+];
+
+fn context_error(d: &mut Draw, out: &mut String) {
+    w!(out, "Here is the error:");
+    w!(out, "```");
+    w!(
+        out,
+        "{}: {}",
+        d.s(&vocab::PY_EXCEPTIONS),
+        d.s(&vocab::ERROR_PHRASES)
+    );
+    for _ in 0..d.n(1, 4) {
+        w!(
+            out,
+            "  at {} ({}:{})",
+            d.fn_snake(),
+            d.code_path(),
+            d.int(1, 900)
+        );
     }
+    w!(out, "```");
+}
+
+fn context_code(d: &mut Draw, out: &mut String) {
+    w!(out, "Relevant code:");
+    w!(out, "```python");
+    w!(
+        out,
+        "def {}({}, {}={}):",
+        d.fn_snake(),
+        d.noun_snake(),
+        d.noun_snake(),
+        d.int(0, 99)
+    );
+    for _ in 0..d.n(1, 4) {
+        w!(
+            out,
+            "    {} = {}.{}({})",
+            d.noun_snake(),
+            d.noun_snake(),
+            d.fn_snake(),
+            d.noun_snake()
+        );
+    }
+    w!(out, "    return {}", d.noun_snake());
+    w!(out, "```");
+}
+
+fn context_tests(d: &mut Draw, out: &mut String) {
+    w!(out, "The test output:");
+    w!(out, "```");
+    for _ in 0..d.n(2, 5) {
+        let ok = d.chance(0.6);
+        w!(
+            out,
+            "{} {}::test_{}",
+            if ok { "PASSED" } else { "FAILED" },
+            d.path("py"),
+            d.fn_snake()
+        );
+    }
+    w!(out, "```");
+}
+
+fn context_logs(d: &mut Draw, out: &mut String) {
+    w!(out, "From the logs:");
+    w!(out, "```");
+    for _ in 0..d.n(2, 5) {
+        let (h, m, s) = d.clock();
+        w!(
+            out,
+            "{h:02}:{m:02}:{s:02} {} {}: {}",
+            d.s(&["WARN", "ERROR", "INFO"]),
+            d.s(&vocab::SUB_DIRS),
+            d.s(&vocab::ERROR_PHRASES)
+        );
+    }
+    w!(out, "```");
 }
 
 fn request(d: &mut Draw) -> String {

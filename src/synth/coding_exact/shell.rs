@@ -493,20 +493,9 @@ fn training_log(d: &mut Draw) -> String {
 
 fn ci_log(d: &mut Draw) -> String {
     let mut out = String::new();
-    let (mut h, mut m, mut s) = d.clock();
+    let (h, m, s) = d.clock();
     let date = d.date();
-    let mut stamp = |d: &mut Draw| {
-        s += d.int(0, 20);
-        if s >= 60 {
-            s -= 60;
-            m += 1;
-        }
-        if m >= 60 {
-            m -= 60;
-            h = (h + 1) % 24;
-        }
-        format!("{date}T{h:02}:{m:02}:{s:02}.{:07}Z", d.int(0, 9_999_999))
-    };
+    let mut clock = CiClock { date, h, m, s };
     let job = d.s(&[
         "test",
         "lint",
@@ -516,10 +505,58 @@ fn ci_log(d: &mut Draw) -> String {
         "e2e",
         "check (ubuntu-latest)",
     ]);
+    ci_setup(d, &mut out, &mut clock);
+    let failed = d.chance(0.5);
+    ci_tests(d, &mut out, &mut clock);
+    ci_outcome(d, &mut out, &mut clock, failed);
+    w!(out, "{} Post job cleanup.", clock.stamp(d));
+    w!(
+        out,
+        "{} Job '{job}' {} after {}m {}s",
+        clock.stamp(d),
+        if failed { "failed" } else { "succeeded" },
+        d.int(0, 40),
+        d.int(0, 59)
+    );
+    out
+}
+
+/// A CI log's wall clock: each stamp moves it on by 0–20 s.
+struct CiClock {
+    date: String,
+    h: u64,
+    m: u64,
+    s: u64,
+}
+
+impl CiClock {
+    fn stamp(&mut self, d: &mut Draw) -> String {
+        self.s += d.int(0, 20);
+        if self.s >= 60 {
+            self.s -= 60;
+            self.m += 1;
+        }
+        if self.m >= 60 {
+            self.m -= 60;
+            self.h = (self.h + 1) % 24;
+        }
+        format!(
+            "{}T{:02}:{:02}:{:02}.{:07}Z",
+            self.date,
+            self.h,
+            self.m,
+            self.s,
+            d.int(0, 9_999_999)
+        )
+    }
+}
+
+/// The checkout step and the test command with its environment.
+fn ci_setup(d: &mut Draw, out: &mut String, clock: &mut CiClock) {
     w!(
         out,
         "{} ##[group]Run {}",
-        stamp(d),
+        clock.stamp(d),
         d.s(&[
             "actions/checkout@v4",
             "actions/setup-python@v5",
@@ -527,7 +564,7 @@ fn ci_log(d: &mut Draw) -> String {
             "actions/setup-go@v5"
         ])
     );
-    w!(out, "{} ##[endgroup]", stamp(d));
+    w!(out, "{} ##[endgroup]", clock.stamp(d));
     let cmd = d.s(&[
         "pytest -q --maxfail=1",
         "cargo test --all-features",
@@ -536,21 +573,24 @@ fn ci_log(d: &mut Draw) -> String {
         "ruff check . && mypy src",
         "make test",
     ]);
-    w!(out, "{} ##[group]Run {cmd}", stamp(d));
-    w!(out, "{} shell: /usr/bin/bash -e {{0}}", stamp(d));
-    w!(out, "{} env:", stamp(d));
-    w!(out, "{}   CI: true", stamp(d));
+    w!(out, "{} ##[group]Run {cmd}", clock.stamp(d));
+    w!(out, "{} shell: /usr/bin/bash -e {{0}}", clock.stamp(d));
+    w!(out, "{} env:", clock.stamp(d));
+    w!(out, "{}   CI: true", clock.stamp(d));
     w!(
         out,
         "{}   {}: {}",
-        stamp(d),
+        clock.stamp(d),
         d.noun_snake().to_uppercase(),
         d.int(0, 99)
     );
-    w!(out, "{} ##[endgroup]", stamp(d));
-    let failed = d.chance(0.5);
+    w!(out, "{} ##[endgroup]", clock.stamp(d));
+}
+
+/// Two to five lines of test output.
+fn ci_tests(d: &mut Draw, out: &mut String, clock: &mut CiClock) {
     for _ in 0..d.n(2, 5) {
-        let t = stamp(d);
+        let t = clock.stamp(d);
         match d.n(0, 2) {
             0 => w!(
                 out,
@@ -568,8 +608,12 @@ fn ci_log(d: &mut Draw) -> String {
             _ => w!(out, "{t} {}", d.sentence()),
         }
     }
+}
+
+/// The failure and exit code, or the pass summary.
+fn ci_outcome(d: &mut Draw, out: &mut String, clock: &mut CiClock, failed: bool) {
     if failed {
-        let t = stamp(d);
+        let t = clock.stamp(d);
         w!(
             out,
             "{t} FAILED {}::test_{} - {}: {}",
@@ -581,28 +625,18 @@ fn ci_log(d: &mut Draw) -> String {
         w!(
             out,
             "{} ##[error]Process completed with exit code {}.",
-            stamp(d),
+            clock.stamp(d),
             d.s(&["1", "2", "101"])
         );
     } else {
         w!(
             out,
             "{} {} passed in {:.2}s",
-            stamp(d),
+            clock.stamp(d),
             d.int(10, 900),
             d.float(2.0, 600.0)
         );
     }
-    w!(out, "{} Post job cleanup.", stamp(d));
-    w!(
-        out,
-        "{} Job '{job}' {} after {}m {}s",
-        stamp(d),
-        if failed { "failed" } else { "succeeded" },
-        d.int(0, 40),
-        d.int(0, 59)
-    );
-    out
 }
 
 fn pip_install(d: &mut Draw) -> String {

@@ -109,79 +109,121 @@ fn query(d: &mut Draw) -> String {
     } else {
         ka.to_string()
     };
-    let metric = d.noun_snake();
-    let group = d.noun_snake();
+    let q = Query {
+        a: &a,
+        b: &b,
+        ka: &ka,
+        kb,
+        metric: d.noun_snake(),
+        group: d.noun_snake(),
+    };
     if d.chance(0.5) {
-        w!(out, "-- {}", d.sentence());
-        w!(out, "WITH recent AS (");
-        w!(
-            out,
-            "    SELECT {ka}.id, {ka}.{group}, {ka}.{metric}, {ka}.created_at"
-        );
-        w!(out, "    FROM {a} {ka}");
-        w!(
-            out,
-            "    WHERE {ka}.created_at >= now() - interval '{} {}'",
-            d.int(1, 90),
-            d.s(&["days", "hours", "minutes"])
-        );
-        w!(
-            out,
-            "      AND {ka}.status {}",
-            d.s(&["= 'active'", "<> 'deleted'", "IN ('pending', 'running')"])
-        );
-        w!(out, "), ranked AS (");
-        w!(
-            out,
-            "    SELECT *, row_number() OVER (PARTITION BY {group} ORDER BY {metric} DESC) AS rn"
-        );
-        w!(out, "    FROM recent");
-        w!(out, ")");
-        w!(out, "SELECT r.{group}, count(*) AS n, avg(r.{metric}) AS avg_{metric}, percentile_cont(0.{}) WITHIN GROUP (ORDER BY r.{metric}) AS p{}", d.s(&["5", "9", "95", "99"]), d.s(&["50", "90", "95", "99"]));
-        w!(out, "FROM ranked r");
-        w!(
-            out,
-            "JOIN {b} {kb} ON {kb}.{}_id = r.id",
-            a.trim_end_matches('s')
-        );
-        w!(out, "WHERE r.rn <= {}", d.int(1, 100));
-        w!(out, "GROUP BY r.{group}");
-        w!(out, "HAVING count(*) > {}", d.int(1, 50));
-        w!(out, "ORDER BY n DESC");
-        w!(out, "LIMIT {};", d.int(10, 500));
+        query_ranked(d, &mut out, &q);
     } else {
-        w!(out, "SELECT {ka}.id,");
-        w!(out, "       {ka}.{group},");
-        w!(
-            out,
-            "       coalesce(sum({kb}.{metric}), 0) AS total_{metric},"
-        );
-        w!(out, "       max({kb}.updated_at) AS last_seen");
-        w!(out, "FROM {a} {ka}");
-        w!(
-            out,
-            "LEFT JOIN {b} {kb} ON {kb}.{}_id = {ka}.id AND {kb}.{} IS {}",
-            a.trim_end_matches('s'),
-            d.noun_snake(),
-            d.s(&["NULL", "NOT NULL", "TRUE"])
-        );
-        w!(out, "WHERE {ka}.tenant_id = ${}", d.int(1, 3));
-        w!(
-            out,
-            "  AND {ka}.{} {}",
-            d.noun_snake(),
-            d.s(&[
-                "ILIKE '%' || $2 || '%'",
-                "= ANY($2)",
-                "BETWEEN $2 AND $3",
-                "IS NOT NULL"
-            ])
-        );
-        w!(out, "GROUP BY {ka}.id, {ka}.{group}");
-        w!(out, "ORDER BY total_{metric} DESC NULLS LAST");
-        w!(out, "LIMIT {} OFFSET {};", d.int(10, 100), d.int(0, 1000));
+        query_totals(d, &mut out, &q);
     }
     out
+}
+
+/// The two tables of a query, their aliases and the columns it aggregates.
+struct Query<'a> {
+    a: &'a str,
+    b: &'a str,
+    ka: &'a str,
+    kb: &'a str,
+    metric: String,
+    group: String,
+}
+
+/// A CTE over recent rows of `a`, ranked per group and joined to `b`.
+fn query_ranked(d: &mut Draw, out: &mut String, q: &Query) {
+    let Query {
+        a,
+        b,
+        ka,
+        kb,
+        metric,
+        group,
+    } = q;
+    w!(out, "-- {}", d.sentence());
+    w!(out, "WITH recent AS (");
+    w!(
+        out,
+        "    SELECT {ka}.id, {ka}.{group}, {ka}.{metric}, {ka}.created_at"
+    );
+    w!(out, "    FROM {a} {ka}");
+    w!(
+        out,
+        "    WHERE {ka}.created_at >= now() - interval '{} {}'",
+        d.int(1, 90),
+        d.s(&["days", "hours", "minutes"])
+    );
+    w!(
+        out,
+        "      AND {ka}.status {}",
+        d.s(&["= 'active'", "<> 'deleted'", "IN ('pending', 'running')"])
+    );
+    w!(out, "), ranked AS (");
+    w!(
+        out,
+        "    SELECT *, row_number() OVER (PARTITION BY {group} ORDER BY {metric} DESC) AS rn"
+    );
+    w!(out, "    FROM recent");
+    w!(out, ")");
+    w!(out, "SELECT r.{group}, count(*) AS n, avg(r.{metric}) AS avg_{metric}, percentile_cont(0.{}) WITHIN GROUP (ORDER BY r.{metric}) AS p{}", d.s(&["5", "9", "95", "99"]), d.s(&["50", "90", "95", "99"]));
+    w!(out, "FROM ranked r");
+    w!(
+        out,
+        "JOIN {b} {kb} ON {kb}.{}_id = r.id",
+        a.trim_end_matches('s')
+    );
+    w!(out, "WHERE r.rn <= {}", d.int(1, 100));
+    w!(out, "GROUP BY r.{group}");
+    w!(out, "HAVING count(*) > {}", d.int(1, 50));
+    w!(out, "ORDER BY n DESC");
+    w!(out, "LIMIT {};", d.int(10, 500));
+}
+
+/// Per-row totals of `b` left-joined to a tenant's rows of `a`.
+fn query_totals(d: &mut Draw, out: &mut String, q: &Query) {
+    let Query {
+        a,
+        b,
+        ka,
+        kb,
+        metric,
+        group,
+    } = q;
+    w!(out, "SELECT {ka}.id,");
+    w!(out, "       {ka}.{group},");
+    w!(
+        out,
+        "       coalesce(sum({kb}.{metric}), 0) AS total_{metric},"
+    );
+    w!(out, "       max({kb}.updated_at) AS last_seen");
+    w!(out, "FROM {a} {ka}");
+    w!(
+        out,
+        "LEFT JOIN {b} {kb} ON {kb}.{}_id = {ka}.id AND {kb}.{} IS {}",
+        a.trim_end_matches('s'),
+        d.noun_snake(),
+        d.s(&["NULL", "NOT NULL", "TRUE"])
+    );
+    w!(out, "WHERE {ka}.tenant_id = ${}", d.int(1, 3));
+    w!(
+        out,
+        "  AND {ka}.{} {}",
+        d.noun_snake(),
+        d.s(&[
+            "ILIKE '%' || $2 || '%'",
+            "= ANY($2)",
+            "BETWEEN $2 AND $3",
+            "IS NOT NULL"
+        ])
+    );
+    w!(out, "GROUP BY {ka}.id, {ka}.{group}");
+    w!(out, "ORDER BY total_{metric} DESC NULLS LAST");
+    w!(out, "LIMIT {} OFFSET {};", d.int(10, 100), d.int(0, 1000));
 }
 
 fn upsert(d: &mut Draw) -> String {

@@ -3,24 +3,25 @@
 //! prompts built from hash-id blocks, byte for byte. Reads the trace file; never writes files
 //! and never draws from a stream AIPerf does not draw from.
 
-pub mod blocks;
 pub mod record;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use crate::synth::coding::{self, CodingPool, CodingPrompts};
 use crate::synth::composer::uuid4;
 use crate::synth::corpus::sonnet::SHAKESPEARE;
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
 use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
+use crate::synth::hash_blocks::{self, HashBlocks, LayoutError};
 use crate::synth::params::{PromptCorpus, SynthParams};
 use crate::synth::rng::{derive_seed, DerivedRng};
 use crate::synth::tokenizer::Tokenizer;
 use crate::synth::TokenCorpus;
-use blocks::{HashBlocks, LayoutError};
 use record::{Entry, Input};
 
 /// Hash-id sequences decoded together (bounds the token sequences held at once).
@@ -195,7 +196,7 @@ impl TraceFile {
             .collect();
         Ok(TraceFile {
             path: path.to_path_buf(),
-            trace_id: blocks::trace_id(bytes),
+            trace_id: hash_blocks::trace_id(bytes),
             lines,
         })
     }
@@ -341,23 +342,17 @@ impl TraceContent for SonnetContent<'_> {
 /// AIPerf's coding corpus (`CodingContentGenerator`): blocks cut from its tool pool, plain
 /// prompts decoded as sampled (no fix-up), tails on its `.corpus` stream.
 pub struct CodingContent<'t> {
-    prompts: crate::synth::coding::CodingPrompts,
-    corpus: TokenCorpus,
+    prompts: CodingPrompts,
     tokenizer: &'t Tokenizer,
     seed: u64,
 }
 
 impl<'t> CodingContent<'t> {
     /// The generator a trace loader gets for `pool` (built for the run's root seed).
-    pub fn new(
-        tokenizer: &'t Tokenizer,
-        pool: std::sync::Arc<crate::synth::coding::CodingPool>,
-    ) -> Self {
-        let seed = derive_seed(pool.root_seed(), "dataset.coding_content.corpus");
-        let corpus = TokenCorpus::from_parts(pool.tokens().to_vec(), Vec::new());
+    pub fn new(tokenizer: &'t Tokenizer, pool: Arc<CodingPool>) -> Self {
+        let seed = derive_seed(pool.root_seed(), coding::CORPUS_STREAM);
         CodingContent {
-            prompts: crate::synth::coding::CodingPrompts::new(pool, tokenizer),
-            corpus,
+            prompts: CodingPrompts::new(pool, tokenizer),
             tokenizer,
             seed,
         }
@@ -366,7 +361,8 @@ impl<'t> CodingContent<'t> {
 
 impl TraceContent for CodingContent<'_> {
     fn block_corpus(&self) -> TokenCorpus {
-        self.corpus.clone()
+        // The pool's own array: a shared handle, not a copy of its ids.
+        self.prompts.pool().corpus().clone()
     }
     fn corpus_seed(&self) -> u64 {
         self.seed
@@ -515,6 +511,21 @@ pub fn build(
             check_session(file, sid, entries)?;
         }
     }
+    let texts = prompts(file, params, tokenizer, content, &sessions, block_size)?;
+    Ok(Dataset {
+        conversations: conversations(params, sessions, texts, root_seed),
+    })
+}
+
+/// Every line's prompt text in AIPerf's request order (one flat list, session by session).
+fn prompts(
+    file: &TraceFile,
+    params: &TraceParams,
+    tokenizer: &Tokenizer,
+    content: &mut dyn TraceContent,
+    sessions: &[(String, Vec<Entry>)],
+    block_size: usize,
+) -> Result<Vec<Option<String>>, SynthError> {
     let separator = match params.terminator {
         BlockTerminator::Aiperf => tokenizer.bos_token_id().or(tokenizer.eos_token_id()),
         BlockTerminator::None => None,
@@ -535,7 +546,7 @@ pub fn build(
         }
         Ok::<(), SynthError>(())
     };
-    for (_, entries) in &sessions {
+    for (_, entries) in sessions {
         for e in entries {
             let text = match &e.input {
                 Input::Text(t) => Some(t.clone()),
@@ -563,8 +574,18 @@ pub fn build(
         }
     }
     flush(&mut pending, &mut flat)?;
-    let mut texts = flat.into_iter();
+    Ok(flat)
+}
 
+/// The sessions as conversations, their turns taking `texts` in order, with `max_tokens` from
+/// the line or drawn around `--osl`.
+fn conversations(
+    params: &TraceParams,
+    sessions: Vec<(String, Vec<Entry>)>,
+    texts: Vec<Option<String>>,
+    root_seed: u64,
+) -> Vec<Conversation> {
+    let mut texts = texts.into_iter();
     let mut max_tokens_rng = DerivedRng::derive(root_seed, "composer.turn.max_tokens").py;
     let osl_stddev = params.osl_stddev.trunc();
     let mut conversations = Vec::with_capacity(sessions.len());
@@ -605,7 +626,7 @@ pub fn build(
             turns,
         });
     }
-    Ok(Dataset { conversations })
+    conversations
 }
 
 /// The dataset for `params.input_file` (see [`SynthParams`]): reads the trace, builds the
@@ -637,9 +658,8 @@ pub fn build_from_params(
             build(&file, &trace, tokenizer, &mut content, root_seed)
         }
         PromptCorpus::Coding => {
-            let pool =
-                crate::synth::coding::CodingPool::build_cached(root_seed, tokenizer, cache_dir)?;
-            let mut content = CodingContent::new(tokenizer, std::sync::Arc::new(pool));
+            let pool = CodingPool::build_cached(root_seed, tokenizer, cache_dir)?;
+            let mut content = CodingContent::new(tokenizer, Arc::new(pool));
             build(&file, &trace, tokenizer, &mut content, root_seed)
         }
         // Checked by SynthParams::validate; kept for callers that skip it.

@@ -197,18 +197,7 @@ pub fn parse(kind: TraceKind, line: usize, text: &str) -> Result<Entry, FieldErr
 }
 
 fn mooncake(line: usize, f: &Fields) -> Result<Entry, FieldError> {
-    if let Some(raw) = present(f, "type") {
-        let v = value(raw);
-        if v != Value::String("mooncake_trace".into()) {
-            return Err(bad(
-                "type",
-                format!(
-                    "is {} but a mooncake_trace line may only say \"mooncake_trace\"",
-                    show(&v)
-                ),
-            ));
-        }
-    }
+    check_type(f)?;
     let input_length = int_field(f, "input_length")?;
     let text_input = str_field(f, "text_input")?;
     let messages = raw_field(f, "messages");
@@ -219,23 +208,7 @@ fn mooncake(line: usize, f: &Fields) -> Result<Entry, FieldError> {
         messages.is_some(),
         payload.is_some(),
     ];
-    match modes.iter().filter(|m| **m).count() {
-        0 => {
-            return Err(bad(
-                "input_length",
-                "is missing: exactly one of 'input_length', 'text_input', 'messages' or 'payload' \
-                 must be given",
-            ))
-        }
-        1 => {}
-        _ => {
-            return Err(bad(
-                "input_length",
-                "'input_length', 'text_input', 'messages' and 'payload' are mutually exclusive; \
-                 keep one of them",
-            ))
-        }
-    }
+    check_one_mode(&modes)?;
     let hash_ids = hash_ids_field(f, "hash_ids")?;
     if hash_ids.is_some() && input_length.is_none() {
         return Err(bad(
@@ -244,38 +217,7 @@ fn mooncake(line: usize, f: &Fields) -> Result<Entry, FieldError> {
         ));
     }
     let tools = raw_field(f, "tools");
-    if let Some(t) = &tools {
-        if messages.is_none() {
-            return Err(bad("tools", "is only allowed when 'messages' is given"));
-        }
-        let ok = matches!(serde_json::from_str::<Value>(t.get()),
-            Ok(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_object));
-        if !ok {
-            return Err(bad("tools", "must be a non-empty list of objects"));
-        }
-    }
-    if let Some(m) = &messages {
-        match serde_json::from_str::<Value>(m.get()) {
-            Ok(Value::Array(a)) if !a.is_empty() => {
-                if let Some(i) = a
-                    .iter()
-                    .position(|x| !x.as_object().is_some_and(|o| o.contains_key("role")))
-                {
-                    return Err(bad(
-                        "messages",
-                        format!("each message must have a 'role' key, but message {i} does not"),
-                    ));
-                }
-            }
-            _ => return Err(bad("messages", "must be a non-empty list")),
-        }
-    }
-    if let Some(p) = &payload {
-        if !matches!(serde_json::from_str::<Value>(p.get()), Ok(Value::Object(o)) if !o.is_empty())
-        {
-            return Err(bad("payload", "must be a non-empty object"));
-        }
-    }
+    check_raw_inputs(tools.as_ref(), messages.as_ref(), payload.as_ref())?;
     let input = match (input_length, text_input, messages, payload) {
         (Some(n), ..) => Input::Length(n),
         (_, Some(t), ..) => Input::Text(t),
@@ -295,6 +237,82 @@ fn mooncake(line: usize, f: &Fields) -> Result<Entry, FieldError> {
         chat: None,
         extra: extra_field(f)?,
     })
+}
+
+/// A mooncake line's `type`, when given, is "mooncake_trace".
+fn check_type(f: &Fields) -> Result<(), FieldError> {
+    if let Some(raw) = present(f, "type") {
+        let v = value(raw);
+        if v != Value::String("mooncake_trace".into()) {
+            return Err(bad(
+                "type",
+                format!(
+                    "is {} but a mooncake_trace line may only say \"mooncake_trace\"",
+                    show(&v)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Exactly one of the four input modes is given.
+fn check_one_mode(modes: &[bool]) -> Result<(), FieldError> {
+    match modes.iter().filter(|m| **m).count() {
+        0 => Err(bad(
+            "input_length",
+            "is missing: exactly one of 'input_length', 'text_input', 'messages' or 'payload' \
+             must be given",
+        )),
+        1 => Ok(()),
+        _ => Err(bad(
+            "input_length",
+            "'input_length', 'text_input', 'messages' and 'payload' are mutually exclusive; \
+             keep one of them",
+        )),
+    }
+}
+
+/// `tools` (only with `messages`: a non-empty list of objects), `messages` (a non-empty list of
+/// objects with a role) and `payload` (a non-empty object).
+fn check_raw_inputs(
+    tools: Option<&RawJson>,
+    messages: Option<&RawJson>,
+    payload: Option<&RawJson>,
+) -> Result<(), FieldError> {
+    if let Some(t) = tools {
+        if messages.is_none() {
+            return Err(bad("tools", "is only allowed when 'messages' is given"));
+        }
+        let ok = matches!(serde_json::from_str::<Value>(t.get()),
+            Ok(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_object));
+        if !ok {
+            return Err(bad("tools", "must be a non-empty list of objects"));
+        }
+    }
+    if let Some(m) = messages {
+        match serde_json::from_str::<Value>(m.get()) {
+            Ok(Value::Array(a)) if !a.is_empty() => {
+                if let Some(i) = a
+                    .iter()
+                    .position(|x| !x.as_object().is_some_and(|o| o.contains_key("role")))
+                {
+                    return Err(bad(
+                        "messages",
+                        format!("each message must have a 'role' key, but message {i} does not"),
+                    ));
+                }
+            }
+            _ => return Err(bad("messages", "must be a non-empty list")),
+        }
+    }
+    if let Some(p) = payload {
+        if !matches!(serde_json::from_str::<Value>(p.get()), Ok(Value::Object(o)) if !o.is_empty())
+        {
+            return Err(bad("payload", "must be a non-empty object"));
+        }
+    }
+    Ok(())
 }
 
 /// AIPerf's `Turn.max_tokens` is `ge=1`: a smaller `output_length` fails its validation.
