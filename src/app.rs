@@ -194,8 +194,8 @@ async fn serve(config: Config) -> Result<(), AppError> {
 
     // No upstream: run the built-in mock on a loopback port so the quick start works anywhere.
     let mut mock_task = None;
-    let upstream = match &config.upstream.url {
-        Some(u) => u.clone(),
+    let upstream = match config.upstream_url()? {
+        Some(u) => u,
         None => {
             let l = bind(([127, 0, 0, 1], 0).into(), "built-in mock", "upstream.url").await?;
             let addr = l.local_addr().map_err(|e| AppError::Other(e.into()))?;
@@ -207,7 +207,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
             mock_task = Some((tx, task));
             let url = format!("http://{addr}");
             tracing::info!("no upstream.url configured: serving the built-in mock model at {url} (set --upstream to proxy a real server)");
-            url
+            crate::config::UpstreamUrl::parse(&url)?
         }
     };
 
@@ -215,7 +215,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
     tracing::info!(
         data = %config.listen.addr,
         admin = %config.admin.addr,
-        upstream = %crate::config::redact_url(&upstream),
+        upstream = %upstream.display(),
         target = config.cache_bust.target.as_str(),
         phase = rt.default_phase().as_str(),
         benchmark_id = %rt.benchmark_id,

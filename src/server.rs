@@ -102,13 +102,13 @@ pub enum ServerError {
 /// The admin port (and a configured dataset's build) runs on the caller's runtime.
 pub async fn run(
     rt: Arc<Runtime>,
-    upstream_url: &str,
+    upstream_url: &crate::config::UpstreamUrl,
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> Result<RunReport, ServerError> {
     let config = rt.config.clone();
     // Everything that can fail is set up before any worker starts, so a mistake is one clear error.
-    let upstream = Upstream::parse(upstream_url)
+    let upstream = Upstream::from_url(upstream_url)
         .and_then(|u| u.with_authority(config.upstream.authority.as_deref()))?;
     let client_tls = Arc::new(forward::tls_config(&config.upstream)?);
     let tls = match &config.listen.tls {

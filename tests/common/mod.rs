@@ -85,6 +85,7 @@ pub async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Har
     let rt2 = runtime.clone();
     let upstream = upstream.to_string();
     let task = tokio::spawn(async move {
+        let upstream = kvbust::config::UpstreamUrl::parse(&upstream).expect("a valid upstream URL");
         server::run(rt2, &upstream, Listeners { data, admin }, async {
             let _ = rx.await;
         })
