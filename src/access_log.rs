@@ -275,7 +275,9 @@ impl<'a> Line<'a> {
             out.extend_from_slice(b"\",\"level\":\"INFO\",\"fields\":{\"message\":\"access\"");
         } else {
             timestamp(out, at);
-            out.extend_from_slice(b"  INFO access_log: access");
+            out.extend_from_slice(b"  INFO ");
+            out.extend_from_slice(TARGET.as_bytes());
+            out.extend_from_slice(b": access");
         }
         Line { out, json }
     }
@@ -314,8 +316,9 @@ impl<'a> Line<'a> {
 
     fn end(self) {
         if self.json {
-            self.out
-                .extend_from_slice(b"},\"target\":\"access_log\"}\n");
+            self.out.extend_from_slice(b"},\"target\":\"");
+            self.out.extend_from_slice(TARGET.as_bytes());
+            self.out.extend_from_slice(b"\"}\n");
         } else {
             self.out.push(b'\n');
         }
@@ -417,9 +420,8 @@ pub fn new_request_id() -> HeaderValue {
     HeaderValue::from_bytes(&hex).unwrap_or(HeaderValue::from_static("0"))
 }
 
-/// The process's subscriber: `log.level` (or `env_filter`, `RUST_LOG`'s value, when given),
-/// access lines on or off as `log.access` says whatever the level, text or JSON, colours only
-/// when `ansi`. `app` passes the non-blocking stderr writer; tests pass one that captures.
+/// The process's subscriber for every line but the access lines (see [`install`]): `log.level`
+/// (or `env_filter`, `RUST_LOG`'s value, when given), text or JSON, colours only when `ansi`. `app` passes the non-blocking stderr writer; tests pass one that captures.
 pub fn subscriber<W>(
     log: &LogConfig,
     env_filter: Option<&str>,

@@ -52,6 +52,13 @@ pub fn rid_marker(digest: &str, prefix: bool) -> String {
 /// and `None` in profiling (no digest is computed); otherwise the RID marker. The phase never
 /// changes an RID marker.
 pub fn build_marker(target: Target, phase: Phase, inputs: &DigestInputs) -> Option<String> {
+    let rid = (!target.is_none() && !target.is_warmup_isolation()).then(|| digest(inputs));
+    marker_for_digest(target, phase, rid.as_deref())
+}
+
+/// [`build_marker`] for a caller that already holds the RID digest (it reports it too);
+/// `digest` is only read for the RID targets, where `None` gives no marker.
+pub fn marker_for_digest(target: Target, phase: Phase, digest: Option<&str>) -> Option<String> {
     match target {
         Target::None => None,
         Target::WarmupIsolationSystem | Target::WarmupIsolationFirstTurn => match phase {
@@ -61,7 +68,7 @@ pub fn build_marker(target: Target, phase: Phase, inputs: &DigestInputs) -> Opti
         Target::SystemPrefix
         | Target::SystemSuffix
         | Target::FirstTurnPrefix
-        | Target::FirstTurnSuffix => Some(rid_marker(&digest(inputs), target.is_prefix())),
+        | Target::FirstTurnSuffix => digest.map(|d| rid_marker(d, target.is_prefix())),
     }
 }
 

@@ -224,16 +224,6 @@ pub enum UpstreamSetupError {
 }
 
 impl Upstream {
-    /// Parses `url` with the rules `config::validate` applies ([`UpstreamUrl::parse`]).
-    pub fn parse(url: &str) -> Result<Self, UpstreamSetupError> {
-        let parsed = UpstreamUrl::parse(url).map_err(|e| UpstreamSetupError::Url {
-            url: crate::config::redact_url(url),
-            problem: "is not a valid upstream URL",
-            source: Some(Box::new(e)),
-        })?;
-        Self::from_url(&parsed)
-    }
-
     /// The upstream of a URL parsed at config validation.
     pub fn from_url(url: &UpstreamUrl) -> Result<Self, UpstreamSetupError> {
         // Requests name the host without user-info too: HTTP/2 sends the URI's authority as
@@ -595,15 +585,20 @@ fn broken(err: &hyper::Error) -> ProxyError {
 mod tests {
     use super::*;
 
+    /// The upstream of `url`, parsed as config validation does.
+    fn upstream(url: &str) -> Upstream {
+        Upstream::from_url(&UpstreamUrl::parse(url).unwrap()).unwrap()
+    }
+
     #[test]
     fn joins_paths_with_and_without_base() {
-        let u = Upstream::parse("http://10.0.0.1:8000").unwrap();
+        let u = upstream("http://10.0.0.1:8000");
         let pq: PathAndQuery = "/v1/chat/completions?x=1".parse().unwrap();
         assert_eq!(
             u.join(Some(&pq)).unwrap().to_string(),
             "http://10.0.0.1:8000/v1/chat/completions?x=1"
         );
-        let u = Upstream::parse("https://h/prefix/").unwrap();
+        let u = upstream("https://h/prefix/");
         assert_eq!(
             u.join(Some(&pq)).unwrap().to_string(),
             "https://h/prefix/v1/chat/completions?x=1"
@@ -614,8 +609,7 @@ mod tests {
     #[test]
     fn an_authority_override_changes_the_request_uri_not_the_dialled_address() {
         let pq: PathAndQuery = "/v1/models".parse().unwrap();
-        let u = Upstream::parse("https://10.0.0.1:8443/prefix")
-            .unwrap()
+        let u = upstream("https://10.0.0.1:8443/prefix")
             .with_authority(Some("model.example:9000"))
             .unwrap();
         assert_eq!(
@@ -624,18 +618,14 @@ mod tests {
         );
         assert_eq!(u.dial_uri().to_string(), "https://10.0.0.1:8443/");
         assert_eq!(u.host_header, "model.example:9000");
-        let plain = Upstream::parse("http://h:1")
-            .unwrap()
-            .with_authority(None)
-            .unwrap();
+        let plain = upstream("http://h:1").with_authority(None).unwrap();
         assert_eq!(plain.request_authority, plain.authority);
         // A password in the URL never reaches the upstream, as Host or as :authority.
-        let secret = Upstream::parse("http://u:s3cret@h:1").unwrap();
+        let secret = upstream("http://u:s3cret@h:1");
         assert_eq!(secret.request_authority, "h:1");
         assert_eq!(secret.host_header, "h:1");
         assert_eq!(secret.join(None).unwrap().to_string(), "http://h:1/");
-        assert!(Upstream::parse("http://h:1")
-            .unwrap()
+        assert!(upstream("http://h:1")
             .with_authority(Some("bad host"))
             .is_err());
     }

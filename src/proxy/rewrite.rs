@@ -6,8 +6,8 @@ use bytes::Bytes;
 use http::HeaderMap;
 
 use crate::cachebust::{
-    build_marker, digest, marker::rid_marker, parse, DigestInputs, ListParts, Phase, Plan,
-    RewriteError, Shape, Target,
+    digest, marker::marker_for_digest, parse, DigestInputs, ListParts, Phase, Plan, RewriteError,
+    Shape, Target,
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
@@ -241,25 +241,10 @@ pub fn apply(
             }
         })
     };
-    // Warm-up isolation markers carry no digest; RID markers need the inputs resolved above.
-    let fallback = DigestInputs {
-        benchmark_id: String::new(),
-        recycle_pass: 0,
-        trajectory_index: 0,
-        trace_id: String::new(),
-    };
-    // The digest once: it is both the RID reported and the one in the marker.
+    // The digest once: it is both the RID reported and the one in the marker. Warm-up
+    // isolation markers carry none (`inputs` is `None` for them).
     let rid = inputs.as_ref().map(digest);
-    let marker = match (d.target, &rid) {
-        (
-            Target::SystemPrefix
-            | Target::SystemSuffix
-            | Target::FirstTurnPrefix
-            | Target::FirstTurnSuffix,
-            Some(rid),
-        ) => Some(rid_marker(rid, d.target.is_prefix())),
-        _ => build_marker(d.target, d.phase, inputs.as_ref().unwrap_or(&fallback)),
-    };
+    let marker = marker_for_digest(d.target, d.phase, rid.as_deref());
     let Some(marker) = marker else {
         return Ok(Rewritten {
             body: None,
