@@ -58,164 +58,167 @@ pub struct Families {
     pub upstream_up: IntGauge,
 }
 
+/// One family's name (before the `kvbust_` prefix), help text and label names (none for a plain
+/// counter, gauge or histogram). Kept as a table so `Metrics::new` reads as the list of families.
+struct Def {
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
+}
+
+const REQUESTS: Def = Def {
+    name: "requests_total",
+    help: "Requests by route, phase, target and status.",
+    labels: &["route", "phase", "target", "status"],
+};
+const IN_FLIGHT: Def = Def {
+    name: "in_flight_requests",
+    help: "Requests (and their bodies) in flight.",
+    labels: &[],
+};
+const ERRORS: Def = Def {
+    name: "errors_total",
+    help: "Errors answered or seen, by source and code.",
+    labels: &["source", "code"],
+};
+const MARKERS: Def = Def {
+    name: "markers_injected_total",
+    help: "Cache-bust markers injected.",
+    labels: &["target", "phase", "location"],
+};
+const TTFT: Def = Def {
+    name: "time_to_first_token_seconds",
+    help: "Time to the first SSE data event with content.",
+    labels: EXCHANGE_LABELS,
+};
+const INTER_TOKEN: Def = Def {
+    name: "inter_token_seconds",
+    help: "Gap between consecutive content events.",
+    labels: EXCHANGE_LABELS,
+};
+const DURATION: Def = Def {
+    name: "request_duration_seconds",
+    help: "Request start to end of response body.",
+    labels: EXCHANGE_LABELS,
+};
+const OVERHEAD: Def = Def {
+    name: "proxy_overhead_seconds",
+    help: "Time spent in kvbust before forwarding.",
+    labels: &[],
+};
+const PROMPT_TOKENS: Def = Def {
+    name: "upstream_prompt_tokens_total",
+    help: "Upstream-reported prompt tokens (Anthropic: input + cache read + cache creation).",
+    labels: &["phase", "target"],
+};
+const CACHED_TOKENS: Def = Def {
+    name: "upstream_cached_tokens_total",
+    help: "Upstream-reported cached prompt tokens (Responses: input_tokens_details.cached_tokens; Anthropic: cache_read_input_tokens).",
+    labels: &["phase", "target"],
+};
+const COMPLETION_TOKENS: Def = Def {
+    name: "upstream_completion_tokens_total",
+    help: "Upstream-reported generated tokens (completion_tokens, Responses and Anthropic output_tokens).",
+    labels: &["phase", "target"],
+};
+const LEDGER_SESSIONS: Def = Def {
+    name: "ledger_sessions",
+    help: "Sessions in the cache-bust ledger.",
+    labels: &[],
+};
+const LEDGER_EVICTIONS: Def = Def {
+    name: "ledger_evictions_total",
+    help: "Sessions evicted from the ledger (LRU).",
+    labels: &[],
+};
+const UNPARSEABLE_PASSTHROUGH: Def = Def {
+    name: "unparseable_passthrough_total",
+    help: "Bodies forwarded unchanged because they could not be parsed.",
+    labels: &[],
+};
+const STREAMS_ABORTED: Def = Def {
+    name: "streams_aborted_total",
+    help: "Response bodies that ended early, by reason.",
+    labels: &["reason"],
+};
+const SHUTDOWN_ABORTED: Def = Def {
+    name: "shutdown_aborted_connections_total",
+    help: "Connections closed when the shutdown grace ran out.",
+    labels: &[],
+};
+const TLS_RELOADS: Def = Def {
+    name: "tls_reloads_total",
+    help: "Listener certificate reloads (SIGHUP or changed files), by result (ok, error).",
+    labels: &["result"],
+};
+const UPSTREAM_TLS_INSECURE: Def = Def {
+    name: "upstream_tls_insecure_skip_verify",
+    help: "1 when the upstream's certificate is not verified (upstream.tls.insecure_skip_verify).",
+    labels: &[],
+};
+const UPSTREAM_UP: Def = Def {
+    name: "upstream_up",
+    help: "1 while the upstream answers its health probe (upstream.health_path), 0 before it first does, after upstream.health_fail_threshold failures in a row, and when upstream.health_probe = false.",
+    labels: &[],
+};
+
+// Names and label sets in the table are static and valid, so registration cannot fail; a failure
+// would be a programming error caught by the first test that builds Metrics.
+fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
+    r.register(Box::new(c.clone()))
+        .expect("static metric definitions register once");
+    c
+}
+
+fn counter_vec(r: &Registry, d: &Def) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(d.name, d.help), d.labels);
+    reg(r, c.expect("valid counter definition"))
+}
+
+fn counter(r: &Registry, d: &Def) -> IntCounter {
+    reg(r, IntCounter::new(d.name, d.help).expect("valid"))
+}
+
+fn gauge(r: &Registry, d: &Def) -> IntGauge {
+    reg(r, IntGauge::new(d.name, d.help).expect("valid"))
+}
+
+fn histogram_vec(r: &Registry, d: &Def, buckets: &[f64]) -> HistogramVec {
+    let opts = HistogramOpts::new(d.name, d.help).buckets(buckets.to_vec());
+    reg(
+        r,
+        HistogramVec::new(opts, d.labels).expect("valid histogram definition"),
+    )
+}
+
+fn histogram(r: &Registry, d: &Def, buckets: &[f64]) -> Histogram {
+    let opts = HistogramOpts::new(d.name, d.help).buckets(buckets.to_vec());
+    reg(r, Histogram::with_opts(opts).expect("valid"))
+}
+
 impl Metrics {
     pub fn new() -> Self {
-        // Names and label sets below are static and valid, so registration cannot fail; a
-        // failure would be a programming error caught by the first test that builds Metrics.
-        fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
-            r.register(Box::new(c.clone()))
-                .expect("static metric definitions register once");
-            c
-        }
-        fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-            reg(
-                r,
-                IntCounterVec::new(Opts::new(name, help), labels)
-                    .expect("valid counter definition"),
-            )
-        }
-        fn hist(r: &Registry, name: &str, help: &str, labels: &[&str], b: &[f64]) -> HistogramVec {
-            reg(
-                r,
-                HistogramVec::new(HistogramOpts::new(name, help).buckets(b.to_vec()), labels)
-                    .expect("valid histogram definition"),
-            )
-        }
         let r = Registry::new_custom(Some("kvbust".into()), None).expect("valid registry prefix");
         Self(Arc::new(Families {
-            requests: counter(
-                &r,
-                "requests_total",
-                "Requests by route, phase, target and status.",
-                &["route", "phase", "target", "status"],
-            ),
-            in_flight: reg(
-                &r,
-                IntGauge::new(
-                    "in_flight_requests",
-                    "Requests (and their bodies) in flight.",
-                )
-                .expect("valid"),
-            ),
-            errors: counter(
-                &r,
-                "errors_total",
-                "Errors answered or seen, by source and code.",
-                &["source", "code"],
-            ),
-            markers: counter(
-                &r,
-                "markers_injected_total",
-                "Cache-bust markers injected.",
-                &["target", "phase", "location"],
-            ),
-            ttft: hist(
-                &r,
-                "time_to_first_token_seconds",
-                "Time to the first SSE data event with content.",
-                EXCHANGE_LABELS,
-                LATENCY_BUCKETS,
-            ),
-            inter_token: hist(
-                &r,
-                "inter_token_seconds",
-                "Gap between consecutive content events.",
-                EXCHANGE_LABELS,
-                LATENCY_BUCKETS,
-            ),
-            duration: hist(
-                &r,
-                "request_duration_seconds",
-                "Request start to end of response body.",
-                EXCHANGE_LABELS,
-                LATENCY_BUCKETS,
-            ),
-            overhead: reg(
-                &r,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "proxy_overhead_seconds",
-                        "Time spent in kvbust before forwarding.",
-                    )
-                    .buckets(OVERHEAD_BUCKETS.to_vec()),
-                )
-                .expect("valid"),
-            ),
-            prompt_tokens: counter(
-                &r,
-                "upstream_prompt_tokens_total",
-                "Upstream-reported prompt tokens (Anthropic: input + cache read + cache creation).",
-                &["phase", "target"],
-            ),
-            cached_tokens: counter(
-                &r,
-                "upstream_cached_tokens_total",
-                "Upstream-reported cached prompt tokens (Responses: input_tokens_details.cached_tokens; Anthropic: cache_read_input_tokens).",
-                &["phase", "target"],
-            ),
-            completion_tokens: counter(
-                &r,
-                "upstream_completion_tokens_total",
-                "Upstream-reported generated tokens (completion_tokens, Responses and Anthropic output_tokens).",
-                &["phase", "target"],
-            ),
-            ledger_sessions: reg(
-                &r,
-                IntGauge::new("ledger_sessions", "Sessions in the cache-bust ledger.")
-                    .expect("valid"),
-            ),
-            ledger_evictions: reg(
-                &r,
-                IntCounter::new(
-                    "ledger_evictions_total",
-                    "Sessions evicted from the ledger (LRU).",
-                )
-                .expect("valid"),
-            ),
-            unparseable_passthrough: reg(
-                &r,
-                IntCounter::new(
-                    "unparseable_passthrough_total",
-                    "Bodies forwarded unchanged because they could not be parsed.",
-                )
-                .expect("valid"),
-            ),
-            streams_aborted: counter(
-                &r,
-                "streams_aborted_total",
-                "Response bodies that ended early, by reason.",
-                &["reason"],
-            ),
-            shutdown_aborted_connections: reg(
-                &r,
-                IntCounter::new(
-                    "shutdown_aborted_connections_total",
-                    "Connections closed when the shutdown grace ran out.",
-                )
-                .expect("valid"),
-            ),
-            tls_reloads: counter(
-                &r,
-                "tls_reloads_total",
-                "Listener certificate reloads (SIGHUP or changed files), by result (ok, error).",
-                &["result"],
-            ),
-            upstream_tls_insecure: reg(
-                &r,
-                IntGauge::new(
-                    "upstream_tls_insecure_skip_verify",
-                    "1 when the upstream's certificate is not verified (upstream.tls.insecure_skip_verify).",
-                )
-                .expect("valid"),
-            ),
-            upstream_up: reg(
-                &r,
-                IntGauge::new(
-                    "upstream_up",
-                    "1 while the upstream answers its health probe (upstream.health_path), 0 before it first does, after upstream.health_fail_threshold failures in a row, and when upstream.health_probe = false.",
-                )
-                .expect("valid"),
-            ),
+            requests: counter_vec(&r, &REQUESTS),
+            in_flight: gauge(&r, &IN_FLIGHT),
+            errors: counter_vec(&r, &ERRORS),
+            markers: counter_vec(&r, &MARKERS),
+            ttft: histogram_vec(&r, &TTFT, LATENCY_BUCKETS),
+            inter_token: histogram_vec(&r, &INTER_TOKEN, LATENCY_BUCKETS),
+            duration: histogram_vec(&r, &DURATION, LATENCY_BUCKETS),
+            overhead: histogram(&r, &OVERHEAD, OVERHEAD_BUCKETS),
+            prompt_tokens: counter_vec(&r, &PROMPT_TOKENS),
+            cached_tokens: counter_vec(&r, &CACHED_TOKENS),
+            completion_tokens: counter_vec(&r, &COMPLETION_TOKENS),
+            ledger_sessions: gauge(&r, &LEDGER_SESSIONS),
+            ledger_evictions: counter(&r, &LEDGER_EVICTIONS),
+            unparseable_passthrough: counter(&r, &UNPARSEABLE_PASSTHROUGH),
+            streams_aborted: counter_vec(&r, &STREAMS_ABORTED),
+            shutdown_aborted_connections: counter(&r, &SHUTDOWN_ABORTED),
+            tls_reloads: counter_vec(&r, &TLS_RELOADS),
+            upstream_tls_insecure: gauge(&r, &UPSTREAM_TLS_INSECURE),
+            upstream_up: gauge(&r, &UPSTREAM_UP),
             registry: r,
         }))
     }

@@ -130,63 +130,95 @@ pub async fn run(
         let synth = synth.clone();
         tokio::spawn(async move { synth.prewarm().await });
     }
+    let parts = WorkerParts {
+        rt: rt.clone(),
+        upstream,
+        client_tls,
+        tls,
+        synth,
+    };
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut workers = Vec::new();
-    let mut starting = Vec::new();
-    // One worker per data socket (`DataListener::bind` made `listen.workers` of them).
-    for (i, listener) in listeners.data.sockets.into_iter().enumerate() {
-        let client = forward::build_client(&config.upstream, client_tls.clone(), &upstream);
-        let proxy = Proxy::new(rt.clone(), upstream.clone(), client, synth.clone());
-        let worker = Worker {
+    let workers = start_workers(&parts, listeners.data, &stop_tx, &stop_rx).await?;
+
+    // The upstream health probe (readiness): one task here, not one per worker, with a client
+    // built like the workers' (same TLS and authority). Ends when draining starts.
+    let health = crate::health::spawn(
+        &config.upstream,
+        rt.upstream_health.clone(),
+        rt.metrics.clone(),
+        parts.upstream.clone(),
+        forward::build_client(&config.upstream, parts.client_tls.clone(), &parts.upstream),
+        stop_rx.clone(),
+    );
+
+    let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let admin_task = tokio::spawn(admin::serve(listeners.admin, rt.clone(), async {
+        let _ = admin_stop_rx.await;
+    }));
+
+    shutdown.await;
+
+    let report = drain(&rt, &stop_tx, health, workers).await;
+    if let Some(w) = tls_watch {
+        w.abort();
+    }
+    let _ = admin_stop_tx.send(());
+    let _ = admin_task.await;
+    tracing::info!("stopped");
+    Ok(report)
+}
+
+/// What every data worker is built from, set up once by `run`.
+struct WorkerParts {
+    rt: Arc<Runtime>,
+    upstream: Upstream,
+    client_tls: Arc<rustls::ClientConfig>,
+    tls: Option<Arc<ReloadingTls>>,
+    synth: Arc<Synthesizer>,
+}
+
+impl WorkerParts {
+    /// One worker's own proxy, with its own upstream connection pool.
+    fn worker(&self) -> Worker {
+        let config = &self.rt.config;
+        let client =
+            forward::build_client(&config.upstream, self.client_tls.clone(), &self.upstream);
+        let proxy = Proxy::new(
+            self.rt.clone(),
+            self.upstream.clone(),
+            client,
+            self.synth.clone(),
+        );
+        Worker {
             proxy,
-            builder: data_builder(&config),
-            tls: tls.clone(),
+            builder: data_builder(config),
+            tls: self.tls.clone(),
             grace: config.shutdown.grace,
             timeouts: config.listen.conn_timeouts(),
-        };
-        let stop = stop_rx.clone();
-        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<std::io::Result<()>>();
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<usize>();
-        std::thread::Builder::new()
-            .name(format!("kvbust-worker-{i}"))
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = started_tx.send(Err(e));
-                        return;
-                    }
-                };
-                // This worker's access lines leave in batches; the rest on its way out.
-                crate::access_log::hold_lines_on_this_thread();
-                let aborted = runtime.block_on(async move {
-                    tokio::spawn(crate::access_log::flush_periodically());
-                    // Registering needs the worker's own reactor, so it happens on its thread.
-                    let listener = match TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            let _ = started_tx.send(Err(e));
-                            return 0;
-                        }
-                    };
-                    let _ = started_tx.send(Ok(()));
-                    worker.serve(listener, stop).await
-                });
-                drop(runtime);
-                crate::access_log::flush_this_thread();
-                let _ = done_tx.send(aborted);
-            })
-            .map_err(ServerError::Listener)?;
+        }
+    }
+}
+
+/// Starts one worker per data socket (`DataListener::bind` made `listen.workers` of them) and
+/// waits until each serves.
+///
+/// A worker that cannot start (no descriptor left for its event loop, say) stops the whole
+/// server with that error, rather than leaving a port that accepts and never answers. Only
+/// once every worker serves does the admin port (and so readiness) come up.
+async fn start_workers(
+    parts: &WorkerParts,
+    data: DataListener,
+    stop_tx: &tokio::sync::watch::Sender<bool>,
+    stop_rx: &tokio::sync::watch::Receiver<bool>,
+) -> Result<Vec<Done>, ServerError> {
+    let mut workers = Vec::new();
+    let mut starting = Vec::new();
+    for (i, listener) in data.sockets.into_iter().enumerate() {
+        let (started_rx, done_rx) = spawn_worker(i, listener, parts.worker(), stop_rx.clone())?;
         starting.push(started_rx);
         workers.push(done_rx);
     }
-    // A worker that cannot start (no descriptor left for its event loop, say) stops the whole
-    // server with that error, rather than leaving a port that accepts and never answers. Only
-    // once every worker serves does the admin port (and so readiness) come up.
     for (i, started) in starting.into_iter().enumerate() {
         let failed = match started.await {
             Ok(Ok(())) => continue,
@@ -199,28 +231,70 @@ pub async fn run(
         }
         return Err(ServerError::Worker(i, failed));
     }
+    Ok(workers)
+}
 
-    // The upstream health probe (readiness): one task here, not one per worker, with a client
-    // built like the workers' (same TLS and authority). Ends when draining starts.
-    let health = crate::health::spawn(
-        &config.upstream,
-        rt.upstream_health.clone(),
-        rt.metrics.clone(),
-        upstream.clone(),
-        forward::build_client(&config.upstream, client_tls.clone(), &upstream),
-        stop_rx.clone(),
-    );
+/// Answers once a worker serves, or with why it could not start.
+type Started = tokio::sync::oneshot::Receiver<std::io::Result<()>>;
+/// Answers when a worker has stopped, with the number of connections it closed by force.
+type Done = tokio::sync::oneshot::Receiver<usize>;
 
-    let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let admin_task = tokio::spawn(admin::serve(listeners.admin, rt.clone(), async {
-        let _ = admin_stop_rx.await;
-    }));
+/// Runs `worker` on its own thread with its own current-thread runtime.
+fn spawn_worker(
+    i: usize,
+    listener: std::net::TcpListener,
+    worker: Worker,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(Started, Done), ServerError> {
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<std::io::Result<()>>();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<usize>();
+    std::thread::Builder::new()
+        .name(format!("kvbust-worker-{i}"))
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                    return;
+                }
+            };
+            // This worker's access lines leave in batches; the rest on its way out.
+            crate::access_log::hold_lines_on_this_thread();
+            let aborted = runtime.block_on(async move {
+                tokio::spawn(crate::access_log::flush_periodically());
+                // Registering needs the worker's own reactor, so it happens on its thread.
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(e));
+                        return 0;
+                    }
+                };
+                let _ = started_tx.send(Ok(()));
+                worker.serve(listener, stop).await
+            });
+            drop(runtime);
+            crate::access_log::flush_this_thread();
+            let _ = done_tx.send(aborted);
+        })
+        .map_err(ServerError::Listener)?;
+    Ok((started_rx, done_rx))
+}
 
-    shutdown.await;
-
+/// Turns readiness 503, tells every worker to stop accepting and waits for them to drain;
+/// counts the connections they had to close when the grace ran out.
+async fn drain(
+    rt: &Runtime,
+    stop_tx: &tokio::sync::watch::Sender<bool>,
+    health: Option<tokio::task::JoinHandle<()>>,
+    workers: Vec<Done>,
+) -> RunReport {
     rt.start_draining();
     let _ = stop_tx.send(true);
-    tracing::info!(grace = ?config.shutdown.grace, "draining");
+    tracing::info!(grace = ?rt.config.shutdown.grace, "draining");
     if let Some(h) = health {
         let _ = h.await;
     }
@@ -240,13 +314,7 @@ pub async fn run(
             "shutdown grace period over; closed the remaining connections"
         );
     }
-    if let Some(w) = tls_watch {
-        w.abort();
-    }
-    let _ = admin_stop_tx.send(());
-    let _ = admin_task.await;
-    tracing::info!("stopped");
-    Ok(report)
+    report
 }
 
 /// What one data worker owns: its proxy (with its own upstream pool), its HTTP settings and the
