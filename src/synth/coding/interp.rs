@@ -495,14 +495,7 @@ impl<'r> Interp<'r> {
                 Some(v) => v.clone(),
                 None => return Err(format!("name {id} is not defined")),
             },
-            Expr::Attr { value, attr } => match self.eval(value, env)? {
-                Value::SelfObj if attr == "_template_rng" => Value::Rng,
-                Value::SelfObj => match self.t.methods.get_key_value(attr.as_str()) {
-                    Some((k, _)) => Value::Method(k.as_str()),
-                    None => return Err(format!("self.{attr} is not a template method")),
-                },
-                other => return Err(format!("attribute {attr} of {other:?} is not supported")),
-            },
+            Expr::Attr { value, attr } => self.attr(value, attr, env)?,
             Expr::Fstr { parts } => s(&self.fstring(parts, env)?),
             Expr::Fmt { .. } => return Err("a format field outside an f-string".into()),
             Expr::Call { func, args, kwargs } => self.call(func, args, kwargs, env)?,
@@ -520,27 +513,8 @@ impl<'r> Interp<'r> {
                     (op, x) => return Err(format!("unary {op} on {x:?}")),
                 }
             }
-            Expr::Boolop { op, values } => {
-                let mut last = Value::None;
-                for v in values {
-                    last = self.eval(v, env)?;
-                    if last.truthy() == (op == "or") {
-                        break;
-                    }
-                }
-                last
-            }
-            Expr::Cmp { l, ops, rs } => {
-                let mut a = self.eval(l, env)?;
-                for (op, r) in ops.iter().zip(rs) {
-                    let b = self.eval(r, env)?;
-                    if !compare(op, &a, &b)? {
-                        return Ok(Value::Bool(false));
-                    }
-                    a = b;
-                }
-                Value::Bool(true)
-            }
+            Expr::Boolop { op, values } => self.boolop(op, values, env)?,
+            Expr::Cmp { l, ops, rs } => self.compare_chain(l, ops, rs, env)?,
             Expr::Ifexp { test, body, orelse } => {
                 if self.eval(test, env)?.truthy() {
                     self.eval(body, env)?
@@ -551,45 +525,103 @@ impl<'r> Interp<'r> {
             Expr::List { elts } => Value::List(Rc::new(RefCell::new(self.eval_all(elts, env)?))),
             Expr::Tuple { elts } => Value::Tuple(Rc::new(self.eval_all(elts, env)?)),
             Expr::Starred { .. } => return Err("a starred expression outside a list".into()),
-            Expr::Dict { keys, values } => {
-                let mut d = Vec::with_capacity(keys.len());
-                for (k, v) in keys.iter().zip(values) {
-                    let k = self.eval(k, env)?;
-                    let v = self.eval(v, env)?;
-                    match d
-                        .iter_mut()
-                        .find(|(old, _): &&mut (Value, Value)| py_eq(old, &k))
-                    {
-                        Some(slot) => slot.1 = v,
-                        None => d.push((k, v)),
-                    }
-                }
-                Value::Dict(Rc::new(d))
-            }
+            Expr::Dict { keys, values } => self.dict(keys, values, env)?,
             Expr::Index { value, index } => {
                 let c = self.eval(value, env)?;
                 let i = self.eval(index, env)?;
                 index_of(&c, &i)?
             }
-            Expr::Listcomp { elt, gens } => {
-                // Comprehension variables do not leak: remember what they shadowed.
-                let mut saved = Vec::new();
-                for g in gens {
-                    names(&g.target, &mut |n| saved.push((n, env.get(n).cloned())));
-                }
-                let mut out = Vec::new();
-                let r = self.comprehend(elt, gens, env, &mut out);
-                for (n, v) in saved.into_iter().rev() {
-                    match v {
-                        Some(v) => env.insert(n, v),
-                        None => env.remove(n),
-                    };
-                }
-                r?;
-                Value::List(Rc::new(RefCell::new(out)))
-            }
+            Expr::Listcomp { elt, gens } => self.listcomp(elt, gens, env)?,
             Expr::Lambda { body } => Value::Lambda(Rc::new((body, env.clone()))),
         })
+    }
+
+    /// `value.attr`: only the template object's methods and its random stream.
+    fn attr(&mut self, value: &'static Expr, attr: &str, env: &mut Env) -> Result<Value, Error> {
+        Ok(match self.eval(value, env)? {
+            Value::SelfObj if attr == "_template_rng" => Value::Rng,
+            Value::SelfObj => match self.t.methods.get_key_value(attr) {
+                Some((k, _)) => Value::Method(k.as_str()),
+                None => return Err(format!("self.{attr} is not a template method")),
+            },
+            other => return Err(format!("attribute {attr} of {other:?} is not supported")),
+        })
+    }
+
+    /// `and` / `or`: short-circuits, and yields the last operand evaluated, as Python does.
+    fn boolop(&mut self, op: &str, values: &'static [Expr], env: &mut Env) -> Result<Value, Error> {
+        let mut last = Value::None;
+        for v in values {
+            last = self.eval(v, env)?;
+            if last.truthy() == (op == "or") {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
+    /// `a < b <= c`: each operand evaluated once, stopping at the first false comparison.
+    fn compare_chain(
+        &mut self,
+        l: &'static Expr,
+        ops: &'static [String],
+        rs: &'static [Expr],
+        env: &mut Env,
+    ) -> Result<Value, Error> {
+        let mut a = self.eval(l, env)?;
+        for (op, r) in ops.iter().zip(rs) {
+            let b = self.eval(r, env)?;
+            if !compare(op, &a, &b)? {
+                return Ok(Value::Bool(false));
+            }
+            a = b;
+        }
+        Ok(Value::Bool(true))
+    }
+
+    /// A dict literal, evaluated in order; a repeated key keeps its first place and its last value.
+    fn dict(
+        &mut self,
+        keys: &'static [Expr],
+        values: &'static [Expr],
+        env: &mut Env,
+    ) -> Result<Value, Error> {
+        let mut d = Vec::with_capacity(keys.len());
+        for (k, v) in keys.iter().zip(values) {
+            let k = self.eval(k, env)?;
+            let v = self.eval(v, env)?;
+            match d
+                .iter_mut()
+                .find(|(old, _): &&mut (Value, Value)| py_eq(old, &k))
+            {
+                Some(slot) => slot.1 = v,
+                None => d.push((k, v)),
+            }
+        }
+        Ok(Value::Dict(Rc::new(d)))
+    }
+
+    fn listcomp(
+        &mut self,
+        elt: &'static Expr,
+        gens: &'static [Comprehension],
+        env: &mut Env,
+    ) -> Result<Value, Error> {
+        // Comprehension variables do not leak: remember what they shadowed.
+        let mut saved = Vec::new();
+        for g in gens {
+            names(&g.target, &mut |n| saved.push((n, env.get(n).cloned())));
+        }
+        let mut out = Vec::new();
+        let r = self.comprehend(elt, gens, env, &mut out);
+        for (n, v) in saved.into_iter().rev() {
+            match v {
+                Some(v) => env.insert(n, v),
+                None => env.remove(n),
+            };
+        }
+        r?;
+        Ok(Value::List(Rc::new(RefCell::new(out))))
     }
 
     fn comprehend(
@@ -709,6 +741,7 @@ impl<'r> Interp<'r> {
         }
     }
 
+    /// `obj.name(args)`, dispatched on the receiver's type.
     fn method(
         &mut self,
         obj: Value,
@@ -716,12 +749,26 @@ impl<'r> Interp<'r> {
         args: Vec<Value>,
         kwargs: Vec<(&'static str, Value)>,
     ) -> Result<Value, Error> {
-        let arg = |i: usize| {
-            args.get(i)
-                .ok_or_else(|| format!(".{name}() is missing argument {i}"))
+        let done = match &obj {
+            Value::Rng => self.rng_method(name, &args, &kwargs)?,
+            Value::Str(t) => str_method(t, name, &args, kwargs)?,
+            Value::Dict(d) => dict_method(d, name, &args)?,
+            Value::List(l) => list_method(l, name, &args)?,
+            _ => None,
         };
-        Ok(match (&obj, name) {
-            (Value::Rng, "choice") => {
+        done.ok_or_else(|| format!("method .{name}() of {obj:?} is not supported"))
+    }
+
+    /// `self._template_rng.name(args)`; `None` for a method the templates do not use.
+    fn rng_method(
+        &mut self,
+        name: &str,
+        args: &[Value],
+        kwargs: &[(&'static str, Value)],
+    ) -> Result<Option<Value>, Error> {
+        let arg = |i: usize| nth_arg(args, i, ".", name);
+        Ok(Some(match name {
+            "choice" => {
                 let seq = arg(0)?;
                 let n = seq.len()?;
                 if n == 0 {
@@ -730,23 +777,21 @@ impl<'r> Interp<'r> {
                 let i = self.rng.choice_index(n);
                 index_of(seq, &Value::Int(i as i64))?
             }
-            (Value::Rng, "randint") => {
+            "randint" => {
                 let (a, b) = (arg(0)?.as_int()?, arg(1)?.as_int()?);
                 if a > b {
                     return Err(format!("randint({a}, {b}): empty range"));
                 }
                 Value::Int(self.rng.randint(a, b))
             }
-            (Value::Rng, "random") => Value::Float(self.rng.random()),
-            (Value::Rng, "uniform") => {
-                Value::Float(self.rng.uniform(arg(0)?.as_f64()?, arg(1)?.as_f64()?))
-            }
-            (Value::Rng, "sample") => {
+            "random" => Value::Float(self.rng.random()),
+            "uniform" => Value::Float(self.rng.uniform(arg(0)?.as_f64()?, arg(1)?.as_f64()?)),
+            "sample" => {
                 let population = arg(0)?;
                 let n = population.len()?;
                 let k = match args.get(1) {
                     Some(k) => k.as_int()?,
-                    None => kwarg(&kwargs, "k")?.as_int()?,
+                    None => kwarg(kwargs, "k")?.as_int()?,
                 };
                 let k = usize::try_from(k).map_err(|_| "negative sample size".to_string())?;
                 if k > n {
@@ -760,58 +805,97 @@ impl<'r> Interp<'r> {
                     .collect::<Result<Vec<_>, _>>()?;
                 Value::List(Rc::new(RefCell::new(picked)))
             }
-            (Value::Str(t), "title") => s(&pyfmt::title(t)),
-            (Value::Str(t), "lower") => s(&t.to_lowercase()),
-            (Value::Str(t), "upper") => s(&t.to_uppercase()),
-            (Value::Str(t), "split") => {
-                let parts: Vec<Value> = match args.first() {
-                    None | Some(Value::None) => t.split_whitespace().map(s).collect(),
-                    Some(sep) => t.split(sep.as_str()?).map(s).collect(),
-                };
-                Value::List(Rc::new(RefCell::new(parts)))
-            }
-            (Value::Str(t), "join") => {
-                let items = arg(0)?.items()?;
-                let mut out = String::new();
-                for (i, it) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(t);
-                    }
-                    out.push_str(it.as_str()?);
-                }
-                s(&out)
-            }
-            (Value::Str(t), "format") => {
-                if !args.is_empty() {
-                    return Err("str.format with positional arguments".into());
-                }
-                let map: Vec<(Value, Value)> = kwargs.into_iter().map(|(k, v)| (s(k), v)).collect();
-                s(&format_template(t, &map, false)?)
-            }
-            (Value::Str(t), "format_map") => match arg(0)? {
-                Value::SafeMap(d) => s(&format_template(t, d, true)?),
-                Value::Dict(d) => s(&format_template(t, d, false)?),
-                other => return Err(format!("format_map({other:?})")),
-            },
-            (Value::Dict(d), "get") => {
-                let default = args.get(1).cloned().unwrap_or(Value::None);
-                dict_get(d, arg(0)?).cloned().unwrap_or(default)
-            }
-            (Value::Dict(d), "values") => Value::List(Rc::new(RefCell::new(
-                d.iter().map(|(_, v)| v.clone()).collect(),
-            ))),
-            (Value::List(l), "append") => {
-                l.borrow_mut().push(arg(0)?.clone());
-                Value::None
-            }
-            (Value::List(l), "extend") => {
-                let more = arg(0)?.items()?;
-                l.borrow_mut().extend(more);
-                Value::None
-            }
-            (other, name) => return Err(format!("method .{name}() of {other:?} is not supported")),
-        })
+            _ => return Ok(None),
+        }))
     }
+}
+
+/// Argument `i` of a call, or an error naming the call (`prefix` is `"."` for a method).
+fn nth_arg<'a>(args: &'a [Value], i: usize, prefix: &str, name: &str) -> Result<&'a Value, Error> {
+    args.get(i)
+        .ok_or_else(|| format!("{prefix}{name}() is missing argument {i}"))
+}
+
+/// `str` methods; `None` for one the templates do not use.
+fn str_method(
+    t: &str,
+    name: &str,
+    args: &[Value],
+    kwargs: Vec<(&'static str, Value)>,
+) -> Result<Option<Value>, Error> {
+    let arg = |i: usize| nth_arg(args, i, ".", name);
+    Ok(Some(match name {
+        "title" => s(&pyfmt::title(t)),
+        "lower" => s(&t.to_lowercase()),
+        "upper" => s(&t.to_uppercase()),
+        "split" => {
+            let parts: Vec<Value> = match args.first() {
+                None | Some(Value::None) => t.split_whitespace().map(s).collect(),
+                Some(sep) => t.split(sep.as_str()?).map(s).collect(),
+            };
+            Value::List(Rc::new(RefCell::new(parts)))
+        }
+        "join" => {
+            let items = arg(0)?.items()?;
+            let mut out = String::new();
+            for (i, it) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(t);
+                }
+                out.push_str(it.as_str()?);
+            }
+            s(&out)
+        }
+        "format" => {
+            if !args.is_empty() {
+                return Err("str.format with positional arguments".into());
+            }
+            let map: Vec<(Value, Value)> = kwargs.into_iter().map(|(k, v)| (s(k), v)).collect();
+            s(&format_template(t, &map, false)?)
+        }
+        "format_map" => match arg(0)? {
+            Value::SafeMap(d) => s(&format_template(t, d, true)?),
+            Value::Dict(d) => s(&format_template(t, d, false)?),
+            other => return Err(format!("format_map({other:?})")),
+        },
+        _ => return Ok(None),
+    }))
+}
+
+/// `dict` methods; `None` for one the templates do not use.
+fn dict_method(d: &[(Value, Value)], name: &str, args: &[Value]) -> Result<Option<Value>, Error> {
+    let arg = |i: usize| nth_arg(args, i, ".", name);
+    Ok(Some(match name {
+        "get" => {
+            let default = args.get(1).cloned().unwrap_or(Value::None);
+            dict_get(d, arg(0)?).cloned().unwrap_or(default)
+        }
+        "values" => Value::List(Rc::new(RefCell::new(
+            d.iter().map(|(_, v)| v.clone()).collect(),
+        ))),
+        _ => return Ok(None),
+    }))
+}
+
+/// `list` methods; `None` for one the templates do not use.
+fn list_method(
+    l: &RefCell<Vec<Value>>,
+    name: &str,
+    args: &[Value],
+) -> Result<Option<Value>, Error> {
+    let arg = |i: usize| nth_arg(args, i, ".", name);
+    Ok(Some(match name {
+        "append" => {
+            l.borrow_mut().push(arg(0)?.clone());
+            Value::None
+        }
+        "extend" => {
+            let more = arg(0)?.items()?;
+            l.borrow_mut().extend(more);
+            Value::None
+        }
+        _ => return Ok(None),
+    }))
 }
 
 fn kwarg<'a>(kwargs: &'a [(&'static str, Value)], name: &str) -> Result<&'a Value, Error> {
@@ -983,40 +1067,11 @@ fn builtin(
     kwargs: Vec<(&'static str, Value)>,
 ) -> Result<Value, Error> {
     let list = |v: Vec<Value>| Value::List(Rc::new(RefCell::new(v)));
-    let arg = |i: usize| {
-        args.get(i)
-            .ok_or_else(|| format!("{name}() is missing argument {i}"))
-    };
-    let extreme = |want_max: bool| -> Result<Value, Error> {
-        let items = if args.len() == 1 {
-            args[0].items()?
-        } else {
-            args.clone()
-        };
-        let mut best: Option<Value> = None;
-        for it in items {
-            best = Some(match best {
-                None => it,
-                Some(b) => {
-                    let better = if want_max {
-                        compare(">", &it, &b)?
-                    } else {
-                        compare("<", &it, &b)?
-                    };
-                    if better {
-                        it
-                    } else {
-                        b
-                    }
-                }
-            });
-        }
-        best.ok_or_else(|| format!("{name}() of an empty sequence"))
-    };
+    let arg = |i: usize| nth_arg(&args, i, "", name);
     Ok(match name {
         "len" => Value::Int(arg(0)?.len()? as i64),
-        "min" => extreme(false)?,
-        "max" => extreme(true)?,
+        "min" => extreme(name, &args, false)?,
+        "max" => extreme(name, &args, true)?,
         "sum" => {
             let mut acc = Value::Int(0);
             for it in arg(0)?.items()? {
@@ -1026,23 +1081,7 @@ fn builtin(
         }
         "list" => list(arg(0)?.items()?),
         "tuple" => Value::Tuple(Rc::new(arg(0)?.items()?)),
-        "range" => {
-            let (start, stop, step) = match args.len() {
-                1 => (0, arg(0)?.as_int()?, 1),
-                2 => (arg(0)?.as_int()?, arg(1)?.as_int()?, 1),
-                _ => (arg(0)?.as_int()?, arg(1)?.as_int()?, arg(2)?.as_int()?),
-            };
-            if step == 0 {
-                return Err("range() step is 0".into());
-            }
-            let mut v = Vec::new();
-            let mut i = start;
-            while (step > 0 && i < stop) || (step < 0 && i > stop) {
-                v.push(Value::Int(i));
-                i += step;
-            }
-            list(v)
-        }
+        "range" => list(range(name, &args)?),
         "enumerate" => {
             let start = match args.get(1) {
                 Some(v) => v.as_int()?,
@@ -1069,6 +1108,54 @@ fn builtin(
         },
         other => return Err(format!("builtin {other}() is not supported")),
     })
+}
+
+/// `min(...)` / `max(...)` over one iterable or over the arguments; the first of equals wins.
+fn extreme(name: &str, args: &[Value], want_max: bool) -> Result<Value, Error> {
+    let items = if args.len() == 1 {
+        args[0].items()?
+    } else {
+        args.to_vec()
+    };
+    let mut best: Option<Value> = None;
+    for it in items {
+        best = Some(match best {
+            None => it,
+            Some(b) => {
+                let better = if want_max {
+                    compare(">", &it, &b)?
+                } else {
+                    compare("<", &it, &b)?
+                };
+                if better {
+                    it
+                } else {
+                    b
+                }
+            }
+        });
+    }
+    best.ok_or_else(|| format!("{name}() of an empty sequence"))
+}
+
+/// `range(stop)`, `range(start, stop)`, `range(start, stop, step)`, as a list.
+fn range(name: &str, args: &[Value]) -> Result<Vec<Value>, Error> {
+    let arg = |i: usize| nth_arg(args, i, "", name);
+    let (start, stop, step) = match args.len() {
+        1 => (0, arg(0)?.as_int()?, 1),
+        2 => (arg(0)?.as_int()?, arg(1)?.as_int()?, 1),
+        _ => (arg(0)?.as_int()?, arg(1)?.as_int()?, arg(2)?.as_int()?),
+    };
+    if step == 0 {
+        return Err("range() step is 0".into());
+    }
+    let mut v = Vec::new();
+    let mut i = start;
+    while (step > 0 && i < stop) || (step < 0 && i > stop) {
+        v.push(Value::Int(i));
+        i += step;
+    }
+    Ok(v)
 }
 
 #[cfg(test)]
