@@ -542,6 +542,7 @@ pub struct IdleTimeout(pub Duration);
 
 pin_project! {
     /// A body that forwards `inner` frame by frame while `observer` watches.
+    #[project = ObservedProj]
     pub struct Observed<B> {
         #[pin]
         inner: B,
@@ -659,36 +660,10 @@ where
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {
-                    while this.idle.as_mut().poll(cx).is_ready() {
-                        let due = *this.last_frame + *this.idle_timeout;
-                        if tokio::time::Instant::now() < due {
-                            // A frame came since the timer was set: move it, poll it again.
-                            this.idle.as_mut().reset(due);
-                            continue;
-                        }
-                        let err = IdleTimeout(*this.idle_timeout);
-                        tracing::warn!(route = this.observer.route, "{err}; closing the response");
-                        this.observer
-                            .metrics
-                            .error("upstream", "upstream_idle_timeout");
-                        this.observer.abort("idle_timeout");
-                        return Poll::Ready(Some(Err(Box::new(err))));
-                    }
-                    if let Some((sleep, total)) = this.deadline.as_mut() {
-                        if sleep.as_mut().poll(cx).is_ready() {
-                            let err = TotalTimeout(*total);
-                            tracing::warn!(
-                                route = this.observer.route,
-                                "{err}; closing the response"
-                            );
-                            this.observer
-                                .metrics
-                                .error("upstream", "upstream_total_timeout");
-                            this.observer.abort("total_timeout");
-                            return Poll::Ready(Some(Err(Box::new(err))));
-                        }
-                    }
-                    return Poll::Pending;
+                    return match poll_timeouts(&mut this, cx) {
+                        Some(err) => Poll::Ready(Some(Err(err))),
+                        None => Poll::Pending,
+                    };
                 }
             }
         }
@@ -701,6 +676,39 @@ where
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// While the inner body is pending: polls the idle timer and the total deadline, and returns the
+/// error that ends the response if one ran out (counted, logged, the exchange aborted).
+#[inline]
+fn poll_timeouts<B>(this: &mut ObservedProj<'_, B>, cx: &mut Context<'_>) -> Option<BoxError> {
+    while this.idle.as_mut().poll(cx).is_ready() {
+        let due = *this.last_frame + *this.idle_timeout;
+        if tokio::time::Instant::now() < due {
+            // A frame came since the timer was set: move it, poll it again.
+            this.idle.as_mut().reset(due);
+            continue;
+        }
+        let err = IdleTimeout(*this.idle_timeout);
+        tracing::warn!(route = this.observer.route, "{err}; closing the response");
+        this.observer
+            .metrics
+            .error("upstream", "upstream_idle_timeout");
+        this.observer.abort("idle_timeout");
+        return Some(Box::new(err));
+    }
+    if let Some((sleep, total)) = this.deadline.as_mut() {
+        if sleep.as_mut().poll(cx).is_ready() {
+            let err = TotalTimeout(*total);
+            tracing::warn!(route = this.observer.route, "{err}; closing the response");
+            this.observer
+                .metrics
+                .error("upstream", "upstream_total_timeout");
+            this.observer.abort("total_timeout");
+            return Some(Box::new(err));
+        }
+    }
+    None
 }
 
 use std::future::Future as _;

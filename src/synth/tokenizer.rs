@@ -300,6 +300,69 @@ fn token_string(v: &Value) -> Option<&str> {
     }
 }
 
+/// The id of the token `tokenizer_config.json` names under `attr` (`bos_token`, say).
+fn attr_id(inner: &tokenizers::Tokenizer, config: &Value, attr: &str) -> Option<u32> {
+    config
+        .get(attr)
+        .and_then(token_string)
+        .and_then(|name| inner.token_to_id(name))
+}
+
+/// HF's `all_special_ids`: the config's special attributes in their order, then its
+/// `additional_special_tokens`, each id once; with no config, the added tokens flagged special.
+fn special_ids(inner: &tokenizers::Tokenizer, config: &Value) -> Vec<u32> {
+    let mut all_special_ids = Vec::new();
+    let mut seen = HashSet::new();
+    let mut push = |id: Option<u32>, ids: &mut Vec<u32>| {
+        if let Some(id) = id {
+            if seen.insert(id) {
+                ids.push(id);
+            }
+        }
+    };
+    if config.is_object() {
+        for attr in SPECIAL_ATTRIBUTES {
+            push(attr_id(inner, config, attr), &mut all_special_ids);
+        }
+        if let Some(extra) = config
+            .get("additional_special_tokens")
+            .and_then(Value::as_array)
+        {
+            for t in extra {
+                let id = token_string(t).and_then(|name| inner.token_to_id(name));
+                push(id, &mut all_special_ids);
+            }
+        }
+    } else {
+        // No config: the tokenizer's own added tokens flagged special.
+        let mut specials: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
+        specials.sort_unstable();
+        for id in specials {
+            push(Some(id), &mut all_special_ids);
+        }
+    }
+    all_special_ids
+}
+
+/// The config's `chat_template`: a string, or the one named `default` in a list of named ones.
+fn chat_template(config: &Value) -> Option<String> {
+    match config.get("chat_template") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        _ => None,
+    }
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, SynthError> {
     std::fs::read(path).map_err(|source| SynthError::TokenizerIo {
         path: path.to_path_buf(),
@@ -365,60 +428,16 @@ impl Tokenizer {
         };
         let fingerprint = hex::encode(Sha256::digest(tokenizer_json));
 
-        let id_of = |name: &str| inner.token_to_id(name);
-        let mut all_special_ids = Vec::new();
-        let mut seen = HashSet::new();
-        let mut push = |id: Option<u32>, ids: &mut Vec<u32>| {
-            if let Some(id) = id {
-                if seen.insert(id) {
-                    ids.push(id);
-                }
-            }
-        };
-        let attr_id = |attr: &str| config.get(attr).and_then(token_string).and_then(id_of);
-        if config.is_object() {
-            for attr in SPECIAL_ATTRIBUTES {
-                push(attr_id(attr), &mut all_special_ids);
-            }
-            if let Some(extra) = config
-                .get("additional_special_tokens")
-                .and_then(Value::as_array)
-            {
-                for t in extra {
-                    push(token_string(t).and_then(id_of), &mut all_special_ids);
-                }
-            }
-        } else {
-            // No config: the tokenizer's own added tokens flagged special.
-            let mut specials: Vec<u32> = inner
-                .get_added_tokens_decoder()
-                .into_iter()
-                .filter(|(_, t)| t.special)
-                .map(|(id, _)| id)
-                .collect();
-            specials.sort_unstable();
-            for id in specials {
-                push(Some(id), &mut all_special_ids);
-            }
-        }
-        let chat_template = match config.get("chat_template") {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Array(list)) => list
-                .iter()
-                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                .and_then(|t| t.get("template"))
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            _ => None,
-        };
+        let all_special_ids = special_ids(&inner, &config);
+        let chat_template = chat_template(&config);
         let num_special_tokens_to_add = inner
             .get_post_processor()
             .map(|p| tokenizers::PostProcessor::added_tokens(p, false))
             .unwrap_or(0);
         Ok(Tokenizer {
             vocab_size: inner.get_vocab_size(false),
-            bos_token_id: attr_id("bos_token"),
-            eos_token_id: attr_id("eos_token"),
+            bos_token_id: attr_id(&inner, &config, "bos_token"),
+            eos_token_id: attr_id(&inner, &config, "eos_token"),
             all_special_ids,
             chat_template,
             num_special_tokens_to_add,
