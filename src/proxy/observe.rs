@@ -690,25 +690,37 @@ fn poll_timeouts<B>(this: &mut ObservedProj<'_, B>, cx: &mut Context<'_>) -> Opt
             continue;
         }
         let err = IdleTimeout(*this.idle_timeout);
-        tracing::warn!(route = this.observer.route, "{err}; closing the response");
-        this.observer
-            .metrics
-            .error("upstream", "upstream_idle_timeout");
-        this.observer.abort("idle_timeout");
-        return Some(Box::new(err));
+        return Some(timed_out(
+            this.observer,
+            err,
+            "upstream_idle_timeout",
+            "idle_timeout",
+        ));
     }
     if let Some((sleep, total)) = this.deadline.as_mut() {
         if sleep.as_mut().poll(cx).is_ready() {
             let err = TotalTimeout(*total);
-            tracing::warn!(route = this.observer.route, "{err}; closing the response");
-            this.observer
-                .metrics
-                .error("upstream", "upstream_total_timeout");
-            this.observer.abort("total_timeout");
-            return Some(Box::new(err));
+            return Some(timed_out(
+                this.observer,
+                err,
+                "upstream_total_timeout",
+                "total_timeout",
+            ));
         }
     }
     None
+}
+
+/// Ends the exchange on a timeout: logged, counted as an upstream error `code`, the stream
+/// counted as aborted for `reason`.
+fn timed_out<E>(observer: &mut Observer, err: E, code: &str, reason: &'static str) -> BoxError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    tracing::warn!(route = observer.route, "{err}; closing the response");
+    observer.metrics.error("upstream", code);
+    observer.abort(reason);
+    Box::new(err)
 }
 
 use std::future::Future as _;
@@ -901,5 +913,82 @@ mod tests {
                 .get(),
             1
         );
+    }
+
+    /// An upstream body that sends one data frame and then stalls.
+    struct Stall(Option<Bytes>);
+
+    impl Body for Stall {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            match self.0.take() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    /// Polls `body` past its one frame; returns the error that ended it, the virtual time it took
+    /// after that frame, and the metrics text.
+    async fn stall_until_cut(
+        idle: Duration,
+        total: Option<Duration>,
+    ) -> (BoxError, Duration, String) {
+        use http_body_util::BodyExt as _;
+        let o = observer("text/event-stream");
+        let metrics = o.metrics.clone();
+        let total = total.map(|t| (t, Instant::now()));
+        let body = Observed::new(
+            Stall(Some(Bytes::from_static(b"data: {}\n\n"))),
+            idle,
+            total,
+            o,
+        );
+        let mut body = Box::pin(body);
+        let first = body.frame().await.expect("a frame").expect("data");
+        assert_eq!(first.data_ref().map(|d| d.len()), Some(10));
+        let t0 = tokio::time::Instant::now();
+        let err = match body.frame().await {
+            Some(Err(e)) => e,
+            other => panic!("expected a timeout error, got {other:?}"),
+        };
+        let text = String::from_utf8(metrics.render()).expect("utf-8");
+        (err, t0.elapsed(), text)
+    }
+
+    fn within(waited: Duration, want: Duration) -> bool {
+        want <= waited && waited <= want + Duration::from_millis(5)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_upstream_body_is_cut_at_the_idle_timeout_and_counted() {
+        let (err, waited, m) = stall_until_cut(Duration::from_secs(5), None).await;
+        assert!(err.downcast_ref::<IdleTimeout>().is_some(), "{err}");
+        // The timer wheel rounds up to the next millisecond.
+        assert!(within(waited, Duration::from_secs(5)), "{waited:?}");
+        assert!(
+            m.contains("kvbust_errors_total{code=\"upstream_idle_timeout\",source=\"upstream\"} 1")
+        );
+        assert!(m.contains("kvbust_streams_aborted_total{reason=\"idle_timeout\"} 1"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_total_timeout_cuts_a_stalled_body_before_the_idle_timeout() {
+        let (err, waited, m) =
+            stall_until_cut(Duration::from_secs(5), Some(Duration::from_secs(2))).await;
+        assert!(err.downcast_ref::<TotalTimeout>().is_some(), "{err}");
+        // The deadline is a real instant and the clock is paused, so it lands at 2 s of virtual
+        // time plus however long the test took to start; well before the idle timeout at 5 s.
+        let expected = Duration::from_secs(2)..Duration::from_secs(5);
+        assert!(expected.contains(&waited), "{waited:?}");
+        assert!(m.contains(
+            "kvbust_errors_total{code=\"upstream_total_timeout\",source=\"upstream\"} 1"
+        ));
+        assert!(m.contains("kvbust_streams_aborted_total{reason=\"total_timeout\"} 1"));
+        assert!(!m.contains("upstream_idle_timeout"));
     }
 }
