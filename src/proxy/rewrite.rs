@@ -210,7 +210,37 @@ pub fn apply(
         Ok(p) => p,
         Err(e) => return unparseable(e, rt),
     };
-    let inputs = digest_inputs(d, session, headers, rt, &parsed)?;
+    let inputs = if d.target.is_warmup_isolation() {
+        None
+    } else {
+        Some(match &d.explicit {
+            Some(i) => i.clone(),
+            None => {
+                let key = match session {
+                    Some(s) => s.to_string(),
+                    // No identity at all: a random key, so each such request gets its own marker.
+                    None => session_key(
+                        &cfg.session_sources,
+                        headers,
+                        &rt.config.headers,
+                        rt.config.limits.control_header_len(),
+                        &parsed,
+                        d.user_context_messages,
+                    )?
+                    .unwrap_or_else(|| {
+                        format!("anonymous-{}", crate::cachebust::random_benchmark_id())
+                    }),
+                };
+                let c = rt.resolve_session(&key) as i64;
+                DigestInputs {
+                    benchmark_id: rt.benchmark_id.clone(),
+                    recycle_pass: c,
+                    trajectory_index: c,
+                    trace_id: key,
+                }
+            }
+        })
+    };
     // The digest once: it is both the RID reported and the one in the marker. Warm-up
     // isolation markers carry none (`inputs` is `None` for them).
     let rid = inputs.as_ref().map(digest);
@@ -246,48 +276,6 @@ pub fn apply(
         body: outcome.body.map(Bytes::from),
         rid,
     })
-}
-
-/// The digest inputs of a request to mark: explicit headers, else its session's (resolved in the
-/// ledger); `None` for warm-up isolation, whose markers carry no digest.
-#[inline]
-fn digest_inputs(
-    d: &Decision,
-    session: Option<&str>,
-    headers: &HeaderMap,
-    rt: &Runtime,
-    parsed: &crate::cachebust::Parsed<'_>,
-) -> Result<Option<DigestInputs>, ProxyError> {
-    if d.target.is_warmup_isolation() {
-        return Ok(None);
-    }
-    Ok(Some(match &d.explicit {
-        Some(i) => i.clone(),
-        None => {
-            let key = match session {
-                Some(s) => s.to_string(),
-                // No identity at all: a random key, so each such request gets its own marker.
-                None => session_key(
-                    &rt.config.cache_bust.session_sources,
-                    headers,
-                    &rt.config.headers,
-                    rt.config.limits.control_header_len(),
-                    parsed,
-                    d.user_context_messages,
-                )?
-                .unwrap_or_else(|| {
-                    format!("anonymous-{}", crate::cachebust::random_benchmark_id())
-                }),
-            };
-            let c = rt.resolve_session(&key) as i64;
-            DigestInputs {
-                benchmark_id: rt.benchmark_id.clone(),
-                recycle_pass: c,
-                trajectory_index: c,
-                trace_id: key,
-            }
-        }
-    }))
 }
 
 fn unparseable(e: RewriteError, rt: &Runtime) -> Result<Rewritten, ProxyError> {
