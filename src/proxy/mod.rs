@@ -4,8 +4,10 @@
 //! placeholders, mark, ask for usage) → upstream request → send → response headers → observe
 //! (stream back; time, count, log). A request body is collected only on an API route where a
 //! step needs it (with `synth.placeholders` on, the default, every chat body: the scan must see
-//! its bytes); each step reads the bytes the one before left, and one that finds nothing to do
-//! copies nothing. Everything else streams through. Never collects a response body.
+//! its bytes). The body is parsed once: the first step that must read it parses it, and every
+//! step hands the next the body's layout (`cachebust::raw::Layout`), moved over its own splice,
+//! so no step parses bytes a step before already read; one that finds nothing to do copies
+//! nothing. Everything else streams through. Never collects a response body.
 
 pub mod budget;
 pub mod forward;
@@ -697,107 +699,51 @@ mod tests {
         }
     }
 
-    /// One mix of body steps: what the request asks for, and how many whole-body parses it may
-    /// take (before the shared layout: up to four).
+    /// One mix of body steps: what the request asks for.
     struct Steps {
-        name: &'static str,
         synth: bool,
-        /// `Some(at)`: a placeholder in the body, in message content or elsewhere.
+        /// `Some(at)`: a placeholder in the body, in message `content` or in `model`.
         placeholder: Option<&'static str>,
+        /// The client's body has no `messages` (nor `max_tokens`): synthesis adds them.
+        bare: bool,
         mark: bool,
         usage: bool,
-        parses: usize,
     }
 
-    const STEPS: &[Steps] = &[
-        Steps {
-            name: "nothing found",
-            synth: false,
-            placeholder: None,
-            mark: false,
-            usage: false,
-            parses: 0,
-        },
-        Steps {
-            name: "usage",
-            synth: false,
-            placeholder: None,
-            mark: false,
-            usage: true,
-            parses: 1,
-        },
-        Steps {
-            name: "mark",
-            synth: false,
-            placeholder: None,
-            mark: true,
-            usage: false,
-            parses: 1,
-        },
-        Steps {
-            name: "mark + usage",
-            synth: false,
-            placeholder: None,
-            mark: true,
-            usage: true,
-            parses: 1,
-        },
-        Steps {
-            name: "placeholder",
-            synth: false,
-            placeholder: Some("content"),
-            mark: false,
-            usage: false,
-            parses: 1,
-        },
-        Steps {
-            name: "placeholder + mark + usage",
-            synth: false,
-            placeholder: Some("content"),
-            mark: true,
-            usage: true,
-            parses: 1,
-        },
-        Steps {
-            name: "placeholder text outside content + mark + usage",
-            synth: false,
-            placeholder: Some("model"),
-            mark: true,
-            usage: true,
-            parses: 1,
-        },
-        Steps {
-            name: "synth",
-            synth: true,
-            placeholder: None,
-            mark: false,
-            usage: false,
-            parses: 1,
-        },
-        Steps {
-            name: "synth + usage",
-            synth: true,
-            placeholder: None,
-            mark: false,
-            usage: true,
-            parses: 1,
-        },
-        Steps {
-            name: "synth + mark + usage",
-            synth: true,
-            placeholder: None,
-            mark: true,
-            usage: true,
-            parses: 1,
-        },
-        Steps {
-            name: "synth + placeholder text + mark + usage",
-            synth: true,
-            placeholder: Some("model"),
-            mark: true,
-            usage: true,
-            parses: 1,
-        },
+    impl Steps {
+        fn from_words(words: &str) -> Steps {
+            let has = |w: &str| words.split(' ').any(|x| x == w);
+            Steps {
+                synth: has("synth"),
+                placeholder: match (has("placeholder"), has("placeholder-text")) {
+                    (true, _) => Some("content"),
+                    (_, true) => Some("model"),
+                    _ => None,
+                },
+                bare: has("bare"),
+                mark: has("mark"),
+                usage: has("usage"),
+            }
+        }
+    }
+
+    /// Each mix of steps, and how many parses of a whole body (passes of serde_json over it) it
+    /// takes. Before the steps shared a layout: usage 2, mark + usage 3, placeholder + mark +
+    /// usage 4, synth 2, synth + mark + usage 5. `placeholder-text`: `{{kvbust:` outside message
+    /// content, which the scan must parse the body to tell.
+    const STEPS: &[(&str, usize)] = &[
+        ("", 0),
+        ("usage", 1),
+        ("mark", 1),
+        ("mark usage", 1),
+        ("placeholder", 1),
+        ("placeholder mark usage", 1),
+        ("placeholder-text mark usage", 1),
+        ("synth", 1),
+        ("synth usage", 1),
+        ("synth mark usage", 1),
+        ("synth bare mark usage", 1),
+        ("synth placeholder-text mark usage", 1),
     ];
 
     fn runtime(s: &Steps) -> (Arc<Runtime>, Arc<synthesize::Synthesizer>) {
@@ -830,6 +776,9 @@ mod tests {
             Some(_) => (p, "hi".to_string()),
             None => ("m", "hi".to_string()),
         };
+        if s.bare {
+            return format!(r#"{{"model":"{model}","stream":true,"user":"u1"}}"#);
+        }
         format!(
             r#"{{"model":"{model}", "messages":[{{"role":"system","content":"S"}},{{"role":"assistant","content":"a"}},{{"role":"user","content":"{content}"}}],"stream":true,"max_tokens":5,"user":"u1"}}"#
         )
@@ -869,7 +818,8 @@ mod tests {
     #[tokio::test]
     async fn a_body_is_parsed_once_whatever_the_steps() {
         let headers = http::HeaderMap::new();
-        for s in STEPS {
+        for (name, want) in STEPS {
+            let s = &Steps::from_words(name);
             let (rt, synth) = runtime(s);
             let decision = rewrite::decide(&headers, false, &rt).unwrap();
             let mut work = BodyWork {
@@ -893,19 +843,18 @@ mod tests {
             let (out, changed) =
                 body_steps(&rt, &synth, &mut work, &headers, client.clone(), &mut ex)
                     .await
-                    .unwrap_or_else(|e| panic!("{}: {e}", s.name));
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
             let parses = crate::cachebust::raw::body_parses() - before;
-            assert_eq!(parses, s.parses, "{}", s.name);
-            assert_eq!(changed, out != client, "{}", s.name);
+            assert_eq!(parses, *want, "{name}");
+            assert_eq!(changed, out != client, "{name}");
             let want = each_step_alone(s, &headers).await;
             assert_eq!(
                 String::from_utf8_lossy(&out),
                 String::from_utf8_lossy(&want),
-                "{}",
-                s.name
+                "{name}"
             );
-            assert_eq!(ex.strip_usage, s.usage, "{}", s.name);
-            assert_eq!(ex.rid.is_some(), s.mark, "{}", s.name);
+            assert_eq!(ex.strip_usage, s.usage, "{name}");
+            assert_eq!(ex.rid.is_some(), s.mark, "{name}");
         }
     }
 }

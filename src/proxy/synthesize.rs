@@ -3,7 +3,8 @@
 //! placeholders in message content (never elsewhere); a `[synth.dataset]` naming a trace
 //! (`input_file`) replays its entries in order. Splices into the client's bytes so every other
 //! member stays as sent; builds the dataset and prompt streams once, off the async threads.
-//! Never parses bodies that need neither.
+//! Reads the client's body once and hands on the layout of the body it writes; never parses
+//! bodies that need neither.
 
 use std::num::NonZeroUsize;
 use std::ops::Range;
@@ -205,30 +206,39 @@ fn fill_top(
             }
         }
     }
-    let sep: &[u8] = if layout.members() == 0 { b"" } else { b"," };
-    let mut tail = Vec::new();
-    if !has_messages {
-        tail.extend_from_slice(b"\"messages\":");
-        tail.extend_from_slice(messages);
-    }
-    if let (Some(n), false) = (max_tokens, has_max) {
-        if !tail.is_empty() {
+    let add_max = max_tokens.filter(|_| !has_max);
+    // Where `messages`'s value starts in the tail that adds it, and the tail's length.
+    let mut added_at = None;
+    if !has_messages || add_max.is_some() {
+        let mut tail = Vec::new();
+        let mut at = None;
+        if layout.members() > 0 {
             tail.push(b',');
         }
-        tail.extend_from_slice(format!("\"max_completion_tokens\":{n}").as_bytes());
-    }
-    let added = !tail.is_empty();
-    let tail_len = sep.len() + tail.len();
-    if added {
+        if !has_messages {
+            tail.extend_from_slice(b"\"messages\":");
+            at = Some(tail.len());
+            tail.extend_from_slice(messages);
+        }
+        if let Some(n) = add_max {
+            if !has_messages {
+                tail.push(b',');
+            }
+            tail.extend_from_slice(format!("\"max_completion_tokens\":{n}").as_bytes());
+        }
+        added_at = at.map(|at| (at, tail.len()));
         let close = layout.close();
-        edits.push((close..close, Cow::Owned([sep, &tail].concat())));
+        edits.push((close..close, Cow::Owned(tail)));
     }
     let out = raw::splice(body, &mut edits).ok_or_else(|| internal("overlapping edits"))?;
     layout.shift(&edits);
-    let start = match layout.get("messages") {
-        Some(r) if has_messages => r.start,
+    let start = match (added_at, layout.get("messages")) {
         // Added: the tail ends where the object now closes.
-        _ => layout.close() - tail_len + sep.len() + b"\"messages\":".len(),
+        (Some((at, tail_len)), _) => (layout.close() + at)
+            .checked_sub(tail_len)
+            .ok_or_else(|| internal("the tail outside the body"))?,
+        (None, Some(r)) => r.start,
+        (None, None) => return Err(internal("the replaced `messages` is not in the layout")),
     };
     let items = items.map(|v| {
         v.into_iter()
