@@ -168,12 +168,14 @@ fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::Worke
     Some(guard)
 }
 
-async fn bind(addr: std::net::SocketAddr, what: &str, key: &str) -> Result<TcpListener, AppError> {
-    TcpListener::bind(addr).await.map_err(|e| {
-        AppError::Other(anyhow::anyhow!(
-            "cannot listen on {addr} for the {what}: {e} (change {key} or free the port)"
-        ))
-    })
+fn bind(addr: std::net::SocketAddr, what: &str, key: &str) -> Result<TcpListener, AppError> {
+    crate::conn::bind_listener(addr, false)
+        .and_then(TcpListener::from_std)
+        .map_err(|e| {
+            AppError::Other(anyhow::anyhow!(
+                "cannot listen on {addr} for the {what}: {e} (change {key} or free the port)"
+            ))
+        })
 }
 
 async fn serve(config: Config) -> Result<(), AppError> {
@@ -189,15 +191,14 @@ async fn serve(config: Config) -> Result<(), AppError> {
         config.admin.addr,
         "admin port",
         "admin.addr / --admin-listen",
-    )
-    .await?;
+    )?;
 
     // No upstream: run the built-in mock on a loopback port so the quick start works anywhere.
     let mut mock_task = None;
     let upstream = match config.upstream_url()? {
         Some(u) => u,
         None => {
-            let l = bind(([127, 0, 0, 1], 0).into(), "built-in mock", "upstream.url").await?;
+            let l = bind(([127, 0, 0, 1], 0).into(), "built-in mock", "upstream.url")?;
             let addr = l.local_addr().map_err(|e| AppError::Other(e.into()))?;
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             let mock = load_mock(&config.mock).await?;
@@ -260,7 +261,7 @@ async fn load_mock(cfg: &crate::mock::MockConfig) -> Result<Arc<crate::mock::Moc
 async fn mock(config: Config, listen: std::net::SocketAddr) -> Result<(), AppError> {
     // Tokenizer first: a port that accepts before the mock can answer would charge the load to the first requests.
     let mock = load_mock(&config.mock).await?;
-    let l = bind(listen, "mock model server", "--listen").await?;
+    let l = bind(listen, "mock model server", "--listen")?;
     tracing::info!(addr = %listen, model = %config.mock.model, tokenizer = %config.mock.tokenizer, "kvbust mock model server");
     crate::mock::serve(l, mock, server::shutdown_signal())
         .await

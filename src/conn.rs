@@ -1,5 +1,5 @@
-//! Accepting connections and keeping each on a deadline: the one accept loop of the data, admin
-//! and mock ports (backing off on EMFILE instead of spinning) and [`TimedIo`], which closes a
+//! Accepting connections and keeping each on a deadline: the listening sockets and the one accept
+//! loop of the data, admin and mock ports (backing off on EMFILE instead of spinning) and [`TimedIo`], which closes a
 //! connection that sits idle with no request in flight, and [`BodyTimeout`], which fails a request
 //! body that pauses too long. Never reads, changes or holds the bytes it passes on.
 
@@ -33,6 +33,27 @@ impl Default for ConnTimeouts {
             idle: Duration::from_secs(60),
         }
     }
+}
+
+/// Accept-queue length of every listening socket, as nginx's (511) and uvicorn's (2048) are
+/// long: a burst of connections (a benchmark opening 256 at once) must queue, not have SYNs
+/// dropped and retried a second later. The kernel caps it at `net.core.somaxconn`.
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// A non-blocking listening socket on `addr` with [`LISTEN_BACKLOG`]; `reuse_port` lets
+/// several sockets share the port (one per data worker).
+pub fn bind_listener(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    #[cfg(unix)]
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
 }
 
 /// Accepts connections on `listener` until `stop` resolves and hands each to `on_conn` (with

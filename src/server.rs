@@ -47,11 +47,11 @@ impl DataListener {
             // A plain bind cannot join a reuseport group: it fails if the port is taken at all.
             drop(std::net::TcpListener::bind(addr)?);
         }
-        let first = reuseport_socket(addr)?;
+        let first = crate::conn::bind_listener(addr, true)?;
         let addr = first.local_addr()?;
         let mut sockets = vec![first];
         for _ in 1..workers.max(1) {
-            sockets.push(reuseport_socket(addr)?);
+            sockets.push(crate::conn::bind_listener(addr, true)?);
         }
         Ok(Self { sockets, addr })
     }
@@ -59,18 +59,6 @@ impl DataListener {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
-}
-
-fn reuseport_socket(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    #[cfg(unix)]
-    socket.set_reuse_port(true)?;
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(4096)?;
-    Ok(socket.into())
 }
 
 /// What happened during shutdown.
