@@ -6,6 +6,7 @@
 //! Reads the client's body once and hands on the layout of the body it writes; never parses
 //! bodies that need neither.
 
+use std::borrow::Cow;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,8 +14,6 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use lru::LruCache;
-use std::borrow::Cow;
-
 use serde_json::value::RawValue;
 
 use crate::cachebust::raw::{self, Json, Kind, Layout, Top};
