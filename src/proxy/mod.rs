@@ -706,6 +706,8 @@ mod tests {
         placeholder: Option<&'static str>,
         /// The client's body has no `messages` (nor `max_tokens`): synthesis adds them.
         bare: bool,
+        /// Synthesis replays a trace's verbatim `messages`.
+        trace: bool,
         mark: bool,
         usage: bool,
     }
@@ -721,6 +723,7 @@ mod tests {
                     _ => None,
                 },
                 bare: has("bare"),
+                trace: has("trace"),
                 mark: has("mark"),
                 usage: has("usage"),
             }
@@ -743,8 +746,14 @@ mod tests {
         ("synth usage", 1),
         ("synth mark usage", 1),
         ("synth bare mark usage", 1),
+        ("synth trace mark usage", 1),
         ("synth placeholder-text mark usage", 1),
     ];
+
+    fn trace_path() -> std::path::PathBuf {
+        let name = format!("kvbust-parse-once-trace-{}.jsonl", std::process::id());
+        std::env::temp_dir().join(name)
+    }
 
     fn runtime(s: &Steps) -> (Arc<Runtime>, Arc<synthesize::Synthesizer>) {
         let mut c = crate::config::Config::default();
@@ -756,15 +765,28 @@ mod tests {
         };
         c.observe.request_usage = s.usage;
         c.synth.placeholder_seed = Some(5);
-        c.synth.dataset = Some(crate::synth::SynthParams {
-            isl: Some(40),
-            osl: Some(9),
-            num_dataset_entries: 2,
-            random_seed: Some(3),
-            shared_system_prompt_length: Some(20),
-            user_context_prompt_length: Some(10),
-            ..crate::synth::SynthParams::default()
+        let trace = s.trace.then(|| {
+            let line = r#"{"timestamp":1,"messages":[{"role":"system","content":"T"},{"role":"user","content":[{"type":"text","text":"q"}]}],"output_length":4}"#;
+            std::fs::write(trace_path(), format!("{line}\n")).unwrap();
+            trace_path()
         });
+        let params = match trace {
+            Some(path) => crate::synth::SynthParams {
+                input_file: Some(path),
+                random_seed: Some(3),
+                ..crate::synth::SynthParams::default()
+            },
+            None => crate::synth::SynthParams {
+                isl: Some(40),
+                osl: Some(9),
+                num_dataset_entries: 2,
+                random_seed: Some(3),
+                shared_system_prompt_length: Some(20),
+                user_context_prompt_length: Some(10),
+                ..crate::synth::SynthParams::default()
+            },
+        };
+        c.synth.dataset = Some(params);
         let synth = synthesize::Synthesizer::new(c.synth.clone(), c.cache_bust.target);
         (Runtime::new(Arc::new(c), Metrics::new()), synth)
     }
@@ -856,5 +878,6 @@ mod tests {
             assert_eq!(ex.strip_usage, s.usage, "{name}");
             assert_eq!(ex.rid.is_some(), s.mark, "{name}");
         }
+        std::fs::remove_file(trace_path()).unwrap();
     }
 }

@@ -186,7 +186,7 @@ fn fill_top(
     body: &[u8],
     top: &Top<'_>,
     messages: &[u8],
-    items: Option<Vec<Range<usize>>>,
+    items: Option<&[Range<usize>]>,
     max_tokens: Option<u64>,
 ) -> Result<(Vec<u8>, Layout), ProxyError> {
     let (spans, mut layout) = messages_spans(body, top)
@@ -239,11 +239,7 @@ fn fill_top(
         (None, Some(r)) => r.start,
         (None, None) => return Err(internal("the replaced `messages` is not in the layout")),
     };
-    let items = items.map(|v| {
-        v.into_iter()
-            .map(|r| start + r.start..start + r.end)
-            .collect()
-    });
+    let items = items.map(|v| v.iter().map(|r| start + r.start..start + r.end).collect());
     layout.set_messages(start..start + messages.len(), items);
     Ok((out, layout))
 }
@@ -553,8 +549,28 @@ pub fn wants_synthesis(
 
 struct Built {
     dataset: Dataset,
+    /// Where each message of a trace turn's verbatim `messages` is (by conversation, then
+    /// turn), found once here so that no request parses them.
+    raw_items: Vec<Vec<Option<Arc<[Range<usize>]>>>>,
     next: usize,
     sessions: LruCache<String, (usize, usize)>,
+}
+
+/// [`Built::raw_items`] of `dataset`; `None` for a turn without verbatim `messages` (or with
+/// `messages` that are not an array: the marking step then parses the body and says so).
+fn raw_items(dataset: &Dataset) -> Vec<Vec<Option<Arc<[Range<usize>]>>>> {
+    let items = |raw: &crate::synth::dataset::RawJson| {
+        let elems = raw::array(Json::from(&*raw.0)).ok()?;
+        let base = raw.get().as_bytes();
+        elems.iter().map(|e| raw::span(base, *e)).collect()
+    };
+    let turns = |c: &Conversation| {
+        c.turns
+            .iter()
+            .map(|t| t.raw_messages.as_ref().and_then(items))
+            .collect()
+    };
+    dataset.conversations.iter().map(turns).collect()
 }
 
 /// The synthesis state of one proxy: tokenizer, dataset, placeholder prompt lanes, built on
@@ -690,6 +706,7 @@ impl Synthesizer {
                     );
                     let cap = NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN);
                     Ok(Arc::new(Mutex::new(Built {
+                        raw_items: raw_items(&dataset),
                         dataset,
                         next: 0,
                         sessions: LruCache::new(cap),
@@ -711,7 +728,7 @@ impl Synthesizer {
     /// Fills a chat body with the next dataset entry (or the session's next turn).
     pub async fn fill(&self, body: &[u8], session: Option<&str>) -> Result<Filled, ProxyError> {
         let built = self.built().await?;
-        let (conv, k) = {
+        let (conv, k, raw_items) = {
             let mut b = built.lock().unwrap_or_else(|p| p.into_inner());
             let n = b.dataset.conversations.len();
             let known = session.and_then(|s| b.sessions.get(s).copied());
@@ -726,7 +743,8 @@ impl Synthesizer {
             if let Some(s) = session {
                 b.sessions.put(s.to_string(), (ci, k + 1));
             }
-            (b.dataset.conversations[ci].clone(), k)
+            let raw_items = b.raw_items.get(ci).and_then(|c| c.get(k)).cloned();
+            (b.dataset.conversations[ci].clone(), k, raw_items.flatten())
         };
         let turn = conv.turns.get(k);
         // The client's body is read once, here; the steps after read the body made through
@@ -735,11 +753,11 @@ impl Synthesizer {
         let written;
         // A trace's verbatim `messages` replace the body's as they are.
         let (messages, items, ctx) = match turn.and_then(|t| t.raw_messages.as_ref()) {
-            Some(raw) => (raw.get().as_bytes(), None, 0),
+            Some(raw) => (raw.get().as_bytes(), raw_items.as_deref(), 0),
             None => {
                 let (bytes, items, ctx) = write_messages(&conv, k, &assistant_messages(&top));
-                written = bytes;
-                (&written[..], Some(items), ctx)
+                written = (bytes, items);
+                (&written.0[..], Some(&written.1[..]), ctx)
             }
         };
         let max = turn.and_then(|t| t.max_tokens);
