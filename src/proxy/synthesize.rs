@@ -547,18 +547,21 @@ pub fn wants_synthesis(
         .any(|r| r.trim_end_matches('/') == path.trim_end_matches('/')))
 }
 
+/// Where each message of one verbatim `messages` array is, within its text.
+type MessageSpans = Arc<[Range<usize>]>;
+
 struct Built {
     dataset: Dataset,
     /// Where each message of a trace turn's verbatim `messages` is (by conversation, then
     /// turn), found once here so that no request parses them.
-    raw_items: Vec<Vec<Option<Arc<[Range<usize>]>>>>,
+    raw_items: Vec<Vec<Option<MessageSpans>>>,
     next: usize,
     sessions: LruCache<String, (usize, usize)>,
 }
 
 /// [`Built::raw_items`] of `dataset`; `None` for a turn without verbatim `messages` (or with
 /// `messages` that are not an array: the marking step then parses the body and says so).
-fn raw_items(dataset: &Dataset) -> Vec<Vec<Option<Arc<[Range<usize>]>>>> {
+fn raw_items(dataset: &Dataset) -> Vec<Vec<Option<MessageSpans>>> {
     let items = |raw: &crate::synth::dataset::RawJson| {
         let elems = raw::array(Json::from(&*raw.0)).ok()?;
         let base = raw.get().as_bytes();
