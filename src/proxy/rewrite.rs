@@ -236,37 +236,7 @@ pub(crate) fn apply_laid_out(
             Err(e) => return unparseable(e, rt),
         },
     };
-    let inputs = if d.target.is_warmup_isolation() {
-        None
-    } else {
-        Some(match &d.explicit {
-            Some(i) => i.clone(),
-            None => {
-                let key = match session {
-                    Some(s) => s.to_string(),
-                    // No identity at all: a random key, so each such request gets its own marker.
-                    None => session_key(
-                        &cfg.session_sources,
-                        headers,
-                        &rt.config.headers,
-                        rt.config.limits.control_header_len(),
-                        &parsed,
-                        d.user_context_messages,
-                    )?
-                    .unwrap_or_else(|| {
-                        format!("anonymous-{}", crate::cachebust::random_benchmark_id())
-                    }),
-                };
-                let c = rt.resolve_session(&key) as i64;
-                DigestInputs {
-                    benchmark_id: rt.benchmark_id.clone(),
-                    recycle_pass: c,
-                    trajectory_index: c,
-                    trace_id: key,
-                }
-            }
-        })
-    };
+    let inputs = digest_inputs(d, headers, rt, session, &parsed)?;
     // The digest once: it is both the RID reported and the one in the marker. Warm-up
     // isolation markers carry none (`inputs` is `None` for them).
     let rid = inputs.as_ref().map(digest);
@@ -301,6 +271,50 @@ pub(crate) fn apply_laid_out(
     Ok(Rewritten {
         body: outcome.body.map(Bytes::from),
         rid,
+    })
+}
+
+/// What the session's RID digest is made of: the request's explicit digest headers, or its
+/// session (known already for synthetic requests, else from `cache_bust.session_sources`, else
+/// a random one) and that session's counter. `None` for warm-up isolation, which has no RID.
+fn digest_inputs(
+    d: &Decision,
+    headers: &HeaderMap,
+    rt: &Runtime,
+    session: Option<&str>,
+    parsed: &Parsed<'_>,
+) -> Result<Option<DigestInputs>, ProxyError> {
+    let cfg = &rt.config.cache_bust;
+    Ok(if d.target.is_warmup_isolation() {
+        None
+    } else {
+        Some(match &d.explicit {
+            Some(i) => i.clone(),
+            None => {
+                let key = match session {
+                    Some(s) => s.to_string(),
+                    // No identity at all: a random key, so each such request gets its own marker.
+                    None => session_key(
+                        &cfg.session_sources,
+                        headers,
+                        &rt.config.headers,
+                        rt.config.limits.control_header_len(),
+                        parsed,
+                        d.user_context_messages,
+                    )?
+                    .unwrap_or_else(|| {
+                        format!("anonymous-{}", crate::cachebust::random_benchmark_id())
+                    }),
+                };
+                let c = rt.resolve_session(&key) as i64;
+                DigestInputs {
+                    benchmark_id: rt.benchmark_id.clone(),
+                    recycle_pass: c,
+                    trajectory_index: c,
+                    trace_id: key,
+                }
+            }
+        })
     })
 }
 
