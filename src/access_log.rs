@@ -164,7 +164,7 @@ impl Entry {
         self.upstream_status = Some(self.status);
         self.upstream_connect = resp
             .extensions
-            .get::<crate::proxy::forward::UpstreamConnect>()
+            .get::<crate::proxy::direct::UpstreamConnect>()
             .map(|c| c.0);
         if !resp.headers.contains_key(&X_REQUEST_ID) {
             resp.headers.insert(X_REQUEST_ID, self.request_id.clone());

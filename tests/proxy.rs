@@ -493,6 +493,14 @@ async fn total_timeout_cuts_a_stream_and_bounds_the_wait_for_headers() {
 async fn counting_upstream(
     close: bool,
 ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    counting_upstream_telling_closes(close, None).await
+}
+
+/// [`counting_upstream`], also sending on `closed` each time a connection ends.
+async fn counting_upstream_telling_closes(
+    close: bool,
+    closed: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -504,6 +512,7 @@ async fn counting_upstream(
                 return;
             };
             count.fetch_add(1, Ordering::SeqCst);
+            let closed = closed.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |_req| async move {
                     let mut resp = http::Response::new(Full::new(bytes::Bytes::from_static(
@@ -524,6 +533,9 @@ async fn counting_upstream(
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                     .await;
+                if let Some(closed) = closed {
+                    let _ = closed.send(());
+                }
             });
         }
     });
@@ -581,5 +593,152 @@ async fn an_upstream_that_closes_after_each_response_gets_a_fresh_connection_eac
     let h = start_proxy(&url, |_| {}).await;
     sequential_on_one_connection(&h, 4).await;
     assert_eq!(accepted.load(Ordering::SeqCst), 4);
+    h.shutdown().await;
+}
+
+/// Sends `n` chat requests one after another as streams of one h2c client connection.
+async fn sequential_h2c_streams(h: &Harness, n: usize) {
+    let client = h2c();
+    for i in 0..n {
+        let resp = chat(&client, h, chat_body(&format!("turn {i}"), false, 4)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "stream {i}");
+        body_bytes(resp).await;
+    }
+}
+
+#[tokio::test]
+async fn h2c_streams_reuse_the_workers_idle_upstream_connections() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream(false).await;
+    let h = start_proxy(&url, |_| {}).await;
+    sequential_h2c_streams(&h, 5).await;
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "five streams one after another, one upstream connection"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn h2c_streams_keep_no_idle_connection_when_the_pool_holds_none() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream(false).await;
+    let h = start_proxy(&url, |c| c.upstream.pool_max_idle_per_host = 0).await;
+    sequential_h2c_streams(&h, 3).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn h2c_streams_get_a_fresh_connection_from_an_upstream_that_closes_each() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream(true).await;
+    let h = start_proxy(&url, |_| {}).await;
+    sequential_h2c_streams(&h, 4).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 4);
+    h.shutdown().await;
+}
+
+/// An upstream whose first response sends one SSE event and then nothing (until its connection
+/// closes); every later request gets a whole chat completion. Counts connections.
+async fn stalling_first_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let requests = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            let requests = requests.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| {
+                    let first = requests.fetch_add(1, Ordering::SeqCst) == 0;
+                    async move {
+                        let body = if first {
+                            let event = bytes::Bytes::from_static(
+                                b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+                            );
+                            let frames = futures_util::StreamExt::chain(
+                                futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+                                    hyper::body::Frame::data(event),
+                                )]),
+                                futures_util::stream::pending(),
+                            );
+                            http_body_util::StreamBody::new(frames).boxed()
+                        } else {
+                            Full::new(bytes::Bytes::from_static(
+                                br#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#,
+                            ))
+                            .boxed()
+                        };
+                        Ok::<_, std::convert::Infallible>(http::Response::new(body))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}"), accepted)
+}
+
+#[tokio::test]
+async fn an_h2c_stream_keeps_its_upstream_connection_until_its_body_ends() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = stalling_first_upstream().await;
+    let h = start_proxy(&url, |_| {}).await;
+    let client = h2c();
+    let resp = chat(&client, &h, chat_body("stalls", true, 4)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.data_ref().is_some_and(|d| d.starts_with(b"data: ")));
+    // That stream's response is still open: the next stream must not queue behind it on its
+    // upstream connection, but get one of its own.
+    let next = || {
+        post(
+            &h.url("/v1/chat/completions"),
+            chat_body("next", false, 4),
+            &[],
+        )
+    };
+    let resp = send_within(&client, next(), Duration::from_secs(20)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    body_bytes(resp).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    // The client gives up on the first stream: its connection, with a response half read,
+    // is not reused; the finished one is.
+    drop(body);
+    let resp = send_within(&client, next(), Duration::from_secs(20)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    body_bytes(resp).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_idle_pooled_connection_is_closed_after_the_pool_idle_timeout() {
+    let (tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    let (url, _) = counting_upstream_telling_closes(false, Some(tx)).await;
+    let h = start_proxy(&url, |c| {
+        c.upstream.pool_idle_timeout = Duration::from_millis(100);
+    })
+    .await;
+    sequential_h2c_streams(&h, 1).await;
+    // Nothing else happens: kvbust itself must close the idle connection (the test upstream
+    // never times a connection out).
+    tokio::time::timeout(Duration::from_secs(10), closed.recv())
+        .await
+        .expect("the idle upstream connection is closed")
+        .unwrap();
+    // And a later stream still gets served, on a new connection.
+    sequential_h2c_streams(&h, 1).await;
     h.shutdown().await;
 }

@@ -1,4 +1,5 @@
-//! The pooled upstream client and header hygiene: TLS set-up, hop-by-hop removal, `Host` /
+//! The pooled upstream client (TLS and HTTP/2 upstreams; plain HTTP/1.1 goes through
+//! [`super::direct`]) and header hygiene: TLS set-up, hop-by-hop removal, `Host` /
 //! `:authority` (and its `upstream.authority` override) and `X-Forwarded-*`, URI joining, and classifying transport errors. Never inspects bodies.
 
 use std::net::SocketAddr;
@@ -46,29 +47,10 @@ impl tower_service::Service<Uri> for Dial {
     }
 }
 
-/// One HTTP/1.1 client connection's own upstream connection. Requests on an HTTP/1.1 client
-/// connection come one after another, so a single upstream connection serves them all with no
-/// pool look-up, no dispatch channel hop and no shared state, as nginx's keep-alive proxying and
-/// the thread-per-core design want. Used for plain-http upstreams; TLS upstreams and HTTP/2
-/// clients (many streams per connection) use the worker's pool.
-#[derive(Default)]
-pub struct Affinity(std::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Body>>>);
-
-impl Affinity {
-    fn take(&self) -> Option<hyper::client::conn::http1::SendRequest<Body>> {
-        // Poisoning needs a panic while the lock is held, and the critical sections only move
-        // an Option; the state stays valid either way.
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-
-    fn put(&self, send: hyper::client::conn::http1::SendRequest<Body>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(send);
-    }
-}
-
 impl Upstream {
-    /// Whether HTTP/1.1 client connections keep their own upstream connection.
-    pub fn uses_affinity(&self, mode: Http2Mode) -> bool {
+    /// Whether requests go over kvbust's own HTTP/1.1 connections ([`super::direct`]): a
+    /// plain-http upstream not forced to HTTP/2.
+    pub fn is_direct(&self, mode: Http2Mode) -> bool {
         self.scheme == Scheme::HTTP && mode != Http2Mode::Always
     }
 
@@ -76,103 +58,6 @@ impl Upstream {
     pub fn origin_form(&self, pq: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
         Ok(Uri::from(self.path_and_query(pq)?))
     }
-}
-
-/// Sends `req` on the client connection's own upstream connection, opening one when there is
-/// none or the kept one was closed. A request that was never written to a kept connection (the
-/// upstream closed it while idle) is retried once on a new one; nothing is retried after any of
-/// it was sent.
-pub async fn send_with_affinity(
-    affinity: &Affinity,
-    upstream: &Upstream,
-    cfg: &UpstreamConfig,
-    mut req: http::Request<Body>,
-) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
-    if !req.headers().contains_key(header::HOST) {
-        // The pooled client derives Host from an absolute URI; here the target is origin-form.
-        req.headers_mut()
-            .insert(header::HOST, upstream.host_header.clone());
-    }
-    if let Some(mut send) = affinity.take() {
-        if send.ready().await.is_ok() {
-            match send.try_send_request(req).await {
-                Ok(resp) => {
-                    affinity.put(send);
-                    return Ok(resp);
-                }
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) => req = unsent,
-                    None => return Err(broken(e.error())),
-                },
-            }
-        }
-    }
-    let opened = std::time::Instant::now();
-    let mut send = connect_h1(upstream, cfg).await?;
-    let connect = UpstreamConnect(opened.elapsed());
-    let mut resp = send.send_request(req).await.map_err(|e| broken(&e))?;
-    resp.extensions_mut().insert(connect);
-    affinity.put(send);
-    Ok(resp)
-}
-
-/// On a response whose request opened a new upstream connection: how long the connect (and
-/// name resolution) took. Known for the connections [`send_with_affinity`] opens.
-#[derive(Debug, Clone, Copy)]
-pub struct UpstreamConnect(pub std::time::Duration);
-
-/// Opens a plain HTTP/1.1 connection to the upstream and runs it on this worker.
-async fn connect_h1(
-    upstream: &Upstream,
-    cfg: &UpstreamConfig,
-) -> Result<hyper::client::conn::http1::SendRequest<Body>, ProxyError> {
-    let host = upstream.authority.host();
-    // `Authority::host` keeps an IPv6 literal's brackets; the resolver wants it bare.
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port = upstream.authority.port_u16().unwrap_or(80);
-    let connect = async {
-        let mut last = None;
-        for addr in tokio::net::lookup_host((host, port)).await? {
-            match tokio::net::TcpStream::connect(addr).await {
-                Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "the host name resolved to no address",
-            )
-        }))
-    };
-    let stream = match tokio::time::timeout(cfg.connect_timeout, connect).await {
-        Err(_) => {
-            return Err(ProxyError::UpstreamTimeout {
-                stage: "accept the connection",
-                after: cfg.connect_timeout,
-            })
-        }
-        Ok(Err(e)) => {
-            return Err(ProxyError::UpstreamConnect {
-                upstream: upstream.display.clone(),
-                detail: e.to_string(),
-            })
-        }
-        Ok(Ok(s)) => s,
-    };
-    let _ = stream.set_nodelay(true);
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .map_err(|e| ProxyError::UpstreamConnect {
-            upstream: upstream.display.clone(),
-            detail: error_chain(&e),
-        })?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!("upstream connection ended: {e}");
-        }
-    });
-    Ok(send)
 }
 
 /// Where requests go: the upstream's scheme and authority plus an optional base path.
@@ -574,7 +459,7 @@ fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
 
 /// An exchange that failed after the request was handed to the upstream connection: the
 /// client's body stalling is the client's fault, anything else the upstream's.
-fn broken(err: &hyper::Error) -> ProxyError {
+pub(super) fn broken(err: &hyper::Error) -> ProxyError {
     match crate::conn::body_timeout_in(err) {
         Some(after) => ProxyError::ClientBodyTimeout { after },
         None => ProxyError::UpstreamBroken(error_chain(err)),

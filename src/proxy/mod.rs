@@ -10,6 +10,7 @@
 //! nothing. Everything else streams through. Never collects a response body.
 
 pub mod budget;
+pub mod direct;
 pub mod forward;
 pub mod observe;
 pub mod rewrite;
@@ -34,7 +35,8 @@ use crate::conn::{Activity, BodyTimeout, RequestGuard};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::runtime::Runtime;
-use forward::{Affinity, Upstream, UpstreamClient};
+use direct::{Affinity, H1Pool, Keep, UpstreamBody};
+use forward::{Upstream, UpstreamClient};
 use observe::{Observed, Observer};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -124,6 +126,8 @@ impl Drop for InFlight {
 pub struct Proxy {
     rt: Arc<Runtime>,
     client: UpstreamClient,
+    /// This worker's idle HTTP/1.1 connections, for HTTP/2 clients' streams (plain http).
+    pool: Arc<H1Pool>,
     upstream: Upstream,
     synth: Arc<synthesize::Synthesizer>,
     response_headers: ResponseHeaders,
@@ -208,6 +212,7 @@ impl Proxy {
     ) -> Arc<Self> {
         Arc::new(Self {
             response_headers: ResponseHeaders::new(&rt.config.headers),
+            pool: H1Pool::new(&rt.config.upstream),
             rt,
             client,
             upstream,
@@ -309,8 +314,15 @@ impl Proxy {
         ex: &mut Exchange,
     ) -> Result<Response<Body>, ProxyError> {
         let (mut parts, body) = req.into_parts();
-        let affinity =
-            affinity.filter(|_| self.upstream.uses_affinity(self.rt.config.upstream.http2));
+        // Plain HTTP/1.1 upstream: the client connection's own upstream connection, or for an
+        // HTTP/2 client's stream one from the worker's pool; else the pooled client.
+        let keep = self
+            .upstream
+            .is_direct(self.rt.config.upstream.http2)
+            .then_some(match affinity {
+                Some(a) => Keep::Own(a),
+                None => Keep::Pool(&self.pool),
+            });
         // Buffered bytes held against limits.max_buffered_total until the upstream answers.
         let mut buffered = self.rt.bodies.reservation();
         let body = match self.decide(&parts, ex)? {
@@ -320,10 +332,10 @@ impl Proxy {
             }
             None => body,
         };
-        let req = self.upstream_request(parts, body, client, affinity.is_some())?;
+        let req = self.upstream_request(parts, body, client, keep.is_some())?;
         let overhead = start.elapsed();
         self.rt.metrics.overhead.observe(overhead.as_secs_f64());
-        let resp = self.send(req, affinity, overhead).await?;
+        let resp = self.send(req, keep, overhead).await?;
         // The body went out with the request: its bytes are no longer held here.
         drop(buffered);
         let (mut parts, body) = resp.into_parts();
@@ -423,15 +435,15 @@ impl Proxy {
         Ok(Request::from_parts(parts, body))
     }
 
-    /// Send: on the connection's own upstream connection or through the pool, with the
+    /// Send: on a connection of kvbust's own (`keep`) or through the pooled client, with the
     /// response headers due within `upstream.first_byte_timeout` and within what is left of
     /// `upstream.total_timeout` after kvbust's own `overhead`.
     async fn send(
         &self,
         req: Request<Body>,
-        affinity: Option<&Affinity>,
+        keep: Option<Keep<'_>>,
         overhead: std::time::Duration,
-    ) -> Result<Response<hyper::body::Incoming>, ProxyError> {
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
         let cfg = &self.rt.config.upstream;
         let (timeout, stage, after) = match cfg.total_timeout {
             Some(total) if total.saturating_sub(overhead) < cfg.first_byte_timeout => (
@@ -446,12 +458,13 @@ impl Proxy {
             ),
         };
         let sent = async {
-            match affinity {
-                Some(a) => forward::send_with_affinity(a, &self.upstream, cfg, req).await,
+            match keep {
+                Some(keep) => direct::send(keep, &self.upstream, cfg, req).await,
                 None => self
                     .client
                     .request(req)
                     .await
+                    .map(|resp| resp.map(UpstreamBody::new))
                     .map_err(|e| forward::classify(e, &self.upstream, cfg.connect_timeout)),
             }
         };
@@ -503,7 +516,7 @@ impl Proxy {
     fn observe(
         &self,
         parts: http::response::Parts,
-        body: hyper::body::Incoming,
+        body: UpstreamBody,
         ex: &Exchange,
         log: Option<crate::access_log::Entry>,
         start: Instant,
