@@ -1,7 +1,7 @@
 //! The pure body rewrite: parse a request body once, find where AIPerf's rule puts the marker, and splice it into the raw bytes. Never does I/O, never re-serialises bytes it does not change, never panics on client input.
 //!
 //! # Transparency
-//! The body is parsed into borrowed `&RawValue`s (objects as ordered `(key, value)` pairs), and
+//! The body is parsed into borrowed raw values (`raw::Json`; objects as ordered `(key, value)` pairs), and
 //! the output is `body[..at] + inserted + body[at..]` for each insertion point. Every byte outside
 //! the insertions is the client's: key order, whitespace, number spelling, escapes, unknown fields.
 //! A marker goes *inside* an existing JSON string literal (right after the opening quote for a
@@ -53,11 +53,10 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
 use super::marker::{is_any_marker, strip_all_markers};
-use super::raw::{self, Kind, RawObject};
+use super::raw::{self, Json, Kind, Layout, RawObject, Top};
 use super::target::Target;
 
 #[cfg(test)]
@@ -323,7 +322,7 @@ impl fmt::Display for Path {
     }
 }
 
-fn found(raw: Option<&RawValue>) -> &'static str {
+fn found(raw: Option<Json<'_>>) -> &'static str {
     raw.map_or(MISSING, |r| Kind::of(r).describe())
 }
 
@@ -334,26 +333,26 @@ fn internal(what: &'static str) -> impl FnOnce(serde_json::Error) -> RewriteErro
 /// The shape-specific view of a body.
 enum View<'a> {
     Chat {
-        messages: Vec<&'a RawValue>,
+        messages: Vec<Json<'a>>,
     },
     Messages {
-        system: Option<&'a RawValue>,
-        messages: Vec<&'a RawValue>,
+        system: Option<Json<'a>>,
+        messages: Vec<Json<'a>>,
     },
     Responses {
-        instructions: Option<&'a RawValue>,
+        instructions: Option<Json<'a>>,
         input: Input<'a>,
         stateful: bool,
     },
     Completions {
-        prompt: &'a RawValue,
+        prompt: Json<'a>,
     },
 }
 
 enum Input<'a> {
     Absent,
-    Text(&'a RawValue),
-    Items(Vec<&'a RawValue>),
+    Text(Json<'a>),
+    Items(Vec<Json<'a>>),
 }
 
 /// A body parsed once, borrowing from the request bytes.
@@ -374,15 +373,15 @@ impl fmt::Debug for Parsed<'_> {
     }
 }
 
-fn parse_top(body: &[u8]) -> Result<RawObject<'_>, RewriteError> {
+fn parse_top(body: &[u8]) -> Result<Top<'_>, RewriteError> {
     let first = body
         .iter()
         .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
     if first == Some(&b'{') {
-        return serde_json::from_slice(body).map_err(RewriteError::InvalidJson);
+        return raw::top_object(body).map_err(RewriteError::InvalidJson);
     }
     // Not an object: say what it is when it is JSON at all.
-    let raw: &RawValue = serde_json::from_slice(body).map_err(RewriteError::InvalidJson)?;
+    let raw: Json<'_> = raw::top_value(body).map_err(RewriteError::InvalidJson)?;
     Err(RewriteError::NotAnObject {
         found: Kind::of(raw).describe(),
     })
@@ -390,10 +389,10 @@ fn parse_top(body: &[u8]) -> Result<RawObject<'_>, RewriteError> {
 
 fn required_array<'a>(
     top: &RawObject<'a>,
-    split: Option<Vec<&'a RawValue>>,
+    split: Option<Vec<Json<'a>>>,
     field: &'static str,
     shape: Shape,
-) -> Result<Vec<&'a RawValue>, RewriteError> {
+) -> Result<Vec<Json<'a>>, RewriteError> {
     if let Some(items) = split {
         return Ok(items);
     }
@@ -412,6 +411,15 @@ fn required_array<'a>(
 /// Parses `body` for `shape` once. Fails when the body is not a JSON object or a field the shape
 /// needs has the wrong JSON type (see the module docs).
 pub fn parse(shape: Shape, body: &[u8]) -> Result<Parsed<'_>, RewriteError> {
+    parse_laid_out(shape, body).map(|(parsed, _)| parsed)
+}
+
+/// [`parse`], also returning the body's [`Layout`] for the request steps after this one (`None`
+/// only on an engine bug).
+pub(crate) fn parse_laid_out(
+    shape: Shape,
+    body: &[u8],
+) -> Result<(Parsed<'_>, Option<Layout>), RewriteError> {
     // The array that holds the conversation is split out while the body is read (one pass);
     // anything unusual (no object, invalid JSON, the field not an array) takes the general path.
     let array_field = match shape {
@@ -419,10 +427,21 @@ pub fn parse(shape: Shape, body: &[u8]) -> Result<Parsed<'_>, RewriteError> {
         Shape::Responses => Some("input"),
         Shape::Completions => None,
     };
-    let (top, mut split) = match array_field.map(|f| raw::object_with_array(body, f)) {
-        Some(Ok((top, split))) => (top, split),
-        _ => (parse_top(body)?, None),
+    let top = match array_field.map(|f| raw::object_with_array(body, f)) {
+        Some(Ok(top)) => top,
+        _ => parse_top(body)?,
     };
+    let layout = Layout::of(body, &top);
+    Ok((view(shape, body, top)?, layout))
+}
+
+/// The shape's view of a parsed top-level object, checking the fields it needs.
+fn view<'a>(shape: Shape, body: &'a [u8], top: Top<'a>) -> Result<Parsed<'a>, RewriteError> {
+    let Top {
+        object: top,
+        array: mut split,
+        ..
+    } = top;
     let user = top.get("user").and_then(raw::as_str);
     let view = match shape {
         Shape::Chat => View::Chat {
@@ -503,7 +522,7 @@ struct Message<'a> {
     obj: RawObject<'a>,
 }
 
-fn message<'a>(path: Path, raw: &'a RawValue) -> Result<RawObject<'a>, RewriteError> {
+fn message<'a>(path: Path, raw: Json<'a>) -> Result<RawObject<'a>, RewriteError> {
     if Kind::of(raw) != Kind::Object {
         return Err(RewriteError::ElementNotObject {
             path: path.to_string(),
@@ -534,12 +553,12 @@ fn is_system_role(role: Option<&str>) -> bool {
 /// The `(skip+1)`-th message with role `user`.
 fn nth_user<'a>(
     root: &'static str,
-    items: &[&'a RawValue],
+    items: &[Json<'a>],
     mut skip: usize,
 ) -> Result<Option<Message<'a>>, RewriteError> {
     for (index, raw) in items.iter().enumerate() {
         let path = Path::top(root).at(index);
-        let obj = message(path, raw)?;
+        let obj = message(path, *raw)?;
         if role(path, &obj)?.as_deref() == Some("user") {
             if skip == 0 {
                 return Ok(Some(Message { index, obj }));
@@ -553,13 +572,13 @@ fn nth_user<'a>(
 /// The first message when it is a system/developer message.
 fn leading_system<'a>(
     root: &'static str,
-    items: &[&'a RawValue],
+    items: &[Json<'a>],
 ) -> Result<Option<Message<'a>>, RewriteError> {
     let Some(first) = items.first() else {
         return Ok(None);
     };
     let path = Path::top(root).at(0);
-    let obj = message(path, first)?;
+    let obj = message(path, *first)?;
     Ok(is_system_role(role(path, &obj)?.as_deref()).then_some(Message { index: 0, obj }))
 }
 
@@ -589,7 +608,7 @@ fn json_string_inner(s: &str) -> Result<String, RewriteError> {
 }
 
 /// The `text` value of a part `{"type": text_type, "text": <string>, ...}`.
-fn text_of_part<'a>(part: &'a RawValue, text_type: &str) -> Option<&'a RawValue> {
+fn text_of_part<'a>(part: Json<'a>, text_type: &str) -> Option<Json<'a>> {
     if Kind::of(part) != Kind::Object {
         return None;
     }
@@ -597,7 +616,7 @@ fn text_of_part<'a>(part: &'a RawValue, text_type: &str) -> Option<&'a RawValue>
 }
 
 /// Python `part == {"type": text_type, "text": text}`: exactly those two keys and values.
-fn part_equals(part: &RawValue, text_type: &str, text: &str) -> bool {
+fn part_equals(part: Json<'_>, text_type: &str, text: &str) -> bool {
     if Kind::of(part) != Kind::Object {
         return false;
     }
@@ -616,12 +635,12 @@ fn part_equals(part: &RawValue, text_type: &str, text: &str) -> bool {
 }
 
 impl<'p> Injector<'p> {
-    fn span(&self, raw: &RawValue) -> Result<std::ops::Range<usize>, RewriteError> {
+    fn span(&self, raw: Json<'_>) -> Result<std::ops::Range<usize>, RewriteError> {
         raw::span(self.body, raw).ok_or(RewriteError::Internal("value outside the body"))
     }
 
     /// Marks a string value in place (inside its quotes), unless it starts or ends with the marker.
-    fn string(&mut self, raw: &RawValue) -> Result<(), RewriteError> {
+    fn string(&mut self, raw: Json<'_>) -> Result<(), RewriteError> {
         let span = self.span(raw)?;
         let inner = json_string_inner(self.marker)?;
         let already = match raw::string(raw) {
@@ -649,7 +668,7 @@ impl<'p> Injector<'p> {
     fn merged_system(
         &mut self,
         path: Path,
-        raw: Option<&RawValue>,
+        raw: Option<Json<'_>>,
         n: usize,
     ) -> Result<(), RewriteError> {
         let mismatch =
@@ -681,7 +700,7 @@ impl<'p> Injector<'p> {
             }
             Some(r) if Kind::of(r) == Kind::Array => {
                 let elems = raw::array(r).map_err(internal("array of a validated array"))?;
-                match elems.first().and_then(|e| text_of_part(e, self.text_type)) {
+                match elems.first().and_then(|e| text_of_part(*e, self.text_type)) {
                     Some(text) => self.string(text),
                     None => Err(mismatch(
                         "does not start with a text part holding the system prompt",
@@ -693,15 +712,15 @@ impl<'p> Injector<'p> {
     }
 
     /// Marks an array of content parts / blocks according to [`ListParts`].
-    fn parts(&mut self, raw: &RawValue) -> Result<(), RewriteError> {
+    fn parts(&mut self, raw: Json<'_>) -> Result<(), RewriteError> {
         let elems = raw::array(raw).map_err(internal("array of a validated array"))?;
         match self.list_parts {
             ListParts::OwnPart => {
                 let stripped = self.marker.trim();
                 let present = match (elems.first(), elems.last()) {
                     (Some(first), Some(last)) => {
-                        part_equals(first, self.text_type, stripped)
-                            || part_equals(last, self.text_type, stripped)
+                        part_equals(*first, self.text_type, stripped)
+                            || part_equals(*last, self.text_type, stripped)
                     }
                     _ => false,
                 };
@@ -711,7 +730,7 @@ impl<'p> Injector<'p> {
                 Ok(())
             }
             ListParts::InlineText => {
-                if let Some(text) = elems.iter().find_map(|e| text_of_part(e, self.text_type)) {
+                if let Some(text) = elems.iter().find_map(|e| text_of_part(*e, self.text_type)) {
                     return self.string(text);
                 }
                 self.insert_part(raw, &elems, self.marker, true)
@@ -721,8 +740,8 @@ impl<'p> Injector<'p> {
 
     fn insert_part(
         &mut self,
-        array: &RawValue,
-        elems: &[&RawValue],
+        array: Json<'_>,
+        elems: &[Json<'_>],
         text: &str,
         first: bool,
     ) -> Result<(), RewriteError> {
@@ -734,9 +753,9 @@ impl<'p> Injector<'p> {
         let (at, bytes) = match (elems.first(), elems.last()) {
             (Some(head), Some(tail)) => {
                 if first {
-                    (self.span(head)?.start, part + ",")
+                    (self.span(*head)?.start, part + ",")
                 } else {
-                    (self.span(tail)?.end, format!(",{part}"))
+                    (self.span(*tail)?.end, format!(",{part}"))
                 }
             }
             _ => (self.span(array)?.start + 1, part),
@@ -746,7 +765,7 @@ impl<'p> Injector<'p> {
     }
 
     /// Marks the content of the message the rule chose.
-    fn content(&mut self, path: Path, raw: Option<&RawValue>) -> Result<(), RewriteError> {
+    fn content(&mut self, path: Path, raw: Option<Json<'_>>) -> Result<(), RewriteError> {
         match raw {
             Some(r) if Kind::of(r) == Kind::String => self.string(r),
             Some(r) if Kind::of(r) == Kind::Array => self.parts(r),
@@ -757,21 +776,16 @@ impl<'p> Injector<'p> {
         }
     }
 
-    fn finish(mut self) -> Option<Vec<u8>> {
+    /// The body with the edits made, and `layout` (of the body) moved onto it.
+    fn finish(mut self, layout: Option<&mut Layout>) -> Option<Vec<u8>> {
         if self.edits.is_empty() {
             return None;
         }
         // Edits never overlap: each is inside a different value, or an insertion between values.
-        self.edits.sort_by_key(|(r, _)| (r.start, r.end));
-        let extra: usize = self.edits.iter().map(|(_, b)| b.len()).sum();
-        let mut out = Vec::with_capacity(self.body.len() + extra);
-        let mut pos = 0;
-        for (range, bytes) in &self.edits {
-            out.extend_from_slice(self.body.get(pos..range.start)?);
-            out.extend_from_slice(bytes);
-            pos = range.end;
+        let out = raw::splice(self.body, &mut self.edits)?;
+        if let Some(layout) = layout {
+            layout.shift(&self.edits);
         }
-        out.extend_from_slice(self.body.get(pos..)?);
         Some(out)
     }
 }
@@ -787,9 +801,42 @@ impl<'a> Parsed<'a> {
         self.user.as_deref()
     }
 
+    /// A chat body read through the [`Layout`] an earlier step made of these very bytes, without
+    /// parsing them: what [`parse`] would give. `None` when the layout cannot stand for a parse
+    /// (another shape, or `messages` not known to be an array): the caller parses.
+    pub(crate) fn from_layout(shape: Shape, body: &'a [u8], layout: &Layout) -> Option<Self> {
+        if shape != Shape::Chat {
+            return None;
+        }
+        let messages = layout
+            .items()?
+            .iter()
+            .map(|r| Json::at(body, r.clone()))
+            .collect::<Option<Vec<_>>>()?;
+        let user = match layout.get("user") {
+            Some(r) => raw::as_str(Json::at(body, r)?),
+            None => None,
+        };
+        Some(Parsed {
+            body,
+            shape,
+            user,
+            view: View::Chat { messages },
+        })
+    }
+
     /// Applies `plan`. `Target::None` or an empty marker changes nothing. Idempotent: applying
     /// the same plan to the output changes nothing more.
     pub fn apply(&self, plan: &Plan) -> Result<Outcome, RewriteError> {
+        self.apply_shifting(plan, None)
+    }
+
+    /// [`Parsed::apply`], moving `layout` (of this body) onto the rewritten body.
+    pub(crate) fn apply_shifting(
+        &self,
+        plan: &Plan,
+        layout: Option<&mut Layout>,
+    ) -> Result<Outcome, RewriteError> {
         if plan.target.is_none() || plan.marker.is_empty() {
             return Ok(Outcome {
                 body: None,
@@ -819,7 +866,7 @@ impl<'a> Parsed<'a> {
             None
         };
         Ok(Outcome {
-            body: inj.finish(),
+            body: inj.finish(layout),
             location,
         })
     }
@@ -840,7 +887,7 @@ impl<'a> Parsed<'a> {
             },
             View::Messages { system, .. } => match system {
                 Some(s) => {
-                    inj.content(Path::top("system"), Some(s))?;
+                    inj.content(Path::top("system"), Some(*s))?;
                     Ok(true)
                 }
                 None => Ok(false),
@@ -851,7 +898,7 @@ impl<'a> Parsed<'a> {
                 ..
             } => {
                 if let Some(i) = instructions {
-                    inj.string(i)?;
+                    inj.string(*i)?;
                     return Ok(true);
                 }
                 if let Input::Items(items) = input {
@@ -890,7 +937,7 @@ impl<'a> Parsed<'a> {
                         if skip > 0 {
                             return Ok(false);
                         }
-                        inj.string(t)?;
+                        inj.string(*t)?;
                         Ok(true)
                     }
                     Input::Items(items) => match nth_user("input", items, skip)? {
@@ -903,19 +950,19 @@ impl<'a> Parsed<'a> {
                 }
             }
             View::Completions { prompt } => {
-                if Kind::of(prompt) == Kind::String {
-                    inj.string(prompt)?;
+                if Kind::of(*prompt) == Kind::String {
+                    inj.string(*prompt)?;
                     return Ok(true);
                 }
-                let elems = raw::array(prompt).map_err(internal("array of prompt"))?;
+                let elems = raw::array(*prompt).map_err(internal("array of prompt"))?;
                 for (i, e) in elems.iter().enumerate() {
-                    if Kind::of(e) != Kind::String {
+                    if Kind::of(*e) != Kind::String {
                         return Err(RewriteError::PromptType {
                             path: Path::top("prompt").at(i).to_string(),
-                            found: found(Some(e)),
+                            found: found(Some(*e)),
                         });
                     }
-                    inj.string(e)?;
+                    inj.string(*e)?;
                 }
                 Ok(!elems.is_empty())
             }
@@ -924,7 +971,7 @@ impl<'a> Parsed<'a> {
 
     /// The content of the first user turn (after `user_context_messages`), as the first-user
     /// rule would choose it. For completions, the first prompt string.
-    fn first_user_content(&self, skip: usize) -> Result<Option<&'a RawValue>, RewriteError> {
+    fn first_user_content(&self, skip: usize) -> Result<Option<Json<'a>>, RewriteError> {
         Ok(match &self.view {
             View::Chat { messages } | View::Messages { messages, .. } => {
                 nth_user("messages", messages, skip)?.and_then(|m| m.obj.get("content"))
@@ -939,9 +986,9 @@ impl<'a> Parsed<'a> {
                     nth_user("input", items, skip)?.and_then(|m| m.obj.get("content"))
                 }
             },
-            View::Completions { prompt } => match Kind::of(prompt) {
+            View::Completions { prompt } => match Kind::of(*prompt) {
                 Kind::String => Some(*prompt),
-                _ => raw::array(prompt)
+                _ => raw::array(*prompt)
                     .map_err(internal("array of prompt"))?
                     .first()
                     .copied(),

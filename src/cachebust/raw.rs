@@ -1,4 +1,4 @@
-//! Borrowed, order-preserving views of raw JSON (objects as `(key, &RawValue)` pairs, arrays as `&RawValue` lists) and byte spans into the request body. Never re-serialises or copies a value it does not decode on request.
+//! Borrowed, order-preserving views of raw JSON (objects as `(key, Json)` pairs, arrays as `Json` lists), byte spans into the request body, the [`Layout`] that carries a body's spans from one request step to the next across splices, and the one [`splice`]. Never re-serialises or copies a value it does not decode on request.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -8,8 +8,44 @@ use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-/// The JSON type of a raw value, read from its first byte (a `RawValue` is validated JSON with
-/// no surrounding whitespace, so the first byte decides).
+/// A JSON value's text, borrowed from the bytes it sits in: valid JSON with no surrounding
+/// whitespace, because a parse of those bytes produced it ([`RawValue`]) or a [`Layout`] of
+/// them points at it. The second way needs no parse: only the UTF-8 of the range is checked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Json<'a>(&'a str);
+
+impl<'a> Json<'a> {
+    pub(crate) fn get(self) -> &'a str {
+        self.0
+    }
+
+    /// The value a [`Layout`] of `body` puts at `range`; `None` when the range is outside
+    /// `body` or not UTF-8 (neither happens for a layout of these bytes).
+    pub(crate) fn at(body: &'a [u8], range: Range<usize>) -> Option<Json<'a>> {
+        std::str::from_utf8(body.get(range)?).ok().map(Json)
+    }
+}
+
+impl<'a> From<&'a RawValue> for Json<'a> {
+    fn from(raw: &'a RawValue) -> Self {
+        Json(raw.get())
+    }
+}
+
+impl fmt::Debug for Json<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Json<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'de RawValue>::deserialize(d).map(Json::from)
+    }
+}
+
+/// The JSON type of a raw value, read from its first byte (a [`Json`] is valid JSON with no
+/// surrounding whitespace, so the first byte decides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Object,
@@ -21,8 +57,8 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    pub(crate) fn of(raw: &RawValue) -> Kind {
-        match raw.get().as_bytes().first() {
+    pub(crate) fn of(raw: Json<'_>) -> Kind {
+        match raw.0.as_bytes().first() {
             Some(b'{') => Kind::Object,
             Some(b'[') => Kind::Array,
             Some(b'"') => Kind::String,
@@ -73,11 +109,11 @@ impl<'de> Deserialize<'de> for Str<'de> {
 /// An object's members in document order, duplicates kept. Lookups take the **last** member
 /// with a key, as serde_json's `Value`, Python's `json` and therefore the upstream server do.
 pub(crate) struct RawObject<'a> {
-    entries: Vec<(Cow<'a, str>, &'a RawValue)>,
+    entries: Vec<(Cow<'a, str>, Json<'a>)>,
 }
 
 impl<'a> RawObject<'a> {
-    pub(crate) fn get(&self, key: &str) -> Option<&'a RawValue> {
+    pub(crate) fn get(&self, key: &str) -> Option<Json<'a>> {
         self.entries
             .iter()
             .rev()
@@ -86,8 +122,8 @@ impl<'a> RawObject<'a> {
     }
 
     /// Like [`RawObject::get`] but a JSON `null` counts as absent.
-    pub(crate) fn get_non_null(&self, key: &str) -> Option<&'a RawValue> {
-        self.get(key).filter(|v| Kind::of(v) != Kind::Null)
+    pub(crate) fn get_non_null(&self, key: &str) -> Option<Json<'a>> {
+        self.get(key).filter(|v| Kind::of(*v) != Kind::Null)
     }
 
     /// Number of distinct keys.
@@ -99,6 +135,16 @@ impl<'a> RawObject<'a> {
             }
         }
         n
+    }
+
+    /// How many members have the key `key`.
+    pub(crate) fn count(&self, key: &str) -> usize {
+        self.entries.iter().filter(|(k, _)| k == key).count()
+    }
+
+    /// Every member, in document order.
+    pub(crate) fn members(&self) -> impl Iterator<Item = (&str, Json<'a>)> + '_ {
+        self.entries.iter().map(|(k, v)| (k.as_ref(), *v))
     }
 }
 
@@ -113,7 +159,7 @@ impl<'de> Deserialize<'de> for RawObject<'de> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8).min(64));
                 while let Some(Str(k)) = map.next_key::<Str<'de>>()? {
-                    let v: &'de RawValue = map.next_value()?;
+                    let v: Json<'de> = map.next_value()?;
                     entries.push((k, v));
                 }
                 Ok(RawObject { entries })
@@ -124,7 +170,7 @@ impl<'de> Deserialize<'de> for RawObject<'de> {
 }
 
 /// An array's elements, failing on any other JSON type.
-struct ArrayOnly<'a>(Vec<&'a RawValue>);
+struct ArrayOnly<'a>(Vec<Json<'a>>);
 
 impl<'de> Deserialize<'de> for ArrayOnly<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -136,7 +182,7 @@ impl<'de> Deserialize<'de> for ArrayOnly<'de> {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(16).min(1024));
-                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                while let Some(item) = seq.next_element::<Json<'de>>()? {
                     items.push(item);
                 }
                 Ok(ArrayOnly(items))
@@ -146,21 +192,36 @@ impl<'de> Deserialize<'de> for ArrayOnly<'de> {
     }
 }
 
+/// A body's top-level object, read in one pass: its members, except the array `field` when one
+/// was split out ([`object_with_array`]).
+pub(crate) struct Top<'a> {
+    pub(crate) object: RawObject<'a>,
+    /// The member split out (`""`: none).
+    field: &'static str,
+    /// The last `field` member's elements.
+    pub(crate) array: Option<Vec<Json<'a>>>,
+    /// Where that array's brackets are; `None` when its key was spelled with escapes.
+    pub(crate) array_span: Option<Range<usize>>,
+    /// How many `field` members there were (each one an array).
+    pub(crate) array_members: usize,
+}
+
 #[derive(Clone, Copy)]
-struct TopSeed(&'static str);
+struct TopSeed<'b> {
+    field: &'static str,
+    body: &'b [u8],
+}
 
-type TopParts<'a> = (RawObject<'a>, Option<Vec<&'a RawValue>>);
-
-impl<'de> DeserializeSeed<'de> for TopSeed {
-    type Value = TopParts<'de>;
+impl<'de> DeserializeSeed<'de> for TopSeed<'de> {
+    type Value = Top<'de>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for TopSeed {
-    type Value = TopParts<'de>;
+impl<'de> Visitor<'de> for TopSeed<'de> {
+    type Value = Top<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
@@ -168,16 +229,75 @@ impl<'de> Visitor<'de> for TopSeed {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut entries = Vec::with_capacity(16);
-        let mut array = None;
+        let mut top = Top {
+            object: RawObject {
+                entries: Vec::new(),
+            },
+            field: self.field,
+            array: None,
+            array_span: None,
+            array_members: 0,
+        };
         while let Some(Str(k)) = map.next_key::<Str<'de>>()? {
-            if k == self.0 {
-                array = Some(map.next_value::<ArrayOnly<'de>>()?.0);
+            if k == self.field {
+                let items = map.next_value::<ArrayOnly<'de>>()?.0;
+                // An unescaped key is a slice of the body: the array follows its closing quote.
+                top.array_span = match &k {
+                    Cow::Borrowed(key) => array_after_key(self.body, key, &items),
+                    Cow::Owned(_) => None,
+                };
+                top.array = Some(items);
+                top.array_members += 1;
             } else {
-                entries.push((k, map.next_value::<&'de RawValue>()?));
+                entries.push((k, map.next_value::<Json<'de>>()?));
             }
         }
-        Ok((RawObject { entries }, array))
+        top.object.entries = entries;
+        Ok(top)
     }
+}
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// The byte after the whitespace from `at` on, when it is `want`: its offset.
+fn expect_after_ws(body: &[u8], mut at: usize, want: u8) -> Option<usize> {
+    while body.get(at).copied().is_some_and(is_ws) {
+        at += 1;
+    }
+    (body.get(at) == Some(&want)).then_some(at)
+}
+
+/// The span of the array whose member key `key` (borrowed from `body`, unescaped) precedes it:
+/// `"key"` ws `:` ws `[` … `]`, the syntax a successful parse has already checked.
+fn array_after_key(body: &[u8], key: &str, items: &[Json<'_>]) -> Option<Range<usize>> {
+    let key_end = (key.as_ptr() as usize).checked_sub(body.as_ptr() as usize)? + key.len();
+    let colon = expect_after_ws(body, key_end + 1, b':')?;
+    let open = expect_after_ws(body, colon + 1, b'[')?;
+    let last = match items.last() {
+        Some(item) => span(body, *item)?.end,
+        None => open + 1,
+    };
+    let close = expect_after_ws(body, last, b']')?;
+    Some(open..close + 1)
+}
+
+#[cfg(test)]
+thread_local! {
+    static BODY_PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Test-only: how many whole request bodies this thread has parsed ([`object_with_array`],
+/// [`top_object`]); decoding a value inside one (a message, a string) is not counted.
+#[cfg(test)]
+pub(crate) fn body_parses() -> usize {
+    BODY_PARSES.with(std::cell::Cell::get)
+}
+
+fn count_body_parse() {
+    #[cfg(test)]
+    BODY_PARSES.with(|n| n.set(n.get() + 1));
 }
 
 /// The fast path for the common body: the top-level object's members, except `field`, whose
@@ -188,31 +308,50 @@ impl<'de> Visitor<'de> for TopSeed {
 pub(crate) fn object_with_array<'a>(
     body: &'a [u8],
     field: &'static str,
-) -> serde_json::Result<TopParts<'a>> {
+) -> serde_json::Result<Top<'a>> {
+    count_body_parse();
     let mut de = serde_json::Deserializer::from_slice(body);
-    let out = TopSeed(field).deserialize(&mut de)?;
+    let out = TopSeed { field, body }.deserialize(&mut de)?;
     de.end()?;
     Ok(out)
 }
 
+/// The general path: the top-level object's members, all of them.
+pub(crate) fn top_object(body: &[u8]) -> serde_json::Result<Top<'_>> {
+    count_body_parse();
+    Ok(Top {
+        object: serde_json::from_slice(body)?,
+        field: "",
+        array: None,
+        array_span: None,
+        array_members: 0,
+    })
+}
+
+/// A whole body as one raw value (to say what a body that is not an object is).
+pub(crate) fn top_value(body: &[u8]) -> serde_json::Result<Json<'_>> {
+    count_body_parse();
+    serde_json::from_slice(body)
+}
+
 /// Members of a raw value known (by [`Kind::of`]) to be an object.
-pub(crate) fn object<'a>(raw: &'a RawValue) -> serde_json::Result<RawObject<'a>> {
-    serde_json::from_str(raw.get())
+pub(crate) fn object(raw: Json<'_>) -> serde_json::Result<RawObject<'_>> {
+    serde_json::from_str(raw.0)
 }
 
 /// Elements of a raw value known to be an array.
-pub(crate) fn array(raw: &RawValue) -> serde_json::Result<Vec<&RawValue>> {
-    serde_json::from_str(raw.get())
+pub(crate) fn array(raw: Json<'_>) -> serde_json::Result<Vec<Json<'_>>> {
+    serde_json::from_str(raw.0)
 }
 
 /// The decoded text of a raw value known to be a string. Fails only on escapes that are not
 /// Unicode (lone surrogates such as `"\ud800"`), which JSON syntax allows.
-pub(crate) fn string<'a>(raw: &'a RawValue) -> serde_json::Result<Cow<'a, str>> {
-    serde_json::from_str::<Str<'a>>(raw.get()).map(|s| s.0)
+pub(crate) fn string(raw: Json<'_>) -> serde_json::Result<Cow<'_, str>> {
+    serde_json::from_str::<Str<'_>>(raw.0).map(|s| s.0)
 }
 
 /// The decoded text when `raw` is a string (and decodable); `None` otherwise.
-pub(crate) fn as_str<'a>(raw: &'a RawValue) -> Option<Cow<'a, str>> {
+pub(crate) fn as_str(raw: Json<'_>) -> Option<Cow<'_, str>> {
     if Kind::of(raw) == Kind::String {
         string(raw).ok()
     } else {
@@ -223,7 +362,7 @@ pub(crate) fn as_str<'a>(raw: &'a RawValue) -> Option<Cow<'a, str>> {
 /// The `text` string of a content part `{"type": text_type, "text": "…", …}` (the last member of
 /// each key, as everywhere); `None` for any other part. Chat and Anthropic text parts use
 /// `text_type = "text"`, Responses input parts `"input_text"`.
-pub(crate) fn part_text<'a>(part: &RawObject<'a>, text_type: &str) -> Option<&'a RawValue> {
+pub(crate) fn part_text<'a>(part: &RawObject<'a>, text_type: &str) -> Option<Json<'a>> {
     let is_text = part
         .get("type")
         .and_then(as_str)
@@ -234,10 +373,131 @@ pub(crate) fn part_text<'a>(part: &RawObject<'a>, text_type: &str) -> Option<&'a
 
 /// Byte range of `raw` inside `base`, when `raw` was borrowed from `base` (always the case for
 /// values parsed from the body; `None` would be an engine bug, reported, never a panic).
-pub(crate) fn span(base: &[u8], raw: &RawValue) -> Option<Range<usize>> {
-    let start = (raw.get().as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
-    let end = start.checked_add(raw.get().len())?;
+pub(crate) fn span(base: &[u8], raw: Json<'_>) -> Option<Range<usize>> {
+    let start = (raw.0.as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
+    let end = start.checked_add(raw.0.len())?;
     (end <= base.len()).then_some(start..end)
+}
+
+/// One change to a body: the bytes at `.0` replaced by `.1` (an empty range inserts).
+pub(crate) type Edit<B> = (Range<usize>, B);
+
+/// `body` with `edits` made (in any order; they must not overlap). `None` when an edit does not
+/// fit the body, which would be a bug of the step that made it.
+pub(crate) fn splice<B: AsRef<[u8]>>(body: &[u8], edits: &mut [Edit<B>]) -> Option<Vec<u8>> {
+    edits.sort_by_key(|(r, _)| (r.start, r.end));
+    let extra: usize = edits.iter().map(|(_, b)| b.as_ref().len()).sum();
+    let mut out = Vec::with_capacity(body.len() + extra);
+    let mut pos = 0;
+    for (range, bytes) in edits.iter() {
+        out.extend_from_slice(body.get(pos..range.start)?);
+        out.extend_from_slice(bytes.as_ref());
+        pos = range.end;
+    }
+    out.extend_from_slice(body.get(pos..)?);
+    Some(out)
+}
+
+/// The top-level members whose last value a [`Layout`] keeps: what the request steps after the
+/// first read of a chat or completions body.
+const LAYOUT_KEYS: [&str; 4] = ["messages", "stream", "stream_options", "user"];
+
+/// One parse of a JSON object body, kept as byte ranges: where the values of the members the
+/// later request steps read are ([`LAYOUT_KEYS`], the last member of each), where the object
+/// closes, and, when a step needs them, where the elements of `messages` are. It borrows nothing,
+/// so it outlives the bytes it was made from: a step that splices the body moves it onto the new
+/// bytes ([`Layout::shift`]) and the next step reads those through it instead of parsing them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout {
+    values: [Option<Range<usize>>; LAYOUT_KEYS.len()],
+    /// Offset of the closing `}`.
+    close: usize,
+    /// How many members the object has.
+    members: usize,
+    /// The elements of the last `messages`, when it is an array and a step asked for them.
+    items: Option<Vec<Range<usize>>>,
+}
+
+impl Layout {
+    /// The layout of `body`, read from its parse `top` (without `messages`'s elements: see
+    /// [`Layout::with_items`]). `None` only if a value lay outside `body` (a bug, never a panic).
+    pub(crate) fn of(body: &[u8], top: &Top<'_>) -> Option<Layout> {
+        let mut values: [Option<Range<usize>>; LAYOUT_KEYS.len()] = Default::default();
+        for (k, v) in top.object.members() {
+            if let Some(i) = LAYOUT_KEYS.iter().position(|key| *key == k) {
+                values[i] = Some(span(body, v)?);
+            }
+        }
+        if top.field == LAYOUT_KEYS[0] && top.array.is_some() {
+            values[0] = top.array_span.clone();
+        }
+        Some(Layout {
+            values,
+            close: body.iter().rposition(|&b| b == b'}')?,
+            members: top.object.entries.len() + top.array_members,
+            items: None,
+        })
+    }
+
+    /// The layout with the elements `elems` (of the last `messages`, borrowed from `body`).
+    pub(crate) fn with_items(mut self, body: &[u8], elems: &[Json<'_>]) -> Option<Layout> {
+        self.items = Some(
+            elems
+                .iter()
+                .map(|e| span(body, *e))
+                .collect::<Option<_>>()?,
+        );
+        Some(self)
+    }
+
+    /// The range of the value of the last member named `key` (one of [`LAYOUT_KEYS`]).
+    pub(crate) fn get(&self, key: &str) -> Option<Range<usize>> {
+        let i = LAYOUT_KEYS.iter().position(|k| *k == key)?;
+        self.values[i].clone()
+    }
+
+    /// Offset of the object's closing `}`.
+    pub(crate) fn close(&self) -> usize {
+        self.close
+    }
+
+    /// How many members the object has.
+    pub(crate) fn members(&self) -> usize {
+        self.members
+    }
+
+    /// The elements of the last `messages`, when the layout knows them.
+    pub(crate) fn items(&self) -> Option<&[Range<usize>]> {
+        self.items.as_deref()
+    }
+
+    /// Records what a step that wrote the body knows: `messages`'s value and its elements.
+    pub(crate) fn set_messages(&mut self, value: Range<usize>, items: Option<Vec<Range<usize>>>) {
+        self.values[0] = Some(value);
+        self.items = items;
+    }
+
+    /// Moves the layout onto the bytes [`splice`] makes of its body with `edits`. An edit inside
+    /// a value moves that value's end; one before it moves the whole value. An insertion right
+    /// at a value's end is outside it, one right at its start is before it. Members and elements
+    /// of `messages` the edits add or remove are not counted: synthesis, which adds them, records
+    /// what it wrote ([`Layout::set_messages`]); usage, which adds a member, is the last step.
+    pub(crate) fn shift<B: AsRef<[u8]>>(&mut self, edits: &[Edit<B>]) {
+        let delta = |e: &Edit<B>| e.1.as_ref().len() as isize - e.0.len() as isize;
+        let start = |pos: usize| {
+            let d: isize = edits.iter().filter(|e| e.0.end <= pos).map(delta).sum();
+            pos.saturating_add_signed(d)
+        };
+        let end = |pos: usize| {
+            let inside = |e: &&Edit<B>| e.0.end < pos || (e.0.end == pos && e.0.start < pos);
+            let d: isize = edits.iter().filter(inside).map(delta).sum();
+            pos.saturating_add_signed(d)
+        };
+        let range = |r: &mut Range<usize>| *r = start(r.start)..end(r.end);
+        self.values.iter_mut().flatten().for_each(range);
+        self.items.iter_mut().flatten().for_each(range);
+        self.close = start(self.close);
+    }
 }
 
 #[cfg(test)]
@@ -248,7 +508,7 @@ mod tests {
     fn objects_keep_order_duplicates_and_borrow() {
         let body = br#" {"b":1, "a" : [1,2] ,"b":"x\u00e9","k\u0041":null} "#;
         let top: &RawValue = serde_json::from_slice(body).unwrap();
-        let o = object(top).unwrap();
+        let o = object(top.into()).unwrap();
         let keys: Vec<&str> = o.entries.iter().map(|(k, _)| k.as_ref()).collect();
         assert_eq!(keys, ["b", "a", "b", "kA"]);
         assert_eq!(o.distinct_keys(), 3);
@@ -268,14 +528,18 @@ mod tests {
     #[test]
     fn fast_path_splits_the_array_field() {
         let body = br#"{"a":1,"messages":[ {"x":1} , 2 ],"b":"c","messages":[3]}"#;
-        let (o, arr) = object_with_array(body, "messages").unwrap();
+        let Top {
+            object: o,
+            array: arr,
+            ..
+        } = object_with_array(body, "messages").unwrap();
         assert!(o.get("messages").is_none());
         assert_eq!(o.distinct_keys(), 2);
         let arr = arr.unwrap();
         assert_eq!(arr.len(), 1);
         assert_eq!(&body[span(body, arr[0]).unwrap()], b"3");
-        let (_, none) = object_with_array(br#"{"a":1}"#, "messages").unwrap();
-        assert!(none.is_none());
+        let none = object_with_array(br#"{"a":1}"#, "messages").unwrap();
+        assert!(none.array.is_none());
         for bad in [
             &br#"{"messages":"x"}"#[..],
             br#"{"messages":null}"#,
@@ -305,14 +569,68 @@ mod tests {
             ("null", Kind::Null),
         ] {
             let raw: &RawValue = serde_json::from_str(s).unwrap();
-            assert_eq!(Kind::of(raw), k, "{s}");
+            assert_eq!(Kind::of(raw.into()), k, "{s}");
         }
     }
 
     #[test]
     fn lone_surrogates_are_json_but_not_text() {
         let raw: &RawValue = serde_json::from_str(r#""\ud800""#).unwrap();
-        assert!(string(raw).is_err());
-        assert!(as_str(raw).is_none());
+        assert!(string(raw.into()).is_err());
+        assert!(as_str(raw.into()).is_none());
+    }
+
+    fn laid_out(body: &[u8]) -> Layout {
+        let top = object_with_array(body, "messages").unwrap();
+        let items = top.array.clone().unwrap_or_default();
+        Layout::of(body, &top)
+            .unwrap()
+            .with_items(body, &items)
+            .unwrap()
+    }
+
+    /// A layout moved over a splice is the layout a parse of the spliced bytes gives: edits
+    /// before, inside, at either edge of and after the members it tracks.
+    #[test]
+    fn a_shifted_layout_is_the_layout_of_the_new_bytes() {
+        let body = br#" {"model":"m", "messages" : [ {"role":"user","content":"ab"} ,{"x":[]}], "stream":true,"stream_options":null ,"user":"u"} "#;
+        let at = |needle: &str| {
+            body.windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .unwrap()
+        };
+        let cases: Vec<Vec<Edit<&str>>> = vec![
+            vec![(at("\"m\"")..at("\"m\"") + 3, "\"longer model\"")],
+            vec![(at("ab") + 1..at("ab") + 1, "[rid]")],
+            vec![(at("[]}") + 1..at("[]}") + 1, r#"{"type":"x"}"#)],
+            vec![(at("]}") + 1..at("]}") + 1, r#","y":1"#)],
+            vec![(at("null")..at("null") + 4, r#"{"include_usage":true}"#)],
+            vec![
+                (at("\"u\"")..at("\"u\"") + 3, "\"\""),
+                (at("ab")..at("ab") + 2, ""),
+                (at("} ")..at("} "), r#","n":1"#),
+            ],
+        ];
+        for mut edits in cases {
+            let out = splice(body, &mut edits).unwrap();
+            let mut moved = laid_out(body);
+            moved.shift(&edits);
+            assert_eq!(moved, laid_out(&out), "{}", String::from_utf8_lossy(&out));
+        }
+    }
+
+    #[test]
+    fn a_layout_knows_the_last_members_and_a_plain_keys_array() {
+        let body = br#"{"stream":false,"messages" :[1, 2 ],"stream":true}"#;
+        let l = laid_out(body);
+        assert_eq!(&body[l.get("stream").unwrap()], b"true");
+        assert_eq!(&body[l.get("messages").unwrap()], b"[1, 2 ]");
+        assert_eq!(l.items().unwrap().len(), 2);
+        assert_eq!((l.close(), l.members()), (body.len() - 1, 3));
+        // An escaped key: the elements are known, the brackets are not.
+        let top = object_with_array(br#"{"m\u0065ssages":[]}"#, "messages").unwrap();
+        assert!(top.array.is_some() && top.array_span.is_none());
+        let empty = br#"{"messages": [ ] }"#;
+        assert_eq!(&empty[laid_out(empty).get("messages").unwrap()], b"[ ]");
     }
 }

@@ -4,8 +4,10 @@
 //! placeholders, mark, ask for usage) → upstream request → send → response headers → observe
 //! (stream back; time, count, log). A request body is collected only on an API route where a
 //! step needs it (with `synth.placeholders` on, the default, every chat body: the scan must see
-//! its bytes); each step reads the bytes the one before left, and one that finds nothing to do
-//! copies nothing. Everything else streams through. Never collects a response body.
+//! its bytes). The body is parsed once: the first step that must read it parses it, and every
+//! step hands the next the body's layout (`cachebust::raw::Layout`), moved over its own splice,
+//! so no step parses bytes a step before already read; one that finds nothing to do copies
+//! nothing. Everything else streams through. Never collects a response body.
 
 pub mod budget;
 pub mod direct;
@@ -373,9 +375,8 @@ impl Proxy {
         Ok(work.needs_body().then_some(work))
     }
 
-    /// Prepare the body: collect it (within the limits), then synthesize, expand placeholders,
-    /// mark, and ask for usage, each step on the bytes of the one before; a changed body gets
-    /// its new `content-length`.
+    /// Prepare the body: collect it (within the limits), run the [`body_steps`] on it; a changed
+    /// body gets its new `content-length`.
     async fn prepare_body(
         &self,
         mut work: BodyWork,
@@ -390,52 +391,15 @@ impl Proxy {
         if let Some(log) = ex.log.as_mut() {
             log.bytes_in = Some(original.len() as u64);
         }
-        let mut bytes = original;
-        let mut changed = false;
-        let mut session = None;
-        if work.synth {
-            let key = rewrite::header_session_key(
-                &cfg.cache_bust.session_sources,
-                &parts.headers,
-                &cfg.headers,
-                cfg.limits.control_header_len(),
-            )?;
-            let filled = self.synth.fill(&bytes, key.as_deref()).await?;
-            // AIPerf's placement: first-turn targets skip the user-context message.
-            work.decision.user_context_messages = filled.user_context_messages;
-            session = Some(key.unwrap_or(filled.session_id));
-            ex.trace_timestamp = filled.trace_timestamp;
-            bytes = Bytes::from(filled.body);
-            changed = true;
-        }
-        if work.placeholders {
-            if let Some(b) = self.synth.expand(&bytes).await? {
-                bytes = Bytes::from(b);
-                changed = true;
-            }
-        }
-        if work.decision.needs_body() {
-            let out = rewrite::apply(
-                &work.decision,
-                work.shape,
-                &bytes,
-                &parts.headers,
-                &self.rt,
-                session.as_deref(),
-            )?;
-            ex.rid = out.rid;
-            if let Some(b) = out.body {
-                bytes = b;
-                changed = true;
-            }
-        }
-        if work.usage {
-            if let Some(b) = usage::add_include_usage(&bytes) {
-                bytes = Bytes::from(b);
-                changed = true;
-                ex.strip_usage = true;
-            }
-        }
+        let (bytes, changed) = body_steps(
+            &self.rt,
+            &self.synth,
+            &mut work,
+            &parts.headers,
+            original,
+            ex,
+        )
+        .await?;
         if changed {
             reserve(buffered, bytes.len() as u64)?;
             parts
@@ -591,6 +555,64 @@ impl Proxy {
     }
 }
 
+/// The body steps on a collected body, in order: synthesize, expand placeholders, mark, ask for
+/// usage. The first step that reads the body parses it, once; it and every step after hand the
+/// next one the body's layout (`cachebust::raw::Layout`, moved over their own splices), so no step parses what one
+/// before already read. Returns the body to send and whether it changed.
+async fn body_steps(
+    rt: &Runtime,
+    synth: &synthesize::Synthesizer,
+    work: &mut BodyWork,
+    headers: &http::HeaderMap,
+    mut bytes: Bytes,
+    ex: &mut Exchange,
+) -> Result<(Bytes, bool), ProxyError> {
+    let cfg = &rt.config;
+    let mut layout = None;
+    let mut changed = false;
+    let mut session = None;
+    if work.synth {
+        let limit = cfg.limits.control_header_len();
+        let sources = &cfg.cache_bust.session_sources;
+        let key = rewrite::header_session_key(sources, headers, &cfg.headers, limit)?;
+        let filled = synth.fill(&bytes, key.as_deref()).await?;
+        // AIPerf's placement: first-turn targets skip the user-context message.
+        work.decision.user_context_messages = filled.user_context_messages;
+        session = Some(key.unwrap_or(filled.session_id));
+        ex.trace_timestamp = filled.trace_timestamp;
+        layout = filled.layout;
+        bytes = Bytes::from(filled.body);
+        changed = true;
+    }
+    if work.placeholders {
+        if let Some(b) = synth.expand_at(&bytes, &mut layout).await? {
+            bytes = Bytes::from(b);
+            changed = true;
+        }
+    }
+    if work.decision.needs_body() {
+        let (d, shape, session) = (&work.decision, work.shape, session.as_deref());
+        let out = rewrite::apply_laid_out(d, shape, &bytes, headers, rt, session, &mut layout)?;
+        ex.rid = out.rid;
+        if let Some(b) = out.body {
+            bytes = b;
+            changed = true;
+        }
+    }
+    if work.usage {
+        let added = match &layout {
+            Some(l) => usage::add_include_usage_at(&bytes, l),
+            None => usage::add_include_usage(&bytes),
+        };
+        if let Some(b) = added {
+            bytes = Bytes::from(b);
+            changed = true;
+            ex.strip_usage = true;
+        }
+    }
+    Ok((bytes, changed))
+}
+
 /// Holds `n` bytes of the buffered-body budget, or refuses the request at once.
 fn reserve(r: &mut budget::Reservation<'_>, n: u64) -> Result<(), ProxyError> {
     if r.grow_to(n) {
@@ -688,5 +710,187 @@ mod tests {
         for (m, p, r) in cases {
             assert_eq!(Route::classify(&m, p), r, "{m} {p}");
         }
+    }
+
+    /// One mix of body steps: what the request asks for.
+    struct Steps {
+        synth: bool,
+        /// `Some(at)`: a placeholder in the body, in message `content` or in `model`.
+        placeholder: Option<&'static str>,
+        /// The client's body has no `messages` (nor `max_tokens`): synthesis adds them.
+        bare: bool,
+        /// Synthesis replays a trace's verbatim `messages`.
+        trace: bool,
+        mark: bool,
+        usage: bool,
+    }
+
+    impl Steps {
+        fn from_words(words: &str) -> Steps {
+            let has = |w: &str| words.split(' ').any(|x| x == w);
+            Steps {
+                synth: has("synth"),
+                placeholder: match (has("placeholder"), has("placeholder-text")) {
+                    (true, _) => Some("content"),
+                    (_, true) => Some("model"),
+                    _ => None,
+                },
+                bare: has("bare"),
+                trace: has("trace"),
+                mark: has("mark"),
+                usage: has("usage"),
+            }
+        }
+    }
+
+    /// Each mix of steps, and how many parses of a whole body (passes of serde_json over it) it
+    /// takes. Before the steps shared a layout: usage 2, mark + usage 3, placeholder + mark +
+    /// usage 4, synth 2, synth + mark + usage 5. `placeholder-text`: `{{kvbust:` outside message
+    /// content, which the scan must parse the body to tell.
+    const STEPS: &[(&str, usize)] = &[
+        ("", 0),
+        ("usage", 1),
+        ("mark", 1),
+        ("mark usage", 1),
+        ("placeholder", 1),
+        ("placeholder mark usage", 1),
+        ("placeholder-text mark usage", 1),
+        ("synth", 1),
+        ("synth usage", 1),
+        ("synth mark usage", 1),
+        ("synth bare mark usage", 1),
+        ("synth trace mark usage", 1),
+        ("synth placeholder-text mark usage", 1),
+    ];
+
+    fn trace_path() -> std::path::PathBuf {
+        let name = format!("kvbust-parse-once-trace-{}.jsonl", std::process::id());
+        std::env::temp_dir().join(name)
+    }
+
+    fn runtime(s: &Steps) -> (Arc<Runtime>, Arc<synthesize::Synthesizer>) {
+        let mut c = crate::config::Config::default();
+        c.cache_bust.benchmark_id = Some("0123456789ab".into());
+        c.cache_bust.target = if s.mark {
+            Target::FirstTurnPrefix
+        } else {
+            Target::None
+        };
+        c.observe.request_usage = s.usage;
+        c.synth.placeholder_seed = Some(5);
+        let trace = s.trace.then(|| {
+            let line = r#"{"timestamp":1,"messages":[{"role":"system","content":"T"},{"role":"user","content":[{"type":"text","text":"q"}]}],"output_length":4}"#;
+            std::fs::write(trace_path(), format!("{line}\n")).unwrap();
+            trace_path()
+        });
+        let params = match trace {
+            Some(path) => crate::synth::SynthParams {
+                input_file: Some(path),
+                random_seed: Some(3),
+                ..crate::synth::SynthParams::default()
+            },
+            None => crate::synth::SynthParams {
+                isl: Some(40),
+                osl: Some(9),
+                num_dataset_entries: 2,
+                random_seed: Some(3),
+                shared_system_prompt_length: Some(20),
+                user_context_prompt_length: Some(10),
+                ..crate::synth::SynthParams::default()
+            },
+        };
+        c.synth.dataset = Some(params);
+        let synth = synthesize::Synthesizer::new(c.synth.clone(), c.cache_bust.target);
+        (Runtime::new(Arc::new(c), Metrics::new()), synth)
+    }
+
+    fn body(s: &Steps) -> String {
+        let p = "{{kvbust:prompt:3:random}}";
+        let (model, content) = match s.placeholder {
+            Some("content") => ("m", format!("hi {p}")),
+            Some(_) => (p, "hi".to_string()),
+            None => ("m", "hi".to_string()),
+        };
+        if s.bare {
+            return format!(r#"{{"model":"{model}","stream":true,"user":"u1"}}"#);
+        }
+        format!(
+            r#"{{"model":"{model}", "messages":[{{"role":"system","content":"S"}},{{"role":"assistant","content":"a"}},{{"role":"user","content":"{content}"}}],"stream":true,"max_tokens":5,"user":"u1"}}"#
+        )
+    }
+
+    /// The same steps the way they ran before the layout: each on the bytes alone.
+    async fn each_step_alone(s: &Steps, headers: &http::HeaderMap) -> Vec<u8> {
+        let (rt, synth) = runtime(s);
+        let mut bytes = Bytes::from(body(s));
+        let mut d = rewrite::decide(headers, false, &rt).unwrap();
+        let mut session = None;
+        if s.synth {
+            let filled = synth.fill(&bytes, None).await.unwrap();
+            d.user_context_messages = filled.user_context_messages;
+            session = Some(filled.session_id);
+            bytes = Bytes::from(filled.body);
+        }
+        if let Some(b) = synth.expand(&bytes).await.unwrap() {
+            bytes = Bytes::from(b);
+        }
+        if d.needs_body() {
+            let out = rewrite::apply(&d, Shape::Chat, &bytes, headers, &rt, session.as_deref());
+            if let Some(b) = out.unwrap().body {
+                bytes = b;
+            }
+        }
+        if s.usage {
+            if let Some(b) = usage::add_include_usage(&bytes) {
+                bytes = Bytes::from(b);
+            }
+        }
+        bytes.to_vec()
+    }
+
+    /// Each mix of steps parses the client's body once at most (synthesis's own body: never),
+    /// and makes the very bytes the steps make each on its own, parsing as it goes.
+    #[tokio::test]
+    async fn a_body_is_parsed_once_whatever_the_steps() {
+        let headers = http::HeaderMap::new();
+        for (name, want) in STEPS {
+            let s = &Steps::from_words(name);
+            let (rt, synth) = runtime(s);
+            let decision = rewrite::decide(&headers, false, &rt).unwrap();
+            let mut work = BodyWork {
+                shape: Shape::Chat,
+                decision,
+                synth: s.synth,
+                placeholders: true,
+                usage: s.usage,
+            };
+            let mut ex = Exchange {
+                route: Route::Api(Shape::Chat),
+                phase: None,
+                target: Target::None,
+                rid: None,
+                trace_timestamp: None,
+                log: None,
+                strip_usage: false,
+            };
+            let client = Bytes::from(body(s));
+            let before = crate::cachebust::raw::body_parses();
+            let (out, changed) =
+                body_steps(&rt, &synth, &mut work, &headers, client.clone(), &mut ex)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let parses = crate::cachebust::raw::body_parses() - before;
+            assert_eq!(parses, *want, "{name}");
+            assert_eq!(changed, out != client, "{name}");
+            let want = each_step_alone(s, &headers).await;
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&want),
+                "{name}"
+            );
+            assert_eq!(ex.strip_usage, s.usage, "{name}");
+            assert_eq!(ex.rid.is_some(), s.mark, "{name}");
+        }
+        std::fs::remove_file(trace_path()).unwrap();
     }
 }

@@ -5,9 +5,11 @@
 use bytes::Bytes;
 use http::HeaderMap;
 
+use crate::cachebust::inject::{parse_laid_out, Parsed};
+use crate::cachebust::raw::Layout;
 use crate::cachebust::{
-    digest, marker::marker_for_digest, parse, DigestInputs, ListParts, Phase, Plan, RewriteError,
-    Shape, Target,
+    digest, marker::marker_for_digest, DigestInputs, ListParts, Phase, Plan, RewriteError, Shape,
+    Target,
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
@@ -195,6 +197,21 @@ pub fn apply(
     rt: &Runtime,
     session: Option<&str>,
 ) -> Result<Rewritten, ProxyError> {
+    apply_laid_out(d, shape, body, headers, rt, session, &mut None)
+}
+
+/// [`apply`] reading the body through `layout`, the view of `body` an earlier step left (it
+/// then parses nothing), or else parsing it once; `layout` is left as the view of the body
+/// handed on (`None` when it could not be read).
+pub(crate) fn apply_laid_out(
+    d: &Decision,
+    shape: Shape,
+    body: &Bytes,
+    headers: &HeaderMap,
+    rt: &Runtime,
+    session: Option<&str>,
+    layout: &mut Option<Layout>,
+) -> Result<Rewritten, ProxyError> {
     let cfg = &rt.config.cache_bust;
     if let Some(enc) = headers.get(http::header::CONTENT_ENCODING) {
         let enc = enc.to_str().unwrap_or("?").trim();
@@ -206,41 +223,20 @@ pub fn apply(
             );
         }
     }
-    let parsed = match parse(shape, body) {
-        Ok(p) => p,
-        Err(e) => return unparseable(e, rt),
-    };
-    let inputs = if d.target.is_warmup_isolation() {
-        None
-    } else {
-        Some(match &d.explicit {
-            Some(i) => i.clone(),
-            None => {
-                let key = match session {
-                    Some(s) => s.to_string(),
-                    // No identity at all: a random key, so each such request gets its own marker.
-                    None => session_key(
-                        &cfg.session_sources,
-                        headers,
-                        &rt.config.headers,
-                        rt.config.limits.control_header_len(),
-                        &parsed,
-                        d.user_context_messages,
-                    )?
-                    .unwrap_or_else(|| {
-                        format!("anonymous-{}", crate::cachebust::random_benchmark_id())
-                    }),
-                };
-                let c = rt.resolve_session(&key) as i64;
-                DigestInputs {
-                    benchmark_id: rt.benchmark_id.clone(),
-                    recycle_pass: c,
-                    trajectory_index: c,
-                    trace_id: key,
-                }
+    let known = layout
+        .as_ref()
+        .and_then(|l| Parsed::from_layout(shape, body, l));
+    let parsed = match known {
+        Some(p) => p,
+        None => match parse_laid_out(shape, body) {
+            Ok((p, l)) => {
+                *layout = l;
+                p
             }
-        })
+            Err(e) => return unparseable(e, rt),
+        },
     };
+    let inputs = digest_inputs(d, headers, rt, session, &parsed)?;
     // The digest once: it is both the RID reported and the one in the marker. Warm-up
     // isolation markers carry none (`inputs` is `None` for them).
     let rid = inputs.as_ref().map(digest);
@@ -262,7 +258,7 @@ pub fn apply(
         // Only kvbust's own synthesis knows where a merged system prompt ends.
         system_prompt_bytes: None,
     };
-    let outcome = match parsed.apply(&plan) {
+    let outcome = match parsed.apply_shifting(&plan, layout.as_mut()) {
         Ok(o) => o,
         Err(e) => return unparseable(e, rt),
     };
@@ -275,6 +271,50 @@ pub fn apply(
     Ok(Rewritten {
         body: outcome.body.map(Bytes::from),
         rid,
+    })
+}
+
+/// What the session's RID digest is made of: the request's explicit digest headers, or its
+/// session (known already for synthetic requests, else from `cache_bust.session_sources`, else
+/// a random one) and that session's counter. `None` for warm-up isolation, which has no RID.
+fn digest_inputs(
+    d: &Decision,
+    headers: &HeaderMap,
+    rt: &Runtime,
+    session: Option<&str>,
+    parsed: &Parsed<'_>,
+) -> Result<Option<DigestInputs>, ProxyError> {
+    let cfg = &rt.config.cache_bust;
+    Ok(if d.target.is_warmup_isolation() {
+        None
+    } else {
+        Some(match &d.explicit {
+            Some(i) => i.clone(),
+            None => {
+                let key = match session {
+                    Some(s) => s.to_string(),
+                    // No identity at all: a random key, so each such request gets its own marker.
+                    None => session_key(
+                        &cfg.session_sources,
+                        headers,
+                        &rt.config.headers,
+                        rt.config.limits.control_header_len(),
+                        parsed,
+                        d.user_context_messages,
+                    )?
+                    .unwrap_or_else(|| {
+                        format!("anonymous-{}", crate::cachebust::random_benchmark_id())
+                    }),
+                };
+                let c = rt.resolve_session(&key) as i64;
+                DigestInputs {
+                    benchmark_id: rt.benchmark_id.clone(),
+                    recycle_pass: c,
+                    trajectory_index: c,
+                    trace_id: key,
+                }
+            }
+        })
     })
 }
 

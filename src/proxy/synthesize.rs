@@ -3,8 +3,10 @@
 //! placeholders in message content (never elsewhere); a `[synth.dataset]` naming a trace
 //! (`input_file`) replays its entries in order. Splices into the client's bytes so every other
 //! member stays as sent; builds the dataset and prompt streams once, off the async threads.
-//! Never parses bodies that need neither.
+//! Reads the client's body once and hands on the layout of the body it writes; never parses
+//! bodies that need neither.
 
+use std::borrow::Cow;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,11 +14,9 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use lru::LruCache;
-use serde::de::{MapAccess, Visitor};
-use serde::Deserializer as _;
 use serde_json::value::RawValue;
 
-use crate::cachebust::raw::{self, Kind};
+use crate::cachebust::raw::{self, Json, Kind, Layout, Top};
 use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
 use crate::synth::corpus::sonnet::default_cache_dir;
@@ -31,67 +31,49 @@ const MAX_PLACEHOLDER_TOKENS: usize = 1 << 20;
 /// Longest placeholder text between `{{kvbust:` and `}}`; what is longer is not a placeholder.
 const MAX_PLACEHOLDER_INNER: usize = 64;
 
-/// The byte ranges of a JSON object's members, in order. Keys are decoded; values stay raw.
-struct Members {
-    items: Vec<(String, Range<usize>)>,
-    /// Offset of the closing `}`.
-    close: usize,
+/// A 400 for a body synthesis cannot fill; serde_json quotes a whole string that is not an
+/// object ("invalid type: string ..."), so what reaches the client and the log is bounded.
+fn unfillable(e: serde_json::Error) -> ProxyError {
+    ProxyError::bad_request(
+        "invalid_body",
+        format!(
+            "cannot synthesize into this body: {}",
+            crate::error::excerpt(e.to_string().as_bytes())
+        ),
+    )
 }
 
-fn members(body: &[u8]) -> Result<Members, ProxyError> {
-    struct V<'a>(&'a [u8]);
-    impl<'de> Visitor<'de> for V<'de> {
-        type Value = Vec<(String, Range<usize>)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
-                // A borrowed RawValue is a slice of the body; its position is its offset.
-                let start = v.get().as_ptr() as usize - self.0.as_ptr() as usize;
-                out.push((k, start..start + v.get().len()));
-            }
-            Ok(out)
+/// The client's body, read once: its members, `messages` split out when it is one array whose
+/// key is plainly spelled (then its brackets are known without a second look). Any other body
+/// is read whole a second time, which also words the error.
+fn client_top(body: &[u8]) -> Result<Top<'_>, ProxyError> {
+    if let Ok(top) = raw::object_with_array(body, "messages") {
+        if top.array_members == 0 || (top.array_members == 1 && top.array_span.is_some()) {
+            return Ok(top);
         }
     }
-    let bad = |e: String| {
-        ProxyError::bad_request(
-            "invalid_body",
-            format!("cannot synthesize into this body: {e}"),
-        )
-    };
-    // serde_json quotes a whole string that is not an object ("invalid type: string ..."):
-    // bound what reaches the client and the log.
-    let quoted = |e: serde_json::Error| bad(crate::error::excerpt(e.to_string().as_bytes()));
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let items = de.deserialize_map(V(body)).map_err(quoted)?;
-    de.end().map_err(quoted)?;
-    let close = body
-        .iter()
-        .rposition(|&b| b == b'}')
-        .ok_or_else(|| bad("no closing brace".into()))?;
-    Ok(Members { items, close })
+    raw::top_object(body).map_err(unfillable)
 }
 
-/// One edit of the body: replace `range` with `text`.
-struct Edit {
-    range: Range<usize>,
-    text: String,
-}
-
-fn splice(body: &[u8], mut edits: Vec<Edit>) -> Vec<u8> {
-    edits.sort_by_key(|e| e.range.start);
-    let mut out =
-        Vec::with_capacity(body.len() + edits.iter().map(|e| e.text.len()).sum::<usize>());
-    let mut at = 0;
-    for e in edits {
-        out.extend_from_slice(&body[at..e.range.start]);
-        out.extend_from_slice(e.text.as_bytes());
-        at = e.range.end;
+/// Every `messages` member's value range, in order.
+fn messages_spans(body: &[u8], top: &Top<'_>) -> Option<Vec<Range<usize>>> {
+    let mut spans: Vec<Range<usize>> = top.array_span.iter().cloned().collect();
+    for (k, v) in top.object.members() {
+        if k == "messages" {
+            spans.push(raw::span(body, v)?);
+        }
     }
-    out.extend_from_slice(&body[at..]);
-    out
+    Some(spans)
+}
+
+fn internal(what: &str) -> ProxyError {
+    ProxyError::Internal(format!("synthesis: {what}"))
+}
+
+/// `s` as a JSON string literal, appended (serde_json spelling, as AIPerf's orjson).
+fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    // Serializing a &str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 fn json_str(s: &str) -> String {
@@ -107,26 +89,83 @@ pub fn conversation_messages(
     k: usize,
     assistant: &[&RawValue],
 ) -> (String, usize) {
-    let mut parts: Vec<String> = Vec::new();
-    let msg = |role: &str, content: &str| {
-        format!("{{\"role\":\"{role}\",\"content\":{}}}", json_str(content))
+    let assistant: Vec<Json<'_>> = assistant.iter().map(|a| Json::from(*a)).collect();
+    let (bytes, _, ctx) = write_messages(conv, k, &assistant);
+    (String::from_utf8(bytes).unwrap_or_default(), ctx)
+}
+
+/// A JSON array being written, and where each element is in it.
+struct ArrayWriter {
+    out: Vec<u8>,
+    items: Vec<Range<usize>>,
+}
+
+impl ArrayWriter {
+    fn element(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        self.out
+            .push(if self.items.is_empty() { b'[' } else { b',' });
+        let start = self.out.len();
+        write(&mut self.out);
+        self.items.push(start..self.out.len());
+    }
+
+    /// `{"role":role,"content":content}`, as AIPerf spells it.
+    fn message(&mut self, role: &str, content: &str) {
+        self.element(|out| {
+            out.extend_from_slice(b"{\"role\":\"");
+            out.extend_from_slice(role.as_bytes());
+            out.extend_from_slice(b"\",\"content\":");
+            write_json_str(out, content);
+            out.push(b'}');
+        });
+    }
+
+    fn finish(mut self) -> (Vec<u8>, Vec<Range<usize>>) {
+        if self.items.is_empty() {
+            self.out.push(b'[');
+        }
+        self.out.push(b']');
+        (self.out, self.items)
+    }
+}
+
+/// [`conversation_messages`] written as bytes, with where each message is in them (the layout
+/// the steps after synthesis read instead of parsing the body).
+fn write_messages(
+    conv: &Conversation,
+    k: usize,
+    assistant: &[Json<'_>],
+) -> (Vec<u8>, Vec<Range<usize>>, usize) {
+    let turns = conv.turns.iter().take(k + 1);
+    let text: usize = turns.clone().map(|t| t.text.len()).sum::<usize>()
+        + conv.system_message.as_ref().map_or(0, String::len)
+        + conv.user_context_message.as_ref().map_or(0, String::len)
+        + assistant
+            .iter()
+            .take(k)
+            .map(|a| a.get().len())
+            .sum::<usize>();
+    let mut w = ArrayWriter {
+        out: Vec::with_capacity(text + 48 * (k + 3)),
+        items: Vec::with_capacity(2 * k + 3),
     };
     if let Some(s) = &conv.system_message {
-        parts.push(msg("system", s));
+        w.message("system", s);
     }
     let ctx = usize::from(conv.user_context_message.is_some());
     if let Some(c) = &conv.user_context_message {
-        parts.push(msg("user", c));
+        w.message("user", c);
     }
-    for (i, turn) in conv.turns.iter().take(k + 1).enumerate() {
-        parts.push(msg("user", &turn.text));
+    for (i, turn) in turns.enumerate() {
+        w.message("user", &turn.text);
         if i < k {
             if let Some(a) = assistant.get(i) {
-                parts.push(a.get().to_string());
+                w.element(|out| out.extend_from_slice(a.get().as_bytes()));
             }
         }
     }
-    (format!("[{}]", parts.join(",")), ctx)
+    let (out, items) = w.finish();
+    (out, items, ctx)
 }
 
 /// Replaces `messages` (or adds it) and sets the output length from the entry's OSL: every
@@ -136,49 +175,73 @@ pub fn fill_body(
     messages: &str,
     max_tokens: Option<u64>,
 ) -> Result<Vec<u8>, ProxyError> {
-    let m = members(body)?;
-    let mut edits = Vec::new();
-    let mut has_messages = false;
+    let top = client_top(body)?;
+    Ok(fill_top(body, &top, messages.as_bytes(), None, max_tokens)?.0)
+}
+
+/// [`fill_body`] on the client's body read once (`top`), also returning the layout of the body
+/// it makes: the client's members moved by the edits, `messages` (whose elements are at `items`
+/// within `messages`, when known) where it was put.
+fn fill_top(
+    body: &[u8],
+    top: &Top<'_>,
+    messages: &[u8],
+    items: Option<&[Range<usize>]>,
+    max_tokens: Option<u64>,
+) -> Result<(Vec<u8>, Layout), ProxyError> {
+    let (spans, mut layout) = messages_spans(body, top)
+        .zip(Layout::of(body, top))
+        .ok_or_else(|| internal("a member outside the body"))?;
+    let mut edits: Vec<(Range<usize>, Cow<'_, [u8]>)> = Vec::with_capacity(spans.len() + 3);
+    let has_messages = !spans.is_empty();
+    edits.extend(spans.into_iter().map(|r| (r, Cow::Borrowed(messages))));
     let mut has_max = false;
-    for (k, r) in &m.items {
-        match k.as_str() {
-            "messages" => {
-                has_messages = true;
-                edits.push(Edit {
-                    range: r.clone(),
-                    text: messages.to_string(),
-                });
+    if let Some(n) = max_tokens {
+        for (k, v) in top.object.members() {
+            if matches!(k, "max_tokens" | "max_completion_tokens") {
+                has_max = true;
+                let r = raw::span(body, v).ok_or_else(|| internal("a member outside the body"))?;
+                edits.push((r, Cow::Owned(n.to_string().into_bytes())));
             }
-            "max_tokens" | "max_completion_tokens" => {
-                if let Some(n) = max_tokens {
-                    has_max = true;
-                    edits.push(Edit {
-                        range: r.clone(),
-                        text: n.to_string(),
-                    });
-                }
-            }
-            _ => {}
         }
     }
-    let mut tail = String::new();
-    if !has_messages {
-        tail.push_str(&format!("\"messages\":{messages}"));
-    }
-    if let (Some(n), false) = (max_tokens, has_max) {
-        if !tail.is_empty() {
-            tail.push(',');
+    let add_max = max_tokens.filter(|_| !has_max);
+    // Where `messages`'s value starts in the tail that adds it, and the tail's length.
+    let mut added_at = None;
+    if !has_messages || add_max.is_some() {
+        let mut tail = Vec::new();
+        let mut at = None;
+        if layout.members() > 0 {
+            tail.push(b',');
         }
-        tail.push_str(&format!("\"max_completion_tokens\":{n}"));
+        if !has_messages {
+            tail.extend_from_slice(b"\"messages\":");
+            at = Some(tail.len());
+            tail.extend_from_slice(messages);
+        }
+        if let Some(n) = add_max {
+            if !has_messages {
+                tail.push(b',');
+            }
+            tail.extend_from_slice(format!("\"max_completion_tokens\":{n}").as_bytes());
+        }
+        added_at = at.map(|at| (at, tail.len()));
+        let close = layout.close();
+        edits.push((close..close, Cow::Owned(tail)));
     }
-    if !tail.is_empty() {
-        let sep = if m.items.is_empty() { "" } else { "," };
-        edits.push(Edit {
-            range: m.close..m.close,
-            text: format!("{sep}{tail}"),
-        });
-    }
-    Ok(splice(body, edits))
+    let out = raw::splice(body, &mut edits).ok_or_else(|| internal("overlapping edits"))?;
+    layout.shift(&edits);
+    let start = match (added_at, layout.get("messages")) {
+        // Added: the tail ends where the object now closes.
+        (Some((at, tail_len)), _) => (layout.close() + at)
+            .checked_sub(tail_len)
+            .ok_or_else(|| internal("the tail outside the body"))?,
+        (None, Some(r)) => r.start,
+        (None, None) => return Err(internal("the replaced `messages` is not in the layout")),
+    };
+    let items = items.map(|v| v.iter().map(|r| start + r.start..start + r.end).collect());
+    layout.set_messages(start..start + messages.len(), items);
+    Ok((out, layout))
 }
 
 /// A placeholder found in the body.
@@ -210,18 +273,30 @@ pub fn find_placeholders_limited(
     max_count: usize,
     max_tokens: usize,
 ) -> Result<Vec<Placeholder>, ProxyError> {
+    find_placeholders_at(body, &mut None, max_count, max_tokens)
+}
+
+/// [`find_placeholders_limited`] reading the messages through `layout` (of `body`) when it knows
+/// them; a body it parses leaves its layout there, for the steps after.
+fn find_placeholders_at(
+    body: &[u8],
+    layout: &mut Option<Layout>,
+    max_count: usize,
+    max_tokens: usize,
+) -> Result<Vec<Placeholder>, ProxyError> {
     // Every chat body comes through here: one SIMD search decides for the many without any.
     if find_open(body).is_none() {
         return Ok(Vec::new());
     }
-    scan_content(body, max_count, max_tokens)
+    scan_content(body, layout, max_count, max_tokens)
 }
 
-/// [`find_placeholders_limited`] once the body holds `{{kvbust:`: kept out of line so the
-/// common call stays a search and a return.
+/// [`find_placeholders_at`] once the body holds `{{kvbust:`: kept out of line so the common
+/// call stays a search and a return.
 #[inline(never)]
 fn scan_content(
     body: &[u8],
+    layout: &mut Option<Layout>,
     max_count: usize,
     max_tokens: usize,
 ) -> Result<Vec<Placeholder>, ProxyError> {
@@ -232,7 +307,16 @@ fn scan_content(
         total: 0,
         out: Vec::new(),
     };
-    for (i, message) in chat_messages(body)?.into_iter().enumerate() {
+    let known = layout.as_ref().and_then(|l| laid_out_messages(body, l));
+    let messages = match known {
+        Some(m) => m,
+        None => {
+            let (m, l) = chat_messages(body)?;
+            *layout = l;
+            m
+        }
+    };
+    for (i, message) in messages.into_iter().enumerate() {
         // Only a message holding the text is decoded further (a second pass over its bytes).
         if Kind::of(message) != Kind::Object || find_open(message.get().as_bytes()).is_none() {
             continue;
@@ -262,22 +346,37 @@ fn scan_content(
     Ok(scan.out)
 }
 
+/// The elements of `messages` a layout of `body` knows, read without a parse.
+fn laid_out_messages<'a>(body: &'a [u8], layout: &Layout) -> Option<Vec<Json<'a>>> {
+    let items = layout.items()?;
+    items.iter().map(|r| Json::at(body, r.clone())).collect()
+}
+
 /// The top-level `messages` array's elements (the last `messages`); none when it is absent or
-/// not an array (no message content to expand: the upstream judges such a body).
-fn chat_messages(body: &[u8]) -> Result<Vec<&RawValue>, ProxyError> {
-    if let Ok((_, messages)) = raw::object_with_array(body, "messages") {
-        return Ok(messages.unwrap_or_default());
+/// not an array (no message content to expand: the upstream judges such a body). With them, the
+/// body's layout, knowing the elements (`None` only on a bug).
+fn chat_messages(body: &[u8]) -> Result<(Vec<Json<'_>>, Option<Layout>), ProxyError> {
+    if let Ok(top) = raw::object_with_array(body, "messages") {
+        let layout = Layout::of(body, &top);
+        let messages = top.array.unwrap_or_default();
+        let layout = match top.array_members {
+            0 => layout,
+            _ => layout.and_then(|l| l.with_items(body, &messages)),
+        };
+        return Ok((messages, layout));
     }
     // The one-pass reader failed: not an object, invalid JSON (worded here), or some `messages`
     // is not an array. Only the last one counts: an earlier duplicate of another kind does not
     // hide the array the upstream reads.
-    let top =
-        serde_json::from_slice::<raw::RawObject>(body).map_err(|e| invalid_body("this body", e))?;
-    match top.get("messages") {
+    let top = raw::top_object(body).map_err(|e| invalid_body("this body", e))?;
+    let layout = Layout::of(body, &top);
+    match top.object.get("messages") {
         Some(m) if Kind::of(m) == Kind::Array => {
-            raw::array(m).map_err(|e| invalid_body("messages", e))
+            let messages = raw::array(m).map_err(|e| invalid_body("messages", e))?;
+            let layout = layout.and_then(|l| l.with_items(body, &messages));
+            Ok((messages, layout))
         }
-        _ => Ok(Vec::new()),
+        _ => Ok((Vec::new(), layout)),
     }
 }
 
@@ -304,7 +403,7 @@ struct Scan<'a> {
 
 impl Scan<'_> {
     /// Every placeholder inside one JSON string literal of the body, in order.
-    fn string(&mut self, literal: &RawValue) -> Result<(), ProxyError> {
+    fn string(&mut self, literal: Json<'_>) -> Result<(), ProxyError> {
         let body = self.body;
         // A RawValue borrowed from the body always lies in it; a string literal has its quotes.
         let Some(span) = raw::span(body, literal) else {
@@ -448,10 +547,33 @@ pub fn wants_synthesis(
         .any(|r| r.trim_end_matches('/') == path.trim_end_matches('/')))
 }
 
+/// Where each message of one verbatim `messages` array is, within its text.
+type MessageSpans = Arc<[Range<usize>]>;
+
 struct Built {
     dataset: Dataset,
+    /// Where each message of a trace turn's verbatim `messages` is (by conversation, then
+    /// turn), found once here so that no request parses them.
+    raw_items: Vec<Vec<Option<MessageSpans>>>,
     next: usize,
     sessions: LruCache<String, (usize, usize)>,
+}
+
+/// [`Built::raw_items`] of `dataset`; `None` for a turn without verbatim `messages` (or with
+/// `messages` that are not an array: the marking step then parses the body and says so).
+fn raw_items(dataset: &Dataset) -> Vec<Vec<Option<MessageSpans>>> {
+    let items = |raw: &crate::synth::dataset::RawJson| {
+        let elems = raw::array(Json::from(&*raw.0)).ok()?;
+        let base = raw.get().as_bytes();
+        elems.iter().map(|e| raw::span(base, *e)).collect()
+    };
+    let turns = |c: &Conversation| {
+        c.turns
+            .iter()
+            .map(|t| t.raw_messages.as_ref().and_then(items))
+            .collect()
+    };
+    dataset.conversations.iter().map(turns).collect()
 }
 
 /// The synthesis state of one proxy: tokenizer, dataset, placeholder prompt lanes, built on
@@ -481,6 +603,8 @@ impl Drop for QueueSlot {
 /// What a synthetic fill produced.
 pub struct Filled {
     pub body: Vec<u8>,
+    /// The layout of `body`, for the steps after synthesis (they parse nothing).
+    pub(crate) layout: Option<Layout>,
     pub user_context_messages: usize,
     pub session_id: String,
     /// The entry's trace `timestamp` (ms), for the `x-kvbust-trace-timestamp` response header.
@@ -585,6 +709,7 @@ impl Synthesizer {
                     );
                     let cap = NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN);
                     Ok(Arc::new(Mutex::new(Built {
+                        raw_items: raw_items(&dataset),
                         dataset,
                         next: 0,
                         sessions: LruCache::new(cap),
@@ -606,7 +731,7 @@ impl Synthesizer {
     /// Fills a chat body with the next dataset entry (or the session's next turn).
     pub async fn fill(&self, body: &[u8], session: Option<&str>) -> Result<Filled, ProxyError> {
         let built = self.built().await?;
-        let (conv, k) = {
+        let (conv, k, raw_items) = {
             let mut b = built.lock().unwrap_or_else(|p| p.into_inner());
             let n = b.dataset.conversations.len();
             let known = session.and_then(|s| b.sessions.get(s).copied());
@@ -621,20 +746,31 @@ impl Synthesizer {
             if let Some(s) = session {
                 b.sessions.put(s.to_string(), (ci, k + 1));
             }
-            (b.dataset.conversations[ci].clone(), k)
+            let raw_items = b.raw_items.get(ci).and_then(|c| c.get(k)).cloned();
+            (b.dataset.conversations[ci].clone(), k, raw_items.flatten())
         };
         let turn = conv.turns.get(k);
+        // The client's body is read once, here; the steps after read the body made through
+        // its layout.
+        let top = client_top(body)?;
+        let written;
         // A trace's verbatim `messages` replace the body's as they are.
-        let (messages, ctx) = match turn.and_then(|t| t.raw_messages.as_ref()) {
-            Some(raw) => (raw.get().to_owned(), 0),
-            None => conversation_messages(&conv, k, &assistant_messages(body)),
+        let (messages, items, ctx) = match turn.and_then(|t| t.raw_messages.as_ref()) {
+            Some(raw) => (raw.get().as_bytes(), raw_items.as_deref(), 0),
+            None => {
+                let (bytes, items, ctx) = write_messages(&conv, k, &assistant_messages(&top));
+                written = (bytes, items);
+                (&written.0[..], Some(&written.1[..]), ctx)
+            }
         };
         let max = turn.and_then(|t| t.max_tokens);
         let trace_timestamp = turn
             .and_then(|t| t.timestamp.as_ref())
             .map(|n| n.to_string());
+        let (body, layout) = fill_top(body, &top, messages, items, max)?;
         Ok(Filled {
-            body: fill_body(body, &messages, max)?,
+            body,
+            layout: Some(layout),
             user_context_messages: ctx,
             session_id: conv.session_id,
             trace_timestamp,
@@ -667,8 +803,20 @@ impl Synthesizer {
     /// `synth.max_placeholders` / `synth.max_placeholder_tokens` is a 400, an expanded body over
     /// `limits.max_body` a 413 (generation stops as soon as it would be).
     pub async fn expand(&self, body: &[u8]) -> Result<Option<Vec<u8>>, ProxyError> {
-        let found = find_placeholders_limited(
+        self.expand_at(body, &mut None).await
+    }
+
+    /// [`Synthesizer::expand`] reading `body` through `layout` when an earlier step left one
+    /// (else parsing it only when it holds `{{kvbust:`); `layout` is left as the view of the
+    /// body handed on.
+    pub(crate) async fn expand_at(
+        &self,
+        body: &[u8],
+        layout: &mut Option<Layout>,
+    ) -> Result<Option<Vec<u8>>, ProxyError> {
+        let found = find_placeholders_at(
             body,
+            layout,
             self.cfg.max_placeholders,
             self.cfg.max_placeholder_tokens,
         )?;
@@ -710,12 +858,13 @@ impl Synthesizer {
             if size > self.max_body {
                 return Err(too_large());
             }
-            edits.push(Edit {
-                range: p.range.clone(),
-                text: inner.to_string(),
-            });
+            edits.push((p.range.clone(), inner.to_string()));
         }
-        Ok(Some(splice(body, edits)))
+        let out = raw::splice(body, &mut edits).ok_or_else(|| internal("overlapping edits"))?;
+        if let Some(layout) = layout {
+            layout.shift(&edits);
+        }
+        Ok(Some(out))
     }
 }
 
@@ -727,28 +876,27 @@ pub fn default_params() -> SynthParams {
     }
 }
 
-/// The client's assistant messages, raw, in order (the answers to earlier synthetic turns).
-fn assistant_messages(body: &[u8]) -> Vec<&RawValue> {
-    #[derive(serde::Deserialize)]
-    struct Body<'a> {
-        #[serde(borrow, default)]
-        messages: Vec<&'a RawValue>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Role<'a> {
-        #[serde(borrow)]
-        role: Option<&'a str>,
-    }
-    let Ok(b) = serde_json::from_slice::<Body>(body) else {
-        return Vec::new();
+/// The client's assistant messages, raw, in order (the answers to earlier synthetic turns), as
+/// a serde derive read them: none unless there is exactly one `messages`, an array; of its
+/// elements those whose one `role` is `"assistant"`, spelled without escapes (or, as serde
+/// reads a struct from a sequence, the array `["assistant"]`).
+fn assistant_messages<'a>(top: &Top<'a>) -> Vec<Json<'a>> {
+    let messages = match top.object.count("messages") + top.array_members {
+        1 => match (&top.array, top.object.get("messages")) {
+            (Some(items), _) => items.clone(),
+            (None, Some(m)) if Kind::of(m) == Kind::Array => raw::array(m).unwrap_or_default(),
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
     };
-    b.messages
+    let assistant = |v: Json<'_>| v.get() == r#""assistant""#;
+    messages
         .into_iter()
-        .filter(|m| {
-            serde_json::from_str::<Role>(m.get())
-                .ok()
-                .and_then(|r| r.role)
-                == Some("assistant")
+        .filter(|m| match Kind::of(*m) {
+            Kind::Object => raw::object(*m)
+                .is_ok_and(|o| o.count("role") == 1 && o.get("role").is_some_and(assistant)),
+            Kind::Array => raw::array(*m).is_ok_and(|a| a.len() == 1 && assistant(a[0])),
+            _ => false,
         })
         .collect()
 }

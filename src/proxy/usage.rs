@@ -7,58 +7,64 @@
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
-use serde_json::value::RawValue;
 
-use crate::cachebust::raw::{self, Kind};
+use crate::cachebust::raw::{self, Json, Kind, Layout};
 
 /// The body with `include_usage` turned on, when `body` is a streaming request that does not ask
 /// for usage itself; `None` leaves the request (and its response) alone.
 pub fn add_include_usage(body: &[u8]) -> Option<Vec<u8>> {
-    let top: &RawValue = serde_json::from_slice(body).ok()?;
-    if Kind::of(top) != Kind::Object {
+    let top = raw::top_object(body).ok()?;
+    add_include_usage_at(body, &Layout::of(body, &top)?)
+}
+
+/// [`add_include_usage`] reading `body` through the layout an earlier step made of it: no parse,
+/// only the `stream_options` object, when there is one, is read.
+pub(crate) fn add_include_usage_at(body: &[u8], layout: &Layout) -> Option<Vec<u8>> {
+    let value = |key: &str| {
+        layout
+            .get(key)
+            .map(|r| Json::at(body, r.clone()).map(|v| (r, v)))
+    };
+    if value("stream")??.1.get() != "true" {
         return None;
     }
-    let obj = raw::object(top).ok()?;
-    if obj.get("stream")?.get() != "true" {
-        return None;
-    }
-    let (range, text): (Range<usize>, &str) = match obj.get("stream_options") {
+    let (range, text): (Range<usize>, &str) = match value("stream_options") {
         None => {
-            // The last byte of the top-level object is its closing brace; "stream" is a member,
-            // so a comma is always needed.
-            let close = raw::span(body, top)?.end - 1;
+            // "stream" is a member, so a comma is always needed before the new one.
+            let close = layout.close();
             (close..close, r#","stream_options":{"include_usage":true}"#)
         }
-        Some(v) if Kind::of(v) == Kind::Null => (raw::span(body, v)?, r#"{"include_usage":true}"#),
-        Some(v) if Kind::of(v) == Kind::Object => {
-            let options = raw::object(v).ok()?;
-            match options.get("include_usage") {
-                Some(u) if u.get() == "true" => return None,
-                Some(u) => (raw::span(body, u)?, "true"),
-                None => {
-                    let close = raw::span(body, v)?.end - 1;
-                    let sep = if options.distinct_keys() == 0 {
-                        ""
-                    } else {
-                        ","
-                    };
-                    let text = if sep.is_empty() {
-                        r#""include_usage":true"#
-                    } else {
-                        r#","include_usage":true"#
-                    };
-                    (close..close, text)
-                }
+        Some(found) => {
+            let (r, v) = found?;
+            match Kind::of(v) {
+                Kind::Null => (r, r#"{"include_usage":true}"#),
+                Kind::Object => include_in_options(v, r.start)?,
+                // Not an object: the upstream will answer the client's mistake itself.
+                _ => return None,
             }
         }
-        // Not an object: the upstream will answer the client's mistake itself.
-        Some(_) => return None,
     };
-    let mut out = Vec::with_capacity(body.len() + text.len());
-    out.extend_from_slice(&body[..range.start]);
-    out.extend_from_slice(text.as_bytes());
-    out.extend_from_slice(&body[range.end..]);
-    Some(out)
+    raw::splice(body, &mut [(range, text)])
+}
+
+/// The edit that turns `include_usage` on in the `stream_options` object `v` (at `at` in the
+/// body); `None` when it is on already.
+fn include_in_options(v: Json<'_>, at: usize) -> Option<(Range<usize>, &'static str)> {
+    let options = raw::object(v).ok()?;
+    let body = v.get().as_bytes();
+    match options.get("include_usage") {
+        Some(u) if u.get() == "true" => None,
+        Some(u) => raw::span(body, u).map(|r| (at + r.start..at + r.end, "true")),
+        None => {
+            let close = at + v.get().len() - 1;
+            let text = if options.distinct_keys() == 0 {
+                r#""include_usage":true"#
+            } else {
+                r#","include_usage":true"#
+            };
+            Some((close..close, text))
+        }
+    }
 }
 
 /// Removes from a response stream what `include_usage` added. Works on whole SSE events: a frame
@@ -147,7 +153,7 @@ fn edit_event(event: &[u8]) -> Option<Vec<u8>> {
     if data.next().is_some() {
         return None;
     }
-    let payload: &RawValue = serde_json::from_slice(trim(&line[5..])).ok()?;
+    let payload: Json<'_> = serde_json::from_slice(trim(&line[5..])).ok()?;
     if Kind::of(payload) != Kind::Object {
         return None;
     }
@@ -156,7 +162,7 @@ fn edit_event(event: &[u8]) -> Option<Vec<u8>> {
     if Kind::of(usage) != Kind::Null {
         let usage_only = obj
             .get("choices")
-            .filter(|c| Kind::of(c) == Kind::Array)
+            .filter(|c| Kind::of(*c) == Kind::Array)
             .and_then(|c| raw::array(c).ok())
             .is_some_and(|c| c.is_empty());
         return usage_only.then(Vec::new);

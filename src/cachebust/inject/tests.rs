@@ -3,6 +3,7 @@
 use super::super::marker::{build_marker, DigestInputs};
 use super::super::target::{Phase, Target};
 use super::*;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 fn vectors() -> Value {
