@@ -67,7 +67,9 @@ pub struct Observer {
     mode: Scan,
     first_content: Option<Instant>,
     last_content: Option<Instant>,
-    usage: Option<UsageWire>,
+    // Boxed: most of a stream's life has none yet, and an idle open stream's observer is what
+    // kvbust itself holds per stream (128 bytes inline against 8).
+    usage: Option<Box<UsageWire>>,
     /// SSE data events seen (`[DONE]` included).
     events: u64,
     /// Response body bytes passed to the client.
@@ -353,7 +355,10 @@ impl Observer {
 
     /// The tokens read so far (all of them once the body has ended).
     pub fn tokens(&self) -> Tokens {
-        self.usage.map(|u| u.tokens(self.api)).unwrap_or_default()
+        self.usage
+            .as_deref()
+            .map(|u| u.tokens(self.api))
+            .unwrap_or_default()
     }
 
     /// Reads one response frame (public for the micro-benchmark).
@@ -438,7 +443,7 @@ impl Observer {
             self.last_content = Some(now);
         }
         for u in event.usages() {
-            self.usage.get_or_insert_with(UsageWire::default).merge(u);
+            self.usage.get_or_insert_with(Box::default).merge(u);
         }
     }
 
@@ -456,7 +461,7 @@ impl Observer {
         } = &self.mode
         {
             if let Ok(event) = serde_json::from_slice::<Event>(copy) {
-                self.usage = event.usages().last();
+                self.usage = event.usages().last().map(Box::new);
             }
         }
         let tokens = self.tokens();
