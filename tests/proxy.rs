@@ -742,3 +742,22 @@ async fn an_idle_pooled_connection_is_closed_after_the_pool_idle_timeout() {
     sequential_h2c_streams(&h, 1).await;
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn keep_host_forwards_the_clients_host_over_http1_and_h2c() {
+    let h = start(|c| c.upstream.keep_host = true).await;
+    for (name, client) in clients() {
+        let resp = chat(&client, &h, chat_body("which host", false, 2)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{name}");
+        body_bytes(resp).await;
+        let got = h.mock.recorder().requests();
+        let last = got.last().unwrap();
+        // HTTP/1.1: the client's Host header; h2c: its :authority. Both name the proxy.
+        assert_eq!(
+            last.headers["host"],
+            h.proxy_addr.to_string().as_str(),
+            "{name}"
+        );
+    }
+    h.shutdown().await;
+}

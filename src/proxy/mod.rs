@@ -420,6 +420,14 @@ impl Proxy {
         origin_form: bool,
     ) -> Result<Request<Body>, ProxyError> {
         let cfg = &self.rt.config;
+        if cfg.upstream.keep_host && !parts.headers.contains_key(header::HOST) {
+            // An HTTP/2 client names the host in `:authority`, which the new URI drops.
+            if let Some(host) = parts.uri.authority().map(|a| a.as_str()) {
+                if let Ok(v) = HeaderValue::from_str(host) {
+                    parts.headers.insert(header::HOST, v);
+                }
+            }
+        }
         parts.uri = match origin_form {
             true => self.upstream.origin_form(parts.uri.path_and_query())?,
             false => self.upstream.join(parts.uri.path_and_query())?,
