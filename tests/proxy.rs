@@ -488,6 +488,61 @@ async fn total_timeout_cuts_a_stream_and_bounds_the_wait_for_headers() {
     h.shutdown().await;
 }
 
+type TestBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>;
+
+/// An HTTP/1.1 upstream on port 0 that counts the connections it accepts, answers request `i`
+/// (counted over all connections, from 0) with `answer(i)`, and sends on `closed`, when given,
+/// each time a connection ends.
+async fn counting_server(
+    answer: impl Fn(usize) -> http::Response<TestBody> + Send + Sync + 'static,
+    closed: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let requests = std::sync::Arc::new(AtomicUsize::new(0));
+    let answer = std::sync::Arc::new(answer);
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            let (closed, requests, answer) = (closed.clone(), requests.clone(), answer.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| {
+                    let resp = answer(requests.fetch_add(1, Ordering::SeqCst));
+                    async move { Ok::<_, std::convert::Infallible>(resp) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+                if let Some(closed) = closed {
+                    let _ = closed.send(());
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), accepted)
+}
+
+/// A fixed chat completion.
+fn chat_completion() -> http::Response<TestBody> {
+    let mut resp = http::Response::new(
+        Full::new(bytes::Bytes::from_static(
+            br#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#,
+        ))
+        .boxed(),
+    );
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
 /// A tiny upstream that counts the connections it accepts and answers every request with a
 /// fixed chat completion; with `close`, it ends each connection after one response.
 async fn counting_upstream(
@@ -501,45 +556,17 @@ async fn counting_upstream_telling_closes(
     close: bool,
     closed: Option<tokio::sync::mpsc::UnboundedSender<()>>,
 ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            count.fetch_add(1, Ordering::SeqCst);
-            let closed = closed.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |_req| async move {
-                    let mut resp = http::Response::new(Full::new(bytes::Bytes::from_static(
-                        br#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#,
-                    )));
-                    resp.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    if close {
-                        resp.headers_mut().insert(
-                            http::header::CONNECTION,
-                            http::HeaderValue::from_static("close"),
-                        );
-                    }
-                    Ok::<_, std::convert::Infallible>(resp)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-                if let Some(closed) = closed {
-                    let _ = closed.send(());
-                }
-            });
+    let answer = move |_| {
+        let mut resp = chat_completion();
+        if close {
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
         }
-    });
-    (format!("http://{addr}"), accepted)
+        resp
+    };
+    counting_server(answer, closed).await
 }
 
 /// Sends `n` chat requests one after another on one HTTP/1.1 client connection.
@@ -643,50 +670,21 @@ async fn h2c_streams_get_a_fresh_connection_from_an_upstream_that_closes_each() 
 /// An upstream whose first response sends one SSE event and then nothing (until its connection
 /// closes); every later request gets a whole chat completion. Counts connections.
 async fn stalling_first_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
-    let requests = std::sync::Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            count.fetch_add(1, Ordering::SeqCst);
-            let requests = requests.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |_req| {
-                    let first = requests.fetch_add(1, Ordering::SeqCst) == 0;
-                    async move {
-                        let body = if first {
-                            let event = bytes::Bytes::from_static(
-                                b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
-                            );
-                            let frames = futures_util::StreamExt::chain(
-                                futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
-                                    hyper::body::Frame::data(event),
-                                )]),
-                                futures_util::stream::pending(),
-                            );
-                            http_body_util::StreamBody::new(frames).boxed()
-                        } else {
-                            Full::new(bytes::Bytes::from_static(
-                                br#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#,
-                            ))
-                            .boxed()
-                        };
-                        Ok::<_, std::convert::Infallible>(http::Response::new(body))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
+    let answer = |i| {
+        if i > 0 {
+            return chat_completion();
         }
-    });
-    (format!("http://{addr}"), accepted)
+        let event =
+            bytes::Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
+        let frames = futures_util::StreamExt::chain(
+            futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+                hyper::body::Frame::data(event),
+            )]),
+            futures_util::stream::pending(),
+        );
+        http::Response::new(http_body_util::StreamBody::new(frames).boxed())
+    };
+    counting_server(answer, None).await
 }
 
 #[tokio::test]

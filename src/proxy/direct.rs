@@ -118,11 +118,6 @@ impl H1Pool {
             tokio::time::sleep_until(next.into()).await;
         }
     }
-
-    /// Idle connections held now.
-    pub fn idle(&self) -> usize {
-        lock(&self.idle).len()
-    }
 }
 
 /// Where a request's upstream connection comes from and goes back to.
@@ -153,11 +148,10 @@ impl UpstreamBody {
         Self { inner, lease: None }
     }
 
-    fn release_if_done(&mut self) {
-        if self.inner.is_end_stream() {
-            if let Some((pool, send)) = self.lease.take() {
-                pool.put(send);
-            }
+    /// The response has been read to the end: the connection can take the next request.
+    fn release(&mut self) {
+        if let Some((pool, send)) = self.lease.take() {
+            pool.put(send);
         }
     }
 }
@@ -172,14 +166,10 @@ impl HttpBody for UpstreamBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(None) => {
-                if let Some((pool, send)) = self.lease.take() {
-                    pool.put(send);
-                }
-            }
-            Poll::Ready(Some(Ok(_))) => self.release_if_done(),
+            Poll::Ready(None) => self.release(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(),
             Poll::Ready(Some(Err(_))) => self.lease = None,
-            Poll::Pending => {}
+            _ => {}
         }
         polled
     }
@@ -246,7 +236,9 @@ fn give_back(
             Keep::Pool(p) => {
                 body.lease = Some((p.clone(), send));
                 // A body that is empty from the start never polls to its end.
-                body.release_if_done();
+                if body.inner.is_end_stream() {
+                    body.release();
+                }
             }
         }
         body
