@@ -51,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tok = Tokenizer::default_qwen3()?;
     let (c1, t1) = (cpu_s(), Instant::now());
     let params = SynthParams {
-        prompt_corpus: PromptCorpus::Random,
+        prompt_corpus: Some(PromptCorpus::Random),
         random_corpus_style: style,
         isl: Some(1024),
         osl: Some(128),

@@ -56,7 +56,8 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
                 Some(
                     crate::synth::SynthError::InvalidParams(_)
                     | crate::synth::SynthError::TokenizerMissing { .. }
-                    | crate::synth::SynthError::Trace(_),
+                    | crate::synth::SynthError::Trace(_)
+                    | crate::synth::SynthError::Agentic(_),
                 ) => AppError::Usage(format!("{e:#}")),
                 _ => AppError::Other(e),
             }

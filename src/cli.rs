@@ -27,7 +27,7 @@ pub enum Command {
     /// Run only the built-in mock model server.
     Mock(MockArgs),
     /// Write a synthetic dataset (JSONL) from the corpora, byte-identical to AIPerf 0.13.0's.
-    Synth(crate::synth::cli::SynthArgs),
+    Synth(Box<crate::synth::cli::SynthArgs>),
     /// Print the cache-bust marker for the given digest inputs.
     Marker(MarkerArgs),
     /// Validate or print the effective configuration.

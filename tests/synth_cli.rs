@@ -289,7 +289,7 @@ fn params_from_configuration() {
             "range_ratio": {"input": 0.25, "output": 0.5}, "cache_bust": "first_turn_prefix"}"#,
     )
     .unwrap();
-    assert_eq!(p.prompt_corpus, PromptCorpus::Random);
+    assert_eq!(p.prompt_corpus, Some(PromptCorpus::Random));
     assert_eq!(p.num_dataset_entries, 100);
     assert_eq!(
         p.range_ratio,

@@ -36,7 +36,7 @@ fn tokenizer() -> &'static Tokenizer {
 fn check_case(name: &str) -> Result<(), String> {
     let case = &vectors()["cases"][name];
     let params = params_from_argv(&argv(case));
-    assert_eq!(params.prompt_corpus, PromptCorpus::Coding);
+    assert_eq!(params.prompt_corpus, Some(PromptCorpus::Coding));
     let got: Dataset = compose(&params, tokenizer(), None, &mut |_, _| {})
         .map_err(|e| format!("{name}: error {e}"))?;
     compare(name, &got, &case["conversations"], |t| {

@@ -62,7 +62,7 @@ fn synthesis_timings() {
     for corpus_kind in [PromptCorpus::Sonnet, PromptCorpus::Random] {
         for (isl, n) in [(128u64, 2000usize), (1024, 500), (8192, 60)] {
             let params = SynthParams {
-                prompt_corpus: corpus_kind,
+                prompt_corpus: Some(corpus_kind),
                 isl: Some(isl),
                 osl: Some(128),
                 random_seed: Some(42),

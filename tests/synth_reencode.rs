@@ -153,7 +153,7 @@ fn datasets_identical_with_shortcut_off() {
         let reference = compose(&params, &slow, Some(&l.sonnet), &mut |_, _| {}).unwrap();
         assert_eq!(fast, reference, "sonnet seed {seed} isl {isl}");
         let random = SynthParams {
-            prompt_corpus: PromptCorpus::Random,
+            prompt_corpus: Some(PromptCorpus::Random),
             range_ratio: (seed % 2 == 0).then_some(RangeRatio {
                 input: 0.5,
                 output: 0.5,
@@ -315,7 +315,7 @@ fn a_warmed_piece_memo_changes_no_prompt() {
         (RandomCorpusStyle::Sglang, 4),
     ] {
         let params = SynthParams {
-            prompt_corpus: PromptCorpus::Random,
+            prompt_corpus: Some(PromptCorpus::Random),
             random_corpus_style: style,
             isl: Some(1024),
             osl: Some(16),
@@ -351,7 +351,7 @@ fn a_piece_memo_read_from_its_cache_file_changes_no_prompt() {
         .unwrap()
         .with_fast_reencode(false);
     let params = SynthParams {
-        prompt_corpus: PromptCorpus::Random,
+        prompt_corpus: Some(PromptCorpus::Random),
         isl: Some(700),
         osl: Some(16),
         random_seed: Some(8),

@@ -927,6 +927,7 @@ mod tests {
                     ..Turn::default()
                 })
                 .collect(),
+            agentic: None,
         }
     }
 

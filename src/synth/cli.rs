@@ -62,9 +62,9 @@ pub struct SynthArgs {
     #[arg(long, value_name = "PATH", env = "KVBUST_SYNTH__TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
     /// Prompt corpus: sonnet, random, coding (AIPerf's coding corpus) or coding-exact (kvbust's
-    /// own token-exact agentic-coding corpus).
-    #[arg(long, value_name = "CORPUS", default_value = "sonnet")]
-    pub prompt_corpus: PromptCorpus,
+    /// own token-exact agentic-coding corpus). Default: sonnet; coding for weka_trace input.
+    #[arg(long, value_name = "CORPUS")]
+    pub prompt_corpus: Option<PromptCorpus>,
     /// Mean input sequence length in tokens (AIPerf default 550).
     #[arg(long, value_name = "N", visible_alias = "synthetic-input-tokens-mean")]
     pub isl: Option<u64>,
@@ -137,9 +137,11 @@ pub struct SynthArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Conversations)]
     pub format: OutputFormat,
-    /// Model name written into openai-chat bodies.
-    #[arg(long, value_name = "NAME", default_value = "model")]
-    pub model: String,
+    /// Model name written into openai-chat bodies (default "model"). For weka_trace input,
+    /// AIPerf's `--model`: the trace's models map onto these comma-separated names, its main
+    /// model onto the first (without it, the trace's own model names are kept).
+    #[arg(long, value_name = "NAME[,NAME…]")]
+    pub model: Option<String>,
     /// openai-chat: streaming bodies (`"stream": true` and `stream_options.include_usage`).
     #[arg(long)]
     pub stream: bool,
@@ -147,13 +149,39 @@ pub struct SynthArgs {
     /// `aiperf profile --input-file FILE` does.
     #[arg(long, value_name = "FILE")]
     pub input_file: Option<PathBuf>,
-    /// The trace's format: mooncake_trace or bailian_trace (default: detected from the first
-    /// line).
+    /// The trace's format: mooncake_trace, bailian_trace, weka_trace (a Weka JSON trace, a
+    /// directory of them, or a cc-traces JSON-lines export) or burst_gpt_trace (a BurstGPT
+    /// CSV). Default: detected from the input.
     #[arg(long, value_name = "TYPE")]
     pub custom_dataset_type: Option<TraceKind>,
-    /// Tokens per hash-id block (default 512 for mooncake_trace, 16 for bailian_trace).
+    /// Tokens per hash-id block (default 512 for mooncake_trace, 16 for bailian_trace, 64 for
+    /// weka_trace whatever the trace declares, as `aiperf profile` does).
     #[arg(long, value_name = "N")]
     pub isl_block_size: Option<usize>,
+    /// Trace requests with more input tokens are skipped (weka: top-level requests;
+    /// burst_gpt_trace: rows).
+    #[arg(long, value_name = "N")]
+    pub synthesis_max_isl: Option<u64>,
+    /// Caps trace requests' max_tokens (weka: top-level requests, not subagents', as AIPerf).
+    #[arg(long, value_name = "N")]
+    pub synthesis_max_osl: Option<u64>,
+    /// weka_trace: drop traces whose peak input + max_tokens exceeds the model's context.
+    #[arg(long, value_name = "N")]
+    pub max_context_length: Option<u64>,
+    /// weka_trace: clamp inter-turn delays to at most this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub inter_turn_delay_cap_seconds: Option<f64>,
+    /// weka_trace: compress idle gaps between request starts longer than this many seconds,
+    /// per trace (wins over --inter-turn-delay-cap-seconds).
+    #[arg(long, value_name = "SECONDS")]
+    pub trace_idle_gap_cap_seconds: Option<f64>,
+    /// weka_trace: a turn's delay is its recorded think_time (when it has one).
+    #[arg(long)]
+    pub use_think_time_only: bool,
+    /// weka_trace: send tool results as `role: tool` messages answering a synthetic
+    /// `tool_calls` entry on the assistant turn before (AIPerf's WEKA_TOOL_SHAPED_MESSAGES).
+    #[arg(long)]
+    pub tool_shaped_messages: bool,
     /// What starts each trace block. `aiperf` (default, byte-exact): the tokenizer's BOS, else
     /// its EOS (`<|im_end|>` for Qwen3). `none` (kvbust extension): corpus tokens only — use it
     /// when the server parses special-token text in user content, which would otherwise see an
@@ -214,6 +242,14 @@ impl SynthArgs {
             custom_dataset_type: self.custom_dataset_type,
             isl_block_size: self.isl_block_size,
             trace_block_terminator: self.trace_block_terminator,
+            synthesis_max_isl: self.synthesis_max_isl,
+            synthesis_max_osl: self.synthesis_max_osl,
+            max_context_length: self.max_context_length,
+            inter_turn_delay_cap_seconds: self.inter_turn_delay_cap_seconds,
+            trace_idle_gap_cap_seconds: self.trace_idle_gap_cap_seconds,
+            use_think_time_only: self.use_think_time_only,
+            tool_shaped_messages: self.tool_shaped_messages,
+            model: self.model.clone(),
         }
     }
 
@@ -235,7 +271,8 @@ impl SynthArgs {
             (self.cache_bust != CacheBustTarget::None, "--cache-bust"),
             (self.apply_chat_template, "--apply-chat-template"),
             (
-                self.prompt_corpus != PromptCorpus::Sonnet,
+                self.prompt_corpus
+                    .is_some_and(|c| c != PromptCorpus::Sonnet),
                 "--prompt-corpus",
             ),
         ];
@@ -342,6 +379,7 @@ fn bench_dataset(requests: &[BenchRequest]) -> Dataset {
                     max_tokens: Some(r.expected_output_len),
                     ..Turn::default()
                 }],
+                agentic: None,
             })
             .collect(),
     }
@@ -429,7 +467,7 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
             args.check_no_bench_flags()?;
             let params = args.to_params();
             params.validate()?;
-            Job::Aiperf(params)
+            Job::Aiperf(Box::new(params))
         }
     };
     let tokenizer = load_tokenizer(args.tokenizer.as_deref())?;
@@ -440,7 +478,7 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
     };
     let opts = WriteOptions {
         format: args.format,
-        model: &args.model,
+        model: args.model.as_deref().unwrap_or("model"),
         stream: args.stream,
     };
     // Assistant answers (sonnet texts) for the formats that carry them.
@@ -500,5 +538,5 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
 /// What `run` was asked to do, after the flags were checked.
 enum Job {
     Bench(BenchParams),
-    Aiperf(SynthParams),
+    Aiperf(Box<SynthParams>),
 }

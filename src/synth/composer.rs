@@ -215,7 +215,7 @@ pub fn build_dataset_with(
     if params.input_file.is_some() {
         return crate::synth::trace::build_from_params(params, tokenizer, cache_dir);
     }
-    let source = match (params.prompt_corpus, params.random_seed) {
+    let source = match (params.corpus(), params.random_seed) {
         (PromptCorpus::Sonnet, _) => Some(CorpusSource::Sonnet(TokenCorpus::build_cached(
             SHAKESPEARE,
             tokenizer,
@@ -233,7 +233,7 @@ pub fn build_dataset_with(
     };
     // The random corpus's piece memo (every seed's windows come from the same id cycle) is
     // cached beside the corpus id caches: read before, written after a run that had none.
-    let memo_dir = cache_dir.filter(|_| params.prompt_corpus == PromptCorpus::Random);
+    let memo_dir = cache_dir.filter(|_| params.corpus() == PromptCorpus::Random);
     let memo_loaded = memo_dir.is_some_and(|d| random::load_piece_memo(tokenizer, d));
     let dataset = compose_from(params, tokenizer, source, progress)?;
     if let Some(dir) = memo_dir.filter(|_| !memo_loaded) {
@@ -400,7 +400,7 @@ fn corpus_source(
     source: Option<CorpusSource>,
     root_seed: u64,
 ) -> Result<CorpusSource, SynthError> {
-    Ok(match (params.prompt_corpus, source) {
+    Ok(match (params.corpus(), source) {
         (PromptCorpus::Sonnet, Some(s @ CorpusSource::Sonnet(_))) => s,
         (PromptCorpus::Sonnet, _) => {
             return Err(SynthError::invalid("the sonnet corpus was not provided"))
@@ -543,6 +543,7 @@ impl Composer<'_> {
                 system_message: None,
                 user_context_message: None,
                 turns: self.conversation(gen, num_turns)?,
+                agentic: None,
             });
             progress(i + 1, n_conv);
         }

@@ -2,6 +2,8 @@
 //! Owns the data shapes and serialisation; must never generate content.
 
 use serde::Serialize;
+
+use crate::synth::agentic::{Topology, TurnInfo};
 use serde_json::value::RawValue;
 use serde_json::Number;
 
@@ -30,6 +32,9 @@ pub struct Turn {
     /// A trace's `extra`: members shallow-merged into the request body.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub extra_body: Option<RawJson>,
+    /// An agentic trace's turn: its delta messages, model and topology links.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub agentic: Option<Box<TurnInfo>>,
 }
 
 /// A JSON value kept byte for byte as the input wrote it (member order included).
@@ -64,6 +69,9 @@ pub struct Conversation {
     pub system_message: Option<String>,
     pub user_context_message: Option<String>,
     pub turns: Vec<Turn>,
+    /// An agentic trace's conversation: where it sits in the agent tree.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub agentic: Option<Box<Topology>>,
 }
 
 /// A whole synthetic dataset.

@@ -26,6 +26,17 @@ pub enum SynthError {
     Output(#[from] std::io::Error),
     #[error(transparent)]
     Trace(#[from] crate::synth::trace::TraceError),
+    #[error(transparent)]
+    Agentic(Box<crate::synth::agentic::AgenticError>),
+}
+
+impl From<crate::synth::agentic::AgenticError> for SynthError {
+    fn from(e: crate::synth::agentic::AgenticError) -> Self {
+        match e {
+            crate::synth::agentic::AgenticError::Synth(inner) => *inner,
+            other => SynthError::Agentic(Box::new(other)),
+        }
+    }
 }
 
 impl SynthError {

@@ -341,6 +341,7 @@ mod tests {
                     ..Turn::default()
                 })
                 .collect(),
+            agentic: None,
         }
     }
 

@@ -1,5 +1,6 @@
 //! Prompt synthesis: tokenizer, bit-exact RNG ports, corpora and the AIPerf dataset composer. Never does network I/O.
 
+pub mod agentic;
 pub mod bench;
 pub mod chat_template;
 pub mod cli;

@@ -126,7 +126,9 @@ impl std::str::FromStr for RangeRatio {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SynthParams {
-    pub prompt_corpus: PromptCorpus,
+    /// `--prompt-corpus` (None: sonnet, or coding for an agentic trace, as AIPerf's plugins
+    /// default).
+    pub prompt_corpus: Option<PromptCorpus>,
     /// `--isl` (None: AIPerf's default 550).
     pub isl: Option<u64>,
     pub isl_stddev: f64,
@@ -157,6 +159,24 @@ pub struct SynthParams {
     pub isl_block_size: Option<usize>,
     /// `--trace-block-terminator`.
     pub trace_block_terminator: BlockTerminator,
+    /// `--synthesis-max-isl`: trace requests with more input tokens are skipped.
+    pub synthesis_max_isl: Option<u64>,
+    /// `--synthesis-max-osl`: caps trace requests' `max_tokens` (weka: top-level requests).
+    pub synthesis_max_osl: Option<u64>,
+    /// `--max-context-length`: weka traces whose peak input + output exceeds it are dropped.
+    pub max_context_length: Option<u64>,
+    /// `--inter-turn-delay-cap-seconds`: weka delays are clamped to this.
+    pub inter_turn_delay_cap_seconds: Option<f64>,
+    /// `--trace-idle-gap-cap-seconds`: weka traces' long idle gaps are compressed to this (wins
+    /// over the delay cap).
+    pub trace_idle_gap_cap_seconds: Option<f64>,
+    /// `--use-think-time-only`: weka delays are the recorded `think_time`.
+    pub use_think_time_only: bool,
+    /// `--tool-shaped-messages` (AIPerf's `WEKA_TOOL_SHAPED_MESSAGES`): weka tool results as
+    /// `role: tool` messages answering synthetic `tool_calls`.
+    pub tool_shaped_messages: bool,
+    /// `--model`: weka trace models map onto these names (comma-separated; main model first).
+    pub model: Option<String>,
 }
 
 impl serde::Serialize for RangeRatio {
@@ -201,7 +221,7 @@ impl<'de> serde::Deserialize<'de> for RangeRatio {
 impl Default for SynthParams {
     fn default() -> Self {
         SynthParams {
-            prompt_corpus: PromptCorpus::Sonnet,
+            prompt_corpus: None,
             isl: None,
             isl_stddev: 0.0,
             osl: None,
@@ -223,11 +243,24 @@ impl Default for SynthParams {
             custom_dataset_type: None,
             isl_block_size: None,
             trace_block_terminator: BlockTerminator::Aiperf,
+            synthesis_max_isl: None,
+            synthesis_max_osl: None,
+            max_context_length: None,
+            inter_turn_delay_cap_seconds: None,
+            trace_idle_gap_cap_seconds: None,
+            use_think_time_only: false,
+            tool_shaped_messages: false,
+            model: None,
         }
     }
 }
 
 impl SynthParams {
+    /// The corpus of a synthetic dataset (sonnet unless `--prompt-corpus` says otherwise).
+    pub fn corpus(&self) -> PromptCorpus {
+        self.prompt_corpus.unwrap_or_default()
+    }
+
     /// Whether the prefix pool is on.
     pub fn prefix_pool_enabled(&self) -> bool {
         self.num_prefix_prompts > 0
@@ -241,6 +274,19 @@ impl SynthParams {
         }
         let trace_only = [
             (self.custom_dataset_type.is_some(), "--custom-dataset-type"),
+            (self.synthesis_max_isl.is_some(), "--synthesis-max-isl"),
+            (self.synthesis_max_osl.is_some(), "--synthesis-max-osl"),
+            (self.max_context_length.is_some(), "--max-context-length"),
+            (
+                self.inter_turn_delay_cap_seconds.is_some(),
+                "--inter-turn-delay-cap-seconds",
+            ),
+            (
+                self.trace_idle_gap_cap_seconds.is_some(),
+                "--trace-idle-gap-cap-seconds",
+            ),
+            (self.use_think_time_only, "--use-think-time-only"),
+            (self.tool_shaped_messages, "--tool-shaped-messages"),
             (self.isl_block_size.is_some(), "--isl-block-size"),
             (
                 self.trace_block_terminator != BlockTerminator::Aiperf,
@@ -340,15 +386,63 @@ impl SynthParams {
         Ok(())
     }
 
+    /// The flags that only one trace type reads, refused for the others (after the type is
+    /// known: it may be detected from the file).
+    pub fn validate_trace_kind(&self, kind: TraceKind) -> Result<(), SynthError> {
+        if kind != TraceKind::WekaTrace {
+            let weka_only = [
+                (self.max_context_length.is_some(), "--max-context-length"),
+                (
+                    self.inter_turn_delay_cap_seconds.is_some(),
+                    "--inter-turn-delay-cap-seconds",
+                ),
+                (
+                    self.trace_idle_gap_cap_seconds.is_some(),
+                    "--trace-idle-gap-cap-seconds",
+                ),
+                (self.use_think_time_only, "--use-think-time-only"),
+                (self.tool_shaped_messages, "--tool-shaped-messages"),
+            ];
+            if let Some((_, flag)) = weka_only.iter().find(|(set, _)| *set) {
+                return Err(SynthError::InvalidParams(format!(
+                    "{flag} applies to agentic weka_trace input, and this input is {kind}"
+                )));
+            }
+        }
+        if matches!(kind, TraceKind::MooncakeTrace | TraceKind::BailianTrace)
+            && (self.synthesis_max_isl.is_some() || self.synthesis_max_osl.is_some())
+        {
+            return Err(SynthError::InvalidParams(format!(
+                "--synthesis-max-isl/--synthesis-max-osl are read for weka_trace and \
+                 burst_gpt_trace input in kvbust, and this input is {kind}"
+            )));
+        }
+        Ok(())
+    }
+
     /// The rules for a trace (`--input-file`): AIPerf's corpus rule, and no synthetic-only flag.
     fn validate_trace(&self) -> Result<(), SynthError> {
-        if !matches!(
-            self.prompt_corpus,
-            PromptCorpus::Sonnet | PromptCorpus::Coding
-        ) {
-            return Err(SynthError::InvalidParams(corpus_refusal(
-                self.prompt_corpus,
-            )));
+        if let Some(c) = self
+            .prompt_corpus
+            .filter(|c| !matches!(c, PromptCorpus::Sonnet | PromptCorpus::Coding))
+        {
+            return Err(SynthError::InvalidParams(corpus_refusal(c)));
+        }
+        for (v, flag) in [
+            (
+                self.inter_turn_delay_cap_seconds,
+                "--inter-turn-delay-cap-seconds",
+            ),
+            (
+                self.trace_idle_gap_cap_seconds,
+                "--trace-idle-gap-cap-seconds",
+            ),
+        ] {
+            if v.is_some_and(|x| !x.is_finite() || x < 0.0) {
+                return Err(SynthError::InvalidParams(format!(
+                    "{flag} must be a number of seconds, 0 or more"
+                )));
+            }
         }
         if self.isl_block_size == Some(0) {
             return Err(SynthError::invalid("--isl-block-size must be at least 1"));

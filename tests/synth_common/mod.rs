@@ -64,7 +64,7 @@ pub fn params_from_argv(argv: &[String]) -> SynthParams {
             "--osl-stddev" => p.osl_stddev = val.parse().unwrap(),
             "--random-seed" => p.random_seed = Some(val.parse().unwrap()),
             "--num-dataset-entries" => p.num_dataset_entries = val.parse().unwrap(),
-            "--prompt-corpus" => p.prompt_corpus = val.parse::<PromptCorpus>().unwrap(),
+            "--prompt-corpus" => p.prompt_corpus = Some(val.parse::<PromptCorpus>().unwrap()),
             "--random-corpus-style" => p.random_corpus_style = val.parse().unwrap(),
             "--random-range-ratio" => p.range_ratio = Some(val.parse::<RangeRatio>().unwrap()),
             "--num-prefix-prompts" => p.num_prefix_prompts = val.parse().unwrap(),

@@ -36,6 +36,11 @@ pub enum TraceKind {
     MooncakeTrace,
     /// Alibaba Bailian: `chat_id` / `parent_chat_id` / `turn` chains, timestamps in seconds.
     BailianTrace,
+    /// Weka kv-cache-tester agentic coding traces (JSON per trace, a directory of them, or a
+    /// SemiAnalysis cc-traces JSON-lines export): see [`crate::synth::agentic`].
+    WekaTrace,
+    /// BurstGPT CSV: `Timestamp`, `Request tokens`, `Response tokens` per row.
+    BurstGptTrace,
 }
 
 /// AIPerf's other `--custom-dataset-type` values (named in the error for a better hint).
@@ -46,9 +51,7 @@ const OTHER_AIPERF_TYPES: &[&str] = &[
     "raw_payload",
     "inputs_json",
     "baseten_trace",
-    "burst_gpt_trace",
     "sagemaker_data_capture",
-    "weka_trace",
     "dag_jsonl",
 ];
 
@@ -58,7 +61,15 @@ impl TraceKind {
         match self {
             TraceKind::MooncakeTrace => "mooncake_trace",
             TraceKind::BailianTrace => "bailian_trace",
+            TraceKind::WekaTrace => "weka_trace",
+            TraceKind::BurstGptTrace => "burst_gpt_trace",
         }
+    }
+
+    /// Whether the type is an agentic one ([`crate::synth::agentic`]), whose AIPerf plugin
+    /// defaults to the coding corpus.
+    pub fn is_agentic(self) -> bool {
+        self == TraceKind::WekaTrace
     }
 
     /// The plugin's `default_block_size` (`--isl-block-size` overrides it).
@@ -66,13 +77,16 @@ impl TraceKind {
         match self {
             TraceKind::MooncakeTrace => 512,
             TraceKind::BailianTrace => 16,
+            TraceKind::WekaTrace => crate::synth::agentic::weka::DEFAULT_BLOCK_SIZE,
+            // No hash ids: the block size is never used.
+            TraceKind::BurstGptTrace => 512,
         }
     }
 
     fn other(self) -> Self {
         match self {
-            TraceKind::MooncakeTrace => TraceKind::BailianTrace,
             TraceKind::BailianTrace => TraceKind::MooncakeTrace,
+            _ => TraceKind::BailianTrace,
         }
     }
 }
@@ -89,12 +103,15 @@ impl std::str::FromStr for TraceKind {
         match s {
             "mooncake_trace" => Ok(TraceKind::MooncakeTrace),
             "bailian_trace" => Ok(TraceKind::BailianTrace),
+            "weka_trace" => Ok(TraceKind::WekaTrace),
+            "burst_gpt_trace" => Ok(TraceKind::BurstGptTrace),
             other if OTHER_AIPERF_TYPES.contains(&other) => Err(format!(
                 "{other} is an AIPerf dataset type kvbust does not reproduce; kvbust reads \
-                 mooncake_trace and bailian_trace"
+                 mooncake_trace, bailian_trace, weka_trace and burst_gpt_trace"
             )),
             other => Err(format!(
-                "unknown custom dataset type {other:?}; use mooncake_trace or bailian_trace"
+                "unknown custom dataset type {other:?}; use mooncake_trace, bailian_trace, \
+                 weka_trace or burst_gpt_trace"
             )),
         }
     }
@@ -145,6 +162,26 @@ pub enum TraceError {
     File { path: PathBuf, message: String },
 }
 
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+fn gunzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// A file's bytes, gunzipped when they start with the gzip magic (AIPerf opens `.gz` traces
+/// the same way).
+pub fn read_maybe_gzip(path: &Path) -> std::io::Result<Vec<u8>> {
+    let bytes = std::fs::read(path)?;
+    if bytes.starts_with(&GZIP_MAGIC) {
+        gunzip(&bytes)
+    } else {
+        Ok(bytes)
+    }
+}
+
 /// A trace file as read from disk: its bytes decide the hash-id scope.
 #[derive(Debug, Clone)]
 pub struct TraceFile {
@@ -167,13 +204,18 @@ impl TraceFile {
 
     /// The same from bytes already in memory (`path` is used for messages only).
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self, TraceError> {
-        if bytes.starts_with(&[0x1f, 0x8b]) {
-            return Err(TraceError::File {
+        // AIPerf hashes the file as it is on disk (compressed, for a .gz).
+        let trace_id = hash_blocks::trace_id(bytes);
+        let unzipped;
+        let bytes = if bytes.starts_with(&GZIP_MAGIC) {
+            unzipped = gunzip(bytes).map_err(|e| TraceError::File {
                 path: path.to_path_buf(),
-                message: "is gzip-compressed; kvbust reads plain JSONL traces (gunzip it first)"
-                    .into(),
-            });
-        }
+                message: format!("is gzip-compressed but does not decompress: {e}"),
+            })?;
+            &unzipped[..]
+        } else {
+            bytes
+        };
         let text = std::str::from_utf8(bytes).map_err(|e| {
             let line = 1 + bytes[..e.valid_up_to()]
                 .iter()
@@ -196,7 +238,7 @@ impl TraceFile {
             .collect();
         Ok(TraceFile {
             path: path.to_path_buf(),
-            trace_id: hash_blocks::trace_id(bytes),
+            trace_id,
             lines,
         })
     }
@@ -389,20 +431,6 @@ fn group(kind: TraceKind, entries: Vec<Entry>, seeded: bool) -> Vec<(String, Vec
         order[i].1.push(e);
     };
     match kind {
-        TraceKind::MooncakeTrace => {
-            let mut counter = 0usize;
-            for e in entries {
-                let key = match &e.session_id {
-                    Some(s) => s.clone(),
-                    None if seeded => {
-                        counter += 1;
-                        format!("session_{:06}", counter - 1)
-                    }
-                    None => uuid4(),
-                };
-                push(key, e, &mut order);
-            }
-        }
         TraceKind::BailianTrace => {
             let parent: HashMap<i64, i64> = entries
                 .iter()
@@ -417,6 +445,21 @@ fn group(kind: TraceKind, entries: Vec<Entry>, seeded: bool) -> Vec<(String, Vec
             for (_, turns) in &mut order {
                 // A stable sort, as Python's list.sort.
                 turns.sort_by_key(|e| e.chat.map_or(1, |c| c.turn));
+            }
+        }
+        // BurstGPT rows are independent requests: one session each, named as mooncake's.
+        _ => {
+            let mut counter = 0usize;
+            for e in entries {
+                let key = match &e.session_id {
+                    Some(s) => s.clone(),
+                    None if seeded => {
+                        counter += 1;
+                        format!("session_{:06}", counter - 1)
+                    }
+                    None => uuid4(),
+                };
+                push(key, e, &mut order);
             }
         }
     }
@@ -505,6 +548,23 @@ pub fn build(
         return Err(SynthError::invalid("--isl-block-size must be at least 1"));
     }
     let entries = file.entries(kind)?;
+    build_entries(
+        file, kind, entries, params, tokenizer, content, root_seed, block_size,
+    )
+}
+
+/// [`build`] for entries already read (a BurstGPT CSV's rows, say), in `file`'s hash-id scope.
+#[allow(clippy::too_many_arguments)]
+pub fn build_entries(
+    file: &TraceFile,
+    kind: TraceKind,
+    entries: Vec<Entry>,
+    params: &TraceParams,
+    tokenizer: &Tokenizer,
+    content: &mut dyn TraceContent,
+    root_seed: u64,
+    block_size: usize,
+) -> Result<Dataset, SynthError> {
     let sessions = group(kind, entries, params.random_seed.is_some());
     if kind == TraceKind::MooncakeTrace {
         for (sid, entries) in &sessions {
@@ -617,6 +677,7 @@ fn conversations(
                 raw_tools,
                 raw_payload,
                 extra_body: e.extra,
+                agentic: None,
             });
         }
         conversations.push(Conversation {
@@ -624,9 +685,40 @@ fn conversations(
             system_message: params.system_prompt.clone(),
             user_context_message: None,
             turns,
+            agentic: None,
         });
     }
     conversations
+}
+
+/// The type of the input at `path`: `--custom-dataset-type` when given, else detected as
+/// AIPerf's loaders' `can_load` would (a directory or a Weka JSON is `weka_trace`, a CSV with
+/// BurstGPT's columns `burst_gpt_trace`, else mooncake or bailian from the first line).
+pub fn detect_kind(path: &Path, given: Option<TraceKind>) -> Result<TraceKind, SynthError> {
+    if let Some(k) = given {
+        return Ok(k);
+    }
+    if path.is_dir() || crate::synth::agentic::looks_like_weka(path) {
+        return Ok(TraceKind::WekaTrace);
+    }
+    let bytes = read_maybe_gzip(path).map_err(|source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if crate::synth::agentic::burst::looks_like_burst(&bytes) {
+        return Ok(TraceKind::BurstGptTrace);
+    }
+    Ok(TraceFile::from_bytes(path, &bytes)?.detect(None)?)
+}
+
+/// The corpus a trace is built from: `--prompt-corpus` when given, else the type's AIPerf
+/// default (coding for the agentic types, sonnet for the others).
+pub fn default_corpus(kind: TraceKind) -> PromptCorpus {
+    if kind.is_agentic() {
+        PromptCorpus::Coding
+    } else {
+        PromptCorpus::Sonnet
+    }
 }
 
 /// The dataset for `params.input_file` (see [`SynthParams`]): reads the trace, builds the
@@ -640,10 +732,36 @@ pub fn build_from_params(
         .input_file
         .as_deref()
         .ok_or_else(|| SynthError::invalid("a trace dataset needs --input-file"))?;
-    let file = TraceFile::read(path)?;
+    let kind = detect_kind(path, params.custom_dataset_type)?;
+    params.validate_trace_kind(kind)?;
     let root_seed = params.random_seed.unwrap_or_else(rand::random);
+    let corpus = params.prompt_corpus.unwrap_or_else(|| default_corpus(kind));
+    match corpus {
+        PromptCorpus::Sonnet => {
+            let corpus = TokenCorpus::build_cached(SHAKESPEARE, tokenizer, cache_dir)?;
+            let mut content = SonnetContent::new(tokenizer, corpus, root_seed);
+            build_kind(path, kind, params, tokenizer, &mut content, root_seed)
+        }
+        PromptCorpus::Coding => {
+            let pool = CodingPool::build_cached(root_seed, tokenizer, cache_dir)?;
+            let mut content = CodingContent::new(tokenizer, Arc::new(pool));
+            build_kind(path, kind, params, tokenizer, &mut content, root_seed)
+        }
+        // Checked by SynthParams::validate; kept for callers that skip it.
+        other => Err(SynthError::invalid(corpus_refusal(other))),
+    }
+}
+
+fn build_kind(
+    path: &Path,
+    kind: TraceKind,
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    content: &mut dyn TraceContent,
+    root_seed: u64,
+) -> Result<Dataset, SynthError> {
     let trace = TraceParams {
-        kind: params.custom_dataset_type,
+        kind: Some(kind),
         isl_block_size: params.isl_block_size,
         random_seed: params.random_seed,
         terminator: params.trace_block_terminator,
@@ -651,19 +769,42 @@ pub fn build_from_params(
         osl_stddev: params.osl_stddev,
         system_prompt: params.system_prompt.clone(),
     };
-    match params.prompt_corpus {
-        PromptCorpus::Sonnet => {
-            let corpus = TokenCorpus::build_cached(SHAKESPEARE, tokenizer, cache_dir)?;
-            let mut content = SonnetContent::new(tokenizer, corpus, root_seed);
-            build(&file, &trace, tokenizer, &mut content, root_seed)
+    match kind {
+        TraceKind::WekaTrace => crate::synth::agentic::build_weka(path, params, tokenizer, content),
+        TraceKind::BurstGptTrace => {
+            let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let file = TraceFile {
+                path: path.to_path_buf(),
+                trace_id: hash_blocks::trace_id(&bytes),
+                lines: Vec::new(),
+            };
+            let text = if bytes.starts_with(&GZIP_MAGIC) {
+                gunzip(&bytes).map_err(|source| TraceError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })?
+            } else {
+                bytes
+            };
+            let max_isl = params.synthesis_max_isl.map(|m| m as i64);
+            let entries = crate::synth::agentic::burst::entries(path, &text, max_isl)?;
+            let mut ds = build_entries(
+                &file, kind, entries, &trace, tokenizer, content, root_seed, 512,
+            )?;
+            if let Some(cap) = params.synthesis_max_osl {
+                for t in ds.conversations.iter_mut().flat_map(|c| c.turns.iter_mut()) {
+                    t.max_tokens = t.max_tokens.map(|m| m.min(cap));
+                }
+            }
+            Ok(ds)
         }
-        PromptCorpus::Coding => {
-            let pool = CodingPool::build_cached(root_seed, tokenizer, cache_dir)?;
-            let mut content = CodingContent::new(tokenizer, Arc::new(pool));
-            build(&file, &trace, tokenizer, &mut content, root_seed)
+        TraceKind::MooncakeTrace | TraceKind::BailianTrace => {
+            let file = TraceFile::read(path)?;
+            build(&file, &trace, tokenizer, content, root_seed)
         }
-        // Checked by SynthParams::validate; kept for callers that skip it.
-        other => Err(SynthError::invalid(corpus_refusal(other))),
     }
 }
 

@@ -1,0 +1,335 @@
+//! Agentic coding traces, byte for byte as AIPerf 0.13.0 builds them: Weka kv-cache-tester
+//! traces (`weka_trace`, one JSON file or a directory of them, or a SemiAnalysis cc-traces
+//! JSON-lines export) and BurstGPT CSVs (`burst_gpt_trace`). Owns reading those inputs and the
+//! topology shapes (branches, joins) of the dataset; the reconstruction lives in [`weka`].
+//! Never touches the network.
+
+pub mod burst;
+pub mod chains;
+pub mod recon;
+pub mod schema;
+pub mod weka;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+pub use recon::Message;
+
+/// Bad agentic input: always names the file, and the trace id and JSON path when known.
+#[derive(Debug, thiserror::Error)]
+pub enum AgenticError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin}{}: {}{message}", trace_id.as_deref().map(|t| format!(": trace {t:?}")).unwrap_or_default(), if path.is_empty() { String::new() } else { format!("{path}: ") })]
+    Input {
+        /// The file (and line, for JSON-lines exports).
+        origin: String,
+        trace_id: Option<String>,
+        /// The JSON path inside the trace (`requests[3].in`).
+        path: String,
+        message: String,
+    },
+    #[error("{0}")]
+    Selection(String),
+    #[error(transparent)]
+    Synth(#[from] Box<crate::synth::error::SynthError>),
+}
+
+impl From<crate::synth::error::SynthError> for AgenticError {
+    fn from(e: crate::synth::error::SynthError) -> Self {
+        AgenticError::Synth(Box::new(e))
+    }
+}
+
+/// Where a conversation sits in the agent tree, in AIPerf's `Conversation` field names.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Topology {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_mode: Option<&'static str>,
+    pub is_root: bool,
+    pub agent_depth: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_conversation_id: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub branches: Vec<Branch>,
+}
+
+/// AIPerf's delta context mode: each turn carries the synthesized reply to the previous turn
+/// and its own new input; a client accumulates them (and starts over on `reset_context`).
+pub const DELTAS_WITH_RESPONSES: &str = "deltas_with_responses";
+
+impl Topology {
+    pub fn root() -> Self {
+        Topology {
+            context_mode: Some(DELTAS_WITH_RESPONSES),
+            is_root: true,
+            agent_depth: 0,
+            parent_conversation_id: None,
+            branches: Vec::new(),
+        }
+    }
+
+    pub fn child(parent: &str) -> Self {
+        Topology {
+            context_mode: Some(DELTAS_WITH_RESPONSES),
+            is_root: false,
+            agent_depth: 1,
+            parent_conversation_id: Some(parent.to_owned()),
+            branches: Vec::new(),
+        }
+    }
+}
+
+impl Eq for Topology {}
+
+/// A SPAWN branch: children started after the turn that lists it (`dispatch_timing: post`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Branch {
+    pub branch_id: String,
+    pub child_conversation_ids: Vec<String>,
+    /// No later turn waits for it.
+    pub is_background: bool,
+    pub start_timestamp_ms: f64,
+}
+
+impl Serialize for Branch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(6))?;
+        m.serialize_entry("branch_id", &self.branch_id)?;
+        m.serialize_entry("child_conversation_ids", &self.child_conversation_ids)?;
+        m.serialize_entry("mode", "spawn")?;
+        m.serialize_entry("dispatch_timing", "post")?;
+        m.serialize_entry("is_background", &self.is_background)?;
+        m.serialize_entry("start_timestamp_ms", &self.start_timestamp_ms)?;
+        m.end()
+    }
+}
+
+/// An agentic turn's own fields, in AIPerf's `Turn` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnInfo {
+    /// The turn's delta messages (all of them when `reset_context`).
+    pub messages: Vec<Message>,
+    pub reset_context: bool,
+    pub model: Option<String>,
+    /// `tool_result` or `user_input` (None when the trace does not say).
+    pub input_kind: Option<&'static str>,
+    /// Branches started after this turn completes.
+    pub branch_ids: Vec<String>,
+    /// Branches this turn waits for (SPAWN_JOIN).
+    pub prerequisites: Vec<String>,
+}
+
+impl Serialize for TurnInfo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("messages", &self.messages)?;
+        if let Some(model) = &self.model {
+            m.serialize_entry("model", model)?;
+        }
+        if let Some(k) = self.input_kind {
+            m.serialize_entry("input_kind", k)?;
+        }
+        if !self.branch_ids.is_empty() {
+            m.serialize_entry("branch_ids", &self.branch_ids)?;
+        }
+        if !self.prerequisites.is_empty() {
+            let pre: Vec<serde_json::Value> = self
+                .prerequisites
+                .iter()
+                .map(|b| serde_json::json!({"kind": "spawn_join", "branch_id": b}))
+                .collect();
+            m.serialize_entry("prerequisites", &pre)?;
+        }
+        if self.reset_context {
+            m.serialize_entry("reset_context", &true)?;
+        }
+        m.end()
+    }
+}
+
+/// Reads Weka traces: a `.json` file, a directory of them (sorted by name, as AIPerf globs
+/// `*.json`), or a JSON-lines file with one trace per line (a SemiAnalysis cc-traces export).
+pub fn read_weka(path: &Path) -> Result<Vec<weka::Source>, AgenticError> {
+    let io = |source| AgenticError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(io)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json") && p.is_file())
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(AgenticError::Input {
+                origin: path.display().to_string(),
+                trace_id: None,
+                path: String::new(),
+                message: "holds no *.json trace files".into(),
+            });
+        }
+        return files.iter().map(|f| read_one(f)).collect();
+    }
+    let bytes = crate::synth::trace::read_maybe_gzip(path).map_err(io)?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| AgenticError::Input {
+        origin: path.display().to_string(),
+        trace_id: None,
+        path: String::new(),
+        message: format!("is not valid UTF-8 ({e})"),
+    })?;
+    let trimmed = text.trim_start();
+    // One object spanning the file, or one object per line.
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) => Ok(vec![source(path.display().to_string(), &v)?]),
+        Err(_)
+            if trimmed.starts_with('{')
+                && text.lines().filter(|l| !l.trim().is_empty()).count() > 1 =>
+        {
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+                .map(|(i, l)| {
+                    let origin = format!("{}:{}", path.display(), i + 1);
+                    let v = serde_json::from_str(l).map_err(|e| AgenticError::Input {
+                        origin: origin.clone(),
+                        trace_id: None,
+                        path: String::new(),
+                        message: format!("invalid JSON: {e}"),
+                    })?;
+                    source(origin, &v)
+                })
+                .collect()
+        }
+        Err(e) => Err(AgenticError::Input {
+            origin: path.display().to_string(),
+            trace_id: None,
+            path: String::new(),
+            message: format!("invalid JSON: {e}"),
+        }),
+    }
+}
+
+fn read_one(file: &Path) -> Result<weka::Source, AgenticError> {
+    let bytes = std::fs::read(file).map_err(|source| AgenticError::Io {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let origin = file.display().to_string();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| AgenticError::Input {
+        origin: origin.clone(),
+        trace_id: None,
+        path: String::new(),
+        message: format!("invalid JSON: {e}"),
+    })?;
+    source(origin, &v)
+}
+
+fn source(origin: String, v: &serde_json::Value) -> Result<weka::Source, AgenticError> {
+    match schema::parse(v) {
+        Ok(trace) => Ok(weka::Source { origin, trace }),
+        Err(e) => Err(AgenticError::Input {
+            origin,
+            trace_id: v.get("id").and_then(|i| i.as_str()).map(str::to_owned),
+            path: e.path,
+            message: format!("does not match the Weka trace schema: {}", e.message),
+        }),
+    }
+}
+
+/// Whether `path` looks like Weka input (AIPerf's `can_load`: the first `*.json` of a
+/// directory, or the file itself, validates against the schema; kvbust also accepts the
+/// JSON-lines export).
+pub fn looks_like_weka(path: &Path) -> bool {
+    let probe = |f: &Path| -> bool {
+        let Ok(bytes) = std::fs::read(f) else {
+            return false;
+        };
+        let first_line = |b: &[u8]| -> Option<serde_json::Value> {
+            let text = std::str::from_utf8(b).ok()?;
+            serde_json::from_str(text.lines().find(|l| !l.trim().is_empty())?).ok()
+        };
+        serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .or_else(|| first_line(&bytes))
+            .is_some_and(|v| schema::parse(&v).is_ok())
+    };
+    if path.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        return files.first().is_some_and(|f| probe(f));
+    }
+    probe(path)
+}
+
+/// The dataset AIPerf 0.13.0 builds for `--input-file PATH --custom-dataset-type weka_trace`,
+/// with `content` supplying the corpus (coding by default, or sonnet).
+pub fn build_weka(
+    path: &Path,
+    params: &crate::synth::SynthParams,
+    tokenizer: &crate::synth::Tokenizer,
+    content: &mut dyn crate::synth::trace::TraceContent,
+) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
+    let sources = read_weka(path)?;
+    if params.isl_block_size.is_none() {
+        if let Some(s) = sources
+            .iter()
+            .find(|s| s.trace.block_size as usize != weka::DEFAULT_BLOCK_SIZE)
+        {
+            tracing::warn!(
+                trace = %s.trace.id,
+                declared = s.trace.block_size,
+                "the trace declares block_size {} but is replayed at {} tokens per hash id, as \
+                 `aiperf profile` does (its weka_trace plugin passes 64 as an override); pass \
+                 --isl-block-size {} to use the trace's own",
+                s.trace.block_size,
+                weka::DEFAULT_BLOCK_SIZE,
+                s.trace.block_size
+            );
+        }
+    }
+    let settings = weka::Settings {
+        block_size: params.isl_block_size,
+        max_isl: params.synthesis_max_isl.map(|x| x as i64),
+        max_osl: params.synthesis_max_osl.map(|x| x as i64),
+        max_context_length: params.max_context_length.map(|x| x as i64),
+        inter_turn_delay_cap_seconds: params.inter_turn_delay_cap_seconds,
+        trace_idle_gap_cap_seconds: params.trace_idle_gap_cap_seconds,
+        use_think_time_only: params.use_think_time_only,
+        tool_shaped_messages: params.tool_shaped_messages,
+        model_names: params
+            .model
+            .as_deref()
+            .map(|m| {
+                m.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        ..weka::Settings::default()
+    };
+    let corpus = content.block_corpus();
+    let conversations = weka::build(
+        sources,
+        &settings,
+        weka::Corpus {
+            tokens: corpus.tokens(),
+            seed: content.corpus_seed(),
+        },
+        tokenizer,
+    )?;
+    Ok(crate::synth::Dataset { conversations })
+}

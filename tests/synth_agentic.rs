@@ -1,0 +1,288 @@
+//! `kvbust synth` on agentic traces: the seven agentic_traces.json cases (AIPerf 0.13.0's
+//! CustomDatasetComposer with weka_trace and burst_gpt_trace, Qwen3) byte for byte through the
+//! command line, and the errors bad traces get (file, trace id, JSON path; exit 2; no file).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::Parser;
+use kvbust::synth::cli::{run, SynthArgs};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+struct Wrapper {
+    #[command(flatten)]
+    args: SynthArgs,
+}
+
+fn vectors() -> Value {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synth/agentic_traces.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("synth-agentic-{}", std::process::id()))
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes a case's input as the vector script did (`json.dumps` of each trace object, or the
+/// CSV text) and returns what `--input-file` names: the one file, or the folder.
+fn write_input(name: &str, input: &Value) -> PathBuf {
+    let dir = scratch(name).join("in");
+    std::fs::create_dir_all(&dir).unwrap();
+    let files = input["files"].as_object().unwrap();
+    for (file, content) in files {
+        let text = match content {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    if input["single_file"].as_bool().unwrap() {
+        dir.join(files.keys().next().unwrap())
+    } else {
+        dir
+    }
+}
+
+fn synth(argv: &[String]) -> anyhow::Result<()> {
+    let mut full = vec!["synth".to_owned()];
+    full.extend_from_slice(argv);
+    run(&Wrapper::try_parse_from(full).expect("flags parse").args)
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn case_argv(name: &str, case: &Value, out: &Path) -> Vec<String> {
+    let input = write_input(name, &case["input"]);
+    let mut argv: Vec<String> = vec![
+        "--input-file".into(),
+        input.display().to_string(),
+        "--custom-dataset-type".into(),
+        case["custom_dataset_type"].as_str().unwrap().into(),
+        // AIPerf's run had `--model claude-opus`.
+        "--model".into(),
+        "claude-opus".into(),
+        "-o".into(),
+        out.display().to_string(),
+    ];
+    argv.extend(
+        case["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned()),
+    );
+    argv
+}
+
+/// A number compared as AIPerf's float (5988.0 and 5988 are the same value).
+fn num(v: &Value) -> Option<f64> {
+    v.as_f64()
+}
+
+fn check_conversation(at: &str, got: &Value, want: &Value) {
+    assert_eq!(got["session_id"], want["session_id"], "{at}");
+    // A conversation outside any agent tree leaves out AIPerf's defaults (a root at depth 0).
+    let defaults = json!({"is_root": true, "agent_depth": 0});
+    for k in [
+        "context_mode",
+        "is_root",
+        "agent_depth",
+        "parent_conversation_id",
+    ] {
+        let ours = got.get(k).or(defaults.get(k)).unwrap_or(&Value::Null);
+        assert_eq!(ours, want.get(k).unwrap_or(&Value::Null), "{at}: {k}");
+    }
+    let gb = got.get("branches").cloned().unwrap_or(json!([]));
+    let wb = want.get("branches").cloned().unwrap_or(json!([]));
+    assert_eq!(
+        gb.as_array().unwrap().len(),
+        wb.as_array().unwrap().len(),
+        "{at}: branches"
+    );
+    for (g, w) in gb.as_array().unwrap().iter().zip(wb.as_array().unwrap()) {
+        for k in [
+            "branch_id",
+            "child_conversation_ids",
+            "mode",
+            "dispatch_timing",
+            "is_background",
+        ] {
+            assert_eq!(g[k], w[k], "{at}: branch {k}");
+        }
+        assert_eq!(
+            num(&g["start_timestamp_ms"]),
+            num(&w["start_timestamp_ms"]),
+            "{at}: branch start"
+        );
+    }
+    let gt = got["turns"].as_array().unwrap();
+    let wt = want["turns"].as_array().unwrap();
+    assert_eq!(gt.len(), wt.len(), "{at}: turns");
+    for (i, (g, w)) in gt.iter().zip(wt).enumerate() {
+        let at = format!("{at} turn {i}");
+        assert_eq!(g["max_tokens"], w["max_tokens"], "{at}: max_tokens");
+        for k in ["timestamp", "delay"] {
+            assert_eq!(g.get(k).and_then(num), w.get(k).and_then(num), "{at}: {k}");
+        }
+        if let Some(texts) = w.get("texts") {
+            // BurstGPT: one synthesized user prompt.
+            assert_eq!(json!([g["text"]]), *texts, "{at}: text");
+            continue;
+        }
+        assert_eq!(g["model"], w["model"], "{at}: model");
+        for k in ["input_kind", "branch_ids", "prerequisites"] {
+            assert_eq!(g.get(k), w.get(k), "{at}: {k}");
+        }
+        assert_eq!(
+            g.get("reset_context").cloned().unwrap_or(json!(false)),
+            w["reset_context"],
+            "{at}: reset_context"
+        );
+        let (gm, wm) = (
+            g["messages"].as_array().unwrap(),
+            w["raw_messages"].as_array().unwrap(),
+        );
+        assert_eq!(gm.len(), wm.len(), "{at}: message count");
+        for (j, (a, b)) in gm.iter().zip(wm).enumerate() {
+            assert_eq!(a["role"], b["role"], "{at} message {j}: role");
+            assert!(
+                a["content"] == b["content"],
+                "{at} message {j}: content differs\n got: {:.300}\nwant: {:.300}",
+                a["content"],
+                b["content"]
+            );
+        }
+    }
+}
+
+#[test]
+fn all_agentic_vectors_byte_exact() {
+    let v = vectors();
+    assert_eq!(v["aiperf_version"], "0.13.0");
+    let cases = v["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 7);
+    for (name, case) in cases {
+        let out = scratch(name).join("out.jsonl");
+        let t0 = std::time::Instant::now();
+        synth(&case_argv(name, case, &out)).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        eprintln!(
+            "{name}: {:?} (AIPerf: {} s)",
+            t0.elapsed(),
+            case["aiperf_seconds"]
+        );
+        let got = lines(&out);
+        let want = case["conversations"].as_array().unwrap();
+        let ids = |c: &[Value]| {
+            c.iter()
+                .map(|x| x["session_id"].clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&got), ids(want), "{name}: conversations");
+        for (g, w) in got.iter().zip(want) {
+            check_conversation(&format!("{name} {}", w["session_id"]), g, w);
+        }
+    }
+}
+
+fn weka_trace() -> Value {
+    json!({"id": "bad-trace", "models": ["m"], "block_size": 64, "hash_id_scope": "local",
+           "tool_tokens": 0, "system_tokens": 0,
+           "requests": [
+               {"t": 0.5, "type": "n", "model": "m", "in": 100, "out": 5, "hash_ids": [1, 2]},
+               {"t": 1.0, "type": "subagent", "agent_id": "agent_000", "subagent_type": "Explore",
+                "status": "completed", "models": ["m"],
+                "requests": [{"t": 1.5, "type": "s", "model": "m", "in": 70, "out": 3,
+                              "hash_ids": [1, 9]}]},
+               {"t": 4.0, "type": "n", "model": "m", "in": 200, "out": 5, "hash_ids": [1, 2, 3, 4]}]})
+}
+
+/// Runs the real binary on a trace edited by `edit`: exit code, stderr, whether -o was written.
+fn run_bad(name: &str, edit: impl Fn(&mut Value)) -> (i32, String, bool) {
+    let dir = scratch(name);
+    let mut t = weka_trace();
+    edit(&mut t);
+    let input = dir.join("trace.json");
+    std::fs::write(&input, t.to_string()).unwrap();
+    let out = dir.join("out.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_kvbust"))
+        .args([
+            "synth",
+            "--custom-dataset-type",
+            "weka_trace",
+            "--random-seed",
+            "1",
+        ])
+        .arg("--input-file")
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        out.exists(),
+    )
+}
+
+#[test]
+fn bad_traces_exit_2_naming_file_trace_and_path() {
+    type Edit = fn(&mut Value);
+    let table: Vec<(&str, Edit, &str)> = vec![
+        ("unknown", |t| t["requests"][0]["cache"] = json!(true), "requests[0].cache: does not match the Weka trace schema: unknown field"),
+        ("negative", |t| t["requests"][2]["in"] = json!(-3), "requests[2].in: does not match the Weka trace schema: is -3, but a token count cannot be negative"),
+        ("missing", |t| { t["requests"][1]["requests"][0].as_object_mut().unwrap().remove("out"); }, "requests[1].requests[0].out: does not match the Weka trace schema: is missing"),
+        ("global", |t| t["hash_id_scope"] = json!("global"), "hash_id_scope: does not match the Weka trace schema: is \"global\""),
+        ("no-requests", |t| t["requests"][1]["requests"] = json!([]), "requests[1].requests: does not match the Weka trace schema: is empty"),
+        ("block-size", |t| t["requests"][2]["hash_ids"] = json!([1, 2, 3, 4, 5]), "requests[2].hash_ids: does not match the Weka trace schema: holds 5 hash ids"),
+    ];
+    for (name, edit, want) in table {
+        let (code, stderr, wrote) = run_bad(name, edit);
+        assert_eq!(code, 2, "{name}: {stderr}");
+        assert!(!wrote, "{name}: an output file was left behind");
+        assert!(
+            stderr.contains("trace.json: trace \"bad-trace\": "),
+            "{name}: {stderr}"
+        );
+        assert!(stderr.contains(want), "{name}: {stderr:?} lacks {want:?}");
+    }
+    // The unedited trace is fine (so each error above is the edit's).
+    let (code, stderr, wrote) = run_bad("good", |_| {});
+    assert_eq!(code, 0, "{stderr}");
+    assert!(wrote);
+}
+
+#[test]
+fn duplicate_ids_in_a_directory_and_formats_that_cannot_hold_agentic_turns_are_refused() {
+    let dir = scratch("dup");
+    let traces = dir.join("traces");
+    std::fs::create_dir_all(&traces).unwrap();
+    for f in ["a.json", "b.json"] {
+        std::fs::write(traces.join(f), weka_trace().to_string()).unwrap();
+    }
+    let err = synth(&[
+        "--input-file".into(),
+        traces.display().to_string(),
+        "-o".into(),
+        dir.join("o.jsonl").display().to_string(),
+    ])
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("b.json: trace \"bad-trace\": id: duplicate trace id"),
+        "{msg}"
+    );
+}
