@@ -286,3 +286,49 @@ fn duplicate_ids_in_a_directory_and_formats_that_cannot_hold_agentic_turns_are_r
         "{msg}"
     );
 }
+
+#[test]
+fn exports_carry_the_accumulated_context_or_refuse() {
+    let v = vectors();
+    let case = &v["cases"]["weka_compaction"];
+    let dir = scratch("export");
+    let chat = dir.join("chat.jsonl");
+    let mut argv = case_argv("export-in", case, &chat);
+    argv.extend(["--format".into(), "openai-chat".into()]);
+    synth(&argv).unwrap();
+    let bodies = lines(&chat);
+    // One body per turn, in conversation order; each turn's messages are the deltas since
+    // the last reset_context turn (AIPerf's deltas_with_responses), its model and max tokens.
+    let mut expected = Vec::new();
+    for conv in case["conversations"].as_array().unwrap() {
+        let mut context: Vec<Value> = Vec::new();
+        for t in conv["turns"].as_array().unwrap() {
+            if t["reset_context"] == json!(true) {
+                context.clear();
+            }
+            context.extend(t["raw_messages"].as_array().unwrap().iter().cloned());
+            expected.push((context.clone(), t["model"].clone(), t["max_tokens"].clone()));
+        }
+    }
+    assert!(
+        expected.iter().any(|(c, _, _)| c.len() == 2),
+        "the case has a reset"
+    );
+    assert_eq!(bodies.len(), expected.len());
+    for (b, (messages, model, max)) in bodies.iter().zip(&expected) {
+        assert_eq!(b["messages"], json!(messages));
+        assert_eq!(&b["model"], model);
+        assert_eq!(&b["max_completion_tokens"], max);
+    }
+    for format in ["vllm-custom", "sharegpt"] {
+        let out = dir.join(format!("{format}.out"));
+        let mut argv = case_argv("export-in", case, &out);
+        argv.extend(["--format".into(), format.into()]);
+        let e = format!("{:#}", synth(&argv).unwrap_err());
+        assert!(
+            e.contains("is an agentic conversation") && e.contains("openai-chat"),
+            "{e}"
+        );
+        assert!(!out.exists());
+    }
+}

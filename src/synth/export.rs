@@ -132,9 +132,11 @@ fn chat_body(
     if let Some(p) = &turn.raw_payload {
         return Ok(p.get().to_owned());
     }
-    let messages = match &turn.raw_messages {
-        Some(m) => m.get().to_owned(),
-        None => {
+    let agentic = turn.agentic.as_deref();
+    let messages = match (&turn.raw_messages, agentic) {
+        (Some(m), _) => m.get().to_owned(),
+        (None, Some(_)) => agentic_messages(conv, i),
+        (None, None) => {
             let mut parts = Vec::new();
             if let Some(s) = conv.system_message.as_deref().filter(|s| !s.is_empty()) {
                 parts.push(msg("system", s));
@@ -156,7 +158,10 @@ fn chat_body(
     };
     let mut body = Obj::default();
     body.set("messages", messages);
-    body.set("model", js(opts.model));
+    let model = agentic
+        .and_then(|a| a.model.as_deref())
+        .unwrap_or(opts.model);
+    body.set("model", js(model));
     body.set("stream", opts.stream.to_string());
     if let Some(t) = &turn.raw_tools {
         body.set("tools", t.get().to_owned());
@@ -175,6 +180,25 @@ fn chat_body(
         body.set("stream_options", r#"{"include_usage":true}"#.to_owned());
     }
     Ok(body.render())
+}
+
+/// An agentic turn's whole context (the deltas since the last reset) as a JSON array.
+fn agentic_messages(conv: &Conversation, i: usize) -> String {
+    // Messages are plain strings in a fixed shape; serialising them cannot fail.
+    serde_json::to_string(&crate::synth::agentic::context(conv, i)).expect("messages serialise")
+}
+
+fn refuse_agentic(conv: &Conversation, format: &str) -> Result<(), SynthError> {
+    if conv.agentic.is_some() || conv.turns.iter().any(|t| t.agentic.is_some()) {
+        return Err(SynthError::InvalidParams(format!(
+            "{format} holds one prompt text per turn, but {} is an agentic conversation whose \
+             turns are whole message lists (system, user, assistant replies); use --format \
+             openai-chat (one request body per turn), mooncake (the messages per turn) or \
+             conversations (with the spawn/join topology)",
+            conv.session_id
+        )));
+    }
+    Ok(())
 }
 
 fn refuse_context(conv: &Conversation, format: &str) -> Result<(), SynthError> {
@@ -209,10 +233,9 @@ pub fn write_openai_chat(
 ) -> Result<(), SynthError> {
     for conv in &dataset.conversations {
         let needs_answers = conv.turns.len() > 1
-            && conv
-                .turns
-                .iter()
-                .any(|t| t.raw_messages.is_none() && t.raw_payload.is_none());
+            && conv.turns.iter().any(|t| {
+                t.raw_messages.is_none() && t.raw_payload.is_none() && t.agentic.is_none()
+            });
         let given = if needs_answers {
             answers.for_turns(conv, conv.turns.len() - 1, "--format openai-chat")?
         } else {
@@ -230,6 +253,7 @@ pub fn write_openai_chat(
 /// custom` (`output_tokens` left out when unknown: then give `--custom-output-len`).
 pub fn write_vllm_custom(out: &mut dyn Write, dataset: &Dataset) -> Result<(), SynthError> {
     for conv in &dataset.conversations {
+        refuse_agentic(conv, "--format vllm-custom")?;
         refuse_context(conv, "--format vllm-custom")?;
         for turn in &conv.turns {
             refuse_raw(conv, turn, "--format vllm-custom")?;
@@ -253,6 +277,7 @@ pub fn write_sharegpt(
 ) -> Result<(), SynthError> {
     writeln!(out, "[")?;
     for (ci, conv) in dataset.conversations.iter().enumerate() {
+        refuse_agentic(conv, "--format sharegpt")?;
         refuse_context(conv, "--format sharegpt")?;
         for turn in &conv.turns {
             refuse_raw(conv, turn, "--format sharegpt")?;
@@ -292,10 +317,13 @@ pub fn write_sharegpt(
 pub fn write_mooncake(out: &mut dyn Write, dataset: &Dataset) -> Result<(), SynthError> {
     for conv in &dataset.conversations {
         refuse_context(conv, "--format mooncake")?;
-        for turn in &conv.turns {
+        for (i, turn) in conv.turns.iter().enumerate() {
             let mut o = Obj::default();
             o.set("session_id", js(&conv.session_id));
             match (&turn.raw_messages, &turn.raw_payload) {
+                (None, None) if turn.agentic.is_some() => {
+                    o.set("messages", agentic_messages(conv, i))
+                }
                 (Some(m), _) => {
                     o.set("messages", m.get().to_owned());
                     if let Some(t) = &turn.raw_tools {

@@ -333,3 +333,74 @@ pub fn build_weka(
     )?;
     Ok(crate::synth::Dataset { conversations })
 }
+
+/// The whole context turn `k` of an agentic conversation sends (`deltas_with_responses`):
+/// every turn's delta messages from the last `reset_context` turn at or before `k`, in order.
+/// Empty when the turn is not agentic.
+pub fn context(conv: &crate::synth::Conversation, k: usize) -> Vec<&Message> {
+    let Some(turns) = conv.turns.get(..=k) else {
+        return Vec::new();
+    };
+    let infos: Vec<&TurnInfo> = turns.iter().filter_map(|t| t.agentic.as_deref()).collect();
+    if infos.len() != turns.len() {
+        return Vec::new();
+    }
+    let start = infos.iter().rposition(|i| i.reset_context).unwrap_or(0);
+    infos[start..]
+        .iter()
+        .flat_map(|i| i.messages.iter())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{Conversation, Turn};
+
+    fn turn(reset: bool, contents: &[(recon::Role, &str)]) -> Turn {
+        Turn {
+            agentic: Some(Box::new(TurnInfo {
+                messages: contents
+                    .iter()
+                    .map(|(role, c)| Message::Plain {
+                        role: *role,
+                        content: (*c).to_owned(),
+                    })
+                    .collect(),
+                reset_context: reset,
+                model: None,
+                input_kind: None,
+                branch_ids: Vec::new(),
+                prerequisites: Vec::new(),
+            })),
+            ..Turn::default()
+        }
+    }
+
+    #[test]
+    fn context_accumulates_deltas_and_restarts_at_a_reset() {
+        use recon::Role::{Assistant, System, User};
+        let conv = Conversation {
+            session_id: "s".into(),
+            system_message: None,
+            user_context_message: None,
+            turns: vec![
+                turn(false, &[(System, "S"), (User, "u0")]),
+                turn(false, &[(Assistant, "a0"), (User, "u1")]),
+                turn(true, &[(System, "S"), (User, "v")]),
+                turn(false, &[(Assistant, "a2"), (User, "u3")]),
+            ],
+            agentic: None,
+        };
+        let text = |k| {
+            context(&conv, k)
+                .iter()
+                .map(|m| m.content())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(text(1), ["S", "u0", "a0", "u1"]);
+        assert_eq!(text(2), ["S", "v"]);
+        assert_eq!(text(3), ["S", "v", "a2", "u3"]);
+        assert!(text(4).is_empty());
+    }
+}
