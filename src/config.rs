@@ -462,6 +462,9 @@ pub struct HeaderNames {
     pub trajectory_index: String,
     pub user_context_messages: String,
     pub synth: String,
+    /// Names the dataset conversation a synthetic request gets (a child conversation the
+    /// client was told to spawn), percent-encoded as the response headers spell ids.
+    pub synth_conversation: String,
     pub correlation_id: String,
     pub session_id: String,
     /// The RID digest of the request, or `none` (with `cache_bust.response_headers`).
@@ -472,6 +475,20 @@ pub struct HeaderNames {
     pub response_overhead_us: String,
     /// A synthesized trace entry's timestamp (ms), for a client following a trace.
     pub response_trace_timestamp: String,
+    /// The dataset conversation id a synthesized response served (percent-encoded).
+    pub response_synth_conversation: String,
+    /// The turn index (from 0) within that conversation.
+    pub response_synth_turn: String,
+    /// The branches the served turn starts once it completes: `branch=child,child
+    /// start_ms=T [background]`, `; `-separated (only when it starts any).
+    pub response_synth_spawn: String,
+    /// The index of the conversation's next turn, or `none` when the served turn is its last.
+    pub response_synth_next_turn: String,
+    /// How long (ms) to wait after this response completes before sending the next turn.
+    pub response_synth_next_delay_ms: String,
+    /// The branch ids whose children must all complete before the next turn (SPAWN_JOIN),
+    /// comma-separated (only when it waits for any).
+    pub response_synth_next_after: String,
 }
 
 impl Default for HeaderNames {
@@ -486,18 +503,25 @@ impl Default for HeaderNames {
             trajectory_index: s("x-kvbust-trajectory-index"),
             user_context_messages: s("x-kvbust-user-context-messages"),
             synth: s("x-kvbust-synth"),
+            synth_conversation: s("x-kvbust-synth-conversation"),
             correlation_id: s("x-correlation-id"),
             session_id: s("x-session-id"),
             response_rid: s("x-kvbust-rid"),
             response_phase: s("x-kvbust-phase"),
             response_overhead_us: s("x-kvbust-overhead-us"),
             response_trace_timestamp: s("x-kvbust-trace-timestamp"),
+            response_synth_conversation: s("x-kvbust-synth-conversation"),
+            response_synth_turn: s("x-kvbust-synth-turn"),
+            response_synth_spawn: s("x-kvbust-synth-spawn"),
+            response_synth_next_turn: s("x-kvbust-synth-next-turn"),
+            response_synth_next_delay_ms: s("x-kvbust-synth-next-delay-ms"),
+            response_synth_next_after: s("x-kvbust-synth-next-after"),
         }
     }
 }
 
 impl HeaderNames {
-    fn all(&self) -> [(&'static str, &String); 14] {
+    fn all(&self) -> [(&'static str, &String); 21] {
         [
             ("phase", &self.phase),
             ("target", &self.target),
@@ -507,17 +531,30 @@ impl HeaderNames {
             ("trajectory_index", &self.trajectory_index),
             ("user_context_messages", &self.user_context_messages),
             ("synth", &self.synth),
+            ("synth_conversation", &self.synth_conversation),
             ("correlation_id", &self.correlation_id),
             ("session_id", &self.session_id),
             ("response_rid", &self.response_rid),
             ("response_phase", &self.response_phase),
             ("response_overhead_us", &self.response_overhead_us),
             ("response_trace_timestamp", &self.response_trace_timestamp),
+            (
+                "response_synth_conversation",
+                &self.response_synth_conversation,
+            ),
+            ("response_synth_turn", &self.response_synth_turn),
+            ("response_synth_spawn", &self.response_synth_spawn),
+            ("response_synth_next_turn", &self.response_synth_next_turn),
+            (
+                "response_synth_next_delay_ms",
+                &self.response_synth_next_delay_ms,
+            ),
+            ("response_synth_next_after", &self.response_synth_next_after),
         ]
     }
 
     /// The kvbust control headers, which never reach the upstream.
-    pub fn control(&self) -> [&str; 8] {
+    pub fn control(&self) -> [&str; 9] {
         [
             &self.phase,
             &self.target,
@@ -527,6 +564,7 @@ impl HeaderNames {
             &self.trajectory_index,
             &self.user_context_messages,
             &self.synth,
+            &self.synth_conversation,
         ]
     }
 }

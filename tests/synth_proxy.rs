@@ -400,3 +400,342 @@ async fn a_trace_dataset_replays_its_entries_in_order_with_their_timestamps() {
     h.shutdown().await;
     std::fs::remove_file(&trace).unwrap();
 }
+
+/// One agentic_traces.json case's Weka traces written to a folder of their own, and the
+/// `[synth.dataset]` that replays them (as `aiperf profile --input-file DIR
+/// --custom-dataset-type weka_trace --random-seed S` builds it).
+fn agentic_params(case: &str, seed: u64) -> SynthParams {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/synth/agentic_traces.json");
+    let vectors: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("proxy-agentic-{case}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, trace) in vectors["cases"][case]["input"]["files"]
+        .as_object()
+        .unwrap()
+    {
+        std::fs::write(dir.join(file), trace.to_string()).unwrap();
+    }
+    SynthParams {
+        input_file: Some(dir),
+        custom_dataset_type: Some(kvbust::synth::trace::TraceKind::WekaTrace),
+        random_seed: Some(seed),
+        ..SynthParams::default()
+    }
+}
+
+fn conversation<'a>(ds: &'a Dataset, id: &str) -> &'a kvbust::synth::Conversation {
+    ds.conversations
+        .iter()
+        .find(|c| c.session_id == id)
+        .unwrap_or_else(|| panic!("no conversation {id}"))
+}
+
+/// A response header as text, `None` when absent.
+fn header<'a>(resp: &'a http::Response<hyper::body::Incoming>, name: &str) -> Option<&'a str> {
+    resp.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+/// The x-kvbust-synth-* headers of a response, in a fixed order, absent ones as `None`.
+fn synth_headers(resp: &http::Response<hyper::body::Incoming>) -> [Option<String>; 7] {
+    [
+        "x-kvbust-synth-conversation",
+        "x-kvbust-synth-turn",
+        "x-kvbust-synth-spawn",
+        "x-kvbust-synth-next-turn",
+        "x-kvbust-synth-next-delay-ms",
+        "x-kvbust-synth-next-after",
+        "x-kvbust-trace-timestamp",
+    ]
+    .map(|n| header(resp, n).map(str::to_owned))
+}
+
+/// An agentic root conversation's turns and one child it spawns, through the proxy in the order
+/// a replaying client sends them: each request reaches the upstream with the turn's whole
+/// accumulated context (`agentic::context`, a reset turn starting over), the turn's model and
+/// output length, and the client's other members byte for byte; each response names the
+/// conversation and turn, the branch the turn spawns and what the next turn waits for.
+#[tokio::test]
+async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
+    // trace-d: turn 0 spawns flatspawn:0 (child fa:000, two turns), turn 1 joins it, turn 2
+    // resets the context after a compaction.
+    let p = agentic_params("weka_compaction", 3);
+    let ds = build_dataset(&p, tokenizer()).unwrap();
+    let h = start(|c| c.synth.dataset = Some(p.clone())).await;
+    let client = h1();
+    let url = h.url("/v1/chat/completions");
+    let root = conversation(&ds, "trace-d");
+    let child = conversation(&ds, "trace-d::fa:000");
+    let some = |s: &str| Some(s.to_owned());
+
+    // What the upstream must receive for turn `k` of `conv`: the client's body with messages,
+    // model and max_tokens of the turn, every other byte as sent.
+    let expect = |conv: &kvbust::synth::Conversation, k: usize| {
+        let turn = &conv.turns[k];
+        let info = turn.agentic.as_deref().unwrap();
+        let context = kvbust::synth::agentic::context(conv, k);
+        assert!(!context.is_empty());
+        format!(
+            r#"{{"model":{},"temperature":0.25,"messages":{},"max_tokens":{},"x_extra":{{"b":[1,2.50],"a":null}},"stream":false}}"#,
+            serde_json::to_string(info.model.as_deref().unwrap()).unwrap(),
+            serde_json::to_string(&context).unwrap(),
+            turn.max_tokens.unwrap(),
+        )
+    };
+    let ask = |session: &str, named: Option<&str>| {
+        let mut headers = vec![("x-kvbust-synth", "1"), ("x-correlation-id", session)];
+        headers.extend(named.map(|n| ("x-kvbust-synth-conversation", n)));
+        post(&url, CLIENT_BODY, &headers)
+    };
+    let upstream_body = || {
+        let got = h.mock.recorder().requests().pop().unwrap().body;
+        String::from_utf8(got.to_vec()).unwrap()
+    };
+
+    // Root, turn 0: spawns the child's branch; turn 1 waits for it.
+    let resp = send(&client, ask("root-1", None)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let branch = &root.agentic.as_ref().unwrap().branches[0];
+    assert_eq!(branch.branch_id, "trace-d:flatspawn:0");
+    assert_eq!(branch.child_conversation_ids, ["trace-d::fa:000"]);
+    assert!(!branch.is_background);
+    assert_eq!(
+        root.turns[1].agentic.as_ref().unwrap().prerequisites,
+        ["trace-d:flatspawn:0"]
+    );
+    assert_eq!(
+        synth_headers(&resp),
+        [
+            some("trace-d"),
+            some("0"),
+            some("trace-d:flatspawn:0=trace-d::fa:000 start_ms=3363"),
+            some("1"),
+            some("12243"),
+            some("trace-d:flatspawn:0"),
+            some("1827"),
+        ]
+    );
+    body_bytes(resp).await;
+    let got = upstream_body();
+    assert_eq!(got, expect(root, 0));
+    let v: Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(v["model"], "claude-opus");
+    assert_eq!(v["max_tokens"], 210);
+    assert_eq!(v["messages"].as_array().unwrap().len(), 2, "system, user");
+
+    // The child, as its own session naming its conversation: its two turns in order.
+    let resp = send(&client, ask("child-1", Some("trace-d::fa:000"))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        synth_headers(&resp),
+        [
+            some("trace-d::fa:000"),
+            some("0"),
+            None,
+            some("1"),
+            some("4189"),
+            None,
+            some("3363"),
+        ]
+    );
+    body_bytes(resp).await;
+    assert_eq!(upstream_body(), expect(child, 0));
+    // The session goes on in its conversation without the header; named again after its last
+    // turn, the child starts over (a re-run), then goes on as named.
+    let last = [
+        some("trace-d::fa:000"),
+        some("1"),
+        None,
+        some("none"),
+        None,
+        None,
+        some("8991"),
+    ];
+    for (named, turn) in [
+        (None, 1),
+        (Some("trace-d::fa:000"), 0),
+        (Some("trace-d::fa:000"), 1),
+    ] {
+        let resp = send(&client, ask("child-1", named)).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            header(&resp, "x-kvbust-synth-turn"),
+            Some(&*turn.to_string())
+        );
+        if turn == 1 {
+            assert_eq!(synth_headers(&resp), last);
+        }
+        body_bytes(resp).await;
+        assert_eq!(upstream_body(), expect(child, turn), "{named:?} {turn}");
+    }
+
+    // Root, turn 1 (the joining turn): turn 0's and turn 1's deltas.
+    let resp = send(&client, ask("root-1", None)).await;
+    assert_eq!(
+        synth_headers(&resp),
+        [
+            some("trace-d"),
+            some("1"),
+            None,
+            some("2"),
+            some("1314"),
+            None,
+            some("15158"),
+        ]
+    );
+    body_bytes(resp).await;
+    let got = upstream_body();
+    assert_eq!(got, expect(root, 1));
+    let v: Value = serde_json::from_str(&got).unwrap();
+    let roles: Vec<&str> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user", "assistant", "user"]);
+    assert_eq!(v["max_tokens"], 396);
+
+    // Root, turn 2 resets the context (a compaction): only its own messages; it spawns a
+    // background branch that no turn joins.
+    assert!(root.turns[2].agentic.as_ref().unwrap().reset_context);
+    let resp = send(&client, ask("root-1", None)).await;
+    assert_eq!(
+        synth_headers(&resp),
+        [
+            some("trace-d"),
+            some("2"),
+            some("trace-d:flatspawn:1=trace-d::fa:001 start_ms=24850 background"),
+            some("3"),
+            some("5838"),
+            None,
+            some("18367"),
+        ]
+    );
+    body_bytes(resp).await;
+    let got = upstream_body();
+    assert_eq!(got, expect(root, 2));
+    let v: Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(v["messages"].as_array().unwrap().len(), 2);
+    h.shutdown().await;
+}
+
+/// New sessions only ever start root conversations (round-robin), a named child is served to
+/// the session that names it (percent-encoded or not), and a name the dataset does not hold is
+/// an OpenAI-shaped 400 that reaches no upstream.
+#[tokio::test]
+async fn new_sessions_get_roots_and_unknown_conversations_are_400() {
+    // trace-b and trace-c, with eleven children between them.
+    let p = agentic_params("weka_subagents", 7);
+    let ds = build_dataset(&p, tokenizer()).unwrap();
+    let roots: Vec<&str> = ds
+        .conversations
+        .iter()
+        .filter(|c| c.agentic.as_ref().unwrap().is_root)
+        .map(|c| c.session_id.as_str())
+        .collect();
+    assert_eq!(roots, ["trace-b", "trace-c"]);
+    assert_eq!(ds.conversations.len(), 13);
+    let h = start(|c| c.synth.dataset = Some(p.clone())).await;
+    let client = h1();
+    let url = h.url("/v1/chat/completions");
+    let mut served = Vec::new();
+    for i in 0..5 {
+        let session = format!("new-{i}");
+        let resp = send(
+            &client,
+            post(
+                &url,
+                CLIENT_BODY,
+                &[("x-kvbust-synth", "1"), ("x-correlation-id", &session)],
+            ),
+        )
+        .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(header(&resp, "x-kvbust-synth-turn"), Some("0"));
+        served.push(
+            header(&resp, "x-kvbust-synth-conversation")
+                .unwrap()
+                .to_owned(),
+        );
+        body_bytes(resp).await;
+    }
+    assert_eq!(
+        served,
+        ["trace-b", "trace-c", "trace-b", "trace-c", "trace-b"]
+    );
+    // Without a session header every request is a new session: still only roots.
+    for _ in 0..3 {
+        let resp = send(&client, post(&url, CLIENT_BODY, &[("x-kvbust-synth", "1")])).await;
+        let id = header(&resp, "x-kvbust-synth-conversation")
+            .unwrap()
+            .to_owned();
+        assert!(roots.contains(&id.as_str()), "{id}");
+        body_bytes(resp).await;
+    }
+
+    // A child named percent-encoded, as a client may send any id back.
+    let resp = send(
+        &client,
+        post(
+            &url,
+            CLIENT_BODY,
+            &[
+                ("x-kvbust-synth", "1"),
+                ("x-correlation-id", "kid"),
+                ("x-kvbust-synth-conversation", "trace-b%3A%3Afa%3A000"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        header(&resp, "x-kvbust-synth-conversation"),
+        Some("trace-b::fa:000")
+    );
+    body_bytes(resp).await;
+    let got: Value =
+        serde_json::from_slice(&h.mock.recorder().requests().pop().unwrap().body).unwrap();
+    let child = conversation(&ds, "trace-b::fa:000");
+    assert_eq!(
+        got["messages"],
+        serde_json::to_value(kvbust::synth::agentic::context(child, 0)).unwrap()
+    );
+
+    let before = h.mock.recorder().requests_total();
+    for (headers, code, says) in [
+        (
+            vec![
+                ("x-kvbust-synth", "1"),
+                ("x-kvbust-synth-conversation", "trace-z"),
+            ],
+            "unknown_conversation",
+            "x-kvbust-synth-conversation names no conversation",
+        ),
+        (
+            vec![
+                ("x-kvbust-synth", "1"),
+                ("x-kvbust-synth-conversation", "a%zz"),
+            ],
+            "invalid_header",
+            "percent-encoded",
+        ),
+        (
+            vec![("x-kvbust-synth-conversation", "trace-b")],
+            "invalid_header",
+            "x-kvbust-synth: 1",
+        ),
+    ] {
+        let resp = send(&client, post(&url, CLIENT_BODY, &headers)).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{code}");
+        let v = json(resp).await;
+        assert_eq!(v["error"]["code"], code);
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    assert_eq!(h.mock.recorder().requests_total(), before);
+    h.shutdown().await;
+}

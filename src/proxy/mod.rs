@@ -15,6 +15,7 @@ pub mod forward;
 pub mod observe;
 pub mod rewrite;
 pub mod synthesize;
+pub mod topology;
 pub mod usage;
 
 use std::future::Future;
@@ -142,6 +143,8 @@ struct Exchange {
     rid: Option<String>,
     /// The synthesized entry's trace timestamp (ms), when it has one.
     trace_timestamp: Option<String>,
+    /// The synthesized conversation turn, for the `x-kvbust-synth-*` response headers.
+    served: Option<topology::Served>,
     /// The access-log line in the making (`log.access`).
     log: Option<crate::access_log::Entry>,
     /// kvbust added `include_usage` (`observe.request_usage`): take it out of the response.
@@ -165,6 +168,8 @@ struct BodyWork {
     decision: rewrite::Decision,
     /// Synthesize the body (`x-kvbust-synth`).
     synth: bool,
+    /// The dataset conversation the request names (`x-kvbust-synth-conversation`), decoded.
+    conversation: Option<String>,
     /// Expand `{{kvbust:...}}` placeholders.
     placeholders: bool,
     /// Ask for `usage` on the client's behalf (`observe.request_usage`).
@@ -183,6 +188,12 @@ struct ResponseHeaders {
     phase: HeaderName,
     overhead_us: HeaderName,
     trace_timestamp: HeaderName,
+    synth_conversation: HeaderName,
+    synth_turn: HeaderName,
+    synth_spawn: HeaderName,
+    synth_next_turn: HeaderName,
+    synth_next_delay_ms: HeaderName,
+    synth_next_after: HeaderName,
 }
 
 impl ResponseHeaders {
@@ -198,6 +209,21 @@ impl ResponseHeaders {
             phase: parse(&names.response_phase, "x-kvbust-phase"),
             overhead_us: parse(&names.response_overhead_us, "x-kvbust-overhead-us"),
             trace_timestamp: parse(&names.response_trace_timestamp, "x-kvbust-trace-timestamp"),
+            synth_conversation: parse(
+                &names.response_synth_conversation,
+                "x-kvbust-synth-conversation",
+            ),
+            synth_turn: parse(&names.response_synth_turn, "x-kvbust-synth-turn"),
+            synth_spawn: parse(&names.response_synth_spawn, "x-kvbust-synth-spawn"),
+            synth_next_turn: parse(&names.response_synth_next_turn, "x-kvbust-synth-next-turn"),
+            synth_next_delay_ms: parse(
+                &names.response_synth_next_delay_ms,
+                "x-kvbust-synth-next-delay-ms",
+            ),
+            synth_next_after: parse(
+                &names.response_synth_next_after,
+                "x-kvbust-synth-next-after",
+            ),
         }
     }
 }
@@ -254,6 +280,7 @@ impl Proxy {
             target: Target::None,
             rid: None,
             trace_timestamp: None,
+            served: None,
             log,
             strip_usage: false,
         };
@@ -365,10 +392,12 @@ impl Proxy {
                 format!("{} works on /v1/chat/completions only", cfg.headers.synth),
             ));
         }
+        let conversation = synth_conversation(&parts.headers, synth, &cfg.headers)?;
         let work = BodyWork {
             shape,
             decision,
             synth,
+            conversation,
             placeholders: shape == Shape::Chat && cfg.synth.placeholders,
             usage: cfg.observe.request_usage && matches!(shape, Shape::Chat | Shape::Completions),
         };
@@ -516,6 +545,9 @@ impl Proxy {
                 h.insert(names.trace_timestamp.clone(), v);
             }
         }
+        if let Some(s) = ex.served.take() {
+            synth_headers(h, names, s);
+        }
         log
     }
 
@@ -563,6 +595,62 @@ impl Proxy {
     }
 }
 
+/// The conversation a synthetic request names (`headers.synth_conversation`), percent-decoded;
+/// a 400 when it cannot be decoded or the request is not synthetic (it would be ignored).
+fn synth_conversation(
+    headers: &http::HeaderMap,
+    synth: bool,
+    names: &crate::config::HeaderNames,
+) -> Result<Option<String>, ProxyError> {
+    let name = names.synth_conversation.as_str();
+    let Some(v) = headers.get(name) else {
+        return Ok(None);
+    };
+    if !synth {
+        return Err(ProxyError::bad_request(
+            "invalid_header",
+            format!(
+                "{name} names a conversation of the synthetic dataset: send it with {}: 1",
+                names.synth
+            ),
+        ));
+    }
+    match topology::decode_id(v.as_bytes()) {
+        Some(id) if !id.is_empty() => Ok(Some(id)),
+        _ => Err(ProxyError::bad_request(
+            "invalid_header",
+            format!(
+                "{name} must be a conversation id, percent-encoded as the response headers \
+                 spell it: `{}`",
+                crate::error::excerpt(v.as_bytes())
+            ),
+        )),
+    }
+}
+
+/// The `x-kvbust-synth-*` response headers for the turn served (ids are percent-encoded and
+/// numbers are ASCII, so every value is valid; one that is not is left out).
+fn synth_headers(h: &mut http::HeaderMap, names: &ResponseHeaders, s: topology::Served) {
+    let mut set = |name: &HeaderName, v: String| {
+        if let Ok(v) = HeaderValue::try_from(v) {
+            h.insert(name.clone(), v);
+        }
+    };
+    let next_turn = s.next_turn();
+    set(&names.synth_conversation, s.conversation);
+    set(&names.synth_turn, s.turn.to_string());
+    if let Some(spawn) = s.spawn {
+        set(&names.synth_spawn, spawn);
+    }
+    set(&names.synth_next_turn, next_turn);
+    if let Some(next) = s.next {
+        set(&names.synth_next_delay_ms, next.delay_ms);
+        if let Some(after) = next.after {
+            set(&names.synth_next_after, after);
+        }
+    }
+}
+
 /// The body steps on a collected body, in order: synthesize, expand placeholders, mark, ask for
 /// usage. The first step that reads the body parses it, once; it and every step after hand the
 /// next one the body's layout (`cachebust::raw::Layout`, moved over their own splices), so no step parses what one
@@ -583,11 +671,16 @@ async fn body_steps(
         let limit = cfg.limits.control_header_len();
         let sources = &cfg.cache_bust.session_sources;
         let key = rewrite::header_session_key(sources, headers, &cfg.headers, limit)?;
-        let filled = synth.fill(&bytes, key.as_deref()).await?;
+        let named = work.conversation.as_deref().map(|id| synthesize::Named {
+            id,
+            header: &cfg.headers.synth_conversation,
+        });
+        let filled = synth.fill(&bytes, key.as_deref(), named).await?;
         // AIPerf's placement: first-turn targets skip the user-context message.
         work.decision.user_context_messages = filled.user_context_messages;
         session = Some(key.unwrap_or(filled.session_id));
         ex.trace_timestamp = filled.trace_timestamp;
+        ex.served = Some(filled.served);
         layout = filled.layout;
         bytes = Bytes::from(filled.body);
         changed = true;
@@ -834,7 +927,7 @@ mod tests {
         let mut d = rewrite::decide(headers, false, &rt).unwrap();
         let mut session = None;
         if s.synth {
-            let filled = synth.fill(&bytes, None).await.unwrap();
+            let filled = synth.fill(&bytes, None, None).await.unwrap();
             d.user_context_messages = filled.user_context_messages;
             session = Some(filled.session_id);
             bytes = Bytes::from(filled.body);
@@ -869,6 +962,7 @@ mod tests {
                 shape: Shape::Chat,
                 decision,
                 synth: s.synth,
+                conversation: None,
                 placeholders: true,
                 usage: s.usage,
             };
@@ -878,6 +972,7 @@ mod tests {
                 target: Target::None,
                 rid: None,
                 trace_timestamp: None,
+                served: None,
                 log: None,
                 strip_usage: false,
             };

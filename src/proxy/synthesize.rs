@@ -1,12 +1,15 @@
 //! In-flight synthesis: fills a chat request's `messages` from the synthetic dataset
 //! (`x-kvbust-synth: 1` or a synthetic route) and expands `{{kvbust:prompt:N[:corpus]}}`
 //! placeholders in message content (never elsewhere); a `[synth.dataset]` naming a trace
-//! (`input_file`) replays its entries in order. Splices into the client's bytes so every other
-//! member stays as sent; builds the dataset and prompt streams once, off the async threads.
-//! Reads the client's body once and hands on the layout of the body it writes; never parses
-//! bodies that need neither.
+//! (`input_file`) replays its entries in order; an agentic dataset's turn sends its whole
+//! accumulated context and its model, and a client names the child conversations it spawns
+//! (which conversation and turn a request gets, and what the response tells the client, are
+//! [`super::topology`]'s). Splices into the client's bytes so every other member stays as sent;
+//! builds the dataset and prompt streams once, off the async threads. Reads the client's body
+//! once and hands on the layout of the body it writes; never parses bodies that need neither.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +22,7 @@ use serde_json::value::RawValue;
 use crate::cachebust::raw::{self, Json, Kind, Layout, Top};
 use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
+use crate::proxy::topology::{self, Cursor, Served};
 use crate::synth::corpus::sonnet::default_cache_dir;
 use crate::synth::placeholders::PromptLanes;
 use crate::synth::{
@@ -168,6 +172,25 @@ fn write_messages(
     (out, items, ctx)
 }
 
+/// The whole context turn `k` of an agentic conversation sends ([`crate::synth::agentic::context`]:
+/// the delta messages since the last reset, system, user, assistant and tool-shaped ones, each
+/// as AIPerf spells it), with where each message is in it.
+fn write_agentic(conv: &Conversation, k: usize) -> (Vec<u8>, Vec<Range<usize>>) {
+    let context = crate::synth::agentic::context(conv, k);
+    let text: usize = context.iter().map(|m| m.content().len() + 48).sum();
+    let mut w = ArrayWriter {
+        out: Vec::with_capacity(text + 2),
+        items: Vec::with_capacity(context.len()),
+    };
+    for m in context {
+        // Serializing a message of strings into a Vec cannot fail.
+        w.element(|out| {
+            let _ = serde_json::to_writer(&mut *out, m);
+        });
+    }
+    w.finish()
+}
+
 /// Replaces `messages` (or adds it) and sets the output length from the entry's OSL: every
 /// present `max_tokens` / `max_completion_tokens` is replaced, or `max_completion_tokens` added.
 pub fn fill_body(
@@ -176,19 +199,38 @@ pub fn fill_body(
     max_tokens: Option<u64>,
 ) -> Result<Vec<u8>, ProxyError> {
     let top = client_top(body)?;
-    Ok(fill_top(body, &top, messages.as_bytes(), None, max_tokens)?.0)
+    let fill = Fill {
+        messages: messages.as_bytes(),
+        items: None,
+        max_tokens,
+        model: None,
+    };
+    Ok(fill_top(body, &top, &fill)?.0)
+}
+
+/// What synthesis writes into the client's body.
+struct Fill<'a> {
+    /// The `messages` array's JSON.
+    messages: &'a [u8],
+    /// Where each element is within `messages`, when known.
+    items: Option<&'a [Range<usize>]>,
+    /// Every `max_tokens` / `max_completion_tokens` becomes this (or `max_completion_tokens`
+    /// is added).
+    max_tokens: Option<u64>,
+    /// Every `model` becomes this (or `model` is added): an agentic turn's own model.
+    model: Option<&'a str>,
 }
 
 /// [`fill_body`] on the client's body read once (`top`), also returning the layout of the body
-/// it makes: the client's members moved by the edits, `messages` (whose elements are at `items`
-/// within `messages`, when known) where it was put.
-fn fill_top(
-    body: &[u8],
-    top: &Top<'_>,
-    messages: &[u8],
-    items: Option<&[Range<usize>]>,
-    max_tokens: Option<u64>,
-) -> Result<(Vec<u8>, Layout), ProxyError> {
+/// it makes: the client's members moved by the edits, `messages` (whose elements are at
+/// `fill.items` within `messages`, when known) where it was put.
+fn fill_top(body: &[u8], top: &Top<'_>, fill: &Fill<'_>) -> Result<(Vec<u8>, Layout), ProxyError> {
+    let Fill {
+        messages,
+        items,
+        max_tokens,
+        model,
+    } = *fill;
     let (spans, mut layout) = messages_spans(body, top)
         .zip(Layout::of(body, top))
         .ok_or_else(|| internal("a member outside the body"))?;
@@ -205,24 +247,44 @@ fn fill_top(
             }
         }
     }
+    let mut has_model = false;
+    if let Some(m) = model {
+        let quoted = json_str(m).into_bytes();
+        for (k, v) in top.object.members() {
+            if k == "model" {
+                has_model = true;
+                let r = raw::span(body, v).ok_or_else(|| internal("a member outside the body"))?;
+                edits.push((r, Cow::Owned(quoted.clone())));
+            }
+        }
+    }
     let add_max = max_tokens.filter(|_| !has_max);
+    let add_model = model.filter(|_| !has_model);
     // Where `messages`'s value starts in the tail that adds it, and the tail's length.
     let mut added_at = None;
-    if !has_messages || add_max.is_some() {
+    if !has_messages || add_max.is_some() || add_model.is_some() {
         let mut tail = Vec::new();
         let mut at = None;
-        if layout.members() > 0 {
-            tail.push(b',');
+        // A member before each added one, unless the object is empty.
+        let mut comma = layout.members() > 0;
+        let mut sep = |tail: &mut Vec<u8>| {
+            if std::mem::replace(&mut comma, true) {
+                tail.push(b',');
+            }
+        };
+        if let Some(m) = add_model {
+            sep(&mut tail);
+            tail.extend_from_slice(b"\"model\":");
+            write_json_str(&mut tail, m);
         }
         if !has_messages {
+            sep(&mut tail);
             tail.extend_from_slice(b"\"messages\":");
             at = Some(tail.len());
             tail.extend_from_slice(messages);
         }
         if let Some(n) = add_max {
-            if !has_messages {
-                tail.push(b',');
-            }
+            sep(&mut tail);
             tail.extend_from_slice(format!("\"max_completion_tokens\":{n}").as_bytes());
         }
         added_at = at.map(|at| (at, tail.len()));
@@ -551,12 +613,96 @@ pub fn wants_synthesis(
 type MessageSpans = Arc<[Range<usize>]>;
 
 struct Built {
-    dataset: Dataset,
+    /// The dataset's conversations, shared with the requests serving them.
+    convs: Vec<Arc<Conversation>>,
     /// Where each message of a trace turn's verbatim `messages` is (by conversation, then
     /// turn), found once here so that no request parses them.
     raw_items: Vec<Vec<Option<MessageSpans>>>,
+    /// Each conversation's index by its id (the first, should two share one).
+    ids: HashMap<String, usize>,
+    /// The conversations a new session may start ([`topology::is_root`]), in dataset order.
+    roots: Vec<usize>,
+    /// Roots handed out so far.
     next: usize,
-    sessions: LruCache<String, (usize, usize)>,
+    sessions: LruCache<String, Cursor>,
+}
+
+impl Built {
+    fn new(dataset: Dataset) -> Built {
+        let raw_items = raw_items(&dataset);
+        let convs: Vec<Arc<Conversation>> =
+            dataset.conversations.into_iter().map(Arc::new).collect();
+        let mut ids = HashMap::with_capacity(convs.len());
+        for (i, c) in convs.iter().enumerate() {
+            ids.entry(c.session_id.clone()).or_insert(i);
+        }
+        let roots = (0..convs.len())
+            .filter(|&i| topology::is_root(&convs[i]))
+            .collect();
+        let cap = NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN);
+        Built {
+            convs,
+            raw_items,
+            ids,
+            roots,
+            next: 0,
+            sessions: LruCache::new(cap),
+        }
+    }
+
+    /// The turn this request gets (see [`topology::choose`]), the session moved past it.
+    fn take_turn(
+        &mut self,
+        session: Option<&str>,
+        named: Option<Named<'_>>,
+    ) -> Result<Cursor, ProxyError> {
+        let named = match named {
+            Some(n) => Some(
+                *self
+                    .ids
+                    .get(n.id)
+                    .ok_or_else(|| unknown_conversation(n, self))?,
+            ),
+            None => None,
+        };
+        let bound = session.and_then(|s| self.sessions.get(s).copied());
+        let convs = &self.convs;
+        let (ci, k) = match topology::choose(bound, named, |ci| convs[ci].turns.len()) {
+            Some(at) => at,
+            None => {
+                let ci = topology::next_root(&self.roots, &mut self.next)
+                    .ok_or_else(|| internal("the dataset has no root conversation"))?;
+                (ci, 0)
+            }
+        };
+        if let Some(s) = session {
+            self.sessions.put(s.to_string(), (ci, k + 1));
+        }
+        Ok((ci, k))
+    }
+}
+
+/// A conversation a request names by id, and the header it came in (for the error).
+#[derive(Debug, Clone, Copy)]
+pub struct Named<'a> {
+    pub id: &'a str,
+    pub header: &'a str,
+}
+
+/// The 400 for a conversation id the dataset does not hold.
+fn unknown_conversation(n: Named<'_>, b: &Built) -> ProxyError {
+    ProxyError::bad_request(
+        "unknown_conversation",
+        format!(
+            "{} names no conversation of the synthetic dataset: `{}` (it holds {} \
+             conversations, {} of them roots); send an id a response's synth spawn header \
+             listed, or leave the header out to get the next root conversation",
+            n.header,
+            crate::error::excerpt(n.id.as_bytes()),
+            b.convs.len(),
+            b.roots.len()
+        ),
+    )
 }
 
 /// [`Built::raw_items`] of `dataset`; `None` for a turn without verbatim `messages` (or with
@@ -609,6 +755,9 @@ pub struct Filled {
     pub session_id: String,
     /// The entry's trace `timestamp` (ms), for the `x-kvbust-trace-timestamp` response header.
     pub trace_timestamp: Option<String>,
+    /// The conversation and turn served, and what the client needs to follow it (the
+    /// `x-kvbust-synth-*` response headers).
+    pub served: Served,
 }
 
 impl Synthesizer {
@@ -702,18 +851,17 @@ impl Synthesizer {
                             "the synthetic dataset is empty".into(),
                         ));
                     }
+                    if !dataset.conversations.iter().any(topology::is_root) {
+                        return Err(ProxyError::Internal(
+                            "the synthetic dataset has no root conversation to start".into(),
+                        ));
+                    }
                     tracing::info!(
                         conversations = dataset.conversations.len(),
                         elapsed = ?t0.elapsed(),
                         "synthetic dataset built"
                     );
-                    let cap = NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN);
-                    Ok(Arc::new(Mutex::new(Built {
-                        raw_items: raw_items(&dataset),
-                        dataset,
-                        next: 0,
-                        sessions: LruCache::new(cap),
-                    })))
+                    Ok(Arc::new(Mutex::new(Built::new(dataset))))
                 })
                 .await
             })
@@ -728,52 +876,64 @@ impl Synthesizer {
         }
     }
 
-    /// Fills a chat body with the next dataset entry (or the session's next turn).
-    pub async fn fill(&self, body: &[u8], session: Option<&str>) -> Result<Filled, ProxyError> {
+    /// Fills a chat body with the session's next turn: of the conversation the request names
+    /// (`named`), else of the session's conversation, else turn 0 of the next root
+    /// conversation. An agentic turn sends its whole accumulated context and its model.
+    pub async fn fill(
+        &self,
+        body: &[u8],
+        session: Option<&str>,
+        named: Option<Named<'_>>,
+    ) -> Result<Filled, ProxyError> {
         let built = self.built().await?;
         let (conv, k, raw_items) = {
             let mut b = built.lock().unwrap_or_else(|p| p.into_inner());
-            let n = b.dataset.conversations.len();
-            let known = session.and_then(|s| b.sessions.get(s).copied());
-            let (ci, k) = match known {
-                Some((ci, k)) if k < b.dataset.conversations[ci].turns.len() => (ci, k),
-                _ => {
-                    let ci = b.next % n;
-                    b.next += 1;
-                    (ci, 0)
-                }
-            };
-            if let Some(s) = session {
-                b.sessions.put(s.to_string(), (ci, k + 1));
-            }
+            let (ci, k) = b.take_turn(session, named)?;
             let raw_items = b.raw_items.get(ci).and_then(|c| c.get(k)).cloned();
-            (b.dataset.conversations[ci].clone(), k, raw_items.flatten())
+            let conv = b
+                .convs
+                .get(ci)
+                .cloned()
+                .ok_or_else(|| internal("a conversation outside the dataset"))?;
+            (conv, k, raw_items.flatten())
         };
         let turn = conv.turns.get(k);
+        let agentic = turn.and_then(|t| t.agentic.as_deref());
         // The client's body is read once, here; the steps after read the body made through
         // its layout.
         let top = client_top(body)?;
         let written;
-        // A trace's verbatim `messages` replace the body's as they are.
-        let (messages, items, ctx) = match turn.and_then(|t| t.raw_messages.as_ref()) {
-            Some(raw) => (raw.get().as_bytes(), raw_items.as_deref(), 0),
-            None => {
+        let (messages, items, ctx) = match (turn.and_then(|t| t.raw_messages.as_ref()), agentic) {
+            // A trace's verbatim `messages` replace the body's as they are.
+            (Some(raw), _) => (raw.get().as_bytes(), raw_items.as_deref(), 0),
+            // An agentic turn: what the client would have accumulated (no user context).
+            (None, Some(_)) => {
+                written = write_agentic(&conv, k);
+                (&written.0[..], Some(&written.1[..]), 0)
+            }
+            (None, None) => {
                 let (bytes, items, ctx) = write_messages(&conv, k, &assistant_messages(&top));
                 written = (bytes, items);
                 (&written.0[..], Some(&written.1[..]), ctx)
             }
         };
-        let max = turn.and_then(|t| t.max_tokens);
+        let fill = Fill {
+            messages,
+            items,
+            max_tokens: turn.and_then(|t| t.max_tokens),
+            model: agentic.and_then(|i| i.model.as_deref()),
+        };
         let trace_timestamp = turn
             .and_then(|t| t.timestamp.as_ref())
             .map(|n| n.to_string());
-        let (body, layout) = fill_top(body, &top, messages, items, max)?;
+        let (body, layout) = fill_top(body, &top, &fill)?;
         Ok(Filled {
             body,
             layout: Some(layout),
             user_context_messages: ctx,
-            session_id: conv.session_id,
+            session_id: conv.session_id.clone(),
             trace_timestamp,
+            served: topology::served(&conv, k),
         })
     }
 
