@@ -514,7 +514,7 @@ async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
             some("1"),
             some("12243"),
             some("trace-d:flatspawn:0"),
-            some("1827"),
+            some("1827.0"),
         ]
     );
     body_bytes(resp).await;
@@ -537,7 +537,7 @@ async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
             some("1"),
             some("4189"),
             None,
-            some("3363"),
+            some("3363.0"),
         ]
     );
     body_bytes(resp).await;
@@ -551,7 +551,7 @@ async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
         some("none"),
         None,
         None,
-        some("8991"),
+        some("8991.0"),
     ];
     for (named, turn) in [
         (None, 1),
@@ -582,7 +582,7 @@ async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
             some("2"),
             some("1314"),
             None,
-            some("15158"),
+            some("15158.0"),
         ]
     );
     body_bytes(resp).await;
@@ -611,7 +611,7 @@ async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
             some("3"),
             some("5838"),
             None,
-            some("18367"),
+            some("18367.0"),
         ]
     );
     body_bytes(resp).await;

@@ -1111,6 +1111,32 @@ mod tests {
     }
 
     #[test]
+    fn an_agentic_fill_replaces_or_adds_the_model_and_keeps_the_rest() {
+        let run = |body: &[u8]| {
+            let top = client_top(body).unwrap();
+            let fill = Fill {
+                messages: b"[]",
+                items: None,
+                max_tokens: Some(4),
+                model: Some("m\"2"),
+            };
+            String::from_utf8(fill_top(body, &top, &fill).unwrap().0).unwrap()
+        };
+        assert_eq!(
+            run(br#"{"model" : "x","messages":[1], "n":1.50}"#),
+            r#"{"model" : "m\"2","messages":[], "n":1.50,"max_completion_tokens":4}"#
+        );
+        assert_eq!(
+            run(br#"{"n":1}"#),
+            r#"{"n":1,"model":"m\"2","messages":[],"max_completion_tokens":4}"#
+        );
+        assert_eq!(
+            run(b"{}"),
+            r#"{"model":"m\"2","messages":[],"max_completion_tokens":4}"#
+        );
+    }
+
+    #[test]
     fn conversation_turns_carry_history_and_answers() {
         let c = conv(Some("S"), Some("C"), &["t0", "t1", "t2"]);
         let a0 =

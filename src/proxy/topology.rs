@@ -261,7 +261,7 @@ mod tests {
             }
         );
         let s = served(&c, 1);
-        assert_eq!((s.spawn, s.next_turn()), (None, "2".to_owned()));
+        assert_eq!((s.spawn.clone(), s.next_turn()), (None, "2".to_owned()));
         assert_eq!(
             s.next,
             Some(Next {
@@ -271,7 +271,7 @@ mod tests {
             })
         );
         let s = served(&c, 2);
-        assert_eq!((s.next, s.next_turn()), (None, "none".to_owned()));
+        assert_eq!((s.next.clone(), s.next_turn()), (None, "none".to_owned()));
         // A plain multi-turn conversation: no topology, delay 0 when the turn has none.
         let plain = Conversation {
             session_id: "session_000001".into(),
