@@ -822,6 +822,8 @@ mod tests {
         bare: bool,
         /// Synthesis replays a trace's verbatim `messages`.
         trace: bool,
+        /// Synthesis serves an agentic (Weka) trace's turn: context and model written.
+        agentic: bool,
         mark: bool,
         usage: bool,
     }
@@ -838,6 +840,7 @@ mod tests {
                 },
                 bare: has("bare"),
                 trace: has("trace"),
+                agentic: has("agentic"),
                 mark: has("mark"),
                 usage: has("usage"),
             }
@@ -861,12 +864,27 @@ mod tests {
         ("synth mark usage", 1),
         ("synth bare mark usage", 1),
         ("synth trace mark usage", 1),
+        ("synth agentic mark usage", 1),
         ("synth placeholder-text mark usage", 1),
     ];
 
     fn trace_path() -> std::path::PathBuf {
         let name = format!("kvbust-parse-once-trace-{}.jsonl", std::process::id());
         std::env::temp_dir().join(name)
+    }
+
+    /// A folder holding one Weka trace (agentic_traces.json's compaction case).
+    fn weka_dir() -> std::path::PathBuf {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/synth/agentic_traces.json");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+        let dir =
+            std::env::temp_dir().join(format!("kvbust-parse-once-weka-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace = &v["cases"]["weka_compaction"]["input"]["files"]["trace-d.json"];
+        std::fs::write(dir.join("trace-d.json"), trace.to_string()).unwrap();
+        dir
     }
 
     fn runtime(s: &Steps) -> (Arc<Runtime>, Arc<synthesize::Synthesizer>) {
@@ -885,6 +903,12 @@ mod tests {
             trace_path()
         });
         let params = match trace {
+            _ if s.agentic => crate::synth::SynthParams {
+                input_file: Some(weka_dir()),
+                custom_dataset_type: Some(crate::synth::trace::TraceKind::WekaTrace),
+                random_seed: Some(3),
+                ..crate::synth::SynthParams::default()
+            },
             Some(path) => crate::synth::SynthParams {
                 input_file: Some(path),
                 random_seed: Some(3),
@@ -995,5 +1019,6 @@ mod tests {
             assert_eq!(ex.rid.is_some(), s.mark, "{name}");
         }
         std::fs::remove_file(trace_path()).unwrap();
+        std::fs::remove_dir_all(weka_dir()).unwrap();
     }
 }
