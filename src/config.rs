@@ -1469,6 +1469,23 @@ mod tests {
     }
 
     #[test]
+    fn the_synth_conversation_header_is_a_request_header_kvbust_reads() {
+        let h = HeaderNames::default();
+        assert!(h.control().contains(&"x-kvbust-synth-conversation"));
+        // Renamed, the new name is the known one.
+        let renamed = HeaderNames {
+            synth_conversation: "x-kvbust-conv".into(),
+            ..HeaderNames::default()
+        };
+        assert!(renamed.control().contains(&"x-kvbust-conv"));
+        assert!(validate_header_names(&HeaderNames {
+            response_synth_spawn: "X-Spawn".into(),
+            ..HeaderNames::default()
+        })
+        .is_err_and(|e| e.key == "headers.response_synth_spawn"));
+    }
+
+    #[test]
     fn shipped_config_file_is_valid_and_equals_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/kvbust.toml");
         let c = Config::load(Some(&path), &[], &CliOverrides::default()).unwrap();

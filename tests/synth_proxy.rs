@@ -542,6 +542,13 @@ async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
     );
     body_bytes(resp).await;
     assert_eq!(upstream_body(), expect(child, 0));
+    let forwarded = h.mock.recorder().requests().pop().unwrap().headers;
+    assert!(
+        forwarded
+            .keys()
+            .all(|k| !k.as_str().starts_with("x-kvbust-")),
+        "the conversation header is kvbust's: {forwarded:?}"
+    );
     // The session goes on in its conversation without the header; named again after its last
     // turn, the child starts over (a re-run), then goes on as named.
     let last = [
