@@ -332,3 +332,79 @@ fn exports_carry_the_accumulated_context_or_refuse() {
         assert!(!out.exists());
     }
 }
+
+/// What a `datasets` export does to a row: every request carries every column of the
+/// request union, null where it has none.
+fn as_dataset_row(trace: &Value) -> Value {
+    let mut t = trace.clone();
+    t["totals"] = Value::Null;
+    let union = [
+        "ttft",
+        "agent_id",
+        "subagent_type",
+        "duration_ms",
+        "total_tokens",
+        "tool_use_count",
+        "status",
+        "requests",
+        "models",
+        "tool_tokens",
+        "system_tokens",
+    ];
+    for r in t["requests"].as_array_mut().unwrap() {
+        let o = r.as_object_mut().unwrap();
+        for k in union {
+            o.entry(k).or_insert(Value::Null);
+        }
+    }
+    t
+}
+
+#[test]
+fn a_cc_traces_json_lines_export_replays_like_the_files() {
+    let v = vectors();
+    let case = &v["cases"]["weka_subagents"];
+    let dir = scratch("cc-traces");
+    let rows: String = case["input"]["files"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|t| as_dataset_row(t).to_string() + "\n")
+        .collect();
+    let plain = dir.join("cc-traces.jsonl");
+    std::fs::write(&plain, &rows).unwrap();
+    let gz = dir.join("cc-traces.jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, rows.as_bytes()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let want = case["conversations"].as_array().unwrap();
+    for input in [&plain, &gz] {
+        let out = dir.join("out.jsonl");
+        let mut argv = vec!["--input-file".to_owned(), input.display().to_string()];
+        argv.extend(["--model", "claude-opus", "-o"].map(String::from));
+        argv.push(out.display().to_string());
+        argv.extend(
+            case["argv"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_owned()),
+        );
+        synth(&argv).unwrap_or_else(|e| panic!("{}: {e:#}", input.display()));
+        let got = lines(&out);
+        assert_eq!(got.len(), want.len(), "{}", input.display());
+        for (g, w) in got.iter().zip(want) {
+            check_conversation(&format!("{} {}", input.display(), w["session_id"]), g, w);
+        }
+    }
+    // A non-null field that is not in the schema still fails, with the line named.
+    std::fs::write(&plain, rows.replacen("\"ttft\":null", "\"ttft\":\"x\"", 1)).unwrap();
+    let e = format!(
+        "{:#}",
+        synth(&["--input-file".into(), plain.display().to_string()]).unwrap_err()
+    );
+    assert!(
+        e.contains("cc-traces.jsonl:1: trace \"trace-b\": requests[") && e.contains("].ttft: "),
+        "{e}"
+    );
+}
