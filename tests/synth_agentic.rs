@@ -408,3 +408,79 @@ fn a_cc_traces_json_lines_export_replays_like_the_files() {
         "{e}"
     );
 }
+
+/// A generated corpus (8 traces x 24 requests, tools/make_agentic_fanout_fixture.py) with
+/// compactions, side chains, a parallel worker fan-out (`::wg:`) and subagents, against what
+/// AIPerf 0.13.0 built from it (message contents as sha256).
+#[test]
+fn a_generated_fan_out_corpus_matches_aiperf() {
+    use sha2::{Digest, Sha256};
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synth/agentic_fanout.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let dir = scratch("fanout");
+    let input = dir.join("traces");
+    std::fs::create_dir_all(&input).unwrap();
+    for (name, t) in v["files"].as_object().unwrap() {
+        std::fs::write(input.join(name), t.to_string()).unwrap();
+    }
+    let out = dir.join("out.jsonl");
+    let mut argv = vec![
+        "--input-file".to_owned(),
+        input.display().to_string(),
+        "-o".into(),
+    ];
+    argv.push(out.display().to_string());
+    argv.extend(
+        v["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned()),
+    );
+    synth(&argv).unwrap();
+    let mut got = lines(&out);
+    // Contents as their sha256, the fixture's form.
+    for c in &mut got {
+        for t in c["turns"].as_array_mut().unwrap() {
+            let hashed: Vec<Value> = t["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    let sha = hex::encode(Sha256::digest(m["content"].as_str().unwrap()));
+                    json!({"role": m["role"], "content": sha})
+                })
+                .collect();
+            t["messages"] = json!(hashed);
+        }
+    }
+    let mut want = v["conversations"].as_array().unwrap().clone();
+    for c in &mut want {
+        for t in c["turns"].as_array_mut().unwrap() {
+            let msgs: Vec<Value> = t["raw_messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| json!({"role": m["role"], "content": m["content_sha256"]}))
+                .collect();
+            t["raw_messages"] = json!(msgs);
+            t.as_object_mut()
+                .unwrap()
+                .entry("reset_context")
+                .or_insert(json!(false));
+        }
+    }
+    assert!(want
+        .iter()
+        .any(|c| c["session_id"].as_str().unwrap().contains("::wg:")));
+    let ids = |c: &[Value]| {
+        c.iter()
+            .map(|x| x["session_id"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&got), ids(&want));
+    for (g, w) in got.iter().zip(&want) {
+        check_conversation(&format!("fanout {}", w["session_id"]), g, w);
+    }
+}
