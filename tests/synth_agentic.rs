@@ -411,9 +411,11 @@ fn a_cc_traces_json_lines_export_replays_like_the_files() {
 
 /// A generated corpus (8 traces x 24 requests, tools/make_agentic_fanout_fixture.py) with
 /// compactions, side chains, a parallel worker fan-out (`::wg:`) and subagents, against what
-/// AIPerf 0.13.0 built from it (message contents as sha256).
+/// AIPerf 0.13.0 built from it under several flag sets: defaults; --synthesis-max-isl/-osl,
+/// --max-context-length, --inter-turn-delay-cap-seconds and tool-shaped messages; the idle-gap
+/// cap; think time with the sonnet corpus (message contents as sha256).
 #[test]
-fn a_generated_fan_out_corpus_matches_aiperf() {
+fn a_generated_fan_out_corpus_matches_aiperf_under_each_flag_set() {
     use sha2::{Digest, Sha256};
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synth/agentic_fanout.json");
@@ -424,63 +426,88 @@ fn a_generated_fan_out_corpus_matches_aiperf() {
     for (name, t) in v["files"].as_object().unwrap() {
         std::fs::write(input.join(name), t.to_string()).unwrap();
     }
-    let out = dir.join("out.jsonl");
-    let mut argv = vec![
-        "--input-file".to_owned(),
-        input.display().to_string(),
-        "-o".into(),
-    ];
-    argv.push(out.display().to_string());
-    argv.extend(
-        v["argv"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap().to_owned()),
-    );
-    synth(&argv).unwrap();
-    let mut got = lines(&out);
-    // Contents as their sha256, the fixture's form.
-    for c in &mut got {
-        for t in c["turns"].as_array_mut().unwrap() {
-            let hashed: Vec<Value> = t["messages"]
+    let hashed = |m: &Value, content: &str| {
+        let mut o = m.as_object().unwrap().clone();
+        o.remove("content_sha256");
+        o.insert("content".into(), json!(content));
+        Value::Object(o)
+    };
+    let cases = v["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 4);
+    for (name, case) in cases {
+        let out = dir.join(format!("{name}.jsonl"));
+        let mut argv = vec![
+            "--input-file".to_owned(),
+            input.display().to_string(),
+            "-o".into(),
+        ];
+        argv.push(out.display().to_string());
+        argv.extend(
+            case["kvbust_argv"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|m| {
-                    let sha = hex::encode(Sha256::digest(m["content"].as_str().unwrap()));
-                    json!({"role": m["role"], "content": sha})
-                })
-                .collect();
-            t["messages"] = json!(hashed);
+                .map(|a| a.as_str().unwrap().to_owned()),
+        );
+        synth(&argv).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let mut got = lines(&out);
+        for c in &mut got {
+            for t in c["turns"].as_array_mut().unwrap() {
+                let msgs: Vec<Value> = t["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| {
+                        let sha = hex::encode(Sha256::digest(m["content"].as_str().unwrap()));
+                        hashed(m, &sha)
+                    })
+                    .collect();
+                t["messages"] = json!(msgs);
+            }
         }
-    }
-    let mut want = v["conversations"].as_array().unwrap().clone();
-    for c in &mut want {
-        for t in c["turns"].as_array_mut().unwrap() {
-            let msgs: Vec<Value> = t["raw_messages"]
+        let mut want = case["conversations"].as_array().unwrap().clone();
+        for c in &mut want {
+            for t in c["turns"].as_array_mut().unwrap() {
+                let msgs: Vec<Value> = t["raw_messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| hashed(m, m["content_sha256"].as_str().unwrap()))
+                    .collect();
+                t["raw_messages"] = json!(msgs);
+                t.as_object_mut()
+                    .unwrap()
+                    .entry("reset_context")
+                    .or_insert(json!(false));
+            }
+        }
+        let ids = |c: &[Value]| {
+            c.iter()
+                .map(|x| x["session_id"].clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&got), ids(&want), "{name}");
+        for (g, w) in got.iter().zip(&want) {
+            check_conversation(&format!("{name} {}", w["session_id"]), g, w);
+            for (i, (gt, wt)) in g["turns"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|m| json!({"role": m["role"], "content": m["content_sha256"]}))
-                .collect();
-            t["raw_messages"] = json!(msgs);
-            t.as_object_mut()
-                .unwrap()
-                .entry("reset_context")
-                .or_insert(json!(false));
+                .zip(w["turns"].as_array().unwrap())
+                .enumerate()
+            {
+                assert_eq!(
+                    gt["messages"], wt["raw_messages"],
+                    "{name} {} turn {i}",
+                    w["session_id"]
+                );
+            }
         }
     }
-    assert!(want
+    let default = cases["default"]["conversations"].as_array().unwrap();
+    assert!(default
         .iter()
         .any(|c| c["session_id"].as_str().unwrap().contains("::wg:")));
-    let ids = |c: &[Value]| {
-        c.iter()
-            .map(|x| x["session_id"].clone())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(ids(&got), ids(&want));
-    for (g, w) in got.iter().zip(&want) {
-        check_conversation(&format!("fanout {}", w["session_id"]), g, w);
-    }
+    let shaped = cases["knobs_tool_shaped"].to_string();
+    assert!(shaped.contains("\"role\":\"tool\"") && shaped.contains("tool_calls"));
 }
