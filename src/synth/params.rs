@@ -498,4 +498,41 @@ mod tests {
         let err = serde_json::from_str::<PromptCorpus>("\"poetry\"").unwrap_err();
         assert!(err.to_string().contains("unknown prompt corpus"), "{err}");
     }
+
+    #[test]
+    fn agentic_keys_read_from_a_config_file_and_belong_to_weka() {
+        let p: SynthParams = toml::from_str(
+            r#"
+            input_file = "traces/"
+            custom_dataset_type = "weka_trace"
+            model = "a,b"
+            synthesis_max_osl = 300
+            max_context_length = 4096
+            inter_turn_delay_cap_seconds = 2.5
+            tool_shaped_messages = true
+            "#,
+        )
+        .unwrap();
+        assert_eq!(p.custom_dataset_type, Some(TraceKind::WekaTrace));
+        assert_eq!(p.prompt_corpus, None);
+        assert_eq!(p.inter_turn_delay_cap_seconds, Some(2.5));
+        p.validate().unwrap();
+        p.validate_trace_kind(TraceKind::WekaTrace).unwrap();
+        let e = p.validate_trace_kind(TraceKind::MooncakeTrace).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--max-context-length applies to agentic weka_trace"),
+            "{e}"
+        );
+        let synthetic = SynthParams {
+            tool_shaped_messages: true,
+            ..SynthParams::default()
+        };
+        let e = synthetic.validate().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--tool-shaped-messages applies to trace replay"),
+            "{e}"
+        );
+    }
 }
