@@ -266,13 +266,9 @@ impl SynthParams {
         self.num_prefix_prompts > 0
     }
 
-    /// Rejects combinations AIPerf rejects (or that cannot work), saying what to change.
-    pub fn validate(&self) -> Result<(), SynthError> {
-        let bad = |m: &str| Err(SynthError::invalid(m));
-        if self.input_file.is_some() {
-            return self.validate_trace();
-        }
-        let trace_only = [
+    /// The flags only a trace reads, and whether each is set.
+    fn trace_only_flags(&self) -> [(bool, &'static str); 10] {
+        [
             (self.custom_dataset_type.is_some(), "--custom-dataset-type"),
             (self.synthesis_max_isl.is_some(), "--synthesis-max-isl"),
             (self.synthesis_max_osl.is_some(), "--synthesis-max-osl"),
@@ -292,7 +288,16 @@ impl SynthParams {
                 self.trace_block_terminator != BlockTerminator::Aiperf,
                 "--trace-block-terminator",
             ),
-        ];
+        ]
+    }
+
+    /// Rejects combinations AIPerf rejects (or that cannot work), saying what to change.
+    pub fn validate(&self) -> Result<(), SynthError> {
+        let bad = |m: &str| Err(SynthError::invalid(m));
+        if self.input_file.is_some() {
+            return self.validate_trace();
+        }
+        let trace_only = self.trace_only_flags();
         if let Some((_, flag)) = trace_only.iter().find(|(set, _)| *set) {
             return Err(SynthError::InvalidParams(format!(
                 "{flag} applies to trace replay; add --input-file TRACE.jsonl"
