@@ -389,7 +389,8 @@ impl SynthParams {
     /// The flags that only one trace type reads, refused for the others (after the type is
     /// known: it may be detected from the file).
     pub fn validate_trace_kind(&self, kind: TraceKind) -> Result<(), SynthError> {
-        if kind != TraceKind::WekaTrace {
+        // tracelab is reconstructed by the Weka loader, so it reads the same flags.
+        if !kind.is_agentic() {
             let weka_only = [
                 (self.max_context_length.is_some(), "--max-context-length"),
                 (
@@ -405,7 +406,8 @@ impl SynthParams {
             ];
             if let Some((_, flag)) = weka_only.iter().find(|(set, _)| *set) {
                 return Err(SynthError::InvalidParams(format!(
-                    "{flag} applies to agentic weka_trace input, and this input is {kind}"
+                    "{flag} applies to agentic weka_trace and tracelab input, and this input is \
+                     {kind}"
                 )));
             }
         }
@@ -413,7 +415,7 @@ impl SynthParams {
             && (self.synthesis_max_isl.is_some() || self.synthesis_max_osl.is_some())
         {
             return Err(SynthError::InvalidParams(format!(
-                "--synthesis-max-isl/--synthesis-max-osl are read for weka_trace and \
+                "--synthesis-max-isl/--synthesis-max-osl are read for weka_trace, tracelab and \
                  burst_gpt_trace input in kvbust, and this input is {kind}"
             )));
         }
