@@ -1,8 +1,9 @@
 //! `kvbust synth` on TraceLab input: every tracelab_traces.json case (AIPerf 0.13.0's
-//! CustomDatasetComposer with `--custom-dataset-type tracelab`, Qwen3; plain and gzipped files,
-//! subagent joins, grandchildren and unplaceable children, another block size and corpus) byte
-//! for byte through the command line, detection without the type, and the errors bad rows get
-//! (file:line, session, field; exit 2; no output file).
+//! CustomDatasetComposer with the tracelab loader, Qwen3; plain and gzipped files, subagent
+//! joins, grandchildren and unplaceable children, another block size and corpus, the loader's
+//! --max-context-length selection with Weka's caps) byte for byte through the command line,
+//! detection without the type, and the errors bad rows get (file:line, session, field; exit 2;
+//! no output file).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -73,11 +74,13 @@ fn lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The case's flags; `--custom-dataset-type` when the case gave it (null: AIPerf detected the
+/// type) and `with_type` asks for it.
 fn case_argv(input: &Path, case: &Value, out: &Path, with_type: bool) -> Vec<String> {
     let mut argv: Vec<String> = vec!["--input-file".into(), input.display().to_string()];
-    if with_type {
+    if let (true, Some(kind)) = (with_type, case["custom_dataset_type"].as_str()) {
         argv.push("--custom-dataset-type".into());
-        argv.push(case["custom_dataset_type"].as_str().unwrap().into());
+        argv.push(kind.into());
     }
     // AIPerf's run had `--model claude-opus`.
     argv.extend(["--model", "claude-opus", "-o"].map(String::from));
@@ -110,10 +113,14 @@ fn all_tracelab_vectors_byte_exact() {
     let v = vectors();
     assert_eq!(v["aiperf_version"], "0.13.0");
     let cases = v["cases"].as_object().unwrap();
-    assert_eq!(cases.len(), 4);
+    assert_eq!(cases.len(), 5);
     let mut gz = 0;
     for (name, case) in cases {
-        assert_eq!(case["custom_dataset_type"], "tracelab");
+        // null: the type was detected (AIPerf refuses --max-context-length with an explicit one).
+        assert!(
+            case["custom_dataset_type"] == "tracelab" || case["custom_dataset_type"].is_null(),
+            "{name}"
+        );
         let dir = scratch(name);
         let input = write_input(&dir, &case["input"]);
         gz += usize::from(input.extension().is_some_and(|x| x == "gz"));
@@ -128,6 +135,25 @@ fn all_tracelab_vectors_byte_exact() {
         check_case(name, case, &lines(&out));
     }
     assert_eq!(gz, 1, "one case reads a gzipped file");
+}
+
+#[test]
+fn max_context_length_needs_a_detected_type_as_in_aiperf() {
+    let v = vectors();
+    let case = &v["cases"]["tracelab_selection_caps"];
+    assert!(case["argv"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("--max-context-length")));
+    let dir = scratch("explicit-max-context");
+    let input = write_input(&dir, &case["input"]);
+    let mut argv = case_argv(&input, case, &dir.join("out.jsonl"), false);
+    argv.extend(["--custom-dataset-type", "tracelab"].map(String::from));
+    let err = format!("{:#}", synth(&argv).unwrap_err());
+    assert!(
+        err.contains("--max-context-length with --custom-dataset-type tracelab is refused"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -112,7 +112,9 @@ def run_case(tokp, case, extra, tmp):
             f.write(gzip.compress(data, mtime=0) if name.endswith(".gz") else data)
     path = os.path.join(tmp, next(iter(case["files"]))) if case.get("single") else tmp
     argv = ["profile", "--model", "claude-opus", "--url", "localhost:8000", "--endpoint-type", "chat",
-            "--tokenizer", tokp, "--input-file", path, "--custom-dataset-type", case["kind"]] + extra
+            "--tokenizer", tokp, "--input-file", path]
+    # kind None: the type is detected from the file, as `aiperf profile` without the flag does.
+    argv += (["--custom-dataset-type", case["kind"]] if case["kind"] is not None else []) + extra
     _, bound, _ = app.parse_args(argv)
     cfg = build_benchmark_plan(resolve_config(list(bound.arguments.values())[0])).configs[0]
     seed = int(extra[extra.index("--random-seed") + 1])

@@ -231,6 +231,13 @@ CASES = {
     "tracelab_codex_unanchored": (case_codex_and_unanchored, ["--random-seed", "3"]),
     "tracelab_bs32_sonnet": (case_bs32_sonnet, ["--random-seed", "5", "--isl-block-size", "32",
                                                  "--prompt-corpus", "sonnet"]),
+    # The codex input again, its type detected (AIPerf's CLI refuses --max-context-length with an
+    # explicit non-weka type, but passes it through for a detected file, and the tracelab loader
+    # applies it: the codex parent's peak context is over 2000, so it and its children go), with
+    # the Weka delay cap and osl cap.
+    "tracelab_selection_caps": (lambda: dict(case_codex_and_unanchored(), kind=None), ["--random-seed", "3", "--max-context-length", "2000",
+                                                            "--synthesis-max-osl", "200",
+                                                            "--inter-turn-delay-cap-seconds", "1.5"]),
 }
 
 

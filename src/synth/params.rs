@@ -389,6 +389,19 @@ impl SynthParams {
     /// The flags that only one trace type reads, refused for the others (after the type is
     /// known: it may be detected from the file).
     pub fn validate_trace_kind(&self, kind: TraceKind) -> Result<(), SynthError> {
+        // AIPerf's CLI refuses --max-context-length with any explicit type but weka_trace, yet
+        // passes it through for a detected file, where the tracelab loader applies it.
+        if self.custom_dataset_type == Some(TraceKind::Tracelab)
+            && self.max_context_length.is_some()
+        {
+            return Err(SynthError::InvalidParams(
+                "--max-context-length with --custom-dataset-type tracelab is refused, as AIPerf \
+                 0.13.0 refuses it for every explicit type but weka_trace; leave out \
+                 --custom-dataset-type (the type is detected from the file) and AIPerf's \
+                 tracelab loader applies it"
+                    .into(),
+            ));
+        }
         // tracelab is reconstructed by the Weka loader, so it reads the same flags.
         if !kind.is_agentic() {
             let weka_only = [

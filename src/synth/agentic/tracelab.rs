@@ -55,6 +55,21 @@ pub fn looks_like_tracelab(bytes: &[u8]) -> bool {
 /// A bad field of a row: (JSON path inside the row, why).
 type FieldError = (String, String);
 
+/// A bad field and the line of its row.
+type LineError = (usize, FieldError);
+
+/// A dated round: (submission time, api_time, the row).
+type Timed<'s> = (f64, Option<f64>, &'s Round);
+
+/// A spawn window of one session: (start, end, duration_ms).
+type Window = (f64, f64, i64);
+
+/// A spawn window with its session: (start, end, parent index, duration_ms).
+type ParentWindow = (f64, f64, usize, i64);
+
+/// Who ran a session: its first row's (`user`, `project`).
+type Ident = (PyKey, PyKey);
+
 /// Python's truthiness of a JSON value (`row.get(k) or default` falls back on these).
 fn truthy(v: &Value) -> bool {
     match v {
@@ -527,7 +542,7 @@ fn codex_window(s: &Session) -> Option<(f64, f64)> {
 
 /// Claude: one window per blocking Agent/Task call of at least [`MIN_SPAWN_MS`]; its duration
 /// is the recorded `tool_wall_latency_ms`.
-fn claude_windows(s: &Session) -> Result<Vec<(f64, f64, i64)>, (usize, FieldError)> {
+fn claude_windows(s: &Session) -> Result<Vec<Window>, LineError> {
     let mut out = Vec::new();
     for r in &s.rows {
         for t in &r.tools {
@@ -567,7 +582,7 @@ fn claude_windows(s: &Session) -> Result<Vec<(f64, f64, i64)>, (usize, FieldErro
 /// then the parent id). Containment only: nothing in the corpus says the match is right.
 fn join_index(sessions: &[Session], origin: &Origin) -> Result<Vec<Option<Spawn>>, AgenticError> {
     let mut span: Vec<Option<(f64, f64)>> = Vec::with_capacity(sessions.len());
-    let mut ident: Vec<Option<(PyKey, PyKey)>> = Vec::with_capacity(sessions.len());
+    let mut ident: Vec<Option<Ident>> = Vec::with_capacity(sessions.len());
     for s in sessions {
         let extent = session_span(s);
         span.push(extent);
@@ -584,11 +599,11 @@ fn join_index(sessions: &[Session], origin: &Origin) -> Result<Vec<Option<Spawn>
     }
     // (start, end, parent, duration_ms) in AIPerf's window order, grouped by the parent's
     // identity.
-    let mut by_ident: HashMap<&(PyKey, PyKey), Vec<(f64, f64, usize, i64)>> = HashMap::new();
+    let mut by_ident: HashMap<&Ident, Vec<ParentWindow>> = HashMap::new();
     let (mut n_claude, mut n_codex) = (0usize, 0usize);
     for (p, s) in sessions.iter().enumerate() {
         let windows = if s.rows[0].get("provider").and_then(Value::as_str) == Some("codex") {
-            let w: Vec<(f64, f64, i64)> = codex_window(s)
+            let w: Vec<Window> = codex_window(s)
                 .map(|(a, b)| (a, b, ((b - a) * 1000.0).trunc() as i64))
                 .into_iter()
                 .collect();
@@ -657,10 +672,7 @@ fn join_index(sessions: &[Session], origin: &Origin) -> Result<Vec<Option<Spawn>
 
 /// `(submitted, api_time, row)` in replay order: submission time, then `round_index`, then file
 /// order; rounds with no usable timing are dropped.
-fn order_rounds<'s>(
-    s: &'s Session,
-    origin: &Origin,
-) -> Result<Vec<(f64, Option<f64>, &'s Round)>, AgenticError> {
+fn order_rounds<'s>(s: &'s Session, origin: &Origin) -> Result<Vec<Timed<'s>>, AgenticError> {
     let mut timed = Vec::new();
     for r in &s.rows {
         let (Some(submitted), api) = r.timing() else {
@@ -733,10 +745,10 @@ impl Minter {
 /// (the engine-reported resident prefix), fresh ids for the rest; `input_tokens_total /
 /// block_size` in all (whole blocks only; the partial tail is unhashed).
 fn hash_ids(
-    rounds: &[(f64, Option<f64>, &Round)],
+    rounds: &[Timed],
     block_size: i64,
     minter: &mut Minter,
-) -> Result<Vec<Vec<i64>>, (usize, FieldError)> {
+) -> Result<Vec<Vec<i64>>, LineError> {
     let mut prev: Vec<i64> = Vec::new();
     let mut out = Vec::with_capacity(rounds.len());
     for (_, _, r) in rounds {
@@ -761,10 +773,10 @@ fn hash_ids(
 
 /// Rounds → Weka `n` requests timed from `t0`; also the models in first-use order.
 fn requests(
-    rounds: &[(f64, Option<f64>, &Round)],
+    rounds: &[Timed],
     chains: Vec<Vec<i64>>,
     t0: f64,
-) -> Result<(Vec<Request>, Vec<String>), (usize, FieldError)> {
+) -> Result<(Vec<Request>, Vec<String>), LineError> {
     let mut out = Vec::with_capacity(rounds.len());
     let mut models: Vec<String> = Vec::new();
     let mut prev_end: Option<f64> = None;
@@ -840,7 +852,7 @@ struct Converter<'a> {
 }
 
 impl Converter<'_> {
-    fn lift(&self, s: usize, (line, e): (usize, FieldError)) -> AgenticError {
+    fn lift(&self, s: usize, (line, e): LineError) -> AgenticError {
         self.origin.at(line, &self.sessions[s].id, e)
     }
 
@@ -971,11 +983,11 @@ pub fn read(path: &Path, block_size: usize) -> Result<Vec<weka::Source>, SynthEr
     };
     let mut traces: Vec<(usize, WekaTrace)> = Vec::new();
     let mut placed: HashSet<usize> = HashSet::new();
-    for s in 0..sessions.len() {
+    for (s, kids) in children.iter().enumerate() {
         if nested.contains(&s) {
             continue;
         }
-        if let Some(t) = conv.trace(s, &children[s], &mut placed)? {
+        if let Some(t) = conv.trace(s, kids, &mut placed)? {
             traces.push((s, t));
         }
     }
@@ -1088,7 +1100,7 @@ mod tests {
             round_of(i + 1, obj).unwrap()
         })
         .collect();
-        let timed: Vec<(f64, Option<f64>, &Round)> = rows.iter().map(|r| (0.0, None, r)).collect();
+        let timed: Vec<Timed> = rows.iter().map(|r| (0.0, None, r)).collect();
         let ids = hash_ids(&timed, 64, &mut Minter { next: 1 }).unwrap();
         let want: Vec<Vec<i64>> = vec![
             vec![1, 2],
