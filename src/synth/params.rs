@@ -394,7 +394,21 @@ impl SynthParams {
     /// The flags that only one trace type reads, refused for the others (after the type is
     /// known: it may be detected from the file).
     pub fn validate_trace_kind(&self, kind: TraceKind) -> Result<(), SynthError> {
-        if kind != TraceKind::WekaTrace {
+        // AIPerf's CLI refuses --max-context-length with any explicit type but weka_trace, yet
+        // passes it through for a detected file, where the tracelab loader applies it.
+        if self.custom_dataset_type == Some(TraceKind::Tracelab)
+            && self.max_context_length.is_some()
+        {
+            return Err(SynthError::InvalidParams(
+                "--max-context-length with --custom-dataset-type tracelab is refused, as AIPerf \
+                 0.13.0 refuses it for every explicit type but weka_trace; leave out \
+                 --custom-dataset-type (the type is detected from the file) and AIPerf's \
+                 tracelab loader applies it"
+                    .into(),
+            ));
+        }
+        // tracelab is reconstructed by the Weka loader, so it reads the same flags.
+        if !kind.is_agentic() {
             let weka_only = [
                 (self.max_context_length.is_some(), "--max-context-length"),
                 (
@@ -410,7 +424,8 @@ impl SynthParams {
             ];
             if let Some((_, flag)) = weka_only.iter().find(|(set, _)| *set) {
                 return Err(SynthError::InvalidParams(format!(
-                    "{flag} applies to agentic weka_trace input, and this input is {kind}"
+                    "{flag} applies to agentic weka_trace and tracelab input, and this input is \
+                     {kind}"
                 )));
             }
         }
@@ -418,7 +433,7 @@ impl SynthParams {
             && (self.synthesis_max_isl.is_some() || self.synthesis_max_osl.is_some())
         {
             return Err(SynthError::InvalidParams(format!(
-                "--synthesis-max-isl/--synthesis-max-osl are read for weka_trace and \
+                "--synthesis-max-isl/--synthesis-max-osl are read for weka_trace, tracelab and \
                  burst_gpt_trace input in kvbust, and this input is {kind}"
             )));
         }

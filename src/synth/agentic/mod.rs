@@ -1,6 +1,7 @@
 //! Agentic coding traces, byte for byte as AIPerf 0.13.0 builds them: Weka kv-cache-tester
 //! traces (`weka_trace`, one JSON file or a directory of them, or a SemiAnalysis cc-traces
-//! JSON-lines export) and BurstGPT CSVs (`burst_gpt_trace`). Owns reading those inputs and the
+//! JSON-lines export), TraceLab rounds (`tracelab`, converted to Weka traces) and BurstGPT CSVs
+//! (`burst_gpt_trace`). Owns reading those inputs and the
 //! topology shapes (branches, joins) of the dataset; the reconstruction lives in [`weka`].
 //! Never touches the network.
 
@@ -8,6 +9,7 @@ pub mod burst;
 pub mod chains;
 pub mod recon;
 pub mod schema;
+pub mod tracelab;
 pub mod weka;
 
 use std::path::{Path, PathBuf};
@@ -325,8 +327,35 @@ pub fn build_weka(
             );
         }
     }
+    reconstruct(sources, params.isl_block_size, params, tokenizer, content)
+}
+
+/// The dataset AIPerf 0.13.0 builds for `--input-file PATH --custom-dataset-type tracelab`:
+/// TraceLab rounds converted to Weka traces with block ids synthesized at `--isl-block-size`
+/// (default 64), then the Weka reconstruction at that same size.
+pub fn build_tracelab(
+    path: &Path,
+    params: &crate::synth::SynthParams,
+    tokenizer: &crate::synth::Tokenizer,
+    content: &mut dyn crate::synth::trace::TraceContent,
+) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
+    let block_size = params
+        .isl_block_size
+        .unwrap_or(tracelab::DEFAULT_BLOCK_SIZE);
+    let sources = tracelab::read(path, block_size)?;
+    reconstruct(sources, Some(block_size), params, tokenizer, content)
+}
+
+/// `WekaTraceLoader.convert_to_conversations` on parsed traces, with the run's flags.
+fn reconstruct(
+    sources: Vec<weka::Source>,
+    block_size: Option<usize>,
+    params: &crate::synth::SynthParams,
+    tokenizer: &crate::synth::Tokenizer,
+    content: &mut dyn crate::synth::trace::TraceContent,
+) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
     let settings = weka::Settings {
-        block_size: params.isl_block_size,
+        block_size,
         max_isl: params.synthesis_max_isl.map(|x| x as i64),
         max_osl: params.synthesis_max_osl.map(|x| x as i64),
         max_context_length: params.max_context_length.map(|x| x as i64),
