@@ -9,6 +9,9 @@ use clap::Parser;
 use kvbust::synth::cli::{run, SynthArgs};
 use serde_json::{json, Value};
 
+mod agentic_common;
+use agentic_common::check_conversation;
+
 #[derive(Parser)]
 struct Wrapper {
     #[command(flatten)]
@@ -85,87 +88,6 @@ fn case_argv(name: &str, case: &Value, out: &Path) -> Vec<String> {
             .map(|v| v.as_str().unwrap().to_owned()),
     );
     argv
-}
-
-/// A number compared as AIPerf's float (5988.0 and 5988 are the same value).
-fn num(v: &Value) -> Option<f64> {
-    v.as_f64()
-}
-
-fn check_conversation(at: &str, got: &Value, want: &Value) {
-    assert_eq!(got["session_id"], want["session_id"], "{at}");
-    // A conversation outside any agent tree leaves out AIPerf's defaults (a root at depth 0).
-    let defaults = json!({"is_root": true, "agent_depth": 0});
-    for k in [
-        "context_mode",
-        "is_root",
-        "agent_depth",
-        "parent_conversation_id",
-    ] {
-        let ours = got.get(k).or(defaults.get(k)).unwrap_or(&Value::Null);
-        assert_eq!(ours, want.get(k).unwrap_or(&Value::Null), "{at}: {k}");
-    }
-    let gb = got.get("branches").cloned().unwrap_or(json!([]));
-    let wb = want.get("branches").cloned().unwrap_or(json!([]));
-    assert_eq!(
-        gb.as_array().unwrap().len(),
-        wb.as_array().unwrap().len(),
-        "{at}: branches"
-    );
-    for (g, w) in gb.as_array().unwrap().iter().zip(wb.as_array().unwrap()) {
-        for k in [
-            "branch_id",
-            "child_conversation_ids",
-            "mode",
-            "dispatch_timing",
-            "is_background",
-        ] {
-            assert_eq!(g[k], w[k], "{at}: branch {k}");
-        }
-        assert_eq!(
-            num(&g["start_timestamp_ms"]),
-            num(&w["start_timestamp_ms"]),
-            "{at}: branch start"
-        );
-    }
-    let gt = got["turns"].as_array().unwrap();
-    let wt = want["turns"].as_array().unwrap();
-    assert_eq!(gt.len(), wt.len(), "{at}: turns");
-    for (i, (g, w)) in gt.iter().zip(wt).enumerate() {
-        let at = format!("{at} turn {i}");
-        assert_eq!(g["max_tokens"], w["max_tokens"], "{at}: max_tokens");
-        for k in ["timestamp", "delay"] {
-            assert_eq!(g.get(k).and_then(num), w.get(k).and_then(num), "{at}: {k}");
-        }
-        if let Some(texts) = w.get("texts") {
-            // BurstGPT: one synthesized user prompt.
-            assert_eq!(json!([g["text"]]), *texts, "{at}: text");
-            continue;
-        }
-        assert_eq!(g["model"], w["model"], "{at}: model");
-        for k in ["input_kind", "branch_ids", "prerequisites"] {
-            assert_eq!(g.get(k), w.get(k), "{at}: {k}");
-        }
-        assert_eq!(
-            g.get("reset_context").cloned().unwrap_or(json!(false)),
-            w["reset_context"],
-            "{at}: reset_context"
-        );
-        let (gm, wm) = (
-            g["messages"].as_array().unwrap(),
-            w["raw_messages"].as_array().unwrap(),
-        );
-        assert_eq!(gm.len(), wm.len(), "{at}: message count");
-        for (j, (a, b)) in gm.iter().zip(wm).enumerate() {
-            assert_eq!(a["role"], b["role"], "{at} message {j}: role");
-            assert!(
-                a["content"] == b["content"],
-                "{at} message {j}: content differs\n got: {:.300}\nwant: {:.300}",
-                a["content"],
-                b["content"]
-            );
-        }
-    }
 }
 
 #[test]
@@ -331,4 +253,183 @@ fn exports_carry_the_accumulated_context_or_refuse() {
         );
         assert!(!out.exists());
     }
+}
+
+/// What a `datasets` export does to a row: every request carries every column of the
+/// request union, null where it has none.
+fn as_dataset_row(trace: &Value) -> Value {
+    let mut t = trace.clone();
+    t["totals"] = Value::Null;
+    let union = [
+        "ttft",
+        "agent_id",
+        "subagent_type",
+        "duration_ms",
+        "total_tokens",
+        "tool_use_count",
+        "status",
+        "requests",
+        "models",
+        "tool_tokens",
+        "system_tokens",
+    ];
+    for r in t["requests"].as_array_mut().unwrap() {
+        let o = r.as_object_mut().unwrap();
+        for k in union {
+            o.entry(k).or_insert(Value::Null);
+        }
+    }
+    t
+}
+
+#[test]
+fn a_cc_traces_json_lines_export_replays_like_the_files() {
+    let v = vectors();
+    let case = &v["cases"]["weka_subagents"];
+    let dir = scratch("cc-traces");
+    let rows: String = case["input"]["files"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|t| as_dataset_row(t).to_string() + "\n")
+        .collect();
+    let plain = dir.join("cc-traces.jsonl");
+    std::fs::write(&plain, &rows).unwrap();
+    let gz = dir.join("cc-traces.jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, rows.as_bytes()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let want = case["conversations"].as_array().unwrap();
+    for input in [&plain, &gz] {
+        let out = dir.join("out.jsonl");
+        let mut argv = vec!["--input-file".to_owned(), input.display().to_string()];
+        argv.extend(["--model", "claude-opus", "-o"].map(String::from));
+        argv.push(out.display().to_string());
+        argv.extend(
+            case["argv"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_owned()),
+        );
+        synth(&argv).unwrap_or_else(|e| panic!("{}: {e:#}", input.display()));
+        let got = lines(&out);
+        assert_eq!(got.len(), want.len(), "{}", input.display());
+        for (g, w) in got.iter().zip(want) {
+            check_conversation(&format!("{} {}", input.display(), w["session_id"]), g, w);
+        }
+    }
+    // A non-null field that is not in the schema still fails, with the line named.
+    std::fs::write(&plain, rows.replacen("\"ttft\":null", "\"ttft\":\"x\"", 1)).unwrap();
+    let e = format!(
+        "{:#}",
+        synth(&["--input-file".into(), plain.display().to_string()]).unwrap_err()
+    );
+    assert!(
+        e.contains("cc-traces.jsonl:1: trace \"trace-b\": requests[") && e.contains("].ttft: "),
+        "{e}"
+    );
+}
+
+/// A generated corpus (8 traces x 24 requests, tools/make_agentic_fanout_fixture.py) with
+/// compactions, side chains, a parallel worker fan-out (`::wg:`) and subagents, against what
+/// AIPerf 0.13.0 built from it under several flag sets: defaults; --synthesis-max-isl/-osl,
+/// --max-context-length, --inter-turn-delay-cap-seconds and tool-shaped messages; the idle-gap
+/// cap; think time with the sonnet corpus (message contents as sha256).
+#[test]
+fn a_generated_fan_out_corpus_matches_aiperf_under_each_flag_set() {
+    use sha2::{Digest, Sha256};
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synth/agentic_fanout.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let dir = scratch("fanout");
+    let input = dir.join("traces");
+    std::fs::create_dir_all(&input).unwrap();
+    for (name, t) in v["files"].as_object().unwrap() {
+        std::fs::write(input.join(name), t.to_string()).unwrap();
+    }
+    let hashed = |m: &Value, content: &str| {
+        let mut o = m.as_object().unwrap().clone();
+        o.remove("content_sha256");
+        o.insert("content".into(), json!(content));
+        Value::Object(o)
+    };
+    let cases = v["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 4);
+    for (name, case) in cases {
+        let out = dir.join(format!("{name}.jsonl"));
+        let mut argv = vec![
+            "--input-file".to_owned(),
+            input.display().to_string(),
+            "-o".into(),
+        ];
+        argv.push(out.display().to_string());
+        argv.extend(
+            case["kvbust_argv"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_owned()),
+        );
+        synth(&argv).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let mut got = lines(&out);
+        for c in &mut got {
+            for t in c["turns"].as_array_mut().unwrap() {
+                let msgs: Vec<Value> = t["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| {
+                        let sha = hex::encode(Sha256::digest(m["content"].as_str().unwrap()));
+                        hashed(m, &sha)
+                    })
+                    .collect();
+                t["messages"] = json!(msgs);
+            }
+        }
+        let mut want = case["conversations"].as_array().unwrap().clone();
+        for c in &mut want {
+            for t in c["turns"].as_array_mut().unwrap() {
+                let msgs: Vec<Value> = t["raw_messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| hashed(m, m["content_sha256"].as_str().unwrap()))
+                    .collect();
+                t["raw_messages"] = json!(msgs);
+                t.as_object_mut()
+                    .unwrap()
+                    .entry("reset_context")
+                    .or_insert(json!(false));
+            }
+        }
+        let ids = |c: &[Value]| {
+            c.iter()
+                .map(|x| x["session_id"].clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&got), ids(&want), "{name}");
+        for (g, w) in got.iter().zip(&want) {
+            check_conversation(&format!("{name} {}", w["session_id"]), g, w);
+            for (i, (gt, wt)) in g["turns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(w["turns"].as_array().unwrap())
+                .enumerate()
+            {
+                assert_eq!(
+                    gt["messages"], wt["raw_messages"],
+                    "{name} {} turn {i}",
+                    w["session_id"]
+                );
+            }
+        }
+    }
+    let default = cases["default"]["conversations"].as_array().unwrap();
+    assert!(default
+        .iter()
+        .any(|c| c["session_id"].as_str().unwrap().contains("::wg:")));
+    let shaped = cases["knobs_tool_shaped"].to_string();
+    assert!(shaped.contains("\"role\":\"tool\"") && shaped.contains("tool_calls"));
 }

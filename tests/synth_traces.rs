@@ -313,7 +313,7 @@ fn bad_traces_exit_2_naming_file_line_and_field() {
             "unknown",
             "{}\n",
             &["--custom-dataset-type", "mooncake"],
-            &["use mooncake_trace or bailian_trace"],
+            &["use mooncake_trace, bailian_trace, weka_trace or burst_gpt_trace"],
         ),
         (
             "other",
@@ -429,4 +429,45 @@ fn coding_corpus_trace_vector_byte_exact() {
             assert_eq!(a["timestamp"], b["timestamp"]);
         }
     }
+}
+
+/// A gzipped trace reads as its text; its hash ids are scoped by the compressed file's sha256,
+/// as AIPerf hashes the file on disk, so hashed blocks differ from the plain file's while
+/// everything else (sessions, lengths, schedule, plain prompts) is the same.
+#[test]
+fn gzipped_traces_read_like_plain_ones() {
+    let text = "{\"timestamp\": 0, \"input_length\": 40, \"output_length\": 12, \"hash_ids\": [1, 2, 3]}\n{\"timestamp\": 900, \"input_length\": 20, \"output_length\": 5}\n";
+    let plain = scratch("gz-plain.jsonl");
+    std::fs::write(&plain, text).unwrap();
+    let gz = scratch("gz-trace.jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, text.as_bytes()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let run = |input: &Path, out: &str| {
+        let argv: Vec<String> = [
+            "--input-file",
+            input.to_str().unwrap(),
+            "--isl-block-size",
+            "16",
+        ]
+        .into_iter()
+        .chain(["--random-seed", "7"])
+        .map(String::from)
+        .collect();
+        run_lines(argv, &scratch(out))
+    };
+    let (a, b) = (run(&plain, "gz-a.out"), run(&gz, "gz-b.out"));
+    assert_eq!(a.len(), 2);
+    assert_eq!(b.len(), 2);
+    for k in ["max_tokens", "timestamp"] {
+        assert_eq!(a[0]["turns"][0][k], b[0]["turns"][0][k]);
+    }
+    assert_ne!(
+        a[0]["turns"][0]["text"], b[0]["turns"][0]["text"],
+        "another hash scope"
+    );
+    assert_eq!(
+        a[1]["turns"][0]["text"], b[1]["turns"][0]["text"],
+        "plain prompt, same stream"
+    );
 }

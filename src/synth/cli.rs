@@ -62,7 +62,8 @@ pub struct SynthArgs {
     #[arg(long, value_name = "PATH", env = "KVBUST_SYNTH__TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
     /// Prompt corpus: sonnet, random, coding (AIPerf's coding corpus) or coding-exact (kvbust's
-    /// own token-exact agentic-coding corpus). Default: sonnet; coding for weka_trace input.
+    /// own token-exact agentic-coding corpus). Default: sonnet; coding for weka_trace and tracelab
+    /// input.
     #[arg(long, value_name = "CORPUS")]
     pub prompt_corpus: Option<PromptCorpus>,
     /// Mean input sequence length in tokens (AIPerf default 550).
@@ -150,12 +151,14 @@ pub struct SynthArgs {
     #[arg(long, value_name = "FILE")]
     pub input_file: Option<PathBuf>,
     /// The trace's format: mooncake_trace, bailian_trace, weka_trace (a Weka JSON trace, a
-    /// directory of them, or a cc-traces JSON-lines export) or burst_gpt_trace (a BurstGPT
-    /// CSV). Default: detected from the input.
+    /// directory of them, or a cc-traces JSON-lines export), burst_gpt_trace (a BurstGPT CSV)
+    /// or tracelab (uw-syfi TraceLab rounds, JSON lines, plain or gzipped). Default: detected
+    /// from the input.
     #[arg(long, value_name = "TYPE")]
     pub custom_dataset_type: Option<TraceKind>,
     /// Tokens per hash-id block (default 512 for mooncake_trace, 16 for bailian_trace, 64 for
-    /// weka_trace whatever the trace declares, as `aiperf profile` does).
+    /// weka_trace whatever the trace declares, as `aiperf profile` does; tracelab: the size its
+    /// block ids are synthesized at, default 64).
     #[arg(long, value_name = "N")]
     pub isl_block_size: Option<usize>,
     /// Trace requests with more input tokens are skipped (weka: top-level requests;
@@ -165,20 +168,20 @@ pub struct SynthArgs {
     /// Caps trace requests' max_tokens (weka: top-level requests, not subagents', as AIPerf).
     #[arg(long, value_name = "N")]
     pub synthesis_max_osl: Option<u64>,
-    /// weka_trace: drop traces whose peak input + max_tokens exceeds the model's context.
+    /// weka_trace, tracelab: drop traces whose peak input + max_tokens exceeds the model's context.
     #[arg(long, value_name = "N")]
     pub max_context_length: Option<u64>,
-    /// weka_trace: clamp inter-turn delays to at most this many seconds.
+    /// weka_trace, tracelab: clamp inter-turn delays to at most this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub inter_turn_delay_cap_seconds: Option<f64>,
-    /// weka_trace: compress idle gaps between request starts longer than this many seconds,
+    /// weka_trace, tracelab: compress idle gaps between request starts longer than this many seconds,
     /// per trace (wins over --inter-turn-delay-cap-seconds).
     #[arg(long, value_name = "SECONDS")]
     pub trace_idle_gap_cap_seconds: Option<f64>,
-    /// weka_trace: a turn's delay is its recorded think_time (when it has one).
+    /// weka_trace, tracelab: a turn's delay is its recorded think_time (when it has one).
     #[arg(long)]
     pub use_think_time_only: bool,
-    /// weka_trace: send tool results as `role: tool` messages answering a synthetic
+    /// weka_trace, tracelab: send tool results as `role: tool` messages answering a synthetic
     /// `tool_calls` entry on the assistant turn before (AIPerf's WEKA_TOOL_SHAPED_MESSAGES).
     #[arg(long)]
     pub tool_shaped_messages: bool,

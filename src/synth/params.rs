@@ -266,13 +266,9 @@ impl SynthParams {
         self.num_prefix_prompts > 0
     }
 
-    /// Rejects combinations AIPerf rejects (or that cannot work), saying what to change.
-    pub fn validate(&self) -> Result<(), SynthError> {
-        let bad = |m: &str| Err(SynthError::invalid(m));
-        if self.input_file.is_some() {
-            return self.validate_trace();
-        }
-        let trace_only = [
+    /// The flags only a trace reads, and whether each is set.
+    fn trace_only_flags(&self) -> [(bool, &'static str); 10] {
+        [
             (self.custom_dataset_type.is_some(), "--custom-dataset-type"),
             (self.synthesis_max_isl.is_some(), "--synthesis-max-isl"),
             (self.synthesis_max_osl.is_some(), "--synthesis-max-osl"),
@@ -292,7 +288,16 @@ impl SynthParams {
                 self.trace_block_terminator != BlockTerminator::Aiperf,
                 "--trace-block-terminator",
             ),
-        ];
+        ]
+    }
+
+    /// Rejects combinations AIPerf rejects (or that cannot work), saying what to change.
+    pub fn validate(&self) -> Result<(), SynthError> {
+        let bad = |m: &str| Err(SynthError::invalid(m));
+        if self.input_file.is_some() {
+            return self.validate_trace();
+        }
+        let trace_only = self.trace_only_flags();
         if let Some((_, flag)) = trace_only.iter().find(|(set, _)| *set) {
             return Err(SynthError::InvalidParams(format!(
                 "{flag} applies to trace replay; add --input-file TRACE.jsonl"
@@ -389,7 +394,21 @@ impl SynthParams {
     /// The flags that only one trace type reads, refused for the others (after the type is
     /// known: it may be detected from the file).
     pub fn validate_trace_kind(&self, kind: TraceKind) -> Result<(), SynthError> {
-        if kind != TraceKind::WekaTrace {
+        // AIPerf's CLI refuses --max-context-length with any explicit type but weka_trace, yet
+        // passes it through for a detected file, where the tracelab loader applies it.
+        if self.custom_dataset_type == Some(TraceKind::Tracelab)
+            && self.max_context_length.is_some()
+        {
+            return Err(SynthError::InvalidParams(
+                "--max-context-length with --custom-dataset-type tracelab is refused, as AIPerf \
+                 0.13.0 refuses it for every explicit type but weka_trace; leave out \
+                 --custom-dataset-type (the type is detected from the file) and AIPerf's \
+                 tracelab loader applies it"
+                    .into(),
+            ));
+        }
+        // tracelab is reconstructed by the Weka loader, so it reads the same flags.
+        if !kind.is_agentic() {
             let weka_only = [
                 (self.max_context_length.is_some(), "--max-context-length"),
                 (
@@ -405,7 +424,8 @@ impl SynthParams {
             ];
             if let Some((_, flag)) = weka_only.iter().find(|(set, _)| *set) {
                 return Err(SynthError::InvalidParams(format!(
-                    "{flag} applies to agentic weka_trace input, and this input is {kind}"
+                    "{flag} applies to agentic weka_trace and tracelab input, and this input is \
+                     {kind}"
                 )));
             }
         }
@@ -413,7 +433,7 @@ impl SynthParams {
             && (self.synthesis_max_isl.is_some() || self.synthesis_max_osl.is_some())
         {
             return Err(SynthError::InvalidParams(format!(
-                "--synthesis-max-isl/--synthesis-max-osl are read for weka_trace and \
+                "--synthesis-max-isl/--synthesis-max-osl are read for weka_trace, tracelab and \
                  burst_gpt_trace input in kvbust, and this input is {kind}"
             )));
         }
@@ -497,5 +517,42 @@ mod tests {
         assert_eq!(e, PromptCorpus::CodingExact);
         let err = serde_json::from_str::<PromptCorpus>("\"poetry\"").unwrap_err();
         assert!(err.to_string().contains("unknown prompt corpus"), "{err}");
+    }
+
+    #[test]
+    fn agentic_keys_read_from_a_config_file_and_belong_to_weka() {
+        let p: SynthParams = toml::from_str(
+            r#"
+            input_file = "traces/"
+            custom_dataset_type = "weka_trace"
+            model = "a,b"
+            synthesis_max_osl = 300
+            max_context_length = 4096
+            inter_turn_delay_cap_seconds = 2.5
+            tool_shaped_messages = true
+            "#,
+        )
+        .unwrap();
+        assert_eq!(p.custom_dataset_type, Some(TraceKind::WekaTrace));
+        assert_eq!(p.prompt_corpus, None);
+        assert_eq!(p.inter_turn_delay_cap_seconds, Some(2.5));
+        p.validate().unwrap();
+        p.validate_trace_kind(TraceKind::WekaTrace).unwrap();
+        let e = p.validate_trace_kind(TraceKind::MooncakeTrace).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--max-context-length applies to agentic weka_trace"),
+            "{e}"
+        );
+        let synthetic = SynthParams {
+            tool_shaped_messages: true,
+            ..SynthParams::default()
+        };
+        let e = synthetic.validate().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--tool-shaped-messages applies to trace replay"),
+            "{e}"
+        );
     }
 }

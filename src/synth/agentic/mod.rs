@@ -1,6 +1,7 @@
 //! Agentic coding traces, byte for byte as AIPerf 0.13.0 builds them: Weka kv-cache-tester
 //! traces (`weka_trace`, one JSON file or a directory of them, or a SemiAnalysis cc-traces
-//! JSON-lines export) and BurstGPT CSVs (`burst_gpt_trace`). Owns reading those inputs and the
+//! JSON-lines export), TraceLab rounds (`tracelab`, converted to Weka traces) and BurstGPT CSVs
+//! (`burst_gpt_trace`). Owns reading those inputs and the
 //! topology shapes (branches, joins) of the dataset; the reconstruction lives in [`weka`].
 //! Never touches the network.
 
@@ -8,6 +9,7 @@ pub mod burst;
 pub mod chains;
 pub mod recon;
 pub mod schema;
+pub mod tracelab;
 pub mod weka;
 
 use std::path::{Path, PathBuf};
@@ -185,35 +187,51 @@ pub fn read_weka(path: &Path) -> Result<Vec<weka::Source>, AgenticError> {
         path: String::new(),
         message: format!("is not valid UTF-8 ({e})"),
     })?;
-    let trimmed = text.trim_start();
-    // One object spanning the file, or one object per line.
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(v) => Ok(vec![source(path.display().to_string(), &v)?]),
-        Err(_)
-            if trimmed.starts_with('{')
-                && text.lines().filter(|l| !l.trim().is_empty()).count() > 1 =>
-        {
-            text.lines()
-                .enumerate()
-                .filter(|(_, l)| !l.trim().is_empty())
-                .map(|(i, l)| {
-                    let origin = format!("{}:{}", path.display(), i + 1);
-                    let v = serde_json::from_str(l).map_err(|e| AgenticError::Input {
-                        origin: origin.clone(),
-                        trace_id: None,
-                        path: String::new(),
-                        message: format!("invalid JSON: {e}"),
-                    })?;
-                    source(origin, &v)
+    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase());
+    let jsonl = name.is_some_and(|n| n.ends_with(".jsonl") || n.ends_with(".jsonl.gz"));
+    // One object spanning the file, or one trace per line (what `datasets`' `to_json` writes).
+    if !jsonl {
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(v) => return Ok(vec![source(path.display().to_string(), &v)?]),
+            Err(e) if text.lines().filter(|l| !l.trim().is_empty()).count() < 2 => {
+                return Err(AgenticError::Input {
+                    origin: path.display().to_string(),
+                    trace_id: None,
+                    path: String::new(),
+                    message: format!("invalid JSON: {e}"),
                 })
-                .collect()
+            }
+            Err(_) => {}
         }
-        Err(e) => Err(AgenticError::Input {
-            origin: path.display().to_string(),
-            trace_id: None,
-            path: String::new(),
-            message: format!("invalid JSON: {e}"),
-        }),
+    }
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            let origin = format!("{}:{}", path.display(), i + 1);
+            let mut v = serde_json::from_str(l).map_err(|e| AgenticError::Input {
+                origin: origin.clone(),
+                trace_id: None,
+                path: String::new(),
+                message: format!("invalid JSON: {e}"),
+            })?;
+            strip_nulls(&mut v);
+            source(origin, &v)
+        })
+        .collect()
+}
+
+/// Drops null members, recursively. A dataset export stores every row with the union of
+/// its columns, so an `"n"` request carries `"ttft": null`, `"agent_id": null` and so on; as
+/// absent fields they mean what they meant in the trace.
+fn strip_nulls(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(strip_nulls);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_nulls),
+        _ => {}
     }
 }
 
@@ -244,22 +262,31 @@ fn source(origin: String, v: &serde_json::Value) -> Result<weka::Source, Agentic
     }
 }
 
-/// Whether `path` looks like Weka input (AIPerf's `can_load`: the first `*.json` of a
-/// directory, or the file itself, validates against the schema; kvbust also accepts the
-/// JSON-lines export).
+/// Whether `path` looks like Weka input: AIPerf's `can_load` (the first `*.json` of a
+/// directory, or the file itself, validates against the schema), kvbust also accepting the
+/// JSON-lines export and any object with Weka's `id`, `block_size` and `requests` members (so
+/// a broken trace gets the Weka schema's error, not another type's).
 pub fn looks_like_weka(path: &Path) -> bool {
+    let weka_shaped = |v: &serde_json::Value| {
+        schema::parse(v).is_ok()
+            || ["id", "block_size", "requests"]
+                .iter()
+                .all(|k| v.get(k).is_some())
+    };
     let probe = |f: &Path| -> bool {
-        let Ok(bytes) = std::fs::read(f) else {
+        let Ok(bytes) = crate::synth::trace::read_maybe_gzip(f) else {
             return false;
         };
         let first_line = |b: &[u8]| -> Option<serde_json::Value> {
             let text = std::str::from_utf8(b).ok()?;
-            serde_json::from_str(text.lines().find(|l| !l.trim().is_empty())?).ok()
+            let mut v = serde_json::from_str(text.lines().find(|l| !l.trim().is_empty())?).ok()?;
+            strip_nulls(&mut v);
+            Some(v)
         };
         serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
             .or_else(|| first_line(&bytes))
-            .is_some_and(|v| schema::parse(&v).is_ok())
+            .is_some_and(|v| weka_shaped(&v))
     };
     if path.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(path)
@@ -300,8 +327,35 @@ pub fn build_weka(
             );
         }
     }
+    reconstruct(sources, params.isl_block_size, params, tokenizer, content)
+}
+
+/// The dataset AIPerf 0.13.0 builds for `--input-file PATH --custom-dataset-type tracelab`:
+/// TraceLab rounds converted to Weka traces with block ids synthesized at `--isl-block-size`
+/// (default 64), then the Weka reconstruction at that same size.
+pub fn build_tracelab(
+    path: &Path,
+    params: &crate::synth::SynthParams,
+    tokenizer: &crate::synth::Tokenizer,
+    content: &mut dyn crate::synth::trace::TraceContent,
+) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
+    let block_size = params
+        .isl_block_size
+        .unwrap_or(tracelab::DEFAULT_BLOCK_SIZE);
+    let sources = tracelab::read(path, block_size)?;
+    reconstruct(sources, Some(block_size), params, tokenizer, content)
+}
+
+/// `WekaTraceLoader.convert_to_conversations` on parsed traces, with the run's flags.
+fn reconstruct(
+    sources: Vec<weka::Source>,
+    block_size: Option<usize>,
+    params: &crate::synth::SynthParams,
+    tokenizer: &crate::synth::Tokenizer,
+    content: &mut dyn crate::synth::trace::TraceContent,
+) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
     let settings = weka::Settings {
-        block_size: params.isl_block_size,
+        block_size,
         max_isl: params.synthesis_max_isl.map(|x| x as i64),
         max_osl: params.synthesis_max_osl.map(|x| x as i64),
         max_context_length: params.max_context_length.map(|x| x as i64),

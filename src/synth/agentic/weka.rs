@@ -283,6 +283,41 @@ fn classify(
     worker_suffix(n, aux || reduction, wg)
 }
 
+/// A subagent's requests as chains (the main one first), each worker's group coordinate, and
+/// the detected main chain (without a preamble) that classifies the others.
+type SubagentChains<'a> = (
+    Vec<Vec<Indexed<'a>>>,
+    Vec<Option<(usize, usize)>>,
+    Vec<&'a Request>,
+);
+
+fn subagent_chains<'a>(indexed: &[Indexed<'a>], settings: &Settings) -> SubagentChains<'a> {
+    if !settings.split_flattened_agents || indexed.is_empty() {
+        let mut ordered = indexed.to_vec();
+        ordered.sort_by(by_time);
+        let main = ordered.iter().map(|(_, r)| *r).collect();
+        return (vec![ordered], vec![None], main);
+    }
+    let s = &settings.chains;
+    let (preamble, detect_inner) = chains::split_off_preamble(indexed);
+    let d = chains::detect(&detect_inner, s);
+    let detected_main = d.chains[d.main_index].requests.clone();
+    let classify_main = detected_main.iter().map(|(_, r)| *r).collect();
+    let mut main = detected_main;
+    if !preamble.is_empty() {
+        main.extend(preamble);
+        main.sort_by(by_time);
+    }
+    let groups = chains::worker_groups(&d, s);
+    let mut items = vec![main];
+    let mut wg_of = vec![None];
+    for &ci in &d.worker_indices {
+        items.push(d.chains[ci].requests.clone());
+        wg_of.push(groups.get(&ci).copied());
+    }
+    (items, wg_of, classify_main)
+}
+
 fn expand_subagent(
     trace_id: &str,
     sa_index: usize,
@@ -300,34 +335,7 @@ fn expand_subagent(
         .collect();
     let indexed: Vec<Indexed> = normalized.iter().enumerate().collect();
     let s = &settings.chains;
-    let mut items: Vec<Vec<Indexed>> = Vec::new();
-    let mut wg_of: Vec<Option<(usize, usize)>> = Vec::new();
-    let classify_main: Vec<&Request>;
-    if !settings.split_flattened_agents || indexed.is_empty() {
-        let mut ordered = indexed.clone();
-        ordered.sort_by(by_time);
-        classify_main = ordered.iter().map(|(_, r)| *r).collect();
-        items.push(ordered);
-        wg_of.push(None);
-    } else {
-        let (preamble, detect_inner) = chains::split_off_preamble(&indexed);
-        let d = chains::detect(&detect_inner, s);
-        let detected_main = d.chains[d.main_index].requests.clone();
-        classify_main = detected_main.iter().map(|(_, r)| *r).collect();
-        let mut main = detected_main;
-        if !preamble.is_empty() {
-            main.extend(preamble);
-            main.sort_by(by_time);
-        }
-        items.push(main);
-        let groups = chains::worker_groups(&d, s);
-        for &ci in &d.worker_indices {
-            items.push(d.chains[ci].requests.clone());
-            wg_of.push(groups.get(&ci).copied());
-        }
-        wg_of.insert(0, None);
-        wg_of.truncate(items.len());
-    }
+    let (items, wg_of, classify_main) = subagent_chains(&indexed, settings);
     let main_first_hash: &[i64] = classify_main
         .iter()
         .find(|r| !r.hash_ids.is_empty())
@@ -669,6 +677,57 @@ fn raw_timing(reqs: &[(&Request, String)], think_time_only: bool) -> Vec<(f64, O
         .collect()
 }
 
+/// Turn `k`'s segments: turn 0 from the declared prefix, later turns by LCP from the last.
+#[allow(clippy::too_many_arguments)]
+fn reconstruct(
+    c: &ChainEmit,
+    ctx: &TraceCtx,
+    blocks: &mut Blocks,
+    recon: &mut Reconstructor,
+    k: usize,
+    seed: &str,
+    tool_result: bool,
+    cap: Option<usize>,
+    path: &str,
+) -> Result<(), AgenticError> {
+    let r = c.requests[k].0;
+    if let Some(p) = k.checked_sub(1).map(|p| c.requests[p].0) {
+        let (prev_out, in_len) = (p.output_length as usize, r.input_length as usize);
+        recon.advance_turn(
+            blocks,
+            &p.hash_ids,
+            prev_out,
+            &r.hash_ids,
+            in_len,
+            seed,
+            tool_result,
+            cap,
+        )?;
+        return Ok(());
+    }
+    let (tool, system) = (c.init_tool as usize, c.init_system as usize);
+    if let Err(short) = recon.init_turn_0(
+        blocks,
+        &r.hash_ids,
+        r.input_length as usize,
+        tool,
+        system,
+        seed,
+    )? {
+        let bs = ctx.block_size;
+        return Err(ctx.error(
+            &format!("{path}.hash_ids"),
+            format!(
+                "turn 0 of {} needs {} hash blocks for its tool + system prefix ({tool} + \
+                 {system} tokens at block size {bs}) but only {} were recorded; the prefix \
+                 cannot be reconstructed without faking the cache structure",
+                c.session_id, short.prefix_blocks, short.recorded
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn emit_chain(
     c: &ChainEmit,
     ctx: &TraceCtx,
@@ -693,35 +752,18 @@ fn emit_chain(
         let seed = format!("{}:turn_{k}:partial_tail", c.session_id);
         let prev = k.checked_sub(1).map(|p| c.requests[p].0);
         let kind = input_kind(r, prev);
-        if let Some(p) = prev {
-            recon.advance_turn(
-                blocks,
-                &p.hash_ids,
-                p.output_length as usize,
-                &r.hash_ids,
-                r.input_length as usize,
-                &seed,
-                kind == Some("tool_result"),
-                caps[k],
-            )?;
-        } else if let Err(short) = recon.init_turn_0(
+        let tool_result = kind == Some("tool_result");
+        reconstruct(
+            c,
+            ctx,
             blocks,
-            &r.hash_ids,
-            r.input_length as usize,
-            c.init_tool as usize,
-            c.init_system as usize,
+            &mut recon,
+            k,
             &seed,
-        )? {
-            return Err(ctx.error(
-                &format!("{path}.hash_ids"),
-                format!(
-                    "turn 0 of {} needs {} hash blocks for its tool + system prefix \
-                     ({} + {} tokens at block size {bs}) but only {} were recorded; the \
-                     prefix cannot be reconstructed without faking the cache structure",
-                    c.session_id, short.prefix_blocks, c.init_tool, c.init_system, short.recorded
-                ),
-            ));
-        }
+            tool_result,
+            caps[k],
+            path,
+        )?;
         let (t_ms, delay) = c.timing[k];
         let mut delay = clamp(delay, cap_seconds);
         if c.kind == Kind::Main {
@@ -835,8 +877,6 @@ fn emit_trace(
         plan.block_size,
         tokenizer,
     );
-
-    // The main agent.
     let main_reqs: Vec<(&Request, String)> = plan
         .normals
         .iter()
@@ -846,10 +886,7 @@ fn emit_trace(
         Some(it) => plan
             .normals
             .iter()
-            .map(|(o, _)| {
-                let (t, d) = it.parent[o];
-                (t * 1000.0, d)
-            })
+            .map(|(o, _)| (it.parent[o].0 * 1000.0, it.parent[o].1))
             .collect(),
         None => raw_timing(&main_reqs, settings.use_think_time_only),
     };
@@ -863,9 +900,23 @@ fn emit_trace(
     };
     let mut turns = emit_chain(&main, &ctx, &mut blocks)?;
     let mut topology = Topology::root();
+    let dropped = link_branches(&plan, &trace.id, idle.as_ref(), &mut topology, &mut turns);
+    let parent = conversation(&trace.id, topology, turns);
+    let children = emit_children(&plan, &trace.id, &dropped, idle.as_ref(), &ctx, &mut blocks)?;
+    Ok((parent, children))
+}
 
-    // Spawn and join: each subagent off the last main turn before it, joined by the first
-    // later main turn at or after its end.
+/// Spawn and join: each subagent (grouped with those that share its spawning and joining
+/// turns) starts after the last main turn before it and is joined by the first later main
+/// turn at or after its end; detected flat chains the same way. Returns the subagents that
+/// no main turn precedes (AIPerf drops them).
+fn link_branches(
+    plan: &Plan,
+    trace_id: &str,
+    idle: Option<&IdleTiming>,
+    topology: &mut Topology,
+    turns: &mut [Turn],
+) -> HashSet<usize> {
     let turn_pos: BTreeMap<usize, usize> = plan
         .normals
         .iter()
@@ -875,7 +926,7 @@ fn emit_trace(
     let outer_t: HashMap<usize, f64> = plan
         .normals
         .iter()
-        .map(|(o, r)| (*o, idle.as_ref().map_or(r.t, |it| it.parent[o].0)))
+        .map(|(o, r)| (*o, idle.map_or(r.t, |it| it.parent[o].0)))
         .collect();
     let preceding = |before: usize| turn_pos.range(..before).map(|(_, p)| *p).max();
     let join = |after: usize, end: f64| {
@@ -884,112 +935,94 @@ fn emit_trace(
             .find(|(o, _)| outer_t[o] + JOIN_EPSILON >= end)
             .map(|(_, p)| *p)
     };
+    let earliest = |a: f64, b: f64| if b < a { b } else { a };
     let mut dropped = HashSet::new();
     let mut groups: Groups<(usize, f64)> = Vec::new();
     for (i, (sa_outer, e)) in plan.subagents.iter().enumerate() {
         let Some(pre) = preceding(*sa_outer) else {
-            tracing::info!(trace = %trace.id, agent_id = %e.agent_id, "dropping a subagent with no preceding parent turn");
+            tracing::info!(trace = %trace_id, agent_id = %e.agent_id,
+                "dropping a subagent with no preceding parent turn (as AIPerf does)");
             dropped.insert(i);
             continue;
         };
-        let (end, start) = match &idle {
+        let (end, start) = match idle {
             Some(it) => (it.sa_end[sa_outer], it.sa_start[sa_outer]),
             None => (subagent_end(e), e.t),
         };
         group_push(&mut groups, (pre, join(*sa_outer, end)), (i, start));
     }
     for ((pre, joined), entries) in &groups {
-        let children: Vec<String> = entries
+        let children = entries
             .iter()
-            .flat_map(|(i, _)| {
-                plan.children
-                    .iter()
-                    .filter(move |c| c.subagent == Some(*i))
-                    .map(|c| c.session_id.clone())
-            })
+            .flat_map(|(i, _)| plan.children.iter().filter(move |c| c.subagent == Some(*i)))
+            .map(|c| c.session_id.clone())
             .collect();
-        let branch_id = format!(
-            "{}:spawn:{}",
-            trace.id, plan.subagents[entries[0].0].1.agent_id
-        );
-        let start = entries
-            .iter()
-            .map(|(_, s)| *s)
-            .reduce(|a, b| if b < a { b } else { a });
-        link(
-            &mut topology,
-            &mut turns,
-            branch_id,
-            children,
-            *pre,
-            *joined,
-            start.unwrap_or(0.0),
-        );
+        let agent = &plan.subagents[entries[0].0].1.agent_id;
+        let start = entries.iter().map(|(_, s)| *s).reduce(earliest);
+        let branch = format!("{trace_id}:spawn:{agent}");
+        let at = (*pre, *joined, start.unwrap_or(0.0));
+        link(topology, turns, branch, children, at);
     }
     let mut flat_groups: Groups<&ChildPlan> = Vec::new();
     for f in &plan.flats {
         let first_outer = f.requests[0].0;
         let pre = preceding(first_outer).unwrap_or(0);
-        let end = match &idle {
-            Some(it) => it.flat_end[&f.session_id],
-            None => flat_end_seconds(f),
-        };
+        let end = idle.map_or_else(|| flat_end_seconds(f), |it| it.flat_end[&f.session_id]);
         group_push(&mut flat_groups, (pre, join(first_outer, end)), f);
     }
     for ((pre, joined), fps) in &flat_groups {
-        let branch_id = format!("{}:flatspawn:{}", trace.id, fps[0].chain_index);
         let start = fps
             .iter()
-            .map(|f| match &idle {
-                Some(it) => it.flat_start[&f.session_id],
-                None => f.requests[0].1.t,
-            })
-            .reduce(|a, b| if b < a { b } else { a })
-            .unwrap_or(0.0);
+            .map(|f| idle.map_or(f.requests[0].1.t, |it| it.flat_start[&f.session_id]))
+            .reduce(earliest);
         let children = fps.iter().map(|f| f.session_id.clone()).collect();
+        let branch = format!("{trace_id}:flatspawn:{}", fps[0].chain_index);
         link(
-            &mut topology,
-            &mut turns,
-            branch_id,
+            topology,
+            turns,
+            branch,
             children,
-            *pre,
-            *joined,
-            start,
+            (*pre, *joined, start.unwrap_or(0.0)),
         );
     }
-    let parent = conversation(&trace.id, topology, turns);
+    dropped
+}
 
-    // Children: the subagents' chains, then the detected flat chains.
+/// The children: the subagents' chains (but the dropped ones), then the detected flat chains.
+fn emit_children(
+    plan: &Plan,
+    trace_id: &str,
+    dropped: &HashSet<usize>,
+    idle: Option<&IdleTiming>,
+    ctx: &TraceCtx,
+    blocks: &mut Blocks,
+) -> Result<Vec<Conversation>, AgenticError> {
     let mut out = Vec::new();
     for c in plan.children.iter().chain(&plan.flats) {
-        let (kind, requests) = match c.subagent {
+        let (kind, requests): (Kind, Vec<(&Request, String)>) = match c.subagent {
             Some(i) if dropped.contains(&i) => continue,
             Some(i) => {
                 let sa_outer = plan.subagents[i].0;
-                let reqs = c
-                    .requests
-                    .iter()
-                    .map(|(inner, r)| (r, format!("requests[{sa_outer}].requests[{inner}]")))
-                    .collect();
-                (Kind::Subagent, reqs)
+                let path = |inner: &usize| format!("requests[{sa_outer}].requests[{inner}]");
+                let reqs = c.requests.iter().map(|(inner, r)| (r, path(inner)));
+                (Kind::Subagent, reqs.collect())
             }
             None => {
                 let reqs = c
                     .requests
                     .iter()
-                    .map(|(o, r)| (r, format!("requests[{o}]")))
-                    .collect::<Vec<_>>();
-                (Kind::Flat, reqs)
+                    .map(|(o, r)| (r, format!("requests[{o}]")));
+                (Kind::Flat, reqs.collect())
             }
         };
-        let timing = match &idle {
+        let timing = match idle {
             Some(it) => (0..requests.len())
                 .map(|k| {
                     let (t, d) = it.child[&(c.session_id.clone(), k)];
                     (t * 1000.0, d)
                 })
                 .collect(),
-            None => raw_timing(&requests, settings.use_think_time_only),
+            None => raw_timing(&requests, ctx.settings.use_think_time_only),
         };
         let emit = ChainEmit {
             session_id: &c.session_id,
@@ -999,24 +1032,23 @@ fn emit_trace(
             init_system: c.init_system,
             timing,
         };
-        let turns = emit_chain(&emit, &ctx, &mut blocks)?;
+        let turns = emit_chain(&emit, ctx, blocks)?;
         out.push(conversation(
             &c.session_id,
-            Topology::child(&trace.id),
+            Topology::child(trace_id),
             turns,
         ));
     }
-    Ok((parent, out))
+    Ok(out)
 }
 
+/// Adds a branch started after turn `pre` (at `start_seconds`), joined by turn `joined`.
 fn link(
     topology: &mut Topology,
     turns: &mut [Turn],
     branch_id: String,
     children: Vec<String>,
-    pre: usize,
-    joined: Option<usize>,
-    start_seconds: f64,
+    (pre, joined, start_seconds): (usize, Option<usize>, f64),
 ) {
     info(&mut turns[pre]).branch_ids.push(branch_id.clone());
     if let Some(j) = joined {

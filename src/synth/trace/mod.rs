@@ -41,6 +41,9 @@ pub enum TraceKind {
     WekaTrace,
     /// BurstGPT CSV: `Timestamp`, `Request tokens`, `Response tokens` per row.
     BurstGptTrace,
+    /// TraceLab (uw-syfi) agentic coding rounds, JSON lines, plain or gzipped: converted to Weka
+    /// traces (see [`crate::synth::agentic::tracelab`]).
+    Tracelab,
 }
 
 /// AIPerf's other `--custom-dataset-type` values (named in the error for a better hint).
@@ -63,13 +66,14 @@ impl TraceKind {
             TraceKind::BailianTrace => "bailian_trace",
             TraceKind::WekaTrace => "weka_trace",
             TraceKind::BurstGptTrace => "burst_gpt_trace",
+            TraceKind::Tracelab => "tracelab",
         }
     }
 
     /// Whether the type is an agentic one ([`crate::synth::agentic`]), whose AIPerf plugin
     /// defaults to the coding corpus.
     pub fn is_agentic(self) -> bool {
-        self == TraceKind::WekaTrace
+        matches!(self, TraceKind::WekaTrace | TraceKind::Tracelab)
     }
 
     /// The plugin's `default_block_size` (`--isl-block-size` overrides it).
@@ -78,6 +82,7 @@ impl TraceKind {
             TraceKind::MooncakeTrace => 512,
             TraceKind::BailianTrace => 16,
             TraceKind::WekaTrace => crate::synth::agentic::weka::DEFAULT_BLOCK_SIZE,
+            TraceKind::Tracelab => crate::synth::agentic::tracelab::DEFAULT_BLOCK_SIZE,
             // No hash ids: the block size is never used.
             TraceKind::BurstGptTrace => 512,
         }
@@ -105,13 +110,14 @@ impl std::str::FromStr for TraceKind {
             "bailian_trace" => Ok(TraceKind::BailianTrace),
             "weka_trace" => Ok(TraceKind::WekaTrace),
             "burst_gpt_trace" => Ok(TraceKind::BurstGptTrace),
+            "tracelab" => Ok(TraceKind::Tracelab),
             other if OTHER_AIPERF_TYPES.contains(&other) => Err(format!(
                 "{other} is an AIPerf dataset type kvbust does not reproduce; kvbust reads \
-                 mooncake_trace, bailian_trace, weka_trace and burst_gpt_trace"
+                 mooncake_trace, bailian_trace, weka_trace, burst_gpt_trace and tracelab"
             )),
             other => Err(format!(
                 "unknown custom dataset type {other:?}; use mooncake_trace, bailian_trace, \
-                 weka_trace or burst_gpt_trace"
+                 weka_trace, burst_gpt_trace or tracelab"
             )),
         }
     }
@@ -692,8 +698,9 @@ fn conversations(
 }
 
 /// The type of the input at `path`: `--custom-dataset-type` when given, else detected as
-/// AIPerf's loaders' `can_load` would (a directory or a Weka JSON is `weka_trace`, a CSV with
-/// BurstGPT's columns `burst_gpt_trace`, else mooncake or bailian from the first line).
+/// AIPerf's loaders' `can_load` would (a directory or a Weka JSON is `weka_trace`, a first row
+/// with TraceLab's keys `tracelab`, a CSV with BurstGPT's columns `burst_gpt_trace`, else
+/// mooncake or bailian from the first line).
 pub fn detect_kind(path: &Path, given: Option<TraceKind>) -> Result<TraceKind, SynthError> {
     if let Some(k) = given {
         return Ok(k);
@@ -705,6 +712,11 @@ pub fn detect_kind(path: &Path, given: Option<TraceKind>) -> Result<TraceKind, S
         path: path.to_path_buf(),
         source,
     })?;
+    // AIPerf's tracelab `can_load`: the first row holds TraceLab's distinctive keys, which no
+    // mooncake or bailian line can (their loaders refuse the extra fields).
+    if crate::synth::agentic::tracelab::looks_like_tracelab(&bytes) {
+        return Ok(TraceKind::Tracelab);
+    }
     if crate::synth::agentic::burst::looks_like_burst(&bytes) {
         return Ok(TraceKind::BurstGptTrace);
     }
@@ -771,6 +783,9 @@ fn build_kind(
     };
     match kind {
         TraceKind::WekaTrace => crate::synth::agentic::build_weka(path, params, tokenizer, content),
+        TraceKind::Tracelab => {
+            crate::synth::agentic::build_tracelab(path, params, tokenizer, content)
+        }
         TraceKind::BurstGptTrace => {
             let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
                 path: path.to_path_buf(),

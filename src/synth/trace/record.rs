@@ -193,7 +193,7 @@ pub fn parse(kind: TraceKind, line: usize, text: &str) -> Result<Entry, FieldErr
     match kind {
         TraceKind::MooncakeTrace => mooncake(line, &fields),
         TraceKind::BailianTrace => bailian(line, &fields),
-        TraceKind::WekaTrace | TraceKind::BurstGptTrace => Err(bad(
+        TraceKind::WekaTrace | TraceKind::BurstGptTrace | TraceKind::Tracelab => Err(bad(
             "",
             format!("is not read line by line: {kind} has its own reader"),
         )),
