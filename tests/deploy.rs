@@ -265,10 +265,12 @@ async fn healthcheck_exits_0_when_ready_and_1_when_draining_or_down() {
         .await
         .unwrap();
     assert_eq!(down.status.code(), Some(1));
+    // The listening socket may still be closing when shutdown returns: the kernel can then
+    // accept the probe from the backlog and reset it. Either way the probe fails, and says why.
+    let said = stderr(&down);
     assert!(
-        stderr(&down).contains("cannot connect"),
-        "{}",
-        stderr(&down)
+        said.contains("cannot connect") || said.contains("Connection reset"),
+        "{said}"
     );
 
     let usage = healthcheck(&["--path", "readyz"], &[]);
