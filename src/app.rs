@@ -40,8 +40,12 @@ impl AppError {
 pub fn run(cli: Cli) -> Result<(), AppError> {
     match cli.command {
         Command::Serve(args) => {
-            let config = load(&args.flags)?;
+            let mut config = load(&args.flags)?;
             let _flush = init_logging(&config);
+            let cgroup = std::path::Path::new(crate::cgroup::CGROUP_ROOT);
+            if let Some(warning) = config.fit_memory_limit(crate::cgroup::memory_limit(cgroup)) {
+                tracing::warn!("{warning}");
+            }
             runtime()?.block_on(serve(config))
         }
         Command::Mock(args) => {

@@ -33,6 +33,10 @@ pub struct Config {
     pub synth: SynthConfig,
     pub headers: HeaderNames,
     pub log: LogConfig,
+    /// Changes kvbust made to the loaded values at start (e.g. [`Config::fit_memory_limit`]),
+    /// each a sentence; shown as comments at the top of `GET /config`.
+    #[serde(skip)]
+    pub adjustments: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -472,6 +476,10 @@ pub struct HeaderNames {
     pub response_overhead_us: String,
     /// A synthesized trace entry's timestamp (ms), for a client following a trace.
     pub response_trace_timestamp: String,
+    /// Answer a request that carries an `x-kvbust-*` header kvbust does not read (a typo such
+    /// as `x-kvbust-phas`) with a 400 naming the nearest valid header. Off: such headers are
+    /// removed before forwarding and otherwise ignored.
+    pub reject_unknown: bool,
 }
 
 impl Default for HeaderNames {
@@ -492,6 +500,7 @@ impl Default for HeaderNames {
             response_phase: s("x-kvbust-phase"),
             response_overhead_us: s("x-kvbust-overhead-us"),
             response_trace_timestamp: s("x-kvbust-trace-timestamp"),
+            reject_unknown: true,
         }
     }
 }
@@ -838,7 +847,48 @@ impl Config {
     }
 
     pub fn to_toml(&self) -> String {
-        toml_string(self)
+        let mut out = String::new();
+        for a in &self.adjustments {
+            out.push_str("# adjusted at start: ");
+            out.push_str(a);
+            out.push('\n');
+        }
+        out.push_str(&toml_string(self));
+        out
+    }
+
+    /// Keeps the request bodies kvbust may buffer within half of `memory_limit` (the cgroup's,
+    /// see [`crate::cgroup::memory_limit`]): a container killed for memory mid-benchmark is worse
+    /// than a 503 for a body over the budget. Lowers `limits.max_buffered_total` (and
+    /// `limits.max_body`, which may not exceed it) when above that, and returns the warning,
+    /// also kept in `adjustments`.
+    pub fn fit_memory_limit(&mut self, memory_limit: Option<u64>) -> Option<String> {
+        let limit = memory_limit?;
+        let half = limit / 2;
+        let l = &mut self.limits;
+        if l.max_buffered_total.0 <= half {
+            return None;
+        }
+        let mut note = format!(
+            "limits.max_buffered_total lowered from {} to {}, half the cgroup memory limit ({})",
+            l.max_buffered_total,
+            ByteSize(half),
+            ByteSize(limit)
+        );
+        l.max_buffered_total = ByteSize(half);
+        if l.max_body.0 > half {
+            note.push_str(&format!(
+                ", and limits.max_body from {} to the same",
+                l.max_body
+            ));
+            l.max_body = ByteSize(half);
+        }
+        note.push_str(
+            "; set limits.max_buffered_total to at most half the container's memory limit \
+             (or raise the limit) to silence this",
+        );
+        self.adjustments.push(note.clone());
+        Some(note)
     }
 }
 
@@ -1051,13 +1101,43 @@ fn validate_synth_inputs(s: &SynthConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// An admin port reachable from other hosts needs a token (or an explicit opt-out).
+/// The shortest admin token accepted: 24 characters, as `openssl rand -hex 12` makes.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 24;
+
+/// Placeholder tokens this repository has shipped in examples and manifests; a token equal to
+/// one (or holding one of the `REPLACE-ME`/`CHANGE-ME` words) is anyone's token.
+const PLACEHOLDER_TOKENS: &[&str] = &["REPLACE-ME-before-applying"];
+const PLACEHOLDER_WORDS: &[&str] = &["replace-me", "replace_me", "change-me", "changeme"];
+
+/// An admin port reachable from other hosts needs a token (or an explicit opt-out); a token is
+/// long enough and not a placeholder.
 fn validate_admin(a: &AdminConfig) -> Result<(), ConfigError> {
     if a.token.as_deref() == Some("") {
         return Err(ConfigError::new(
             "admin.token",
             "must not be empty; omit it to disable auth",
         ));
+    }
+    if let Some(t) = a.token.as_deref() {
+        let lower = t.to_ascii_lowercase();
+        if PLACEHOLDER_TOKENS.contains(&t) || PLACEHOLDER_WORDS.iter().any(|w| lower.contains(w)) {
+            return Err(ConfigError::new(
+                "admin.token",
+                "is a placeholder from kvbust's examples, so anyone could use it: set a random \
+                 token, e.g. KVBUST_ADMIN__TOKEN=$(openssl rand -hex 24) (in Kubernetes: the \
+                 Secret kvbust-admin, see the README)",
+            ));
+        }
+        if t.chars().count() < MIN_ADMIN_TOKEN_LEN {
+            return Err(ConfigError::new(
+                "admin.token",
+                format!(
+                    "is {} characters, shorter than {MIN_ADMIN_TOKEN_LEN}: set a random token, \
+                     e.g. KVBUST_ADMIN__TOKEN=$(openssl rand -hex 24)",
+                    t.chars().count()
+                ),
+            ));
+        }
     }
     if !a.addr.ip().is_loopback() && a.token.is_none() && !a.allow_unauthenticated {
         return Err(ConfigError::new(
@@ -1326,6 +1406,9 @@ fn merge_value(dict: &mut figment::value::Dict, key: String, value: figment::val
 mod tests {
     use super::*;
 
+    /// A token kvbust accepts (24 characters or more, no placeholder).
+    const TOKEN: &str = "s3cret-0123456789abcdef-xyz";
+
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
             .iter()
@@ -1443,7 +1526,7 @@ mod tests {
         for addr in ["0.0.0.0:9090", "10.0.0.7:9090"] {
             let a = ("KVBUST_ADMIN__ADDR", addr);
             assert_eq!(load(&[a]).unwrap_err().key, "admin.token", "{addr}");
-            assert!(load(&[a, ("KVBUST_ADMIN__TOKEN", "s3cret")]).is_ok());
+            assert!(load(&[a, ("KVBUST_ADMIN__TOKEN", TOKEN)]).is_ok());
             assert!(load(&[a, ("KVBUST_ADMIN__ALLOW_UNAUTHENTICATED", "true")]).is_ok());
         }
         let cli = |addr: &str| CliOverrides {
@@ -1674,8 +1757,65 @@ mod tests {
 
     #[test]
     fn redaction_hides_the_admin_token() {
-        let e = env(&[("KVBUST_ADMIN__TOKEN", "s3cret")]);
+        let e = env(&[("KVBUST_ADMIN__TOKEN", TOKEN)]);
         let c = Config::load(None, &e, &CliOverrides::default()).unwrap();
         assert!(!c.redacted().to_toml().contains("s3cret"));
+    }
+
+    #[test]
+    fn buffered_bodies_are_fitted_into_half_the_memory_limit() {
+        let mut c = Config::default();
+        assert_eq!(c.fit_memory_limit(None), None);
+        assert_eq!(
+            c.fit_memory_limit(Some(4 << 30)),
+            None,
+            "2GiB >= 1GiB: unchanged"
+        );
+        assert_eq!(c.limits.max_buffered_total, ByteSize(1 << 30));
+
+        let note = c.fit_memory_limit(Some(512 << 20)).unwrap();
+        assert_eq!(c.limits.max_buffered_total, ByteSize(256 << 20));
+        assert_eq!(c.limits.max_body, ByteSize(64 << 20), "still below");
+        assert!(note.starts_with("limits.max_buffered_total lowered from 1GiB to 256MiB, half the cgroup memory limit (512MiB)"), "{note}");
+        c.validate().unwrap();
+        // GET /config says so, above the lowered value.
+        let shown = c.redacted().to_toml();
+        assert!(
+            shown.starts_with(&format!("# adjusted at start: {note}\n")),
+            "{shown}"
+        );
+        assert!(shown.contains("max_buffered_total = \"256MiB\""), "{shown}");
+
+        // A limit so small that max_body must come down too, so the result stays valid.
+        let mut c = Config::default();
+        let note = c.fit_memory_limit(Some(64 << 20)).unwrap();
+        assert_eq!(c.limits.max_body, ByteSize(32 << 20));
+        assert!(note.contains("limits.max_body from 64MiB"), "{note}");
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn short_and_placeholder_admin_tokens_are_refused() {
+        let load = |t: &str| {
+            Config::load(
+                None,
+                &env(&[("KVBUST_ADMIN__TOKEN", t)]),
+                &Default::default(),
+            )
+        };
+        for t in [
+            "REPLACE-ME-before-applying",
+            "please-replace-me-0123456789abcdef",
+            "CHANGEME-0123456789abcdef0123",
+        ] {
+            let e = load(t).unwrap_err();
+            assert_eq!(e.key, "admin.token");
+            assert!(e.message.contains("placeholder"), "{t}: {e}");
+        }
+        let e = load("t0ken").unwrap_err();
+        assert!(e.message.contains("5 characters, shorter than 24"), "{e}");
+        assert!(load(&"x".repeat(23)).is_err());
+        assert!(load(&"x".repeat(24)).is_ok());
+        assert!(load(TOKEN).is_ok());
     }
 }

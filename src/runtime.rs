@@ -34,6 +34,9 @@ impl Runtime {
             .clone()
             .unwrap_or_else(crate::cachebust::random_benchmark_id);
         metrics
+            .buffered_limit
+            .set(i64::try_from(config.limits.max_buffered_total.as_u64()).unwrap_or(i64::MAX));
+        metrics
             .upstream_tls_insecure
             .set(i64::from(config.upstream.tls.insecure_skip_verify));
         // `validate` rejects a zero capacity, so the fallback is never used.

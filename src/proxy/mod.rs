@@ -325,6 +325,7 @@ impl Proxy {
             });
         // Buffered bytes held against limits.max_buffered_total until the upstream answers.
         let mut buffered = self.rt.bodies.reservation();
+        rewrite::reject_unknown(&parts.headers, &self.rt.config.headers)?;
         let body = match self.decide(&parts, ex)? {
             Some(work) => {
                 self.prepare_body(work, &mut parts, body, ex, &mut buffered)
