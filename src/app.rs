@@ -54,8 +54,13 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             runtime()?.block_on(mock(config, args.listen))
         }
         Command::Synth(args) => crate::synth::cli::run(&args).map_err(|e| {
-            // Flag mistakes and bad trace input are usage errors (exit 2); everything else is a
-            // failure.
+            // A request the output format cannot carry is a configuration error (exit 64);
+            // flag mistakes and bad trace input are usage errors (exit 2); everything else is
+            // a failure.
+            let e = match e.downcast::<ConfigError>() {
+                Ok(c) => return AppError::Config(c),
+                Err(e) => e,
+            };
             match e.downcast_ref::<crate::synth::SynthError>() {
                 Some(
                     crate::synth::SynthError::InvalidParams(_)

@@ -785,6 +785,7 @@ impl Config {
         validate_cache_bust(&self.cache_bust)?;
         validate_header_names(&self.headers)?;
         validate_synth_inputs(&self.synth)?;
+        validate_synth_target(self.cache_bust.target, &self.synth)?;
         validate_admin(&self.admin)?;
         if self.cache_bust.ledger == LedgerMode::Stateless && self.cache_bust.benchmark_id.is_none()
         {
@@ -1108,6 +1109,28 @@ pub const MIN_ADMIN_TOKEN_LEN: usize = 24;
 /// one (or holding one of the `REPLACE-ME`/`CHANGE-ME` words) is anyone's token.
 const PLACEHOLDER_TOKENS: &[&str] = &["REPLACE-ME-before-applying"];
 const PLACEHOLDER_WORDS: &[&str] = &["replace-me", "replace_me", "change-me", "changeme"];
+
+/// `warmup_isolation_system` marks the system prompt of the warmup requests; a synthetic dataset
+/// without one would fail every synthesized request (AIPerf refuses the same combination).
+fn validate_synth_target(target: Target, s: &SynthConfig) -> Result<(), ConfigError> {
+    let Some(d) = &s.dataset else {
+        return Ok(());
+    };
+    // A trace may carry its own system messages: only the synthesized ones are known here.
+    let has_system = d.input_file.is_some()
+        || d.system_prompt.as_deref().is_some_and(|p| !p.is_empty())
+        || d.shared_system_prompt_length.is_some_and(|n| n > 0);
+    if target == Target::WarmupIsolationSystem && !has_system {
+        return Err(ConfigError::new(
+            "synth.dataset",
+            "has no system prompt, but cache_bust.target = \"warmup_isolation_system\" marks \
+             the system prompt: set synth.dataset.shared_system_prompt_length (e.g. 100) or \
+             synth.dataset.system_prompt, or use cache_bust.target = \
+             \"warmup_isolation_first_turn\"",
+        ));
+    }
+    Ok(())
+}
 
 /// An admin port reachable from other hosts needs a token (or an explicit opt-out); a token is
 /// long enough and not a placeholder.
@@ -1792,6 +1815,26 @@ mod tests {
         assert_eq!(c.limits.max_body, ByteSize(32 << 20));
         assert!(note.contains("limits.max_body from 64MiB"), "{note}");
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn warmup_isolation_system_needs_a_system_prompt_in_the_synth_dataset() {
+        let load = |pairs: &[(&str, &str)]| Config::load(None, &env(pairs), &Default::default());
+        let t = ("KVBUST_CACHE_BUST__TARGET", "warmup_isolation_system");
+        let n = ("KVBUST_SYNTH__DATASET__NUM_DATASET_ENTRIES", "2");
+        let e = load(&[t, n]).unwrap_err();
+        assert_eq!(e.key, "synth.dataset");
+        assert!(e.message.contains("shared_system_prompt_length"), "{e}");
+        assert!(load(&[
+            t,
+            n,
+            ("KVBUST_SYNTH__DATASET__SHARED_SYSTEM_PROMPT_LENGTH", "8")
+        ])
+        .is_ok());
+        assert!(load(&[t, n, ("KVBUST_SYNTH__DATASET__SYSTEM_PROMPT", "Be brief.")]).is_ok());
+        let first_turn = ("KVBUST_CACHE_BUST__TARGET", "warmup_isolation_first_turn");
+        assert!(load(&[first_turn, n]).is_ok());
+        assert!(load(&[t]).is_ok(), "no [synth.dataset]: nothing to check");
     }
 
     #[test]
