@@ -247,7 +247,12 @@ impl Proxy {
         let in_flight = InFlight::begin(&self.rt.metrics, Some(client.activity.begin()));
         let route = Route::classify(req.method(), req.uri().path());
         let mut req = req;
-        let log = crate::access_log::Entry::begin(&self.rt.config.log, &mut req, route.label());
+        let log = crate::access_log::Entry::begin(
+            &self.rt.config.log,
+            &mut req,
+            client.peer,
+            route.label(),
+        );
         let mut ex = Exchange {
             route,
             phase: None,
