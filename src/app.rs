@@ -88,6 +88,12 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             Ok(())
         }
         Command::Healthcheck(args) => healthcheck(&args),
+        Command::Completions(args) => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(args.shell, &mut cmd, "kvbust", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }
 
