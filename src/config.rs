@@ -429,6 +429,8 @@ pub struct SynthConfig {
     /// Placeholder prompts being made on demand at once, across all requests; a request that
     /// would pass it is answered 503 with `retry-after` at once.
     pub placeholder_queue: usize,
+    /// Corpora loaded at start (with the synthesis tokenizer), before `/readyz` answers 200.
+    pub preload: Vec<crate::synth::PromptCorpus>,
     /// The dataset served to synthetic requests, with `kvbust synth`'s parameters (snake_case).
     /// Set → built at start; not set → built on first use with the defaults (sonnet, ISL 550,
     /// 100 entries, seed 0).
@@ -447,6 +449,7 @@ impl Default for SynthConfig {
             max_placeholder_tokens: 131_072,
             placeholder_prefetch: 4,
             placeholder_queue: 64,
+            preload: Vec::new(),
             dataset: None,
         }
     }
