@@ -1062,3 +1062,76 @@ fn dockerignore_leaves_out_fuzz_and_bench_output_but_not_what_cargo_reads() {
         );
     }
 }
+
+/// The model-server overlays' commented patch points (tolerations, runtimeClassName) work as
+/// written once uncommented: applied on top of the overlay, the Deployment carries them.
+#[test]
+fn the_model_overlays_patch_points_apply_when_uncommented() {
+    if Process::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        eprintln!("NOTE: no kubectl: the overlays' patch points were NOT checked");
+        return;
+    }
+    for overlay in ["sidecar-vllm", "sidecar-sglang"] {
+        let dir = repo().join("deploy/k8s/overlays").join(overlay);
+        let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+        // The commented block from `# patches:` on, uncommented.
+        let block: Vec<String> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("# patches:"))
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .unwrap_or(l.trim_start_matches('#'))
+                    .to_string()
+            })
+            .collect();
+        assert!(!block.is_empty(), "{overlay}: no commented patches block");
+        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("patch-points-{overlay}-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        std::fs::write(
+            scratch.join("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n{}\n",
+                relative(&scratch, &dir).display(),
+                block.join("\n")
+            ),
+        )
+        .unwrap();
+        let out = Process::new("kubectl")
+            .arg("kustomize")
+            .arg(&scratch)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{overlay}: {}", stderr(&out));
+        let docs = documents(&String::from_utf8(out.stdout).unwrap());
+        let name = overlay.trim_start_matches("sidecar-");
+        let spec = &find(&docs, "Deployment", name)["spec"]["template"]["spec"];
+        assert_eq!(spec["runtimeClassName"], "nvidia", "{overlay}");
+        assert_eq!(spec["tolerations"][0]["key"], "nvidia.com/gpu", "{overlay}");
+        std::fs::remove_dir_all(&scratch).ok();
+    }
+}
+
+/// `to` as a path relative to the folder `from` (kustomize refuses absolute resource paths).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
+    let common = from
+        .components()
+        .zip(to.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut out = PathBuf::new();
+    for _ in from.components().skip(common) {
+        out.push("..");
+    }
+    for c in to.components().skip(common) {
+        out.push(c);
+    }
+    out
+}
