@@ -3,7 +3,9 @@
 //! response body ends or is dropped, and the `x-request-id` the line is keyed by. Data workers
 //! hold their lines and hand them over in batches ([`hold_lines_on_this_thread`]) to the writer
 //! `app` installs (a background thread), so the request path neither writes nor wakes a thread
-//! per line. Never logs a query string, a header value other than the request id, or a body.
+//! per line. Never logs a query string, a header value other than the request id and the
+//! user agent (cut to [`crate::error::MAX_EXCERPT`] bytes, control characters escaped), or a
+//! body.
 
 use std::cell::RefCell;
 use std::io::Write as _;
@@ -89,6 +91,9 @@ pub struct Entry {
     pub target: &'static str,
     pub rid: Option<String>,
     request_id: HeaderValue,
+    /// The client's address (ip:port) as the connection came; behind a load balancer, its own.
+    client: std::net::SocketAddr,
+    user_agent: Option<HeaderValue>,
     pub status: u16,
     pub upstream_status: Option<u16>,
     pub upstream_connect: Option<Duration>,
@@ -117,6 +122,7 @@ impl Entry {
     pub fn begin<B>(
         log: &LogConfig,
         req: &mut http::Request<B>,
+        client: std::net::SocketAddr,
         route: &'static str,
     ) -> Option<Entry> {
         if !log.access {
@@ -144,6 +150,8 @@ impl Entry {
             target: "none",
             rid: None,
             request_id,
+            client,
+            user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
             status: 0,
             upstream_status: None,
             upstream_connect: None,
@@ -239,6 +247,10 @@ impl Entry {
         }
         let id = self.request_id.to_str().unwrap_or("(not visible ASCII)");
         line.text("request_id", id);
+        line.text("client", &self.client.to_string());
+        if let Some(ua) = &self.user_agent {
+            line.text("user_agent", &crate::error::excerpt(ua.as_bytes()));
+        }
         line.num("upstream_connect_us", self.upstream_connect.map(us));
         line.num("ttft_us", o.ttft.map(us));
         line.num("duration_us", Some(us(o.duration)));
@@ -472,9 +484,15 @@ mod tests {
     fn request(id: Option<&str>, path: &str) -> http::Request<()> {
         let mut b = http::Request::post(path);
         if let Some(id) = id {
-            b = b.header(X_REQUEST_ID, id);
+            b = b
+                .header(X_REQUEST_ID, id)
+                .header("user-agent", "OpenAI/Python 1.99.1");
         }
         b.body(()).unwrap()
+    }
+
+    fn peer() -> std::net::SocketAddr {
+        "192.0.2.7:51234".parse().unwrap()
     }
 
     fn log(format: LogFormat) -> LogConfig {
@@ -485,7 +503,7 @@ mod tests {
     }
 
     fn sample(req: &mut http::Request<()>, format: LogFormat) -> Entry {
-        let mut e = Entry::begin(&log(format), req, "chat").unwrap();
+        let mut e = Entry::begin(&log(format), req, peer(), "chat").unwrap();
         e.phase = "warmup";
         e.target = "first_turn_prefix";
         e.rid = Some("0123456789ab".into());
@@ -534,6 +552,8 @@ mod tests {
                 target = e.target,
                 rid = e.rid.as_deref(),
                 request_id = e.request_id.to_str().unwrap_or("(not visible ASCII)"),
+                client = e.client.to_string(),
+                user_agent = e.user_agent.as_ref().map(|u| crate::error::excerpt(u.as_bytes())),
                 upstream_connect_us = e.upstream_connect.map(us),
                 ttft_us = o.ttft.map(us),
                 duration_us = us(o.duration),
@@ -571,7 +591,7 @@ mod tests {
             let mut full = request(Some("client-id-1"), "/v1/chat/completions?key=secret");
             let full = sample(&mut full, format);
             let mut sparse = request(None, "/v1/models");
-            let mut sparse = Entry::begin(&log(format), &mut sparse, "other").unwrap();
+            let mut sparse = Entry::begin(&log(format), &mut sparse, peer(), "other").unwrap();
             sparse.status = 502;
             sparse.error = Some("upstream_connect");
             let mut odd = request(Some(r#"a"b\c"#), "/v1/%22quoted%22/\"x\"");
@@ -620,6 +640,25 @@ mod tests {
         assert!(!text.contains("upstream_connect_us") && !text.contains("bytes_in"));
         // The client's id is kept, not replaced.
         assert_eq!(req.headers()[X_REQUEST_ID], "client-id-1");
+        // Who sent it: the connection's address and the user agent.
+        assert!(
+            text.contains(" request_id=\"client-id-1\" client=\"192.0.2.7:51234\" user_agent=\"OpenAI/Python 1.99.1\" "),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_long_or_odd_user_agent_is_cut_and_escaped() {
+        let mut req = http::Request::post("/v1/chat/completions")
+            .header("user-agent", format!("x\ty{}", "z".repeat(300)))
+            .body(())
+            .unwrap();
+        let e = Entry::begin(&log(LogFormat::Json), &mut req, peer(), "chat").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&rendered(&e, &outcome())).unwrap();
+        let ua = v["fields"]["user_agent"].as_str().unwrap();
+        assert!(ua.starts_with("x\\ty") && ua.ends_with('…'), "{ua}");
+        assert!(ua.len() < 220, "{}", ua.len());
+        assert_eq!(v["fields"]["client"], "192.0.2.7:51234");
     }
 
     #[test]
@@ -636,7 +675,7 @@ mod tests {
             ..LogConfig::default()
         };
         let mut plain = http::Request::get("/x").body(()).unwrap();
-        assert!(Entry::begin(&off, &mut plain, "other").is_none());
+        assert!(Entry::begin(&off, &mut plain, peer(), "other").is_none());
         assert!(!plain.headers().contains_key(X_REQUEST_ID));
     }
 

@@ -72,7 +72,13 @@ async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
             ),
         },
         (&Method::GET, "/metrics") => typed(
-            rt.metrics.render(),
+            {
+                let used = rt.bodies.used();
+                rt.metrics
+                    .buffered_bytes
+                    .set(i64::try_from(used).unwrap_or(i64::MAX));
+                rt.metrics.render()
+            },
             "text/plain; version=0.0.4; charset=utf-8",
         ),
         (&Method::GET, "/phase") => json(

@@ -40,8 +40,12 @@ impl AppError {
 pub fn run(cli: Cli) -> Result<(), AppError> {
     match cli.command {
         Command::Serve(args) => {
-            let config = load(&args.flags)?;
+            let mut config = load(&args.flags)?;
             let _flush = init_logging(&config);
+            let cgroup = std::path::Path::new(crate::cgroup::CGROUP_ROOT);
+            if let Some(warning) = config.fit_memory_limit(crate::cgroup::memory_limit(cgroup)) {
+                tracing::warn!("{warning}");
+            }
             runtime()?.block_on(serve(config))
         }
         Command::Mock(args) => {
@@ -50,8 +54,13 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             runtime()?.block_on(mock(config, args.listen))
         }
         Command::Synth(args) => crate::synth::cli::run(&args).map_err(|e| {
-            // Flag mistakes and bad trace input are usage errors (exit 2); everything else is a
-            // failure.
+            // A request the output format cannot carry is a configuration error (exit 64);
+            // flag mistakes and bad trace input are usage errors (exit 2); everything else is
+            // a failure.
+            let e = match e.downcast::<ConfigError>() {
+                Ok(c) => return AppError::Config(c),
+                Err(e) => e,
+            };
             match e.downcast_ref::<crate::synth::SynthError>() {
                 Some(
                     crate::synth::SynthError::InvalidParams(_)
@@ -80,6 +89,12 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             Ok(())
         }
         Command::Healthcheck(args) => healthcheck(&args),
+        Command::Completions(args) => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(args.shell, &mut cmd, "kvbust", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }
 

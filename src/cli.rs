@@ -36,6 +36,15 @@ pub enum Command {
     /// Exit 0 when the admin port answers 200 on /readyz (or --path), 1 otherwise: a probe for
     /// container images without curl. Finds the port from the same configuration as `serve`.
     Healthcheck(HealthcheckArgs),
+    /// Print a shell completion script, e.g. `kvbust completions bash > ~/.local/share/bash-completion/completions/kvbust`.
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Args)]
@@ -61,10 +70,14 @@ pub struct ConfigFlags {
     /// Admin listener address [config: admin.addr].
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
-    /// Upstream model server base URL [config: upstream.url].
+    /// The model server's root, e.g. http://127.0.0.1:8000 (not the /v1 base URL: clients'
+    /// paths, /v1/... included, are appended to it). None: the built-in mock [config:
+    /// upstream.url].
     #[arg(long, value_name = "URL")]
     pub upstream: Option<String>,
-    /// Default cache-bust target [config: cache_bust.target].
+    /// Default cache-bust target: none, system_prefix, system_suffix, first_turn_prefix,
+    /// first_turn_suffix, warmup_isolation_system or warmup_isolation_first_turn [config:
+    /// cache_bust.target].
     #[arg(long, value_name = "TARGET")]
     pub cache_bust: Option<String>,
     /// Default phase, warmup or profiling [config: cache_bust.default_phase].
@@ -127,19 +140,35 @@ pub struct MockArgs {
 
 #[derive(Debug, Args)]
 pub struct MarkerArgs {
-    #[arg(long)]
+    /// The benchmark id, the first digest input (kvbust's cache_bust.benchmark_id, AIPerf's
+    /// benchmark id).
+    #[arg(long, value_name = "ID")]
     pub benchmark_id: String,
-    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    /// The recycle pass, the second digest input (a session's counter c in kvbust's ledger).
+    #[arg(
+        long,
+        default_value_t = 0,
+        allow_hyphen_values = true,
+        value_name = "N"
+    )]
     pub recycle_pass: i64,
-    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    /// The trajectory index, the third digest input (the same counter c in kvbust's ledger).
+    #[arg(
+        long,
+        default_value_t = 0,
+        allow_hyphen_values = true,
+        value_name = "N"
+    )]
     pub trajectory_index: i64,
-    #[arg(long)]
+    /// The trace id, the last digest input (the session key, or the x-kvbust-trace-id header).
+    #[arg(long, value_name = "ID")]
     pub trace_id: String,
-    /// Cache-bust target.
-    #[arg(long, default_value = "system_prefix")]
+    /// Cache-bust target: none, system_prefix, system_suffix, first_turn_prefix,
+    /// first_turn_suffix, warmup_isolation_system or warmup_isolation_first_turn.
+    #[arg(long, default_value = "system_prefix", value_name = "TARGET")]
     pub target: String,
-    /// Phase (matters only for the warmup_isolation targets).
-    #[arg(long, default_value = "warmup")]
+    /// Phase, warmup or profiling (matters only for the warmup_isolation targets).
+    #[arg(long, default_value = "warmup", value_name = "PHASE")]
     pub phase: String,
     /// Print the marker's bytes as they are instead of as a JSON string.
     #[arg(long)]
@@ -152,4 +181,53 @@ pub enum ConfigCommand {
     Check(ConfigFlags),
     /// Print the merged configuration as TOML (secrets redacted).
     Show(ConfigFlags),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn help(path: &[&str]) -> String {
+        let mut cmd = Cli::command();
+        for sub in path {
+            cmd = cmd.find_subcommand(sub).expect("subcommand").clone();
+        }
+        cmd.render_long_help().to_string()
+    }
+
+    #[test]
+    fn serve_and_marker_help_list_every_target_and_describe_every_flag() {
+        for path in [&["serve"][..], &["marker"]] {
+            let text = help(path);
+            for t in crate::cachebust::Target::ALL {
+                assert!(
+                    text.contains(t.as_str()),
+                    "{path:?} help lacks {}: {text}",
+                    t.as_str()
+                );
+            }
+        }
+        assert!(help(&["serve"]).contains("not the /v1 base URL"));
+        // Every marker flag says what it is.
+        let marker = Cli::command().find_subcommand("marker").unwrap().clone();
+        for arg in marker.get_arguments() {
+            if arg.get_id() != "help" {
+                assert!(
+                    arg.get_help().is_some(),
+                    "marker --{} has no help",
+                    arg.get_id()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn completions_parse_for_each_shell() {
+        for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+            let cli = Cli::try_parse_from(["kvbust", "completions", shell]).unwrap();
+            assert!(matches!(cli.command, Command::Completions(_)));
+        }
+        assert!(Cli::try_parse_from(["kvbust", "completions", "tcsh"]).is_err());
+    }
 }

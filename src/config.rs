@@ -33,6 +33,10 @@ pub struct Config {
     pub synth: SynthConfig,
     pub headers: HeaderNames,
     pub log: LogConfig,
+    /// Changes kvbust made to the loaded values at start (e.g. [`Config::fit_memory_limit`]),
+    /// each a sentence; shown as comments at the top of `GET /config`.
+    #[serde(skip)]
+    pub adjustments: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -425,6 +429,8 @@ pub struct SynthConfig {
     /// Placeholder prompts being made on demand at once, across all requests; a request that
     /// would pass it is answered 503 with `retry-after` at once.
     pub placeholder_queue: usize,
+    /// Corpora loaded at start (with the synthesis tokenizer), before `/readyz` answers 200.
+    pub preload: Vec<crate::synth::PromptCorpus>,
     /// The dataset served to synthetic requests, with `kvbust synth`'s parameters (snake_case).
     /// Set → built at start; not set → built on first use with the defaults (sonnet, ISL 550,
     /// 100 entries, seed 0).
@@ -443,6 +449,7 @@ impl Default for SynthConfig {
             max_placeholder_tokens: 131_072,
             placeholder_prefetch: 4,
             placeholder_queue: 64,
+            preload: Vec::new(),
             dataset: None,
         }
     }
@@ -489,6 +496,10 @@ pub struct HeaderNames {
     /// The branch ids whose children must all complete before the next turn (SPAWN_JOIN),
     /// comma-separated (only when it waits for any).
     pub response_synth_next_after: String,
+    /// Answer a request that carries an `x-kvbust-*` header kvbust does not read (a typo such
+    /// as `x-kvbust-phas`) with a 400 naming the nearest valid header. Off: such headers are
+    /// removed before forwarding and otherwise ignored.
+    pub reject_unknown: bool,
 }
 
 impl Default for HeaderNames {
@@ -516,6 +527,7 @@ impl Default for HeaderNames {
             response_synth_next_turn: s("x-kvbust-synth-next-turn"),
             response_synth_next_delay_ms: s("x-kvbust-synth-next-delay-ms"),
             response_synth_next_after: s("x-kvbust-synth-next-after"),
+            reject_unknown: true,
         }
     }
 }
@@ -814,6 +826,7 @@ impl Config {
         validate_cache_bust(&self.cache_bust)?;
         validate_header_names(&self.headers)?;
         validate_synth_inputs(&self.synth)?;
+        validate_synth_target(self.cache_bust.target, &self.synth)?;
         validate_admin(&self.admin)?;
         if self.cache_bust.ledger == LedgerMode::Stateless && self.cache_bust.benchmark_id.is_none()
         {
@@ -876,7 +889,48 @@ impl Config {
     }
 
     pub fn to_toml(&self) -> String {
-        toml_string(self)
+        let mut out = String::new();
+        for a in &self.adjustments {
+            out.push_str("# adjusted at start: ");
+            out.push_str(a);
+            out.push('\n');
+        }
+        out.push_str(&toml_string(self));
+        out
+    }
+
+    /// Keeps the request bodies kvbust may buffer within half of `memory_limit` (the cgroup's,
+    /// see [`crate::cgroup::memory_limit`]): a container killed for memory mid-benchmark is worse
+    /// than a 503 for a body over the budget. Lowers `limits.max_buffered_total` (and
+    /// `limits.max_body`, which may not exceed it) when above that, and returns the warning,
+    /// also kept in `adjustments`.
+    pub fn fit_memory_limit(&mut self, memory_limit: Option<u64>) -> Option<String> {
+        let limit = memory_limit?;
+        let half = limit / 2;
+        let l = &mut self.limits;
+        if l.max_buffered_total.0 <= half {
+            return None;
+        }
+        let mut note = format!(
+            "limits.max_buffered_total lowered from {} to {}, half the cgroup memory limit ({})",
+            l.max_buffered_total,
+            ByteSize(half),
+            ByteSize(limit)
+        );
+        l.max_buffered_total = ByteSize(half);
+        if l.max_body.0 > half {
+            note.push_str(&format!(
+                ", and limits.max_body from {} to the same",
+                l.max_body
+            ));
+            l.max_body = ByteSize(half);
+        }
+        note.push_str(
+            "; set limits.max_buffered_total to at most half the container's memory limit \
+             (or raise the limit) to silence this",
+        );
+        self.adjustments.push(note.clone());
+        Some(note)
     }
 }
 
@@ -1089,13 +1143,65 @@ fn validate_synth_inputs(s: &SynthConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// An admin port reachable from other hosts needs a token (or an explicit opt-out).
+/// The shortest admin token accepted: 24 characters, as `openssl rand -hex 12` makes.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 24;
+
+/// Placeholder tokens this repository has shipped in examples and manifests; a token equal to
+/// one (or holding one of the `REPLACE-ME`/`CHANGE-ME` words) is anyone's token.
+const PLACEHOLDER_TOKENS: &[&str] = &["REPLACE-ME-before-applying"];
+const PLACEHOLDER_WORDS: &[&str] = &["replace-me", "replace_me", "change-me", "changeme"];
+
+/// `warmup_isolation_system` marks the system prompt of the warmup requests; a synthetic dataset
+/// without one would fail every synthesized request (AIPerf refuses the same combination).
+fn validate_synth_target(target: Target, s: &SynthConfig) -> Result<(), ConfigError> {
+    let Some(d) = &s.dataset else {
+        return Ok(());
+    };
+    // A trace may carry its own system messages: only the synthesized ones are known here.
+    let has_system = d.input_file.is_some()
+        || d.system_prompt.as_deref().is_some_and(|p| !p.is_empty())
+        || d.shared_system_prompt_length.is_some_and(|n| n > 0);
+    if target == Target::WarmupIsolationSystem && !has_system {
+        return Err(ConfigError::new(
+            "synth.dataset",
+            "has no system prompt, but cache_bust.target = \"warmup_isolation_system\" marks \
+             the system prompt: set synth.dataset.shared_system_prompt_length (e.g. 100) or \
+             synth.dataset.system_prompt, or use cache_bust.target = \
+             \"warmup_isolation_first_turn\"",
+        ));
+    }
+    Ok(())
+}
+
+/// An admin port reachable from other hosts needs a token (or an explicit opt-out); a token is
+/// long enough and not a placeholder.
 fn validate_admin(a: &AdminConfig) -> Result<(), ConfigError> {
     if a.token.as_deref() == Some("") {
         return Err(ConfigError::new(
             "admin.token",
             "must not be empty; omit it to disable auth",
         ));
+    }
+    if let Some(t) = a.token.as_deref() {
+        let lower = t.to_ascii_lowercase();
+        if PLACEHOLDER_TOKENS.contains(&t) || PLACEHOLDER_WORDS.iter().any(|w| lower.contains(w)) {
+            return Err(ConfigError::new(
+                "admin.token",
+                "is a placeholder from kvbust's examples, so anyone could use it: set a random \
+                 token, e.g. KVBUST_ADMIN__TOKEN=$(openssl rand -hex 24) (in Kubernetes: the \
+                 Secret kvbust-admin, see the README)",
+            ));
+        }
+        if t.chars().count() < MIN_ADMIN_TOKEN_LEN {
+            return Err(ConfigError::new(
+                "admin.token",
+                format!(
+                    "is {} characters, shorter than {MIN_ADMIN_TOKEN_LEN}: set a random token, \
+                     e.g. KVBUST_ADMIN__TOKEN=$(openssl rand -hex 24)",
+                    t.chars().count()
+                ),
+            ));
+        }
     }
     if !a.addr.ip().is_loopback() && a.token.is_none() && !a.allow_unauthenticated {
         return Err(ConfigError::new(
@@ -1364,6 +1470,9 @@ fn merge_value(dict: &mut figment::value::Dict, key: String, value: figment::val
 mod tests {
     use super::*;
 
+    /// A token kvbust accepts (24 characters or more, no placeholder).
+    const TOKEN: &str = "s3cret-0123456789abcdef-xyz";
+
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
             .iter()
@@ -1498,7 +1607,7 @@ mod tests {
         for addr in ["0.0.0.0:9090", "10.0.0.7:9090"] {
             let a = ("KVBUST_ADMIN__ADDR", addr);
             assert_eq!(load(&[a]).unwrap_err().key, "admin.token", "{addr}");
-            assert!(load(&[a, ("KVBUST_ADMIN__TOKEN", "s3cret")]).is_ok());
+            assert!(load(&[a, ("KVBUST_ADMIN__TOKEN", TOKEN)]).is_ok());
             assert!(load(&[a, ("KVBUST_ADMIN__ALLOW_UNAUTHENTICATED", "true")]).is_ok());
         }
         let cli = |addr: &str| CliOverrides {
@@ -1729,8 +1838,85 @@ mod tests {
 
     #[test]
     fn redaction_hides_the_admin_token() {
-        let e = env(&[("KVBUST_ADMIN__TOKEN", "s3cret")]);
+        let e = env(&[("KVBUST_ADMIN__TOKEN", TOKEN)]);
         let c = Config::load(None, &e, &CliOverrides::default()).unwrap();
         assert!(!c.redacted().to_toml().contains("s3cret"));
+    }
+
+    #[test]
+    fn buffered_bodies_are_fitted_into_half_the_memory_limit() {
+        let mut c = Config::default();
+        assert_eq!(c.fit_memory_limit(None), None);
+        assert_eq!(
+            c.fit_memory_limit(Some(4 << 30)),
+            None,
+            "2GiB >= 1GiB: unchanged"
+        );
+        assert_eq!(c.limits.max_buffered_total, ByteSize(1 << 30));
+
+        let note = c.fit_memory_limit(Some(512 << 20)).unwrap();
+        assert_eq!(c.limits.max_buffered_total, ByteSize(256 << 20));
+        assert_eq!(c.limits.max_body, ByteSize(64 << 20), "still below");
+        assert!(note.starts_with("limits.max_buffered_total lowered from 1GiB to 256MiB, half the cgroup memory limit (512MiB)"), "{note}");
+        c.validate().unwrap();
+        // GET /config says so, above the lowered value.
+        let shown = c.redacted().to_toml();
+        assert!(
+            shown.starts_with(&format!("# adjusted at start: {note}\n")),
+            "{shown}"
+        );
+        assert!(shown.contains("max_buffered_total = \"256MiB\""), "{shown}");
+
+        // A limit so small that max_body must come down too, so the result stays valid.
+        let mut c = Config::default();
+        let note = c.fit_memory_limit(Some(64 << 20)).unwrap();
+        assert_eq!(c.limits.max_body, ByteSize(32 << 20));
+        assert!(note.contains("limits.max_body from 64MiB"), "{note}");
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn warmup_isolation_system_needs_a_system_prompt_in_the_synth_dataset() {
+        let load = |pairs: &[(&str, &str)]| Config::load(None, &env(pairs), &Default::default());
+        let t = ("KVBUST_CACHE_BUST__TARGET", "warmup_isolation_system");
+        let n = ("KVBUST_SYNTH__DATASET__NUM_DATASET_ENTRIES", "2");
+        let e = load(&[t, n]).unwrap_err();
+        assert_eq!(e.key, "synth.dataset");
+        assert!(e.message.contains("shared_system_prompt_length"), "{e}");
+        assert!(load(&[
+            t,
+            n,
+            ("KVBUST_SYNTH__DATASET__SHARED_SYSTEM_PROMPT_LENGTH", "8")
+        ])
+        .is_ok());
+        assert!(load(&[t, n, ("KVBUST_SYNTH__DATASET__SYSTEM_PROMPT", "Be brief.")]).is_ok());
+        let first_turn = ("KVBUST_CACHE_BUST__TARGET", "warmup_isolation_first_turn");
+        assert!(load(&[first_turn, n]).is_ok());
+        assert!(load(&[t]).is_ok(), "no [synth.dataset]: nothing to check");
+    }
+
+    #[test]
+    fn short_and_placeholder_admin_tokens_are_refused() {
+        let load = |t: &str| {
+            Config::load(
+                None,
+                &env(&[("KVBUST_ADMIN__TOKEN", t)]),
+                &Default::default(),
+            )
+        };
+        for t in [
+            "REPLACE-ME-before-applying",
+            "please-replace-me-0123456789abcdef",
+            "CHANGEME-0123456789abcdef0123",
+        ] {
+            let e = load(t).unwrap_err();
+            assert_eq!(e.key, "admin.token");
+            assert!(e.message.contains("placeholder"), "{t}: {e}");
+        }
+        let e = load("t0ken").unwrap_err();
+        assert!(e.message.contains("5 characters, shorter than 24"), "{e}");
+        assert!(load(&"x".repeat(23)).is_err());
+        assert!(load(&"x".repeat(24)).is_ok());
+        assert!(load(TOKEN).is_ok());
     }
 }

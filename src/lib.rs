@@ -6,6 +6,7 @@ pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod cachebust;
+pub mod cgroup;
 pub mod cli;
 pub mod config;
 pub mod conn;

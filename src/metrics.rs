@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets for LLM latencies: 1 ms … 10 min.
@@ -37,6 +37,8 @@ impl std::ops::Deref for Metrics {
 
 pub struct Families {
     registry: Registry,
+    /// The standard `process_*` families (no `kvbust_` prefix, as every exporter names them).
+    process: Registry,
     pub requests: IntCounterVec,
     pub in_flight: IntGauge,
     pub errors: IntCounterVec,
@@ -56,6 +58,8 @@ pub struct Families {
     pub tls_reloads: IntCounterVec,
     pub upstream_tls_insecure: IntGauge,
     pub upstream_up: IntGauge,
+    pub buffered_bytes: IntGauge,
+    pub buffered_limit: IntGauge,
 }
 
 /// One family's name (before the `kvbust_` prefix), help text and label names (none for a plain
@@ -156,6 +160,21 @@ const UPSTREAM_TLS_INSECURE: Def = Def {
     help: "1 when the upstream's certificate is not verified (upstream.tls.insecure_skip_verify).",
     labels: &[],
 };
+const BUFFERED_BYTES: Def = Def {
+    name: "buffered_body_bytes",
+    help: "Request body bytes buffered for rewriting right now, all workers together (read at scrape).",
+    labels: &[],
+};
+const BUFFERED_LIMIT: Def = Def {
+    name: "buffered_body_limit_bytes",
+    help: "limits.max_buffered_total in force (lowered to half the cgroup memory limit when it was above that).",
+    labels: &[],
+};
+const BUILD_INFO: Def = Def {
+    name: "build_info",
+    help: "Always 1; its labels name the running build: the crate version and the source revision (git commit, or VCS_REF at build time; \"unknown\" without either).",
+    labels: &["version", "revision"],
+};
 const UPSTREAM_UP: Def = Def {
     name: "upstream_up",
     help: "1 while the upstream answers its health probe (upstream.health_path), 0 before it first does, after upstream.health_fail_threshold failures in a row, and when upstream.health_probe = false.",
@@ -179,6 +198,11 @@ fn counter(r: &Registry, d: &Def) -> IntCounter {
     reg(r, IntCounter::new(d.name, d.help).expect("valid"))
 }
 
+fn gauge_vec(r: &Registry, d: &Def) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(d.name, d.help), d.labels);
+    reg(r, g.expect("valid gauge definition"))
+}
+
 fn gauge(r: &Registry, d: &Def) -> IntGauge {
     reg(r, IntGauge::new(d.name, d.help).expect("valid"))
 }
@@ -196,9 +220,28 @@ fn histogram(r: &Registry, d: &Def, buckets: &[f64]) -> Histogram {
     reg(r, Histogram::with_opts(opts).expect("valid"))
 }
 
+/// The source revision this binary was built from (build.rs).
+pub const REVISION: &str = env!("KVBUST_REVISION");
+
+/// A registry with the standard `process_*` collector (resident and virtual memory, CPU
+/// seconds, open and max fds, threads, start time), read from /proc at each scrape.
+fn process_registry() -> Registry {
+    let r = Registry::new();
+    #[cfg(target_os = "linux")]
+    r.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))
+    .expect("the process collector registers once");
+    r
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new_custom(Some("kvbust".into()), None).expect("valid registry prefix");
+        let build_info = gauge_vec(&r, &BUILD_INFO);
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), REVISION])
+            .set(1);
         Self(Arc::new(Families {
             requests: counter_vec(&r, &REQUESTS),
             in_flight: gauge(&r, &IN_FLIGHT),
@@ -219,7 +262,10 @@ impl Metrics {
             tls_reloads: counter_vec(&r, &TLS_RELOADS),
             upstream_tls_insecure: gauge(&r, &UPSTREAM_TLS_INSECURE),
             upstream_up: gauge(&r, &UPSTREAM_UP),
+            buffered_bytes: gauge(&r, &BUFFERED_BYTES),
+            buffered_limit: gauge(&r, &BUFFERED_LIMIT),
             registry: r,
+            process: process_registry(),
         }))
     }
 
@@ -231,7 +277,9 @@ impl Metrics {
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 * 1024);
         // Encoding into a Vec only fails on invalid metric families, which we never build.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let mut families = self.registry.gather();
+        families.extend(self.process.gather());
+        let _ = TextEncoder::new().encode(&families, &mut out);
         out
     }
 }
@@ -257,5 +305,29 @@ mod tests {
         assert!(text.contains("kvbust_requests_total{phase=\"profiling\",route=\"chat\",status=\"200\",target=\"none\"} 1"));
         assert!(text.contains("kvbust_errors_total{code=\"body_too_large\",source=\"client\"} 1"));
         assert!(text.contains("kvbust_in_flight_requests 0"));
+    }
+
+    #[test]
+    fn build_info_and_process_families_are_exported() {
+        let text = String::from_utf8(Metrics::new().render()).unwrap();
+        let info = format!(
+            "kvbust_build_info{{revision=\"{REVISION}\",version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&info), "{text}");
+        assert!(!REVISION.is_empty());
+        if cfg!(target_os = "linux") {
+            for name in [
+                "process_resident_memory_bytes ",
+                "process_cpu_seconds_total ",
+                "process_open_fds ",
+                "process_start_time_seconds ",
+            ] {
+                assert!(
+                    text.lines().any(|l| l.starts_with(name)),
+                    "{name}missing: {text}"
+                );
+            }
+        }
     }
 }

@@ -20,6 +20,9 @@ pub struct Runtime {
     pub bodies: crate::proxy::budget::BodyBudget,
     default_phase: AtomicU8,
     draining: AtomicBool,
+    /// `synth.preload` is still loading: not ready yet. Set from the start when configured.
+    preloading: AtomicBool,
+    preloaded: tokio::sync::Notify,
     /// API requests seen without a phase header, for `cache_bust.auto_warmup_requests`.
     unphased_requests: AtomicU64,
     /// `None` in `cache_bust.ledger = "stateless"` mode, which keeps no per-session state.
@@ -34,6 +37,9 @@ impl Runtime {
             .clone()
             .unwrap_or_else(crate::cachebust::random_benchmark_id);
         metrics
+            .buffered_limit
+            .set(i64::try_from(config.limits.max_buffered_total.as_u64()).unwrap_or(i64::MAX));
+        metrics
             .upstream_tls_insecure
             .set(i64::from(config.upstream.tls.insecure_skip_verify));
         // `validate` rejects a zero capacity, so the fallback is never used.
@@ -46,6 +52,8 @@ impl Runtime {
             ),
             default_phase: AtomicU8::new(phase_to_u8(config.cache_bust.default_phase)),
             draining: AtomicBool::new(false),
+            preloading: AtomicBool::new(!config.synth.preload.is_empty()),
+            preloaded: tokio::sync::Notify::new(),
             unphased_requests: AtomicU64::new(0),
             ledger: match config.cache_bust.ledger {
                 LedgerMode::Local => Some(Mutex::new(Ledger::new(cap))),
@@ -84,9 +92,31 @@ impl Runtime {
         if self.is_draining() {
             return Err("draining".into());
         }
+        if self.preloading.load(Ordering::Acquire) {
+            return Err("loading the synth.preload corpora".into());
+        }
         match self.upstream_health.status().not_ready_reason() {
             None => Ok(()),
             Some(why) => Err(why),
+        }
+    }
+
+    /// `synth.preload` is done (or failed, logged): readiness no longer waits for it.
+    pub fn preload_done(&self) {
+        self.preloading.store(false, Ordering::Release);
+        self.preloaded.notify_waiters();
+    }
+
+    /// Resolves once `synth.preload` is done (at once when nothing is being preloaded).
+    pub async fn wait_preloaded(&self) {
+        loop {
+            let notified = self.preloaded.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.preloading.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
         }
     }
 

@@ -118,6 +118,25 @@ pub async fn run(
         let synth = synth.clone();
         tokio::spawn(async move { synth.prewarm().await });
     }
+    if !config.synth.preload.is_empty() {
+        // Load the tokenizer and each corpus now (a one-token placeholder builds its corpus);
+        // /readyz answers 503 until done.
+        let (synth, rt) = (synth.clone(), rt.clone());
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            for corpus in &rt.config.synth.preload {
+                let body = format!(
+                    r#"{{"messages":[{{"role":"user","content":"{{{{kvbust:prompt:1:{}}}}}"}}]}}"#,
+                    corpus.as_str()
+                );
+                if let Err(e) = synth.expand(body.as_bytes()).await {
+                    tracing::error!(corpus = corpus.as_str(), "synth.preload: {e}");
+                }
+            }
+            tracing::info!(elapsed = ?t0.elapsed(), "synth.preload corpora loaded");
+            rt.preload_done();
+        });
+    }
     let parts = WorkerParts {
         rt: rt.clone(),
         upstream,

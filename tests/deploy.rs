@@ -186,11 +186,38 @@ fn a_public_admin_port_without_a_token_refuses_to_start() {
         run(p).status.code()
     };
     assert_eq!(check(&[]), Some(64));
-    assert_eq!(check(&[("KVBUST_ADMIN__TOKEN", "t0ken")]), Some(0));
+    assert_eq!(check(&[("KVBUST_ADMIN__TOKEN", TOKEN)]), Some(0));
     assert_eq!(
         check(&[("KVBUST_ADMIN__ALLOW_UNAUTHENTICATED", "true")]),
         Some(0)
     );
+}
+
+/// An admin token kvbust accepts: 24 characters or more, no placeholder.
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+/// The token the base kustomization once shipped, and any short one, are refused at start: a
+/// first `kubectl apply -k` must not leave `PUT /phase` open to a token in the repository.
+#[test]
+fn a_placeholder_or_short_admin_token_refuses_to_start() {
+    for token in ["REPLACE-ME-before-applying", "t0ken"] {
+        let out = run({
+            let mut p = kvbust();
+            p.args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .env("KVBUST_ADMIN__TOKEN", token);
+            p
+        });
+        assert_eq!(out.status.code(), Some(64), "{token}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("admin.token"), "{err}");
+        assert!(err.contains("openssl rand"), "{err}");
+    }
 }
 
 fn healthcheck(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -219,7 +246,7 @@ async fn healthcheck_exits_0_when_ready_and_1_when_draining_or_down() {
     let wildcard = format!("0.0.0.0:{}", h.admin_addr.port());
     let ok = hc(
         vec!["--admin-listen".into(), wildcard],
-        vec![("KVBUST_ADMIN__TOKEN", "t")],
+        vec![("KVBUST_ADMIN__TOKEN", TOKEN)],
     )
     .await
     .unwrap();
@@ -280,7 +307,8 @@ async fn healthcheck_exits_0_when_ready_and_1_when_draining_or_down() {
 // ---------------------------------------------------------------------------------------------
 // The shipped manifests and Dockerfile, checked against kvbust itself.
 
-const IMAGE_REPO: &str = "ghcr.io/kvbust/kvbust";
+/// The placeholder image name the manifests ship (no image is published; README).
+const IMAGE_REPO: &str = "image-not-published.invalid/kvbust";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -412,6 +440,8 @@ fn container_port(container: &Value, port: &Value) -> Option<(String, u64)> {
 struct Seen {
     admin_paths: BTreeSet<String>,
     kvbust_containers: usize,
+    dashboards: usize,
+    rules: usize,
 }
 
 /// Checks one kvbust container against the binary's command line and configuration.
@@ -496,19 +526,59 @@ fn check_kvbust_container(
             v.to_string()
         } else if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
             let (n, k) = (r["name"].as_str().unwrap(), r["key"].as_str().unwrap());
+            // The admin token's Secret is the user's to create (the README's command), so no
+            // token value is ever shipped: nothing renders it, and the README creates it.
             assert!(
-                find(docs, "Secret", n)["data"].get(k).is_some(),
-                "{ctx}: {var}: Secret {n} has no key {k}"
+                !docs.iter().any(|d| kind(d) == "Secret"),
+                "{ctx}: the manifests must not ship a Secret (its value would be everyone's)"
             );
-            format!("from-secret-{n}-{k}")
+            assert_eq!(
+                (n, k),
+                ("kvbust-admin", "token"),
+                "{ctx}: {var}: the README creates Secret kvbust-admin, key token"
+            );
+            assert!(
+                r.get("optional").is_none_or(|o| o == false),
+                "{ctx}: {var}: without the Secret the pod must not start"
+            );
+            let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+            assert!(
+                readme.contains("kubectl create secret generic kvbust-admin --from-literal=token="),
+                "{ctx}: the README shows how to create Secret {n}"
+            );
+            format!("from-secret-{n}-{k}-0123456789abcdef")
+        } else if let Some(r) = e["valueFrom"]["configMapKeyRef"].as_object() {
+            // A per-run value (the gateway's benchmark id) the user sets, as the README shows.
+            let (n, k) = (r["name"].as_str().unwrap(), r["key"].as_str().unwrap());
+            let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+            assert!(
+                readme.contains(&format!("kubectl create configmap {n} --from-literal={k}=")),
+                "{ctx}: {var}: the README must show how to create ConfigMap {n} key {k}"
+            );
+            "0123456789ab".to_string()
         } else {
-            panic!("{ctx}: {var}: use value or valueFrom.secretKeyRef");
+            panic!("{ctx}: {var}: use value, valueFrom.secretKeyRef or valueFrom.configMapKeyRef");
         };
         env.push((var, value));
     }
     let config = Config::load(Some(&local), &env, &serve.flags.overrides())
         .unwrap_or_else(|e| panic!("{ctx}: kvbust would refuse this configuration: {e}"));
     std::fs::remove_dir_all(&scratch).ok();
+
+    // Buffered bodies fit in half the container's memory (kvbust would lower them at start
+    // with a warning otherwise).
+    let mem = c["resources"]["limits"]["memory"].as_str().unwrap_or("");
+    let mem_bytes: u64 = match mem.strip_suffix("Mi") {
+        Some(n) => n.parse::<u64>().unwrap() << 20,
+        None => mem
+            .strip_suffix("Gi")
+            .map_or(u64::MAX, |n| n.parse::<u64>().unwrap() << 30),
+    };
+    assert!(
+        config.limits.max_buffered_total.as_u64() <= mem_bytes / 2,
+        "{ctx}: limits.max_buffered_total {} is more than half the memory limit {mem}",
+        config.limits.max_buffered_total
+    );
 
     // Writable paths: the root filesystem is read-only, so the cache dir must be a volume.
     if let Some((_, dir)) = env.iter().find(|(k, _)| k == "KVBUST_CACHE_DIR") {
@@ -612,8 +682,15 @@ fn check_overlay(overlay: &str, docs: &[Value], seen: &mut Seen) {
         })
         .collect();
     for pod in &pods {
-        let scaled = pod.workload["spec"]["replicas"].as_u64().unwrap_or(1) > 1
-            || hpa_targets.contains(name(pod.workload));
+        let autoscaled = hpa_targets.contains(name(pod.workload));
+        // A replica count beside an HPA is reset to it on every apply.
+        assert!(
+            !autoscaled || pod.workload["spec"]["replicas"].is_null(),
+            "{overlay}: {} {} has an HPA: drop spec.replicas",
+            kind(pod.workload),
+            name(pod.workload)
+        );
+        let scaled = pod.workload["spec"]["replicas"].as_u64().unwrap_or(1) > 1 || autoscaled;
         for (c, init) in pod.containers() {
             if is_kvbust(c) {
                 let ctx = format!(
@@ -623,6 +700,39 @@ fn check_overlay(overlay: &str, docs: &[Value], seen: &mut Seen) {
                     c["name"].as_str().unwrap_or("?")
                 );
                 check_kvbust_container(&ctx, docs, pod, c, init, scaled, seen);
+            }
+        }
+    }
+    for pod in &pods {
+        for (c, _) in pod.containers() {
+            // A benchmark must name what it measured: every image has a pinned tag.
+            let image = c["image"].as_str().unwrap();
+            let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+            assert!(
+                !tag.is_empty() && tag != "latest" && !tag.contains('/'),
+                "{overlay}: image {image} must have a pinned tag"
+            );
+            if is_kvbust(c) {
+                continue;
+            }
+            // Model servers: weights on a PersistentVolumeClaim, not re-downloaded per pod.
+            for m in list(&c["volumeMounts"]) {
+                if m["mountPath"] == "/models" {
+                    let v = list(&pod.spec["volumes"])
+                        .iter()
+                        .find(|v| v["name"] == m["name"])
+                        .unwrap();
+                    let claim = v["persistentVolumeClaim"]["claimName"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{overlay}: the model cache must be a PVC"));
+                    find(docs, "PersistentVolumeClaim", claim);
+                }
+            }
+            // The Hugging Face token is optional: the pod starts without its Secret.
+            for e in list(&c["env"]) {
+                if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
+                    assert_eq!(r.get("optional"), Some(&json!(true)), "{overlay}: {e:?}");
+                }
             }
         }
     }
@@ -674,6 +784,13 @@ fn check_overlay(overlay: &str, docs: &[Value], seen: &mut Seen) {
 fn check_monitors(docs: &[Value], others: &[Value], seen: &mut Seen) {
     for d in docs {
         let ctx = format!("monitoring: {} {}", kind(d), name(d));
+        // kube-prometheus-stack's Prometheus selects monitors and rules by its release label.
+        assert!(
+            d["metadata"]["labels"]["release"]
+                .as_str()
+                .is_some_and(|r| !r.is_empty()),
+            "{ctx}: label it release: <kube-prometheus-stack's release> (the overlay's patch point)"
+        );
         match kind(d) {
             "ServiceMonitor" => {
                 let selector = str_map(&d["spec"]["selector"]["matchLabels"]);
@@ -714,6 +831,25 @@ fn check_monitors(docs: &[Value], others: &[Value], seen: &mut Seen) {
                         .insert(e["path"].as_str().unwrap().to_string());
                 }
             }
+            // The Grafana dashboard, for kube-prometheus-stack's dashboard sidecar.
+            "ConfigMap" => {
+                assert_eq!(
+                    d["metadata"]["labels"]["grafana_dashboard"], "1",
+                    "{ctx}: the Grafana sidecar loads ConfigMaps labelled grafana_dashboard"
+                );
+                assert_eq!(
+                    d["data"]["kvbust.json"].as_str(),
+                    Some(
+                        std::fs::read_to_string(repo().join("deploy/grafana/kvbust.json"))
+                            .unwrap()
+                            .as_str()
+                    ),
+                    "{ctx}: ships deploy/grafana/kvbust.json as it is"
+                );
+                seen.dashboards += 1;
+            }
+            // Its expressions are checked against /metrics by tests/monitoring.rs.
+            "PrometheusRule" => seen.rules += 1,
             other => panic!("{ctx}: unexpected kind {other} in the monitoring overlay"),
         }
     }
@@ -747,6 +883,11 @@ async fn rendered_manifests_name_only_what_kvbust_has() {
     }
     check_monitors(&rendered["monitoring"], &workloads, &mut seen);
     assert_eq!(seen.kvbust_containers, 3, "one kvbust per workload overlay");
+    assert_eq!(
+        (seen.dashboards, seen.rules),
+        (1, 1),
+        "monitoring: a dashboard and the alerts"
+    );
 
     // The gateway's shape: a shared Deployment of at least two replicas, with a PDB and an HPA.
     let gw = &rendered["gateway"];
@@ -806,7 +947,7 @@ fn dockerfile_config_passes_config_check_and_names_its_ports() {
         let mut p = kvbust();
         p.args(["config", "check"]).env("KVBUST_CONFIG", &source);
         if token {
-            p.env("KVBUST_ADMIN__TOKEN", "t0ken");
+            p.env("KVBUST_ADMIN__TOKEN", TOKEN);
         }
         run(p)
     };
@@ -816,7 +957,7 @@ fn dockerfile_config_passes_config_check_and_names_its_ports() {
 
     let config = Config::load(
         Some(&source),
-        &[("KVBUST_ADMIN__TOKEN".into(), "t".into())],
+        &[("KVBUST_ADMIN__TOKEN".into(), TOKEN.into())],
         &Default::default(),
     )
     .unwrap();
@@ -849,4 +990,150 @@ fn dockerfile_config_passes_config_check_and_names_its_ports() {
             .unwrap_or_else(|e| panic!("{cmd}: {e}"));
     }
     assert_eq!(arg("ENTRYPOINT "), [r#"["/usr/local/bin/kvbust"]"#]);
+}
+
+/// The Docker build context leaves out build output, the fuzzing crate (its corpora and
+/// artifacts grow large) and benchmark results, but keeps every file cargo needs to build.
+#[test]
+fn dockerignore_leaves_out_fuzz_and_bench_output_but_not_what_cargo_reads() {
+    let text = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    let rules: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    // The patterns used here: `dir/` (all of it), `dir/*` (its entries) and `!dir/*.ext`.
+    let ignored = |path: &str| {
+        let mut out = false;
+        for r in &rules {
+            let (negate, pat) = match r.strip_prefix('!') {
+                Some(p) => (true, p),
+                None => (false, *r),
+            };
+            let hit = if let Some(dir) = pat.strip_suffix('/') {
+                path.starts_with(&format!("{dir}/"))
+            } else if let Some((dir, ext)) = pat.split_once("/*.") {
+                path.starts_with(&format!("{dir}/")) && path.ends_with(&format!(".{ext}"))
+            } else if let Some(dir) = pat.strip_suffix("/*") {
+                path.starts_with(&format!("{dir}/"))
+            } else {
+                path == pat
+            };
+            if hit {
+                out = !negate;
+            }
+        }
+        out
+    };
+    for p in [
+        "target/release/kvbust",
+        "fuzz/corpus/x",
+        "fuzz/artifacts/crash-1",
+        "fuzz/target/debug/f",
+        "benches/results.md",
+        "benches/nginx/nginx.conf",
+        ".git/HEAD",
+    ] {
+        assert!(ignored(p), "{p} must not reach the build context");
+    }
+    // Every target path Cargo.toml declares, and the build inputs.
+    let manifest: toml::Value =
+        toml::from_str(&std::fs::read_to_string(repo().join("Cargo.toml")).unwrap()).unwrap();
+    let mut needed = vec![
+        "Cargo.toml".to_string(),
+        "Cargo.lock".into(),
+        "build.rs".into(),
+        "src/main.rs".into(),
+        "deploy/k8s/base/kvbust.toml".into(),
+    ];
+    for section in ["bench", "example"] {
+        for t in manifest[section].as_array().unwrap() {
+            let path = t
+                .get("path")
+                .and_then(|p| p.as_str())
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("benches/{}.rs", t["name"].as_str().unwrap()));
+            needed.push(path);
+        }
+    }
+    for p in needed {
+        assert!(repo().join(&p).exists(), "{p}");
+        assert!(
+            !ignored(&p),
+            "{p} is needed by cargo but left out of the build context"
+        );
+    }
+}
+
+/// The model-server overlays' commented patch points (tolerations, runtimeClassName) work as
+/// written once uncommented: applied on top of the overlay, the Deployment carries them.
+#[test]
+fn the_model_overlays_patch_points_apply_when_uncommented() {
+    if Process::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        eprintln!("NOTE: no kubectl: the overlays' patch points were NOT checked");
+        return;
+    }
+    for overlay in ["sidecar-vllm", "sidecar-sglang"] {
+        let dir = repo().join("deploy/k8s/overlays").join(overlay);
+        let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+        // The commented block from `# patches:` on, uncommented.
+        let block: Vec<String> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("# patches:"))
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .unwrap_or(l.trim_start_matches('#'))
+                    .to_string()
+            })
+            .collect();
+        assert!(!block.is_empty(), "{overlay}: no commented patches block");
+        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("patch-points-{overlay}-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        std::fs::write(
+            scratch.join("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n{}\n",
+                relative(&scratch, &dir).display(),
+                block.join("\n")
+            ),
+        )
+        .unwrap();
+        let out = Process::new("kubectl")
+            .arg("kustomize")
+            .arg(&scratch)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{overlay}: {}", stderr(&out));
+        let docs = documents(&String::from_utf8(out.stdout).unwrap());
+        let name = overlay.trim_start_matches("sidecar-");
+        let spec = &find(&docs, "Deployment", name)["spec"]["template"]["spec"];
+        assert_eq!(spec["runtimeClassName"], "nvidia", "{overlay}");
+        assert_eq!(spec["tolerations"][0]["key"], "nvidia.com/gpu", "{overlay}");
+        std::fs::remove_dir_all(&scratch).ok();
+    }
+}
+
+/// `to` as a path relative to the folder `from` (kustomize refuses absolute resource paths).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
+    let common = from
+        .components()
+        .zip(to.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut out = PathBuf::new();
+    for _ in from.components().skip(common) {
+        out.push("..");
+    }
+    for c in to.components().skip(common) {
+        out.push(c);
+    }
+    out
 }

@@ -578,3 +578,39 @@ async fn request_usage_counts_usage_and_the_client_gets_exactly_what_it_asked_fo
     );
     h.shutdown().await;
 }
+
+/// A response with no body (vLLM's `POST /reset_prefix_cache`, a `HEAD` probe) is never polled:
+/// it ended complete, not with a client disconnect. The line says who asked (address, agent).
+#[tokio::test]
+async fn empty_body_responses_are_logged_complete_with_the_client_and_its_agent() {
+    let logs = logs();
+    let _ = &logs;
+    let h = start(|c| c.log.format = LogFormat::Json).await;
+    let c = h1();
+    let reset = http::Request::post(h.url("/reset_prefix_cache"))
+        .header("x-request-id", "empty-reset-1")
+        .header("user-agent", "kvbust-test/1.0")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send(&c, reset).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    body_bytes(resp).await;
+    let head = http::Request::head(h.url("/health"))
+        .header("x-request-id", "empty-head-1")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send(&c, head).await;
+    body_bytes(resp).await;
+    for id in ["empty-reset-1", "empty-head-1"] {
+        let line = access_line(id).await;
+        assert_eq!(line["end"], "complete", "{line}");
+        let client = line["client"].as_str().unwrap();
+        assert!(client.starts_with("127.0.0.1:"), "{line}");
+    }
+    let line = access_line("empty-reset-1").await;
+    assert_eq!(line["user_agent"], "kvbust-test/1.0", "{line}");
+    assert_eq!(line["bytes_out"], 0, "{line}");
+    let m = metrics_text(&h).await;
+    assert!(!m.contains("reason=\"client_disconnect\""), "{m}");
+    h.shutdown().await;
+}

@@ -375,7 +375,7 @@ async fn mock_prefix_cache_is_visible_through_the_proxy() {
 
 #[tokio::test]
 async fn admin_endpoints_and_phase_switch() {
-    let h = start(|c| c.admin.token = Some("t0k".into())).await;
+    let h = start(|c| c.admin.token = Some("t0k-0123456789abcdef01234".into())).await;
     let c = h1();
     assert_eq!(
         send(&c, get(&h.admin_url("/healthz"))).await.status(),
@@ -405,9 +405,13 @@ async fn admin_endpoints_and_phase_switch() {
         send(&c, put(Some("Bearer nope"), "warmup")).await.status(),
         StatusCode::UNAUTHORIZED
     );
-    let bad = send(&c, put(Some("Bearer t0k"), "cooldown")).await;
+    let bad = send(
+        &c,
+        put(Some("Bearer t0k-0123456789abcdef01234"), "cooldown"),
+    )
+    .await;
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
-    let v = json(send(&c, put(Some("Bearer t0k"), "WARMUP")).await).await;
+    let v = json(send(&c, put(Some("Bearer t0k-0123456789abcdef01234"), "WARMUP")).await).await;
     assert_eq!(
         (v["old"].as_str(), v["new"].as_str()),
         (Some("profiling"), Some("warmup"))
@@ -421,7 +425,7 @@ async fn admin_endpoints_and_phase_switch() {
             .to_vec(),
     )
     .unwrap();
-    assert!(cfg.contains("<redacted>") && !cfg.contains("t0k"));
+    assert!(cfg.contains("<redacted>") && !cfg.contains("t0k-0123456789abcdef01234"));
     let m = metrics_text(&h).await;
     assert!(m.contains("kvbust_requests_total{phase=\"warmup\",route=\"chat\",status=\"200\",target=\"none\"} 1"), "{m}");
     h.shutdown().await;
@@ -443,6 +447,50 @@ async fn bad_phase_header_is_a_400() {
     let v = json(resp).await;
     assert_eq!(v["error"]["code"], "invalid_phase");
     assert!(h.mock.recorder().requests().is_empty());
+    h.shutdown().await;
+}
+
+/// A misspelt control header would otherwise be stripped and the request run as profiling.
+#[tokio::test]
+async fn an_unknown_kvbust_header_is_a_400_naming_the_nearest_valid_one() {
+    let h = start(|_| {}).await;
+    let c = h1();
+    for (path, body) in [
+        ("/v1/chat/completions", chat_body("hi", false, 1)),
+        ("/v1/models", String::new()),
+    ] {
+        let resp = send(&c, post(&h.url(path), body, &[("x-kvbust-phas", "warmup")])).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{path}");
+        let v = json(resp).await;
+        assert_eq!(v["error"]["code"], "unknown_header");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("did you mean x-kvbust-phase?"), "{msg}");
+    }
+    assert!(h.mock.recorder().requests().is_empty());
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_errors_total{code=\"unknown_header\",source=\"client\"} 2"),
+        "{m}"
+    );
+    h.shutdown().await;
+
+    // headers.reject_unknown = false: removed and ignored, as before.
+    let h = start(|c| c.headers.reject_unknown = false).await;
+    let resp = send(
+        &c,
+        post(
+            &h.url("/v1/chat/completions"),
+            chat_body("hi", false, 1),
+            &[("x-kvbust-phas", "warmup")],
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["x-kvbust-phase"], "profiling");
+    body_bytes(resp).await;
+    let got = h.mock.recorder().requests();
+    assert!(got[0].headers.get("x-kvbust-phas").is_none());
     h.shutdown().await;
 }
 

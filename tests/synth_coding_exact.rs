@@ -400,3 +400,56 @@ fn dump_samples() {
         }
     }
 }
+
+/// An unseeded run samples at random from a fixed corpus, so the tokenized corpus is cached as
+/// a seeded run's is: the second unseeded run reads it instead of rebuilding (5 s).
+#[test]
+fn unseeded_runs_cache_the_corpus_too() {
+    let dir = scratch_dir().join("unseeded-cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let params = kvbust::synth::SynthParams {
+        prompt_corpus: PromptCorpus::CodingExact,
+        isl: Some(24),
+        num_dataset_entries: 2,
+        random_seed: None,
+        ..Default::default()
+    };
+    let cached = || -> Vec<(PathBuf, std::time::SystemTime)> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                name.starts_with("coding-ids-v1-") && name.ends_with(".bin")
+            })
+            .map(|p| {
+                let m = std::fs::metadata(&p).unwrap().modified().unwrap();
+                (p, m)
+            })
+            .collect()
+    };
+    let first = kvbust::synth::build_dataset_with(&params, tokenizer(), Some(&dir), &mut |_, _| {})
+        .expect("builds");
+    let after_first = cached();
+    assert_eq!(
+        after_first.len(),
+        1,
+        "the corpus was cached: {after_first:?}"
+    );
+    let t0 = Instant::now();
+    let second =
+        kvbust::synth::build_dataset_with(&params, tokenizer(), Some(&dir), &mut |_, _| {})
+            .expect("builds");
+    eprintln!("second unseeded coding-exact build: {:?}", t0.elapsed());
+    assert_eq!(
+        cached(),
+        after_first,
+        "read from the cache, not written again"
+    );
+    // Still unseeded: each run samples its own prompts.
+    assert_ne!(
+        first.conversations[0].turns[0].text,
+        second.conversations[0].turns[0].text
+    );
+}

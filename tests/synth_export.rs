@@ -273,10 +273,24 @@ fn mooncake_export_replays_verbatim_through_the_trace_loader() {
     margs.extend(["--format", "mooncake"]);
     synth(&margs, "ms.jsonl");
     let p = scratch("ms.jsonl");
-    let back = jsonl(&synth(
+    let mut back = jsonl(&synth(
         &["--input-file", p.to_str().unwrap()],
         "ms-again.jsonl",
     ));
+    // It has no schedule, so the export gave it the one `--fixed-schedule` needs: each first
+    // turn at timestamp 0, each later turn at delay 0. Apart from that, the same dataset.
+    for c in &mut back {
+        for (i, t) in c["turns"].as_array_mut().unwrap().iter_mut().enumerate() {
+            let t = t.as_object_mut().unwrap();
+            let (has, hasnt) = if i == 0 {
+                ("timestamp", "delay")
+            } else {
+                ("delay", "timestamp")
+            };
+            assert_eq!(t.remove(has), Some(serde_json::json!(0)), "turn {i}");
+            assert!(t.get(hasnt).is_none());
+        }
+    }
     assert_eq!(back, src);
 }
 

@@ -38,11 +38,11 @@ for dir in deploy/k8s/overlays/*/; do
     render "$dir" >"$out/$overlay.yaml"
     args=()
     for v in "${versions[@]}"; do args+=(-k "$v"); done
-    # kubernetes-validate knows only the built-in kinds: the Prometheus Operator's monitors
+    # kubernetes-validate knows only the built-in kinds: the Prometheus Operator's monitors and rules
     # (checked by tests/deploy.rs) are the only kinds allowed to have no schema.
     ok=1
     report="$("$venv/bin/kubernetes-validate" --strict --quiet "${args[@]}" "$out/$overlay.yaml")" || ok=0
-    unexpected="$(grep -v -E "^WARN .*Couldn't find schema for kind (ServiceMonitor|PodMonitor) " <<<"$report" || true)"
+    unexpected="$(grep -v -E "^WARN .*Couldn't find schema for kind (ServiceMonitor|PodMonitor|PrometheusRule) " <<<"$report" || true)"
     [ -z "$unexpected" ] || { echo "$unexpected" >&2; ok=0; }
     resources="$(grep -c '^kind:' "$out/$overlay.yaml")"
     if [ "$ok" = 1 ]; then

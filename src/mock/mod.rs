@@ -11,8 +11,9 @@
 //!
 //! # Routes
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: deterministic completions of exactly `max_completion_tokens`
-//!   / `max_tokens` tokens (default [`MockConfig::default_max_tokens`]), `finish_reason: "length"`, with
-//!   `usage.prompt_tokens`, `completion_tokens`, `total_tokens` and `prompt_tokens_details.cached_tokens`. The
+//!   / `max_tokens` words, one per token event (default [`MockConfig::default_max_tokens`]), `finish_reason:
+//!   "length"`, with `usage.prompt_tokens`, `completion_tokens` (the mock tokenizer's tokens of the answer's text,
+//!   as a client that re-tokenizes it counts), `total_tokens` and `prompt_tokens_details.cached_tokens`. The
 //!   model reported is the request's `model`, else the configured one. With `"stream": true`:
 //!   `text/event-stream`, one SSE event (one body frame) per token, the first chat chunk carrying
 //!   `delta.role = "assistant"`, then a chunk with `finish_reason`, then (when `stream_options.include_usage` is
@@ -105,6 +106,8 @@ const BLOCKING_DIGEST_BYTES: usize = 1 << 20;
 pub struct Mock {
     cfg: MockConfig,
     tokenizer: MockTokenizer,
+    /// The answer words: those the tokenizer keeps as one token ([`output::one_token_words`]).
+    vocab: Arc<[&'static str]>,
     cache: Mutex<PrefixCache>,
     recorder: Recorder,
     next_id: AtomicU64,
@@ -296,6 +299,10 @@ impl Mock {
             cache: Mutex::new(PrefixCache::new(cfg.block_size, cfg.cache_blocks)),
             recorder: Recorder::new(cfg.record_requests, budget),
             next_id: AtomicU64::new(0),
+            vocab: {
+                let t = tokenizer.as_ref().unwrap_or(&MockTokenizer::Builtin);
+                output::one_token_words(|w| t.encode(w).len() == 1).into()
+            },
             tokenizer: tokenizer.unwrap_or(MockTokenizer::Builtin),
             cfg,
         })
@@ -513,9 +520,21 @@ impl Mock {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .admit_counting_writes(&tokens);
+        let seed = output::seed(&tokens);
+        // The answer has `completion_tokens` words (one per event); the usage counts the tokens
+        // the mock's tokenizer makes of it, as a client that re-tokenizes the text with the same
+        // tokenizer does (equal when every answer word is one token). The built-in splitter is
+        // no client's tokenizer: there a word is a token.
+        let answer_tokens = match self.tokenizer {
+            MockTokenizer::Builtin => completion_tokens as usize,
+            _ => self
+                .tokenizer
+                .encode(&output::text(&self.vocab, seed, completion_tokens))
+                .len(),
+        };
         let usage = Usage {
             prompt_tokens: tokens.len(),
-            completion_tokens: completion_tokens as usize,
+            completion_tokens: answer_tokens,
             cached_tokens: cached,
             cache_written: written,
         };
@@ -530,7 +549,6 @@ impl Mock {
             instructions,
             max_tokens,
         );
-        let seed = output::seed(&tokens);
         tracing::debug!(
             prompt = usage.prompt_tokens,
             cached,
@@ -543,6 +561,7 @@ impl Mock {
             shape,
             usage,
             seed,
+            vocab: self.vocab.clone(),
             tokens: completion_tokens,
             first_token_at: after(received, ttft),
             inter_token,
@@ -565,7 +584,7 @@ impl Mock {
 async fn full_response(plan: StreamPlan) -> Response<MockBody> {
     let generation = plan.inter_token.saturating_mul(plan.tokens - 1);
     tokio::time::sleep_until(after(plan.first_token_at, generation)).await;
-    let text = output::text(plan.seed, plan.tokens);
+    let text = output::text(&plan.vocab, plan.seed, plan.tokens);
     let usage = &plan.usage;
     let body = match &plan.shape {
         Shape::OpenAi(meta) => openai::full_response(meta, &text, usage),
@@ -732,6 +751,31 @@ mod tests {
             .await;
         assert_eq!(resp.headers()[HEADER_PROMPT_TOKENS], "5");
         assert_eq!(body_json(resp).await["usage"]["prompt_tokens"], 5);
+    }
+
+    /// Clients that re-tokenize the answer (inference-perf, sglang.bench_serving) count what the
+    /// usage says: the tokens of the text, not its words (" meadow" is two Qwen3 tokens).
+    #[tokio::test]
+    async fn completion_tokens_are_the_tokenizers_tokens_of_the_answer() {
+        let qwen = MockTokenizer::load(&crate::mock::config::MockTokenizerSetting::Qwen3).unwrap();
+        let mock = Mock::new(quick(), Some(qwen.clone()));
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"Hi"}],"max_tokens":40}"#;
+        let resp = mock
+            .clone()
+            .handle(request(Method::POST, "/v1/chat/completions", body))
+            .await;
+        let v = body_json(resp).await;
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(text.split(' ').count(), 40, "one word per token event");
+        let counted = qwen.encode(text).len();
+        assert_eq!(v["usage"]["completion_tokens"], counted);
+        // The answer's words are single Qwen3 tokens, so the count is also max_tokens.
+        assert_eq!(counted, 40, "{text}");
+        assert!(!text.contains("meadow"), "{text}");
+        assert_eq!(
+            v["usage"]["total_tokens"],
+            v["usage"]["prompt_tokens"].as_u64().unwrap() + counted as u64
+        );
     }
 
     #[tokio::test]

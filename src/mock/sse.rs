@@ -99,6 +99,8 @@ pub(crate) struct StreamPlan {
     pub shape: Shape,
     pub usage: Usage,
     pub seed: u64,
+    /// The words the answer is made of ([`crate::mock::output::one_token_words`]).
+    pub vocab: std::sync::Arc<[&'static str]>,
     pub tokens: u32,
     /// When the first token event is due.
     pub first_token_at: Instant,
@@ -169,7 +171,7 @@ impl Body for SseBody {
                         let events = this.plan.shape.before_first_token();
                         this.queue.extend(events);
                     }
-                    let piece = output::piece(this.plan.seed, this.index);
+                    let piece = output::piece(&this.plan.vocab, this.plan.seed, this.index);
                     let event = this.plan.shape.token(this.index, &piece);
                     this.queue.push_back(event);
                     this.index += 1;

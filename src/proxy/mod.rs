@@ -273,7 +273,12 @@ impl Proxy {
         let in_flight = InFlight::begin(&self.rt.metrics, Some(client.activity.begin()));
         let route = Route::classify(req.method(), req.uri().path());
         let mut req = req;
-        let log = crate::access_log::Entry::begin(&self.rt.config.log, &mut req, route.label());
+        let log = crate::access_log::Entry::begin(
+            &self.rt.config.log,
+            &mut req,
+            client.peer,
+            route.label(),
+        );
         let mut ex = Exchange {
             route,
             phase: None,
@@ -352,6 +357,7 @@ impl Proxy {
             });
         // Buffered bytes held against limits.max_buffered_total until the upstream answers.
         let mut buffered = self.rt.bodies.reservation();
+        rewrite::reject_unknown(&parts.headers, &self.rt.config.headers)?;
         let body = match self.decide(&parts, ex)? {
             Some(work) => {
                 self.prepare_body(work, &mut parts, body, ex, &mut buffered)

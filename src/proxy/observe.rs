@@ -570,14 +570,19 @@ pin_project! {
 #[error("response not finished within {0:?} (upstream.total_timeout)")]
 pub struct TotalTimeout(pub Duration);
 
-impl<B> Observed<B> {
+impl<B: Body> Observed<B> {
     /// `total`: the total timeout and when the request started, if one is configured.
     pub fn new(
         inner: B,
         idle_timeout: Duration,
         total: Option<(Duration, Instant)>,
-        observer: Observer,
+        mut observer: Observer,
     ) -> Self {
+        // A body that is over before it starts (a HEAD response, content-length 0) is never
+        // polled: the server sends the headers and drops it, which is its complete end.
+        if inner.is_end_stream() {
+            observer.finish();
+        }
         let deadline = total.map(|(t, start)| {
             let at = tokio::time::Instant::from_std(start + t);
             (Box::pin(tokio::time::sleep_until(at)), t)

@@ -74,6 +74,53 @@ pub fn has_control_headers(headers: &HeaderMap, names: &HeaderNames) -> bool {
     })
 }
 
+/// With `headers.reject_unknown`, a 400 for the first `x-kvbust-*` header that is none of the
+/// configured request headers (a typo would otherwise be stripped and silently ignored, and the
+/// request run with the defaults), naming the nearest valid header.
+pub fn reject_unknown(headers: &HeaderMap, names: &HeaderNames) -> Result<(), ProxyError> {
+    if !names.reject_unknown {
+        return Ok(());
+    }
+    let control = names.control();
+    let Some(unknown) = headers
+        .keys()
+        .map(http::HeaderName::as_str)
+        .find(|k| k.starts_with("x-kvbust-") && !control.contains(k))
+    else {
+        return Ok(());
+    };
+    let nearest = control
+        .iter()
+        .min_by_key(|c| edit_distance(unknown, c))
+        .copied()
+        .unwrap_or_default();
+    Err(ProxyError::bad_request(
+        "unknown_header",
+        format!(
+            "unknown kvbust header {}: did you mean {nearest}? The request headers are {}; \
+             set headers.reject_unknown = false to ignore unknown x-kvbust-* headers",
+            excerpt(unknown.as_bytes()),
+            control.join(", ")
+        ),
+    ))
+}
+
+/// Levenshtein distance between `a` and `b` (bytes; header names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.bytes().enumerate() {
+        cur[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitute = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = substitute.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
 /// Reads the request's phase, target and digest headers (`control`: from
 /// [`has_control_headers`]; without any, everything comes from the configuration).
 pub fn decide(headers: &HeaderMap, control: bool, rt: &Runtime) -> Result<Decision, ProxyError> {
@@ -396,4 +443,53 @@ fn non_empty(v: Option<&str>) -> Option<String> {
     v.map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, http::HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn edit_distance_counts_single_byte_edits() {
+        assert_eq!(edit_distance("x-kvbust-phas", "x-kvbust-phase"), 1);
+        assert_eq!(edit_distance("x-kvbust-trgt", "x-kvbust-target"), 2);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("same", "same"), 0);
+    }
+
+    #[test]
+    fn an_unknown_kvbust_header_names_the_nearest_valid_one() {
+        let names = HeaderNames::default();
+        let err = reject_unknown(&headers(&[("x-kvbust-phas", "warmup")]), &names).unwrap_err();
+        assert_eq!(err.code(), "unknown_header");
+        assert_eq!(err.status(), http::StatusCode::BAD_REQUEST);
+        let msg = err.to_string();
+        assert!(
+            msg.contains("x-kvbust-phas: did you mean x-kvbust-phase?"),
+            "{msg}"
+        );
+        assert!(msg.contains("headers.reject_unknown"), "{msg}");
+        let err = reject_unknown(&headers(&[("x-kvbust-tracid", "a")]), &names).unwrap_err();
+        assert!(err.to_string().contains("did you mean x-kvbust-trace-id?"));
+        // Known headers, other headers and the switched-off check pass.
+        let ok = headers(&[
+            ("x-kvbust-phase", "warmup"),
+            ("x-kvbust-synth", "1"),
+            ("x-correlation-id", "s"),
+        ]);
+        assert!(reject_unknown(&ok, &names).is_ok());
+        let off = HeaderNames {
+            reject_unknown: false,
+            ..HeaderNames::default()
+        };
+        assert!(reject_unknown(&headers(&[("x-kvbust-phas", "w")]), &off).is_ok());
+    }
 }

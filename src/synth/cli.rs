@@ -473,6 +473,18 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
             Job::Aiperf(Box::new(params))
         }
     };
+    if let Job::Aiperf(p) = &job {
+        // vLLM's `--custom-output-len -1` raises on a row without `output_tokens`.
+        if args.format == OutputFormat::VllmCustom && p.osl.is_none() && p.input_file.is_none() {
+            return Err(crate::config::ConfigError {
+                key: "--osl".into(),
+                message: "--format vllm-custom needs each prompt's output length: pass --osl N \
+                          (vllm bench serve --custom-output-len -1 reads it from the file)"
+                    .into(),
+            }
+            .into());
+        }
+    }
     let tokenizer = load_tokenizer(args.tokenizer.as_deref())?;
     let cache_dir = if args.no_corpus_cache {
         None
@@ -507,7 +519,9 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
                         writeln!(out, "{line}")?;
                     }
                 } else {
-                    write_dataset(out, &bench_dataset(&requests), &opts, answers.as_mut())?;
+                    let dataset = bench_dataset(&requests);
+                    warn_sharegpt_lengths(args.format, &dataset, &tokenizer)?;
+                    write_dataset(out, &dataset, &opts, answers.as_mut())?;
                 }
                 Ok(())
             })?;
@@ -525,6 +539,7 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
                 b.finish_and_clear();
             }
             let mut answers = answers_for(params.random_seed)?;
+            warn_sharegpt_lengths(args.format, &dataset, &tokenizer)?;
             write_output(args.output.as_deref(), |out| {
                 Ok(write_dataset(out, &dataset, &opts, answers.as_mut())?)
             })?;
@@ -533,6 +548,20 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "synthesized dataset"
             );
+        }
+    }
+    Ok(())
+}
+
+/// On stderr: the ShareGPT prompts vLLM's loader would drop (`--format sharegpt` only).
+fn warn_sharegpt_lengths(
+    format: OutputFormat,
+    dataset: &Dataset,
+    tokenizer: &Tokenizer,
+) -> Result<(), SynthError> {
+    if format == OutputFormat::Sharegpt {
+        if let Some(w) = export::sharegpt_length_warning(dataset, tokenizer)? {
+            eprintln!("kvbust synth: warning: {w}");
         }
     }
     Ok(())

@@ -224,10 +224,15 @@ pub fn build_dataset_with(
         (PromptCorpus::Coding, Some(seed)) => Some(CorpusSource::Coding(Arc::new(
             CodingPool::build_cached(seed, tokenizer, cache_dir)?,
         ))),
-        (PromptCorpus::CodingExact, Some(seed)) => Some(CorpusSource::Sonnet(
-            CodingCorpus::for_root_seed_cached(seed, tokenizer, cache_dir)?
-                .as_token_corpus()
-                .clone(),
+        // Unseeded runs sample from a fixed corpus, so it is cached too.
+        (PromptCorpus::CodingExact, seed) => Some(CorpusSource::Sonnet(
+            CodingCorpus::for_root_seed_cached(
+                crate::synth::coding_exact::corpus_root(seed),
+                tokenizer,
+                cache_dir,
+            )?
+            .as_token_corpus()
+            .clone(),
         )),
         _ => None,
     };

@@ -268,6 +268,37 @@ pub fn write_vllm_custom(out: &mut dyn Write, dataset: &Dataset) -> Result<(), S
     Ok(())
 }
 
+/// The longest prompt vLLM's ShareGPT loader keeps (tokens), when no output length is fixed.
+pub const SHAREGPT_MAX_PROMPT: usize = 1024;
+
+/// A warning when first turns are longer than [`SHAREGPT_MAX_PROMPT`] tokens: vLLM's ShareGPT
+/// loader drops them silently (it reads the first human/gpt pair of each entry), naming what
+/// keeps them. `None` when every first turn fits.
+pub fn sharegpt_length_warning(
+    dataset: &Dataset,
+    tokenizer: &Tokenizer,
+) -> Result<Option<String>, SynthError> {
+    let mut long = 0;
+    let mut longest = 0;
+    for conv in &dataset.conversations {
+        if let Some(first) = conv.turns.first() {
+            let n = tokenizer.encode(&first.text)?.len();
+            if n > SHAREGPT_MAX_PROMPT {
+                long += 1;
+                longest = longest.max(n);
+            }
+        }
+    }
+    Ok((long > 0).then(|| {
+        format!(
+            "{long} of {} sharegpt entries have a first prompt over {SHAREGPT_MAX_PROMPT} tokens \
+             (longest {longest}), which vLLM's ShareGPT loader drops: pass \
+             --sharegpt-output-len to `vllm bench serve` to keep them, or a shorter --isl",
+            dataset.conversations.len()
+        )
+    }))
+}
+
 /// `sharegpt`: one JSON array of `{"id", "conversations": [human, gpt, …]}`; each `gpt` value is
 /// a sonnet text of exactly the turn's output length (the loaders take the length from it).
 pub fn write_sharegpt(
@@ -313,8 +344,16 @@ pub fn write_sharegpt(
 
 /// `mooncake`: AIPerf `mooncake_trace` lines carrying the texts (`text_input`, or the verbatim
 /// `messages`/`payload`), `output_length`, `session_id`, `timestamp` and `delay`, so that
-/// `aiperf --custom-dataset-type mooncake_trace` replays this dataset as it is.
+/// `aiperf --custom-dataset-type mooncake_trace` replays this dataset as it is. A dataset with
+/// no schedule at all (a synthetic one) gets the simplest: every session's first turn at
+/// `timestamp` 0 and each later turn at `delay` 0 after the previous answer, since AIPerf's
+/// `--fixed-schedule` refuses a trace without either.
 pub fn write_mooncake(out: &mut dyn Write, dataset: &Dataset) -> Result<(), SynthError> {
+    let unscheduled = dataset
+        .conversations
+        .iter()
+        .flat_map(|c| &c.turns)
+        .all(|t| t.timestamp.is_none() && t.delay.is_none());
     for conv in &dataset.conversations {
         refuse_context(conv, "--format mooncake")?;
         for (i, turn) in conv.turns.iter().enumerate() {
@@ -341,6 +380,9 @@ pub fn write_mooncake(out: &mut dyn Write, dataset: &Dataset) -> Result<(), Synt
             }
             if let Some(d) = &turn.delay {
                 o.set("delay", d.to_string());
+            }
+            if unscheduled {
+                o.set(if i == 0 { "timestamp" } else { "delay" }, "0".into());
             }
             if let Some(e) = &turn.extra_body {
                 o.set("extra", e.get().to_owned());
@@ -403,5 +445,50 @@ mod tests {
         let e = write_vllm_custom(&mut Vec::new(), &d).unwrap_err();
         assert!(e.to_string().contains("system or user-context"), "{e}");
         assert!(write_mooncake(&mut Vec::new(), &d).is_err());
+    }
+
+    #[test]
+    fn an_unscheduled_dataset_gets_timestamp_then_delay_in_mooncake() {
+        let mut c = conv(&[("t0", Some(3)), ("t1", Some(4))]);
+        c.system_message = None;
+        let mut d = Dataset {
+            conversations: vec![c],
+        };
+        let mut out = Vec::new();
+        write_mooncake(&mut out, &d).unwrap();
+        let lines: Vec<serde_json::Value> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["timestamp"], 0);
+        assert!(lines[0].get("delay").is_none());
+        assert_eq!(lines[1]["delay"], 0);
+        assert!(lines[1].get("timestamp").is_none());
+        // A scheduled (trace) dataset keeps its own schedule, nothing added.
+        d.conversations[0].turns[0].timestamp = Some(serde_json::Number::from(7));
+        let mut out = Vec::new();
+        write_mooncake(&mut out, &d).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.lines().next().unwrap().contains("\"timestamp\":7"));
+        assert!(!text.contains("\"delay\""), "{text}");
+    }
+
+    #[test]
+    fn sharegpt_warns_about_first_prompts_vllm_drops() {
+        let t = Tokenizer::default_qwen3().unwrap();
+        let mut c = conv(&[("short prompt", Some(3))]);
+        c.system_message = None;
+        let mut d = Dataset {
+            conversations: vec![c],
+        };
+        assert_eq!(sharegpt_length_warning(&d, &t).unwrap(), None);
+        d.conversations[0].turns[0].text = "word ".repeat(1100);
+        let w = sharegpt_length_warning(&d, &t).unwrap().unwrap();
+        assert!(w.starts_with("1 of 1 sharegpt entries"), "{w}");
+        assert!(
+            w.contains("--sharegpt-output-len") && w.contains("--isl"),
+            "{w}"
+        );
     }
 }

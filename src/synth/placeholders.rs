@@ -88,6 +88,8 @@ pub struct PromptLanes {
     tokenizer: Arc<Tokenizer>,
     style: RandomCorpusStyle,
     root: u64,
+    /// The root seed of the coding-exact corpus: fixed when unseeded, so its build is cached.
+    coding_root: u64,
     depth: usize,
     cache_dir: Option<PathBuf>,
     corpora: Corpora,
@@ -119,6 +121,7 @@ impl PromptLanes {
             tokenizer,
             style,
             root: seed.unwrap_or_else(rand::random),
+            coding_root: crate::synth::coding_exact::corpus_root(seed),
             depth,
             cache_dir,
             corpora: Corpora::default(),
@@ -144,7 +147,7 @@ impl PromptLanes {
         let t0 = std::time::Instant::now();
         let built = match corpus {
             PromptCorpus::CodingExact => CodingCorpus::for_root_seed_cached(
-                self.root,
+                self.coding_root,
                 &self.tokenizer,
                 self.cache_dir.as_deref(),
             )?

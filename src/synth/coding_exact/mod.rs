@@ -68,6 +68,16 @@ pub const TOKENIZE_GROUPS: usize = 32;
 /// The derived-stream name that turns a dataset's root seed into the coding corpus's seed.
 pub const SEED_STREAM: &str = "dataset.coding_content.template";
 
+/// The root seed whose corpus an unseeded run samples from. Its sampling is random all the
+/// same; a fixed corpus lets the tokenized corpus (about 5 s to build) be cached, as a seeded
+/// run's is.
+pub const UNSEEDED_CORPUS_ROOT: u64 = 0;
+
+/// The root seed of the corpus for a run seeded with `seed` (or not).
+pub fn corpus_root(seed: Option<u64>) -> u64 {
+    seed.unwrap_or(UNSEEDED_CORPUS_ROOT)
+}
+
 /// A kind of content in the coding corpus.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Category {
