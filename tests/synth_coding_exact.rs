@@ -409,7 +409,7 @@ fn unseeded_runs_cache_the_corpus_too() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let params = kvbust::synth::SynthParams {
-        prompt_corpus: PromptCorpus::CodingExact,
+        prompt_corpus: Some(PromptCorpus::CodingExact),
         isl: Some(24),
         num_dataset_entries: 2,
         random_seed: None,
