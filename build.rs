@@ -44,7 +44,7 @@ fn main() {
         git(&["rev-parse", "--short=12", "HEAD"])
     });
     println!(
-        "cargo:rustc-env=KVBUST_REVISION={}",
+        "cargo:rustc-env=BUILD_REVISION={}",
         revision.as_deref().unwrap_or("unknown")
     );
 }

@@ -221,7 +221,7 @@ fn histogram(r: &Registry, d: &Def, buckets: &[f64]) -> Histogram {
 }
 
 /// The source revision this binary was built from (build.rs).
-pub const REVISION: &str = env!("KVBUST_REVISION");
+pub const REVISION: &str = env!("BUILD_REVISION");
 
 /// A registry with the standard `process_*` collector (resident and virtual memory, CPU
 /// seconds, open and max fds, threads, start time), read from /proc at each scrape.

@@ -108,6 +108,13 @@ fn parse(q: &str) -> Uses {
             }
             let word: String = chars[start..i].iter().collect();
             let next = chars[i..].iter().find(|c| !c.is_whitespace());
+            // An aggregation may put its grouping first: `sum by (le) (...)`.
+            let rest: String = chars[i..].iter().collect();
+            let grouping_follows = ["by", "without"].iter().any(|k| {
+                rest.trim_start()
+                    .strip_prefix(k)
+                    .is_some_and(|r| r.trim_start().starts_with('('))
+            });
             if [
                 "by",
                 "without",
@@ -119,7 +126,7 @@ fn parse(q: &str) -> Uses {
             .contains(&word.as_str())
             {
                 grouping = next == Some(&'(');
-            } else if next == Some(&'(') {
+            } else if next == Some(&'(') || grouping_follows {
                 assert!(
                     FUNCTIONS.contains(&word.as_str()),
                     "`{q}`: unknown function {word}"
@@ -149,10 +156,19 @@ fn dashboard_queries() -> Vec<(String, String)> {
     }
     for v in dash["templating"]["list"].as_array().unwrap() {
         if v["type"] == "query" {
-            out.push((
-                format!("variable {}", v["name"]),
-                v["query"].as_str().unwrap().into(),
-            ));
+            let q = v["query"].as_str().unwrap();
+            // Grafana's `label_values(metric, label)`: as PromQL, `count by (label) (metric)`.
+            let q = match q
+                .strip_prefix("label_values(")
+                .and_then(|r| r.strip_suffix(')'))
+                .and_then(|r| r.split_once(','))
+            {
+                Some((metric, label)) => {
+                    format!("count by ({}) ({})", label.trim(), metric.trim())
+                }
+                None => q.to_string(),
+            };
+            out.push((format!("variable {}", v["name"]), q));
         }
     }
     out
