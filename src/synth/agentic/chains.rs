@@ -464,6 +464,7 @@ pub fn worker_groups(d: &Detection, s: &ChainSettings) -> HashMap<usize, (usize,
         .flat_map(|k| overlap_components(&buckets[k], cmp_start))
         .filter(|c| c.len() >= s.worker_group_min)
         .collect();
+    // A group holds at least worker_group_min (> 0, checked above) members.
     let start = |comp: &Vec<Cand>| {
         comp.iter()
             .copied()
@@ -510,6 +511,7 @@ fn overlap_components<C: Copy>(
     for &i in &order {
         let t0 = cands[i].0;
         while let Some(m) = min_active(&active).filter(|m| m.0 <= t0) {
+            // `m` was just read from `active`.
             let pos = active.iter().position(|x| *x == m).expect("present");
             active.swap_remove(pos);
         }
