@@ -22,12 +22,10 @@ use tokio::net::{TcpListener, TcpStream};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let addr = |i: usize| -> SocketAddr {
-        args.get(i)
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| {
-                eprintln!("usage: floor LISTEN_ADDR UPSTREAM_ADDR [WORKERS]");
-                std::process::exit(2)
-            })
+        args.get(i).and_then(|a| a.parse().ok()).unwrap_or_else(|| {
+            eprintln!("usage: floor LISTEN_ADDR UPSTREAM_ADDR [WORKERS]");
+            std::process::exit(2)
+        })
     };
     let (listen, upstream) = (addr(0), addr(1));
     let workers = args
