@@ -313,7 +313,7 @@ fn bad_traces_exit_2_naming_file_line_and_field() {
             "unknown",
             "{}\n",
             &["--custom-dataset-type", "mooncake"],
-            &["use mooncake_trace or bailian_trace"],
+            &["use mooncake_trace, bailian_trace, weka_trace or burst_gpt_trace"],
         ),
         (
             "other",
