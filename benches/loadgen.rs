@@ -6,7 +6,11 @@
 //! loadgen stream   URL CONCURRENCY SECONDS MAX_TOKENS   # prints one JSON line of stream figures
 //! loadgen hold     URL STREAMS h1|h2                    # opens STREAMS streams, prints "ready N", holds until stdin closes
 //! loadgen overhead URL BODY_BYTES REQUESTS              # median/p99 of x-kvbust-overhead-us
+//! loadgen fixed    URL BODY_FILE REQUESTS CONNECTIONS   # exactly REQUESTS POSTs, as wrk sends them
 //! ```
+//!
+//! `fixed` is for instruction counts (`valgrind --tool=callgrind` on the proxy): a run of a known
+//! number of requests, where wrk only runs for a time.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -51,6 +55,12 @@ fn main() {
         )),
         "hold" => rt.block_on(hold(arg(1).parse().expect("URL"), num(2), arg(3) == "h2")),
         "overhead" => rt.block_on(overhead(arg(1).parse().expect("URL"), num(2), num(3))),
+        "fixed" => rt.block_on(fixed(
+            arg(1).parse().expect("URL"),
+            std::fs::read(arg(2)).expect("the body file reads"),
+            num(3),
+            num(4),
+        )),
         other => {
             eprintln!("unknown mode {other}; see the module docs of benches/loadgen.rs");
             std::process::exit(2)
@@ -321,6 +331,44 @@ async fn overhead(uri: Uri, size: usize, n: usize) {
         "requests": n,
         "overhead_p50_us": pct(&us, 0.5),
         "overhead_p99_us": pct(&us, 0.99),
+    });
+    println!("{out}");
+}
+
+/// Sends exactly `n` POSTs of `body` over `conns` keep-alive connections, with the headers wrk's
+/// `benches/nginx/chat.lua` sends; prints how many answered 2xx and how long it took.
+async fn fixed(uri: Uri, body: Vec<u8>, n: usize, conns: usize) {
+    let body = Bytes::from(body);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..conns.max(1) {
+        let share = n / conns.max(1) + usize::from(c < n % conns.max(1));
+        let (uri, body) = (uri.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut send = connect(&uri).await;
+            let mut ok = 0usize;
+            for _ in 0..share {
+                send.ready().await.expect("connection stays open");
+                let req = Request::post(uri.path())
+                    .header("host", uri.authority().expect("authority").as_str())
+                    .header("content-type", "application/json")
+                    .body(Full::new(body.clone()))
+                    .expect("a valid request");
+                let resp = send.send_request(req).await.expect("a response");
+                ok += usize::from(resp.status().is_success());
+                let _ = resp.into_body().collect().await;
+            }
+            ok
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        ok += t.await.expect("a connection task finishes");
+    }
+    let out = serde_json::json!({
+        "requests": n,
+        "non_2xx": n - ok,
+        "seconds": started.elapsed().as_secs_f64(),
     });
     println!("{out}");
 }

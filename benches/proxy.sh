@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One-command benchmark of the proxy path: direct vs nginx vs kvbust (targets `none` and
-# `first_turn_prefix`), in one run on this machine. Prints a Markdown table with ratios.
+# One-command benchmark of the proxy path: direct vs nginx vs the floor (benches/floor.rs: the
+# least proxy hyper and tokio make) vs kvbust (targets `none` and `first_turn_prefix`), in one run
+# on this machine. Prints Markdown tables with ratios; every gap to nginx is split in two: floor vs
+# nginx (what hyper and the runtime cost) and kvbust vs floor (what kvbust adds).
 #   benches/proxy.sh                 # full run (about 4 minutes)
 #   DURATION=5 benches/proxy.sh      # shorter runs
 #   SECTIONS="nonstream" benches/proxy.sh   # only some of: nonstream stream overhead memory
@@ -26,10 +28,11 @@ fi
 # soft limit as far as the hard one allows.
 ulimit -n "$(ulimit -Hn)"
 
-[ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen
+[ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen --example floor
 # BENCH_KVBUST: compare another build (e.g. an older release) with the same harness.
 KVBUST=${BENCH_KVBUST:-$ROOT/target/release/kvbust}
 LOADGEN=$ROOT/target/release/examples/loadgen
+FLOOR=$ROOT/target/release/examples/floor
 
 P_UP=$BASE                       # nginx `return 200` upstream
 P_NGINX=$((BASE + 1))            # nginx proxy -> upstream
@@ -39,6 +42,7 @@ P_MOCK=$((BASE + 6))             # kvbust mock, streaming
 P_NGINX_MOCK=$((BASE + 7))       # nginx proxy -> mock
 P_KV_MOCK=$((BASE + 8))          # kvbust -> mock
 P_KV_IDLE=$((BASE + 10))         # kvbust -> mock, for the RSS figures
+P_FLOOR=$((BASE + 16))           # the floor proxy -> upstream
 
 PIDS=()
 cleanup() {
@@ -103,6 +107,9 @@ nginx_conf upstream "$P_UP"
 nginx_conf proxy "$P_NGINX" "$P_UP"
 kvbust "$P_KV_NONE" $((P_KV_NONE + 1)) "$P_UP" none
 kvbust "$P_KV_FTP" $((P_KV_FTP + 1)) "$P_UP" first_turn_prefix
+"$FLOOR" 127.0.0.1:"$P_FLOOR" 127.0.0.1:"$P_UP" >"$WORK/floor.log" 2>&1 &
+PIDS+=($!)
+wait_port "$P_FLOOR"
 RUST_LOG=warn "$KVBUST" mock --listen 127.0.0.1:"$P_MOCK" --inter-token 20ms --base-delay 1ms \
     --prefill-per-token 0s >"$WORK/mock.log" 2>&1 &
 PIDS+=($!)
@@ -113,7 +120,7 @@ for p in $P_UP $P_NGINX $P_NGINX_MOCK; do wait_port "$p"; done
 KV_NONE_PID=$(cat "$WORK/kvbust-$P_KV_NONE.kpid")
 RSS_IDLE=n/a
 # BENCH_BASELINE=/path/to/older/kvbust adds a row for that build (target none), same run.
-NONSTREAM_PATHS="direct:$P_UP nginx:$P_NGINX kvbust-none:$P_KV_NONE kvbust-ftp:$P_KV_FTP"
+NONSTREAM_PATHS="direct:$P_UP nginx:$P_NGINX floor:$P_FLOOR kvbust-none:$P_KV_NONE kvbust-ftp:$P_KV_FTP"
 if [ -n "${BENCH_BASELINE:-}" ]; then
     P_BASELINE=$((BASE + 20))
     RUST_LOG=warn "$BENCH_BASELINE" serve --listen 127.0.0.1:$P_BASELINE --admin-listen 127.0.0.1:$((P_BASELINE + 1)) \
@@ -227,6 +234,16 @@ per_stream() { python3 -c "import sys; print(f'{(int(sys.argv[2])-int(sys.argv[1
 j() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}' if b else 'n/a')" "$1" "$2"; }
 added() { python3 -c "import sys; print(f'{float(sys.argv[1])-float(sys.argv[2]):.0f}')" "$1" "$2"; }
+signed() { python3 -c "import sys; print(f'{float(sys.argv[1])-float(sys.argv[2]):+.0f}')" "$1" "$2"; }
+diff1() { python3 -c "import sys; print(f'{float(sys.argv[1])-float(sys.argv[2]):+.1f}')" "$1" "$2"; }
+# target_row what value reference ratio: met when value/reference >= ratio.
+target_row() {
+    python3 -c "import sys; w,a,b,r=sys.argv[1],float(sys.argv[2]),float(sys.argv[3]),float(sys.argv[4]); print(f'| {w} | {a/b:.2f}× ({a:.0f} vs {b:.0f} req/s) | {\"yes\" if a/b>=r else \"no\"} |')" "$@"
+}
+# p50_row what p50 reference-p50 slack (µs): met when p50 <= reference + slack.
+p50_row() {
+    python3 -c "import sys; w,a,b,s=sys.argv[1],float(sys.argv[2]),float(sys.argv[3]),float(sys.argv[4]); print(f'| {w} | {a:.0f} vs {b:.0f} µs ({a-b:+.0f}) | {\"yes\" if a<=b+s else \"no\"} |')" "$@"
+}
 
 {
 echo "## kvbust proxy benchmark — $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -237,12 +254,32 @@ if has nonstream; then
 echo
 echo "### Non-streaming"
 echo
-echo "| path | req/s c=64 | vs nginx | p50 c=1 (µs) | added p50 c=1 (µs) | p99 c=64 (µs) | CPU µs/req c=64 | non-2xx |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| path | req/s c=64 | vs nginx | vs floor | p50 c=1 (µs) | added p50 c=1 (µs) | p99 c=64 (µs) | CPU µs/req c=1 | CPU µs/req c=64 | non-2xx |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for name in $NONSTREAM_PATHS; do
     n=${name%%:*}
-    echo "| $n | ${RPS[$n,64]} | $(ratio "${RPS[$n,64]}" "${RPS[nginx,64]}") | ${P50[$n,1]} | $(added "${P50[$n,1]}" "${P50[direct,1]}") | ${P99[$n,64]} | ${CPU[$n,64]} | $((ERR[$n,1] + ERR[$n,64])) |"
+    echo "| $n | ${RPS[$n,64]} | $(ratio "${RPS[$n,64]}" "${RPS[nginx,64]}") | $(ratio "${RPS[$n,64]}" "${RPS[floor,64]}") | ${P50[$n,1]} | $(added "${P50[$n,1]}" "${P50[direct,1]}") | ${P99[$n,64]} | ${CPU[$n,1]} | ${CPU[$n,64]} | $((ERR[$n,1] + ERR[$n,64])) |"
 done
+echo
+echo "### The gap to nginx, split: floor vs nginx (hyper and the runtime), kvbust vs floor (what kvbust adds)"
+echo
+echo "| path | floor vs nginx: req/s c=64 | CPU µs/req c=64 | added p50 c=1 (µs) | kvbust vs floor: req/s c=64 | CPU µs/req c=64 | added p50 c=1 (µs) |"
+echo "|---|---|---|---|---|---|---|"
+for name in $NONSTREAM_PATHS; do
+    n=${name%%:*}
+    case $n in direct | nginx | floor) continue ;; esac
+    echo "| $n | $(ratio "${RPS[floor,64]}" "${RPS[nginx,64]}")× | $(diff1 "${CPU[floor,64]}" "${CPU[nginx,64]}") | $(signed "${P50[floor,1]}" "${P50[nginx,1]}") | $(ratio "${RPS[$n,64]}" "${RPS[floor,64]}")× | $(diff1 "${CPU[$n,64]}" "${CPU[floor,64]}") | $(signed "${P50[$n,1]}" "${P50[floor,1]}") |"
+done
+echo
+echo "### Targets (issue 21), this run"
+echo
+echo "| target | result | met |"
+echo "|---|---|---|"
+target_row "\`none\` ≥ 0.95× the floor at c=64" "${RPS[kvbust-none,64]}" "${RPS[floor,64]}" 0.95
+target_row "\`first_turn_prefix\` ≥ 0.90× the floor at c=64" "${RPS[kvbust-ftp,64]}" "${RPS[floor,64]}" 0.90
+p50_row "added p50 at c=1 within 5 µs of the floor's" "${P50[kvbust-none,1]}" "${P50[floor,1]}" 5
+target_row "\`none\` ≥ 1.0× nginx at c=64" "${RPS[kvbust-none,64]}" "${RPS[nginx,64]}" 1.0
+p50_row "added p50 at c=1 ≤ nginx's" "${P50[kvbust-none,1]}" "${P50[nginx,1]}" 0
 fi
 if has stream; then
 echo

@@ -371,32 +371,57 @@ fn debug_quoted(out: &mut Vec<u8>, value: &str) {
 }
 
 /// RFC 3339 UTC with microseconds, `2026-11-30T20:01:17.025766Z`, as `tracing`'s default timer.
+/// The date and time of day change once a second: each thread keeps the last second's text.
 fn timestamp(out: &mut Vec<u8>, at: SystemTime) {
+    thread_local! {
+        static SECOND: std::cell::Cell<(u64, [u8; 19])> = const { std::cell::Cell::new((u64::MAX, [0; 19])) };
+    }
     let since = at
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);
     let secs = since.as_secs();
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let t = secs % 86_400;
-    let digits = |out: &mut Vec<u8>, n: u64, width: u32| {
-        for i in (0..width).rev() {
-            out.push(b'0' + (n / 10u64.pow(i) % 10) as u8);
-        }
-    };
-    digits(out, y.clamp(0, 9999) as u64, 4);
-    out.push(b'-');
-    digits(out, u64::from(m), 2);
-    out.push(b'-');
-    digits(out, u64::from(d), 2);
-    out.push(b'T');
-    digits(out, t / 3600, 2);
-    out.push(b':');
-    digits(out, t / 60 % 60, 2);
-    out.push(b':');
-    digits(out, t % 60, 2);
+    let text = SECOND
+        .try_with(|kept| match kept.get() {
+            (s, text) if s == secs => text,
+            _ => {
+                let text = date_time(secs);
+                kept.set((secs, text));
+                text
+            }
+        })
+        .unwrap_or_else(|_| date_time(secs));
+    out.extend_from_slice(&text);
     out.push(b'.');
     digits(out, u64::from(since.subsec_micros()), 6);
     out.push(b'Z');
+}
+
+/// `n`'s last `width` decimal digits, zero-padded.
+fn digits(out: &mut Vec<u8>, n: u64, width: u32) {
+    for i in (0..width).rev() {
+        out.push(b'0' + (n / 10u64.pow(i) % 10) as u8);
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` of a second since the epoch (UTC).
+fn date_time(secs: u64) -> [u8; 19] {
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let t = secs % 86_400;
+    let mut out = Vec::with_capacity(19);
+    digits(&mut out, y.clamp(0, 9999) as u64, 4);
+    out.push(b'-');
+    digits(&mut out, u64::from(m), 2);
+    out.push(b'-');
+    digits(&mut out, u64::from(d), 2);
+    out.push(b'T');
+    digits(&mut out, t / 3600, 2);
+    out.push(b':');
+    digits(&mut out, t / 60 % 60, 2);
+    out.push(b':');
+    digits(&mut out, t % 60, 2);
+    let mut text = [0u8; 19];
+    text.copy_from_slice(&out);
+    text
 }
 
 /// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).

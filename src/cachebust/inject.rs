@@ -1009,6 +1009,12 @@ impl<'a> Parsed<'a> {
     /// content is neither a string nor an array, or the body is a stateful Responses request.
     pub fn first_user_turn_hash(&self, user_context_messages: usize) -> Option<String> {
         let content = self.first_user_content(user_context_messages).ok()??;
+        first_turns::hash(content.get(), || Self::content_hash(content))
+    }
+
+    /// The hash of a first user turn's `content` (its raw JSON), as [`Self::first_user_turn_hash`]
+    /// describes it.
+    fn content_hash(content: Json<'_>) -> Option<String> {
         let mut h = Sha256::new();
         h.update(b"kvbust-first-user-turn-v1\0");
         match Kind::of(content) {
@@ -1105,5 +1111,51 @@ fn canonical(v: &serde_json::Value, out: &mut String) {
             out.push(']');
         }
         other => out.push_str(&other.to_string()),
+    }
+}
+
+/// The first user turns this thread hashed last, and their hashes. A conversation sends its first
+/// user turn again with every turn, and the hash (decode, strip markers, SHA-256) is most of what
+/// marking a body costs; a turn seen again is compared byte for byte with the one kept, so a hit
+/// is exactly the hash the turn would get. Per thread (each data worker has one), so no lock.
+mod first_turns {
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
+
+    /// Turns kept per thread, most recent first.
+    const ENTRIES: usize = 8;
+    /// Longer turns are hashed every time, so a thread holds at most `ENTRIES` × this.
+    const MAX_LEN: usize = 64 << 10;
+
+    thread_local! {
+        static KEPT: RefCell<VecDeque<(Box<str>, String)>> =
+            const { RefCell::new(VecDeque::new()) };
+    }
+
+    /// The hash of `content` (a turn's raw JSON): kept, or `compute`d and kept.
+    pub(super) fn hash(content: &str, compute: impl FnOnce() -> Option<String>) -> Option<String> {
+        if content.len() > MAX_LEN {
+            return compute();
+        }
+        let hit = KEPT.try_with(|kept| {
+            let mut kept = kept.borrow_mut();
+            let i = kept.iter().position(|(turn, _)| &**turn == content)?;
+            let entry = kept.remove(i)?;
+            let digest = entry.1.clone();
+            kept.push_front(entry);
+            Some(digest)
+        });
+        if let Ok(Some(digest)) = hit {
+            return Some(digest);
+        }
+        let digest = compute()?;
+        let _ = KEPT.try_with(|kept| {
+            let mut kept = kept.borrow_mut();
+            if kept.len() >= ENTRIES {
+                kept.pop_back();
+            }
+            kept.push_front((content.into(), digest.clone()));
+        });
+        Some(digest)
     }
 }

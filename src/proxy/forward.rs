@@ -351,36 +351,73 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
     }
 }
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+/// Whether `name` describes one connection, not the message (RFC 9110 §7.6.1): `connection`,
+/// `keep-alive`, `proxy-connection`, `te`, `trailer`, `transfer-encoding`, `upgrade`. Told by
+/// comparing names, without hashing or parsing one.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || matches!(name.as_str(), "keep-alive" | "proxy-connection")
+}
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names first: most messages carry none, and a removal hashes each name.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
+    if !headers.keys().any(is_hop_by_hop) {
         return;
     }
-    let named: Vec<HeaderName> = headers
+    // The present names `Connection` lists: a name equals `HeaderName::from_bytes` of a trimmed
+    // token when it equals the token but for case (names are lower case), so no token is parsed.
+    let mut named: Vec<HeaderName> = Vec::new();
+    let tokens = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
+        .flat_map(|v| v.split(','));
+    for token in tokens {
+        let token = token.trim();
+        if let Some(k) = headers
+            .keys()
+            .find(|k| k.as_str().eq_ignore_ascii_case(token))
+        {
+            named.push(k.clone());
+        }
+    }
     for name in &named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
-        headers.remove(*name);
+    // Only the names present are removed: removing an absent name still hashes it.
+    while let Some(name) = headers.keys().find(|k| is_hop_by_hop(k)).cloned() {
+        headers.remove(&name);
     }
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// An address as `Display` writes it, as a header value; an IPv4 address (the usual peer)
+/// without going through the formatter.
+fn ip_value(ip: std::net::IpAddr) -> HeaderValue {
+    let std::net::IpAddr::V4(v4) = ip else {
+        // Digits, hex, colons and dots: always a valid value.
+        return HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static(""));
+    };
+    let mut text = [0u8; 15];
+    let mut n = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[n] = b'.';
+            n += 1;
+        }
+        let mut buf = itoa::Buffer::new();
+        let digits = buf.format(octet).as_bytes();
+        text[n..n + digits.len()].copy_from_slice(digits);
+        n += digits.len();
+    }
+    HeaderValue::from_bytes(&text[..n]).unwrap_or(HeaderValue::from_static(""))
 }
 
 /// Prepares a client request's headers for the upstream.
@@ -406,16 +443,16 @@ pub fn upstream_request_headers(
         // The client sets Host (HTTP/1.1) or :authority (HTTP/2) from the upstream URI.
         headers.remove(header::HOST);
     }
-    let ip = peer.ip().to_string();
-    let xff = HeaderName::from_static("x-forwarded-for");
-    let value = match headers.get(&xff).and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
-        _ => ip,
+    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.trim().is_empty() => {
+            HeaderValue::from_str(&format!("{prev}, {}", peer.ip())).ok()
+        }
+        _ => Some(ip_value(peer.ip())),
     };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(xff, v);
+    if let Some(v) = value {
+        headers.insert(X_FORWARDED_FOR, v);
     }
-    let proto = HeaderName::from_static("x-forwarded-proto");
+    let proto = X_FORWARDED_PROTO;
     if !headers.contains_key(&proto) {
         headers.insert(
             proto,
@@ -556,6 +593,56 @@ mod tests {
         assert_eq!(h["authorization"], "Bearer t");
         assert_eq!(h["x-forwarded-for"], "1.2.3.4, 10.1.1.1");
         assert_eq!(h["x-forwarded-proto"], "http");
+    }
+
+    #[test]
+    fn hop_by_hop_names_are_told_apart() {
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            assert!(is_hop_by_hop(&HeaderName::from_static(name)), "{name}");
+        }
+        for name in ["content-length", "host", "x-keep-alive", "tex", "date"] {
+            assert!(!is_hop_by_hop(&HeaderName::from_static(name)), "{name}");
+        }
+    }
+
+    #[test]
+    fn connection_tokens_name_headers_in_any_case_and_spacing() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static(" X-Secret-Hop ,close"),
+        );
+        h.append(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("close", HeaderValue::from_static("2"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-stays", HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-stays"]);
+    }
+
+    #[test]
+    fn forwarded_for_writes_addresses_as_display_does() {
+        for ip in [
+            "10.1.1.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "127.0.0.1",
+            "::1",
+            "fe80::1",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_value(ip), ip.to_string().as_str());
+        }
     }
 
     #[test]
