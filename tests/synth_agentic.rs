@@ -433,3 +433,30 @@ fn a_generated_fan_out_corpus_matches_aiperf_under_each_flag_set() {
     let shaped = cases["knobs_tool_shaped"].to_string();
     assert!(shaped.contains("\"role\":\"tool\"") && shaped.contains("tool_calls"));
 }
+
+/// `--num-dataset-entries N`, given, keeps the first N traces (AIPerf's filter-then-cap): the
+/// same conversations as without it, for those traces only.
+#[test]
+fn num_dataset_entries_keeps_the_first_traces() {
+    let v = vectors();
+    let case = &v["cases"]["weka_subagents"];
+    let out = scratch("entries").join("out.jsonl");
+    let mut argv = case_argv("entries-in", case, &out);
+    argv.extend(["--num-dataset-entries".into(), "1".into()]);
+    synth(&argv).unwrap();
+    let got = lines(&out);
+    let want: Vec<&Value> = case["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            let id = c["session_id"].as_str().unwrap();
+            id == "trace-b" || id.starts_with("trace-b::")
+        })
+        .collect();
+    assert!(want.len() > 1 && want.len() < case["conversations"].as_array().unwrap().len());
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        check_conversation(&format!("entries {}", w["session_id"]), g, w);
+    }
+}

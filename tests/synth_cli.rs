@@ -276,7 +276,7 @@ fn flag_definitions_are_consistent() {
     use clap::CommandFactory;
     Wrapper::command().debug_assert();
     let args = parse(&[]);
-    assert_eq!(args.num_dataset_entries, 100);
+    assert_eq!(args.num_dataset_entries, None);
     assert_eq!(args.prefix_prompt_length, 100);
     assert!(args.isl.is_none() && args.osl.is_none() && args.random_seed.is_none());
 }
@@ -290,7 +290,7 @@ fn params_from_configuration() {
     )
     .unwrap();
     assert_eq!(p.prompt_corpus, Some(PromptCorpus::Random));
-    assert_eq!(p.num_dataset_entries, 100);
+    assert_eq!(p.entries(), 100);
     assert_eq!(
         p.range_ratio,
         Some(RangeRatio {

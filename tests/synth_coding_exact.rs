@@ -411,7 +411,7 @@ fn unseeded_runs_cache_the_corpus_too() {
     let params = kvbust::synth::SynthParams {
         prompt_corpus: Some(PromptCorpus::CodingExact),
         isl: Some(24),
-        num_dataset_entries: 2,
+        num_dataset_entries: Some(2),
         random_seed: None,
         ..Default::default()
     };

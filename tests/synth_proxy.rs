@@ -23,7 +23,7 @@ fn params() -> SynthParams {
     SynthParams {
         isl: Some(60),
         osl: Some(11),
-        num_dataset_entries: 3,
+        num_dataset_entries: Some(3),
         random_seed: Some(7),
         shared_system_prompt_length: Some(25),
         user_context_prompt_length: Some(15),

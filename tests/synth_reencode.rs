@@ -143,7 +143,7 @@ fn datasets_identical_with_shortcut_off() {
             isl: Some(isl),
             osl: Some(16),
             random_seed: Some(seed),
-            num_dataset_entries: 12,
+            num_dataset_entries: Some(12),
             num_prefix_prompts: prefix,
             prefix_prompt_length: 9,
             session_turns_mean: 2.0,
@@ -320,7 +320,7 @@ fn a_warmed_piece_memo_changes_no_prompt() {
             isl: Some(1024),
             osl: Some(16),
             random_seed: Some(seed),
-            num_dataset_entries: 16,
+            num_dataset_entries: Some(16),
             range_ratio: Some(RangeRatio {
                 input: 0.0,
                 output: 0.0,
@@ -355,7 +355,7 @@ fn a_piece_memo_read_from_its_cache_file_changes_no_prompt() {
         isl: Some(700),
         osl: Some(16),
         random_seed: Some(8),
-        num_dataset_entries: 16,
+        num_dataset_entries: Some(16),
         ..SynthParams::default()
     };
     let fast = compose(&params, &second, None, &mut |_, _| {}).unwrap();

@@ -923,7 +923,7 @@ mod tests {
             None => crate::synth::SynthParams {
                 isl: Some(40),
                 osl: Some(9),
-                num_dataset_entries: 2,
+                num_dataset_entries: Some(2),
                 random_seed: Some(3),
                 shared_system_prompt_length: Some(20),
                 user_context_prompt_length: Some(10),

@@ -97,14 +97,10 @@ pub struct SynthArgs {
     /// Random corpus style / range-ratio semantics: vllm or sglang.
     #[arg(long, value_name = "STYLE", default_value = "vllm")]
     pub random_corpus_style: RandomCorpusStyle,
-    /// Number of conversations.
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 100,
-        visible_alias = "num-conversations"
-    )]
-    pub num_dataset_entries: usize,
+    /// Number of conversations (default 100). With an agentic trace: keep the first N traces
+    /// that fit --max-context-length (all of them when not given), as AIPerf does.
+    #[arg(long, value_name = "N", visible_alias = "num-conversations")]
+    pub num_dataset_entries: Option<usize>,
     /// Size of the prefix pool (0: off).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub num_prefix_prompts: usize,
@@ -527,8 +523,7 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<()> {
             })?;
         }
         Job::Aiperf(params) => {
-            let bar = progress_bar(params.num_dataset_entries as u64)
-                .filter(|_| params.input_file.is_none());
+            let bar = progress_bar(params.entries() as u64).filter(|_| params.input_file.is_none());
             let mut tick = |done: usize, _total: usize| {
                 if let Some(b) = &bar {
                     b.set_position(done as u64);

@@ -272,7 +272,7 @@ pub fn compose_from(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Dataset, SynthError> {
     check_composable(params, tokenizer)?;
-    let n_conv = params.num_dataset_entries;
+    let n_conv = params.entries();
     let root_seed = params.random_seed.unwrap_or_else(rand::random);
     let num_special = tokenizer.num_special_tokens_to_add() as u64;
 
@@ -517,7 +517,7 @@ impl Composer<'_> {
         is_random: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Vec<Conversation>, SynthError> {
-        let n_conv = self.params.num_dataset_entries;
+        let n_conv = self.params.entries();
         let seeded = self.params.random_seed.is_some();
         let turn_rng = DerivedRng::derive(root_seed, "composer.conversation.turn_count");
         let mut turn_rng = turn_rng.py;

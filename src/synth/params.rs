@@ -8,6 +8,9 @@ use crate::synth::error::SynthError;
 use crate::synth::marker::CacheBustTarget;
 use crate::synth::trace::{corpus_refusal, BlockTerminator, TraceKind};
 
+/// AIPerf's default number of conversations when `--num-dataset-entries` is not given.
+pub const DEFAULT_ENTRIES: usize = 100;
+
 /// AIPerf's default ISL mean when `--isl` is not given.
 pub const DEFAULT_ISL: u64 = 550;
 
@@ -139,8 +142,10 @@ pub struct SynthParams {
     pub random_seed: Option<u64>,
     pub range_ratio: Option<RangeRatio>,
     pub random_corpus_style: RandomCorpusStyle,
-    /// `--num-dataset-entries`: the number of conversations.
-    pub num_dataset_entries: usize,
+    /// `--num-dataset-entries`: the number of conversations (None: AIPerf's 100). Given for an
+    /// agentic trace, the first N traces that fit `--max-context-length` (AIPerf caps a trace
+    /// dataset only when the flag is given).
+    pub num_dataset_entries: Option<usize>,
     pub num_prefix_prompts: usize,
     pub prefix_prompt_length: usize,
     pub shared_system_prompt_length: Option<usize>,
@@ -229,7 +234,7 @@ impl Default for SynthParams {
             random_seed: None,
             range_ratio: None,
             random_corpus_style: RandomCorpusStyle::Vllm,
-            num_dataset_entries: 100,
+            num_dataset_entries: None,
             num_prefix_prompts: 0,
             prefix_prompt_length: 100,
             shared_system_prompt_length: None,
@@ -256,6 +261,11 @@ impl Default for SynthParams {
 }
 
 impl SynthParams {
+    /// The number of conversations of a synthetic dataset (AIPerf's default 100).
+    pub fn entries(&self) -> usize {
+        self.num_dataset_entries.unwrap_or(DEFAULT_ENTRIES)
+    }
+
     /// The corpus of a synthetic dataset (sonnet unless `--prompt-corpus` says otherwise).
     pub fn corpus(&self) -> PromptCorpus {
         self.prompt_corpus.unwrap_or_default()
@@ -303,7 +313,7 @@ impl SynthParams {
                 "{flag} applies to trace replay; add --input-file TRACE.jsonl"
             )));
         }
-        if self.num_dataset_entries == 0 {
+        if self.num_dataset_entries == Some(0) {
             return bad("--num-dataset-entries must be at least 1");
         }
         if self.isl_stddev < 0.0 || self.osl_stddev < 0.0 || self.session_turns_stddev < 0.0 {

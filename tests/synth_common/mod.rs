@@ -63,7 +63,7 @@ pub fn params_from_argv(argv: &[String]) -> SynthParams {
             "--osl" => p.osl = Some(val.parse().unwrap()),
             "--osl-stddev" => p.osl_stddev = val.parse().unwrap(),
             "--random-seed" => p.random_seed = Some(val.parse().unwrap()),
-            "--num-dataset-entries" => p.num_dataset_entries = val.parse().unwrap(),
+            "--num-dataset-entries" => p.num_dataset_entries = Some(val.parse().unwrap()),
             "--prompt-corpus" => p.prompt_corpus = Some(val.parse::<PromptCorpus>().unwrap()),
             "--random-corpus-style" => p.random_corpus_style = val.parse().unwrap(),
             "--random-range-ratio" => p.range_ratio = Some(val.parse::<RangeRatio>().unwrap()),

@@ -359,6 +359,7 @@ fn reconstruct(
         max_isl: params.synthesis_max_isl.map(|x| x as i64),
         max_osl: params.synthesis_max_osl.map(|x| x as i64),
         max_context_length: params.max_context_length.map(|x| x as i64),
+        max_traces: params.num_dataset_entries,
         inter_turn_delay_cap_seconds: params.inter_turn_delay_cap_seconds,
         trace_idle_gap_cap_seconds: params.trace_idle_gap_cap_seconds,
         use_think_time_only: params.use_think_time_only,

@@ -31,6 +31,8 @@ pub struct Settings {
     pub max_osl: Option<i64>,
     /// `--max-context-length`: traces whose peak input + output exceeds it are dropped.
     pub max_context_length: Option<i64>,
+    /// `--num-dataset-entries` when given: the first N traces that fit are kept.
+    pub max_traces: Option<usize>,
     /// `--inter-turn-delay-cap-seconds`.
     pub inter_turn_delay_cap_seconds: Option<f64>,
     /// `--trace-idle-gap-cap-seconds`: compress long gaps per trace (wins over the delay cap).
@@ -55,6 +57,7 @@ impl Default for Settings {
             max_isl: None,
             max_osl: None,
             max_context_length: None,
+            max_traces: None,
             inter_turn_delay_cap_seconds: None,
             trace_idle_gap_cap_seconds: None,
             use_think_time_only: false,
@@ -1062,6 +1065,37 @@ fn link(
     });
 }
 
+/// AIPerf's filter-then-cap: traces whose peak context exceeds `--max-context-length` are
+/// skipped, then the first `--num-dataset-entries` of the rest are kept.
+fn select<'s>(sources: &'s [Source], settings: &Settings) -> Result<Vec<&'s Source>, AgenticError> {
+    if settings.max_context_length.is_none() && settings.max_traces.is_none() {
+        return Ok(sources.iter().collect());
+    }
+    let mut kept = Vec::new();
+    let mut smallest: Option<i64> = None;
+    for s in sources {
+        let peak = peak_context(&s.trace, settings.max_osl);
+        smallest = Some(smallest.map_or(peak, |m| m.min(peak)));
+        if settings.max_context_length.is_some_and(|max| peak > max) {
+            continue;
+        }
+        kept.push(s);
+        if settings.max_traces.is_some_and(|n| kept.len() >= n) {
+            break;
+        }
+    }
+    if kept.is_empty() {
+        let smallest = smallest.unwrap_or(0);
+        return Err(AgenticError::Selection(format!(
+            "no trace fits --max-context-length {} (scanned {}); the smallest needs {smallest} \
+             tokens: raise --max-context-length to at least {smallest}",
+            settings.max_context_length.unwrap_or(0),
+            sources.len()
+        )));
+    }
+    Ok(kept)
+}
+
 /// AIPerf's `convert_to_conversations` for parsed traces: the max-context filter, then every
 /// trace's parent conversation in order, then every trace's children. Traces are
 /// reconstructed in parallel (each owns its hash-id scope; the output order is AIPerf's).
@@ -1082,30 +1116,7 @@ pub fn build(
             });
         }
     }
-    let sources: Vec<&Source> = match settings.max_context_length {
-        None => sources.iter().collect(),
-        Some(max) => {
-            let peaks: Vec<i64> = sources
-                .iter()
-                .map(|s| peak_context(&s.trace, settings.max_osl))
-                .collect();
-            let kept: Vec<&Source> = sources
-                .iter()
-                .zip(&peaks)
-                .filter(|(_, p)| **p <= max)
-                .map(|(s, _)| s)
-                .collect();
-            if kept.is_empty() {
-                let smallest = peaks.iter().copied().min().unwrap_or(0);
-                return Err(AgenticError::Selection(format!(
-                    "no trace fits --max-context-length {max} (scanned {}); the smallest needs \
-                     {smallest} tokens: raise --max-context-length to at least {smallest}",
-                    peaks.len()
-                )));
-            }
-            kept
-        }
-    };
+    let sources = select(&sources, settings)?;
     let built: Vec<(Conversation, Vec<Conversation>)> = sources
         .par_iter()
         .map(|s| emit_trace(s, settings, corpus, tokenizer))
