@@ -61,7 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             per_direction: false,
         }),
         random_seed: Some(42),
-        num_dataset_entries: n,
+        num_dataset_entries: Some(n),
         ..SynthParams::default()
     };
     let dataset = build_dataset_with(&params, &tok, cache.as_deref(), &mut |_, _| {})?;

@@ -66,7 +66,7 @@ fn synthesis_timings() {
                 isl: Some(isl),
                 osl: Some(128),
                 random_seed: Some(42),
-                num_dataset_entries: n,
+                num_dataset_entries: Some(n),
                 range_ratio: (corpus_kind == PromptCorpus::Random).then_some(RangeRatio {
                     input: 0.0,
                     output: 0.0,
