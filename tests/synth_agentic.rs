@@ -3,14 +3,13 @@
 //! command line, and the errors bad traces get (file, trace id, JSON path; exit 2; no file).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use clap::Parser;
 use kvbust::synth::cli::{run, SynthArgs};
 use serde_json::{json, Value};
 
 mod agentic_common;
-use agentic_common::check_conversation;
+use agentic_common::{check_conversation, run_synth_binary};
 
 #[derive(Parser)]
 struct Wrapper {
@@ -138,26 +137,7 @@ fn run_bad(name: &str, edit: impl Fn(&mut Value)) -> (i32, String, bool) {
     edit(&mut t);
     let input = dir.join("trace.json");
     std::fs::write(&input, t.to_string()).unwrap();
-    let out = dir.join("out.jsonl");
-    let o = Command::new(env!("CARGO_BIN_EXE_kvbust"))
-        .args([
-            "synth",
-            "--custom-dataset-type",
-            "weka_trace",
-            "--random-seed",
-            "1",
-        ])
-        .arg("--input-file")
-        .arg(&input)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-        out.exists(),
-    )
+    run_synth_binary("weka_trace", &input, &dir.join("out.jsonl"))
 }
 
 #[test]

@@ -7,7 +7,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use clap::Parser;
 use kvbust::synth::cli::{run, SynthArgs};
@@ -15,7 +14,7 @@ use kvbust::synth::trace::{detect_kind, TraceKind};
 use serde_json::{json, Value};
 
 mod agentic_common;
-use agentic_common::check_conversation;
+use agentic_common::{check_conversation, run_synth_binary};
 
 #[derive(Parser)]
 struct Wrapper {
@@ -200,26 +199,7 @@ fn run_bad(name: &str, body: &str) -> (i32, String, bool) {
     let dir = scratch(name);
     let input = dir.join("rounds.jsonl");
     std::fs::write(&input, body).unwrap();
-    let out = dir.join("out.jsonl");
-    let o = Command::new(env!("CARGO_BIN_EXE_kvbust"))
-        .args([
-            "synth",
-            "--custom-dataset-type",
-            "tracelab",
-            "--random-seed",
-            "1",
-        ])
-        .arg("--input-file")
-        .arg(&input)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-        out.exists(),
-    )
+    run_synth_binary("tracelab", &input, &dir.join("out.jsonl"))
 }
 
 #[test]

@@ -277,11 +277,9 @@ impl SynthParams {
     }
 
     /// The flags only a trace reads, and whether each is set.
-    fn trace_only_flags(&self) -> [(bool, &'static str); 10] {
+    /// The flags only the agentic (Weka-reconstructed) trace types read, and whether each is set.
+    fn weka_only_flags(&self) -> [(bool, &'static str); 5] {
         [
-            (self.custom_dataset_type.is_some(), "--custom-dataset-type"),
-            (self.synthesis_max_isl.is_some(), "--synthesis-max-isl"),
-            (self.synthesis_max_osl.is_some(), "--synthesis-max-osl"),
             (self.max_context_length.is_some(), "--max-context-length"),
             (
                 self.inter_turn_delay_cap_seconds.is_some(),
@@ -293,12 +291,24 @@ impl SynthParams {
             ),
             (self.use_think_time_only, "--use-think-time-only"),
             (self.tool_shaped_messages, "--tool-shaped-messages"),
+        ]
+    }
+
+    fn trace_only_flags(&self) -> Vec<(bool, &'static str)> {
+        let mut flags = vec![
+            (self.custom_dataset_type.is_some(), "--custom-dataset-type"),
+            (self.synthesis_max_isl.is_some(), "--synthesis-max-isl"),
+            (self.synthesis_max_osl.is_some(), "--synthesis-max-osl"),
+        ];
+        flags.extend(self.weka_only_flags());
+        flags.extend([
             (self.isl_block_size.is_some(), "--isl-block-size"),
             (
                 self.trace_block_terminator != BlockTerminator::Aiperf,
                 "--trace-block-terminator",
             ),
-        ]
+        ]);
+        flags
     }
 
     /// Rejects combinations AIPerf rejects (or that cannot work), saying what to change.
@@ -419,19 +429,7 @@ impl SynthParams {
         }
         // tracelab is reconstructed by the Weka loader, so it reads the same flags.
         if !kind.is_agentic() {
-            let weka_only = [
-                (self.max_context_length.is_some(), "--max-context-length"),
-                (
-                    self.inter_turn_delay_cap_seconds.is_some(),
-                    "--inter-turn-delay-cap-seconds",
-                ),
-                (
-                    self.trace_idle_gap_cap_seconds.is_some(),
-                    "--trace-idle-gap-cap-seconds",
-                ),
-                (self.use_think_time_only, "--use-think-time-only"),
-                (self.tool_shaped_messages, "--tool-shaped-messages"),
-            ];
+            let weka_only = self.weka_only_flags();
             if let Some((_, flag)) = weka_only.iter().find(|(set, _)| *set) {
                 return Err(SynthError::InvalidParams(format!(
                     "{flag} applies to agentic weka_trace and tracelab input, and this input is \

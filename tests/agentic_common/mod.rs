@@ -86,3 +86,25 @@ pub fn check_conversation(at: &str, got: &Value, want: &Value) {
         }
     }
 }
+
+/// Runs the real binary: `kvbust synth --custom-dataset-type KIND --random-seed 1 --input-file
+/// INPUT -o OUT`; returns (exit code, stderr, whether OUT was written).
+pub fn run_synth_binary(
+    kind: &str,
+    input: &std::path::Path,
+    out: &std::path::Path,
+) -> (i32, String, bool) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_kvbust"))
+        .args(["synth", "--custom-dataset-type", kind, "--random-seed", "1"])
+        .arg("--input-file")
+        .arg(input)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        out.exists(),
+    )
+}

@@ -85,7 +85,8 @@ fn join(path: &str, key: &str) -> String {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
+/// What a JSON value is, for messages ("a string", "null").
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

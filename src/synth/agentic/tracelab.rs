@@ -82,16 +82,7 @@ fn truthy(v: &Value) -> bool {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+use super::schema::kind;
 
 /// Python's `int(v)` for a truthy JSON value: integers as they are, floats truncated, booleans
 /// 0/1, decimal strings parsed; anything else is refused as `int()` refuses it.
