@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvbust::synth::coding::{self, CodingPool, CodingPrompts};
-use kvbust::synth::coding_exact::CodingCorpus;
+use kvbust::synth::corpus::aiperf_coding::{self, CodingPool, CodingPrompts};
+use kvbust::synth::corpus::kvbust_coding::CodingCorpus;
 use kvbust::synth::Tokenizer;
 
 fn best_of<T>(runs: usize, mut f: impl FnMut() -> T) -> (f64, T) {
@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     {
         // `coding_bench SEED N`: only the templates, N times (for a profiler).
         for _ in 0..n {
-            coding::pool_blocks(seed, 1.0)?;
+            aiperf_coding::pool_blocks(seed, 1.0)?;
         }
         return Ok(());
     }
@@ -38,9 +38,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Warm the tokenizer's lazy tables and the parsed template asset once.
     CodingPool::build(seed.wrapping_add(1), &tok)?;
 
-    let (t_blocks, blocks) = best_of(5, || coding::pool_blocks(seed, 1.0));
-    let text = blocks?.join(coding::SEPARATOR);
-    let (t_encode, ids) = best_of(5, || coding::encode_large(&tok, &text));
+    let (t_blocks, blocks) = best_of(5, || aiperf_coding::pool_blocks(seed, 1.0));
+    let text = blocks?.join(aiperf_coding::SEPARATOR);
+    let (t_encode, ids) = best_of(5, || aiperf_coding::encode_large(&tok, &text));
     let (t_cold, pool) = best_of(5, || CodingPool::build(seed, &tok));
     let pool = pool?;
     let dir = std::env::temp_dir().join(format!("kvbust-coding-bench-{}", std::process::id()));
@@ -96,5 +96,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn blocks_len(seed: u64) -> Result<usize, Box<dyn std::error::Error>> {
-    Ok(coding::pool_blocks(seed, 1.0)?.len())
+    Ok(aiperf_coding::pool_blocks(seed, 1.0)?.len())
 }

@@ -10,7 +10,7 @@ use synth_common::{argv, compare, fixture, params_from_argv};
 
 use std::sync::{Arc, OnceLock};
 
-use kvbust::synth::coding::{CodingPool, CodingPrompts};
+use kvbust::synth::corpus::aiperf_coding::{CodingPool, CodingPrompts};
 use kvbust::synth::{compose, Dataset, PromptCorpus, PromptStream, RandomCorpusStyle, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -195,11 +195,11 @@ fn fast_pool_encoding_equals_the_tokenizer() {
     let llama = Tokenizer::from_path(&fixture("tokenizers/llama-3.2")).expect("llama");
     for tok in [tokenizer(), &llama] {
         for seed in [1u64, 7, 1234] {
-            let text = kvbust::synth::coding::pool_blocks(seed, 1.0)
+            let text = kvbust::synth::corpus::aiperf_coding::pool_blocks(seed, 1.0)
                 .unwrap()
-                .join(kvbust::synth::coding::SEPARATOR);
+                .join(kvbust::synth::corpus::aiperf_coding::SEPARATOR);
             assert_eq!(
-                kvbust::synth::coding::encode_large(tok, &text).unwrap(),
+                kvbust::synth::corpus::aiperf_coding::encode_large(tok, &text).unwrap(),
                 tok.encode(&text).unwrap(),
                 "seed {seed}"
             );

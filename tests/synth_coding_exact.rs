@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use kvbust::synth::cli::{run, SynthArgs};
-use kvbust::synth::coding_exact::{
+use kvbust::synth::corpus::kvbust_coding::{
     self as coding, Category, CodingCorpus, BLOCK_COUNT, TOKENIZE_GROUPS,
 };
 use kvbust::synth::{PromptCorpus, PromptStream, RandomCorpusStyle, Tokenizer};

@@ -6,8 +6,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use kvbust::synth::coding::{self, CodingPool, CodingPrompts};
-use kvbust::synth::coding_exact::{self, Category};
+use kvbust::synth::corpus::aiperf_coding::{self, CodingPool, CodingPrompts};
+use kvbust::synth::corpus::kvbust_coding::{self, Category};
 use kvbust::synth::Tokenizer;
 use sha2::{Digest, Sha256};
 
@@ -69,7 +69,7 @@ fn coding_exact_blocks_are_pinned() {
         ),
     ];
     for (seed, whole, per_category) in WANT {
-        let blocks = coding_exact::blocks(*seed);
+        let blocks = kvbust_coding::blocks(*seed);
         for (c, want) in Category::ALL.iter().zip(per_category) {
             let text: Vec<&str> = blocks
                 .iter()
@@ -83,7 +83,7 @@ fn coding_exact_blocks_are_pinned() {
             );
         }
         assert_eq!(
-            sha(coding_exact::corpus_text(&blocks).as_bytes()),
+            sha(kvbust_coding::corpus_text(&blocks).as_bytes()),
             *whole,
             "seed {seed}"
         );
@@ -108,9 +108,9 @@ fn coding_pool_text_is_pinned() {
         ),
     ];
     for (seed, want) in WANT {
-        let text = coding::pool_blocks(*seed, 1.0)
+        let text = aiperf_coding::pool_blocks(*seed, 1.0)
             .unwrap()
-            .join(coding::SEPARATOR);
+            .join(aiperf_coding::SEPARATOR);
         assert_eq!(sha(text.as_bytes()), *want, "seed {seed}");
     }
 }

@@ -88,7 +88,7 @@ fn synthesis_timings() {
 #[test]
 #[ignore = "timing run, prints figures"]
 fn where_sonnet_time_goes() {
-    use kvbust::synth::reencode::reencode;
+    use kvbust::synth::tokenizer::reencode::reencode;
     let tok = Tokenizer::default_qwen3().unwrap();
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("synth-corpus-cache");
     let corpus = TokenCorpus::build_cached(SHAKESPEARE, &tok, Some(&dir)).unwrap();

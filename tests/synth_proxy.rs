@@ -191,7 +191,7 @@ async fn placeholders_become_fresh_token_exact_prompts_from_each_corpus() {
         PromptCorpus::Coding,
         RandomCorpusStyle::Vllm,
         None,
-        Some(kvbust::synth::placeholders::lane_seed(
+        Some(kvbust::synth::prompt::placeholders::lane_seed(
             3,
             PromptCorpus::Coding,
             40,
@@ -420,7 +420,7 @@ fn agentic_params(case: &str, seed: u64) -> SynthParams {
     }
     SynthParams {
         input_file: Some(dir),
-        custom_dataset_type: Some(kvbust::synth::trace::TraceKind::WekaTrace),
+        custom_dataset_type: Some(kvbust::synth::dataset::trace::TraceKind::WekaTrace),
         random_seed: Some(seed),
         ..SynthParams::default()
     }
@@ -475,7 +475,7 @@ async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
     let expect = |conv: &kvbust::synth::Conversation, k: usize| {
         let turn = &conv.turns[k];
         let info = turn.agentic.as_deref().unwrap();
-        let context = kvbust::synth::agentic::context(conv, k);
+        let context = kvbust::synth::dataset::trace::agentic::context(conv, k);
         assert!(!context.is_empty());
         format!(
             r#"{{"model":{},"temperature":0.25,"messages":{},"max_tokens":{},"x_extra":{{"b":[1,2.50],"a":null}},"stream":false}}"#,
@@ -708,7 +708,7 @@ async fn new_sessions_get_roots_and_unknown_conversations_are_400() {
     let child = conversation(&ds, "trace-b::fa:000");
     assert_eq!(
         got["messages"],
-        serde_json::to_value(kvbust::synth::agentic::context(child, 0)).unwrap()
+        serde_json::to_value(kvbust::synth::dataset::trace::agentic::context(child, 0)).unwrap()
     );
 
     let before = h.mock.recorder().requests_total();

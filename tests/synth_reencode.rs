@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
 use kvbust::synth::corpus::{random, RandomCorpusStyle, RandomPools};
-use kvbust::synth::reencode::{reencode, Pieces};
 use kvbust::synth::rng::PyRandom;
+use kvbust::synth::tokenizer::reencode::{reencode, Pieces};
 use kvbust::synth::tokenizer::{
     ENDS_WITH_DENSE, ENDS_WITH_LETTER, STARTS_WITH_DENSE, STARTS_WITH_SPACE,
 };

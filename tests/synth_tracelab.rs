@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use kvbust::synth::cli::{run, SynthArgs};
-use kvbust::synth::trace::{detect_kind, TraceKind};
+use kvbust::synth::dataset::trace::{detect_kind, TraceKind};
 use serde_json::{json, Value};
 
 mod agentic_common;

@@ -15,7 +15,7 @@ import os
 import sys
 
 # Generator code: text templates ported from AIPerf, kept as one function per template on purpose.
-GENERATORS = ("src/synth/coding_exact/",)
+GENERATORS = ("src/synth/corpus/kvbust_coding/",)
 
 
 def tokens(src):

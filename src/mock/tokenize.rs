@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use super::config::MockTokenizerSetting;
 use super::openai::{ApiError, Message, Prompt, PromptPart};
-use crate::synth::chat_template::ChatTemplate;
 use crate::synth::error::SynthError;
+use crate::synth::tokenizer::chat_template::ChatTemplate;
 use crate::synth::tokenizer::Tokenizer;
 
 /// The tokenizer the mock counts prompt tokens with.

@@ -24,7 +24,7 @@ use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
 use crate::proxy::topology::{self, Cursor, Served};
 use crate::synth::corpus::sonnet::default_cache_dir;
-use crate::synth::placeholders::PromptLanes;
+use crate::synth::prompt::placeholders::PromptLanes;
 use crate::synth::{
     Conversation, Dataset, PromptCorpus, RandomCorpusStyle, SynthParams, Tokenizer,
 };
@@ -172,11 +172,11 @@ fn write_messages(
     (out, items, ctx)
 }
 
-/// The whole context turn `k` of an agentic conversation sends ([`crate::synth::agentic::context`]:
+/// The whole context turn `k` of an agentic conversation sends ([`crate::synth::dataset::trace::agentic::context`]:
 /// the delta messages since the last reset, system, user, assistant and tool-shaped ones, each
 /// as AIPerf spells it), with where each message is in it.
 fn write_agentic(conv: &Conversation, k: usize) -> (Vec<u8>, Vec<Range<usize>>) {
-    let context = crate::synth::agentic::context(conv, k);
+    let context = crate::synth::dataset::trace::agentic::context(conv, k);
     let text: usize = context.iter().map(|m| m.content().len() + 48).sum();
     let mut w = ArrayWriter {
         out: Vec::with_capacity(text + 2),

@@ -192,7 +192,7 @@ pub fn served(conv: &Conversation, k: usize) -> Served {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synth::agentic::{Branch, Topology, TurnInfo};
+    use crate::synth::dataset::trace::agentic::{Branch, Topology, TurnInfo};
     use crate::synth::Turn;
 
     fn info(branch_ids: &[&str], prerequisites: &[&str]) -> Option<Box<TurnInfo>> {

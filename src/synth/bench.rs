@@ -4,10 +4,10 @@
 
 use rayon::prelude::*;
 
+use crate::synth::dataset::params::RangeRatio;
 use crate::synth::error::SynthError;
-use crate::synth::params::RangeRatio;
-use crate::synth::reencode::{reencode, Pieces};
 use crate::synth::rng::{NumpyGenerator, RandomState};
+use crate::synth::tokenizer::reencode::{reencode, Pieces};
 use crate::synth::tokenizer::Tokenizer;
 
 /// Requests whose first fix-up round is computed in one parallel batch.

@@ -19,18 +19,18 @@ use std::time::Instant;
 use anyhow::Context;
 
 use crate::synth::bench::{bench_requests, BenchParams, BenchRequest, BenchTool};
-use crate::synth::composer::build_dataset_with;
 use crate::synth::corpus::sonnet::default_cache_dir;
 use crate::synth::corpus::sonnet::SHAKESPEARE;
 use crate::synth::corpus::RandomCorpusStyle;
 use crate::synth::corpus::TokenCorpus;
+use crate::synth::dataset::composer::build_dataset_with;
+use crate::synth::dataset::export::{self, Answers, ChatOptions};
+use crate::synth::dataset::marker::CacheBustTarget;
+use crate::synth::dataset::params::{PromptCorpus, RangeRatio, SynthParams};
+use crate::synth::dataset::trace::{BlockTerminator, TraceKind};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
-use crate::synth::export::{self, Answers, ChatOptions};
-use crate::synth::marker::CacheBustTarget;
-use crate::synth::params::{PromptCorpus, RangeRatio, SynthParams};
 use crate::synth::tokenizer::Tokenizer;
-use crate::synth::trace::{BlockTerminator, TraceKind};
 
 /// What the output file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -25,15 +25,15 @@ pub enum SynthError {
     #[error("writing the output failed: {0}")]
     Output(#[from] std::io::Error),
     #[error(transparent)]
-    Trace(#[from] crate::synth::trace::TraceError),
+    Trace(#[from] crate::synth::dataset::trace::TraceError),
     #[error(transparent)]
-    Agentic(Box<crate::synth::agentic::AgenticError>),
+    Agentic(Box<crate::synth::dataset::trace::agentic::AgenticError>),
 }
 
-impl From<crate::synth::agentic::AgenticError> for SynthError {
-    fn from(e: crate::synth::agentic::AgenticError) -> Self {
+impl From<crate::synth::dataset::trace::agentic::AgenticError> for SynthError {
+    fn from(e: crate::synth::dataset::trace::agentic::AgenticError) -> Self {
         match e {
-            crate::synth::agentic::AgenticError::Synth(inner) => *inner,
+            crate::synth::dataset::trace::agentic::AgenticError::Synth(inner) => *inner,
             other => SynthError::Agentic(Box::new(other)),
         }
     }

@@ -2,6 +2,10 @@
 //! shape) and the random-corpus token pools.
 //! Owns corpus construction only; must never draw random numbers.
 
+pub mod aiperf_coding;
+pub mod cache;
+pub mod hash_blocks;
+pub mod kvbust_coding;
 pub mod random;
 pub mod sonnet;
 pub mod tokens;

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use crate::synth::corpus::tokens::{checked_bytes, checked_words, write_bytes_atomically};
 use crate::synth::error::SynthError;
-use crate::synth::reencode::{reencode, Pieces};
+use crate::synth::tokenizer::reencode::{reencode, Pieces};
 use crate::synth::tokenizer::Tokenizer;
 
 /// Ids per chunk when warming the piece memo (long enough that chunk edges cut few pieces).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::synth::reencode::Pieces;
+use crate::synth::tokenizer::reencode::Pieces;
 
 /// A flat token array made of separately encoded runs (chunks, blocks), with where each run
 /// after the first starts.

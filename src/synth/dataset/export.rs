@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
-use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
+use crate::synth::prompt::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
 use crate::synth::rng::derive_seed;
 use crate::synth::tokenizer::Tokenizer;
 use crate::synth::TokenCorpus;
@@ -185,7 +185,8 @@ fn chat_body(
 /// An agentic turn's whole context (the deltas since the last reset) as a JSON array.
 fn agentic_messages(conv: &Conversation, i: usize) -> String {
     // Messages are plain strings in a fixed shape; serialising them cannot fail.
-    serde_json::to_string(&crate::synth::agentic::context(conv, i)).expect("messages serialise")
+    serde_json::to_string(&crate::synth::dataset::trace::agentic::context(conv, i))
+        .expect("messages serialise")
 }
 
 fn refuse_agentic(conv: &Conversation, format: &str) -> Result<(), SynthError> {

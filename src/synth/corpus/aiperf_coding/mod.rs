@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::synth::corpus::hash_blocks::{self, HashBlocks, LayoutError};
 use crate::synth::corpus::TokenCorpus;
 use crate::synth::error::SynthError;
-use crate::synth::generator::GeneratorRngs;
-use crate::synth::hash_blocks::{self, HashBlocks, LayoutError};
+use crate::synth::prompt::generator::GeneratorRngs;
 use crate::synth::rng::{derive_seed, DerivedRng, PyRandom};
 use crate::synth::tokenizer::Tokenizer;
 
@@ -169,12 +169,9 @@ impl CodingPool {
         cache_dir: Option<&Path>,
     ) -> Result<Self, SynthError> {
         let text = pool_blocks(root_seed, 1.0)?.join(SEPARATOR);
-        let path = cache_dir
-            .map(|d| crate::synth::coding_exact::cache::path(d, tokenizer.fingerprint(), &text));
-        if let Some((tokens, _)) = path
-            .as_deref()
-            .and_then(crate::synth::coding_exact::cache::read)
-        {
+        let path =
+            cache_dir.map(|d| crate::synth::corpus::cache::path(d, tokenizer.fingerprint(), &text));
+        if let Some((tokens, _)) = path.as_deref().and_then(crate::synth::corpus::cache::read) {
             return Ok(CodingPool {
                 root_seed,
                 tokens: TokenCorpus::from_parts(tokens, Vec::new()),
@@ -187,7 +184,7 @@ impl CodingPool {
             tokens: TokenCorpus::from_parts(ids, Vec::new()),
         };
         if let Some(p) = &path {
-            crate::synth::coding_exact::cache::write(p, &pool.tokens);
+            crate::synth::corpus::cache::write(p, &pool.tokens);
         }
         Ok(pool)
     }

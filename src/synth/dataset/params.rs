@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use crate::synth::corpus::RandomCorpusStyle;
+use crate::synth::dataset::marker::CacheBustTarget;
+use crate::synth::dataset::trace::{corpus_refusal, BlockTerminator, TraceKind};
 use crate::synth::error::SynthError;
-use crate::synth::marker::CacheBustTarget;
-use crate::synth::trace::{corpus_refusal, BlockTerminator, TraceKind};
 
 /// AIPerf's default number of conversations when `--num-dataset-entries` is not given.
 pub const DEFAULT_ENTRIES: usize = 100;
@@ -24,10 +24,10 @@ pub enum PromptCorpus {
     #[default]
     Sonnet,
     Random,
-    /// AIPerf's coding corpus ([`crate::synth::coding`]): byte-equal to AIPerf, windows decoded
+    /// AIPerf's coding corpus ([`crate::synth::corpus::aiperf_coding`]): byte-equal to AIPerf, windows decoded
     /// without the fix-up loop (not token-exact).
     Coding,
-    /// kvbust's own agentic-coding corpus ([`crate::synth::coding_exact`]), sampled like sonnet
+    /// kvbust's own agentic-coding corpus ([`crate::synth::corpus::kvbust_coding`]), sampled like sonnet
     /// (token-exact).
     CodingExact,
 }

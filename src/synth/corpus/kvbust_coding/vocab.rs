@@ -38,13 +38,13 @@ macro_rules! word_lists {
         $(
             #[doc = concat!("`assets/coding-exact/", $file, "`.")]
             pub static $name: Words = LazyLock::new(|| {
-                lines(include_str!(concat!("../../../assets/coding-exact/", $file)))
+                lines(include_str!(concat!("../../../../assets/coding-exact/", $file)))
             });
         )*
         /// Every one-item-per-line list file: (name, embedded text).
         #[cfg(test)]
         const FILES: &[(&str, &str)] = &[
-            $(($file, include_str!(concat!("../../../assets/coding-exact/", $file))),)*
+            $(($file, include_str!(concat!("../../../../assets/coding-exact/", $file))),)*
         ];
     };
 }
@@ -78,7 +78,7 @@ word_lists! {
     TOOLS => "tools.txt",
 }
 
-const GPUS_TXT: &str = include_str!("../../../assets/coding-exact/gpus.txt");
+const GPUS_TXT: &str = include_str!("../../../../assets/coding-exact/gpus.txt");
 
 /// GPU model names with their memory in GB (`assets/coding-exact/gpus.txt`).
 pub static GPUS: LazyLock<Vec<(&'static str, u64)>> = LazyLock::new(|| gpus(GPUS_TXT));

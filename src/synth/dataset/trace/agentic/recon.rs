@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
 
+use crate::synth::corpus::hash_blocks::{hash_id_seed, window};
 use crate::synth::error::SynthError;
-use crate::synth::hash_blocks::{hash_id_seed, window};
 use crate::synth::rng::PyRandom;
 use crate::synth::tokenizer::Tokenizer;
 

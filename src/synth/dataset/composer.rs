@@ -3,18 +3,18 @@
 //! user-context prompts. Owns the order of every draw; `compose` never does I/O (only the
 //! `build_dataset*` conveniences read or write the corpus id cache).
 
-use crate::synth::chat_template::{estimate_overheads, ChatTemplateOverheads};
+use crate::synth::tokenizer::chat_template::{estimate_overheads, ChatTemplateOverheads};
 use std::sync::Arc;
 
-use crate::synth::coding::{self, CodingPool};
-use crate::synth::coding_exact::CodingCorpus;
+use crate::synth::corpus::aiperf_coding::{self, CodingPool};
+use crate::synth::corpus::kvbust_coding::CodingCorpus;
 use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
 use crate::synth::corpus::{random, RandomCorpusStyle, RandomPools, TokenCorpus};
+use crate::synth::dataset::marker::marker_token_cost;
+use crate::synth::dataset::params::{PromptCorpus, SynthParams, DEFAULT_ISL};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
-use crate::synth::generator::{CorpusSource, GeneratorRngs, PreseedRng, PromptGenerator};
-use crate::synth::marker::marker_token_cost;
-use crate::synth::params::{PromptCorpus, SynthParams, DEFAULT_ISL};
+use crate::synth::prompt::generator::{CorpusSource, GeneratorRngs, PreseedRng, PromptGenerator};
 use crate::synth::rng::{fold_seed_to_u32, DerivedRng, NumpyGenerator, PyRandom, RandomState};
 use crate::synth::tokenizer::Tokenizer;
 
@@ -213,7 +213,7 @@ pub fn build_dataset_with(
 ) -> Result<Dataset, SynthError> {
     params.validate()?;
     if params.input_file.is_some() {
-        return crate::synth::trace::build_from_params(params, tokenizer, cache_dir);
+        return crate::synth::dataset::trace::build_from_params(params, tokenizer, cache_dir);
     }
     let source = match (params.corpus(), params.random_seed) {
         (PromptCorpus::Sonnet, _) => Some(CorpusSource::Sonnet(TokenCorpus::build_cached(
@@ -227,7 +227,7 @@ pub fn build_dataset_with(
         // Unseeded runs sample from a fixed corpus, so it is cached too.
         (PromptCorpus::CodingExact, seed) => Some(CorpusSource::Sonnet(
             CodingCorpus::for_root_seed_cached(
-                crate::synth::coding_exact::corpus_root(seed),
+                crate::synth::corpus::kvbust_coding::corpus_root(seed),
                 tokenizer,
                 cache_dir,
             )?
@@ -288,7 +288,7 @@ pub fn compose_from(
     let is_coding = matches!(corpus, CorpusSource::Coding(_));
     // The coding pool draws on its own `dataset.coding_content.*` streams.
     let rngs = if is_coding {
-        GeneratorRngs::derive_under(root_seed, coding::STREAM_PREFIX)
+        GeneratorRngs::derive_under(root_seed, aiperf_coding::STREAM_PREFIX)
     } else {
         GeneratorRngs::derive(root_seed)
     };
@@ -337,7 +337,7 @@ fn check_composable(params: &SynthParams, tokenizer: &Tokenizer) -> Result<(), S
     params.validate()?;
     if params.input_file.is_some() {
         return Err(SynthError::invalid(
-            "compose builds synthetic datasets; build a trace with build_dataset or synth::trace",
+            "compose builds synthetic datasets; build a trace with build_dataset or synth::dataset::trace",
         ));
     }
     if tokenizer.vocab_size() == 0 {

@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use crate::synth::coding::{self, CodingPool};
-use crate::synth::coding_exact::CodingCorpus;
+use crate::synth::corpus::aiperf_coding::{self, CodingPool};
+use crate::synth::corpus::kvbust_coding::CodingCorpus;
 use crate::synth::corpus::{RandomCorpusStyle, RandomPools, TokenCorpus};
+use crate::synth::dataset::params::PromptCorpus;
 use crate::synth::error::SynthError;
-use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
-use crate::synth::params::PromptCorpus;
+use crate::synth::prompt::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
 use crate::synth::tokenizer::Tokenizer;
 
 /// Successive prompts of requested lengths; with the same root seed, the n-th prompt equals the
@@ -52,7 +52,7 @@ impl PromptStream {
             }),
         };
         let rngs = match corpus {
-            PromptCorpus::Coding => GeneratorRngs::derive_under(root, coding::STREAM_PREFIX),
+            PromptCorpus::Coding => GeneratorRngs::derive_under(root, aiperf_coding::STREAM_PREFIX),
             _ => GeneratorRngs::derive(root),
         };
         Ok(PromptStream {

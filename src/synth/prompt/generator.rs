@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::synth::coding::CodingPool;
+use crate::synth::corpus::aiperf_coding::CodingPool;
 use crate::synth::corpus::{RandomPools, TokenCorpus};
 use crate::synth::error::SynthError;
-use crate::synth::reencode::{reencode, Pieces};
 use crate::synth::rng::{DerivedRng, NumpyGenerator, RandomState};
+use crate::synth::tokenizer::reencode::{reencode, Pieces};
 use crate::synth::tokenizer::Tokenizer;
 
 /// A token sequence and its `encode(decode(..))`.

@@ -2,6 +2,10 @@
 //! tokens, decode keeping them, base vocab size, declared special ids, BOS and chat template.
 //! Owns tokenizer loading and these facts; must never fetch anything over the network.
 
+pub mod chat_template;
+pub mod piece_memo;
+pub mod reencode;
+
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::path::Path;
@@ -11,11 +15,12 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::error::SynthError;
-use super::piece_memo::{IdHasher, PieceMemo};
+use piece_memo::{IdHasher, PieceMemo};
 
-const QWEN3_TOKENIZER_JSON: &[u8] = include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json");
+const QWEN3_TOKENIZER_JSON: &[u8] =
+    include_bytes!("../../../assets/tokenizers/qwen3/tokenizer.json");
 const QWEN3_TOKENIZER_CONFIG: &[u8] =
-    include_bytes!("../../assets/tokenizers/qwen3/tokenizer_config.json");
+    include_bytes!("../../../assets/tokenizers/qwen3/tokenizer_config.json");
 
 /// The attribute order of HF's `all_special_ids`.
 const SPECIAL_ATTRIBUTES: [&str; 7] = [
@@ -129,7 +134,7 @@ impl LetterCuts {
     }
 }
 
-/// The split regex of a pipeline whose pre-token boundaries [`crate::synth::reencode`] (and the
+/// The split regex of a pipeline whose pre-token boundaries [`crate::synth::tokenizer::reencode`] (and the
 /// coding corpus's fast encode) may rely on: NFC or no normalizer, the split regex of Qwen2's or
 /// Llama-3's (with `\p{N}{1,3}`) then ByteLevel without prefix space, BPE without dropout, a
 /// ByteLevel decoder, and no added token that strips, is single-word or holds a letter
@@ -537,7 +542,7 @@ impl Tokenizer {
         &self.fingerprint
     }
 
-    /// Turns the exact local re-encode shortcut ([`crate::synth::reencode`]) on or off
+    /// Turns the exact local re-encode shortcut ([`crate::synth::tokenizer::reencode`]) on or off
     /// (on by default; it only ever applies to tokenizers it is proven for).
     pub fn with_fast_reencode(mut self, on: bool) -> Self {
         self.fast_reencode = on;
@@ -587,7 +592,7 @@ impl Tokenizer {
     }
 
     /// The merge-safety table for cuts between dense letters, for pipelines where such a cut is
-    /// a clean split of the encode (see [`crate::synth::reencode`]): those of
+    /// a clean split of the encode (see [`crate::synth::tokenizer::reencode`]): those of
     /// [`split_pattern`], with a BPE that does not short-cut whole words found in the vocabulary
     /// (`ignore_merges`: a sub-word that is a token would then encode differently alone) and no
     /// added token holding a dense letter (the added-token split runs before pre-tokenizing).

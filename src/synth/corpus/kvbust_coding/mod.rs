@@ -25,7 +25,6 @@ macro_rules! w {
     }};
 }
 
-pub(crate) mod cache;
 mod code;
 mod draw;
 mod errors;
@@ -43,11 +42,12 @@ use std::path::Path;
 use rand::Rng;
 use rayon::prelude::*;
 
+use crate::synth::corpus::cache;
 use crate::synth::corpus::TokenCorpus;
 use crate::synth::error::SynthError;
-use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
-use crate::synth::reencode::Pieces;
+use crate::synth::prompt::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
 use crate::synth::rng::derive_seed;
+use crate::synth::tokenizer::reencode::Pieces;
 use crate::synth::tokenizer::Tokenizer;
 
 use draw::{sub_seed, Draw};

@@ -1,5 +1,5 @@
 //! A bounded, sharded memo from token-id slices to token-id slices: the re-encodes of pieces
-//! that [`crate::synth::reencode`] proved independent of their neighbours. Owns the storage and
+//! that [`crate::synth::tokenizer::reencode`] proved independent of their neighbours. Owns the storage and
 //! its bounds; must never decide what may be stored (its callers only store pure functions of
 //! the key, so a hit is always exact).
 

@@ -180,7 +180,7 @@ pub fn read_weka(path: &Path) -> Result<Vec<weka::Source>, AgenticError> {
         }
         return files.iter().map(|f| read_one(f)).collect();
     }
-    let bytes = crate::synth::trace::read_maybe_gzip(path).map_err(io)?;
+    let bytes = crate::synth::dataset::trace::read_maybe_gzip(path).map_err(io)?;
     let text = std::str::from_utf8(&bytes).map_err(|e| AgenticError::Input {
         origin: path.display().to_string(),
         trace_id: None,
@@ -274,7 +274,7 @@ pub fn looks_like_weka(path: &Path) -> bool {
                 .all(|k| v.get(k).is_some())
     };
     let probe = |f: &Path| -> bool {
-        let Ok(bytes) = crate::synth::trace::read_maybe_gzip(f) else {
+        let Ok(bytes) = crate::synth::dataset::trace::read_maybe_gzip(f) else {
             return false;
         };
         let first_line = |b: &[u8]| -> Option<serde_json::Value> {
@@ -307,7 +307,7 @@ pub fn build_weka(
     path: &Path,
     params: &crate::synth::SynthParams,
     tokenizer: &crate::synth::Tokenizer,
-    content: &mut dyn crate::synth::trace::TraceContent,
+    content: &mut dyn crate::synth::dataset::trace::TraceContent,
 ) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
     let sources = read_weka(path)?;
     if params.isl_block_size.is_none() {
@@ -337,7 +337,7 @@ pub fn build_tracelab(
     path: &Path,
     params: &crate::synth::SynthParams,
     tokenizer: &crate::synth::Tokenizer,
-    content: &mut dyn crate::synth::trace::TraceContent,
+    content: &mut dyn crate::synth::dataset::trace::TraceContent,
 ) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
     let block_size = params
         .isl_block_size
@@ -352,7 +352,7 @@ fn reconstruct(
     block_size: Option<usize>,
     params: &crate::synth::SynthParams,
     tokenizer: &crate::synth::Tokenizer,
-    content: &mut dyn crate::synth::trace::TraceContent,
+    content: &mut dyn crate::synth::dataset::trace::TraceContent,
 ) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
     let settings = weka::Settings {
         block_size,

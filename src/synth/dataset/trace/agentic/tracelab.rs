@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use super::schema::{Entry, Request, Subagent, WekaTrace};
 use super::{weka, AgenticError};
+use crate::synth::dataset::trace::TraceFile;
 use crate::synth::error::SynthError;
-use crate::synth::trace::TraceFile;
 
 /// The `tracelab` plugin's `default_block_size` (`--isl-block-size` overrides it). TraceLab
 /// records no block size, so this is the size the block ids are synthesized at.

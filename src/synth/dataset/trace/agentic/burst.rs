@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use crate::synth::trace::record::{Entry, Input};
-use crate::synth::trace::TraceError;
+use crate::synth::dataset::trace::record::{Entry, Input};
+use crate::synth::dataset::trace::TraceError;
 
 /// The columns AIPerf requires (others are ignored).
 const REQUIRED: [&str; 3] = ["Timestamp", "Request tokens", "Response tokens"];

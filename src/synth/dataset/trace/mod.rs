@@ -3,6 +3,7 @@
 //! prompts built from hash-id blocks, byte for byte. Reads the trace file; never writes files
 //! and never draws from a stream AIPerf does not draw from.
 
+pub mod agentic;
 pub mod record;
 
 use std::collections::HashMap;
@@ -11,14 +12,14 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::synth::coding::{self, CodingPool, CodingPrompts};
-use crate::synth::composer::uuid4;
+use crate::synth::corpus::aiperf_coding::{self, CodingPool, CodingPrompts};
+use crate::synth::corpus::hash_blocks::{self, HashBlocks, LayoutError};
 use crate::synth::corpus::sonnet::SHAKESPEARE;
+use crate::synth::dataset::composer::uuid4;
+use crate::synth::dataset::params::{PromptCorpus, SynthParams};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
-use crate::synth::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
-use crate::synth::hash_blocks::{self, HashBlocks, LayoutError};
-use crate::synth::params::{PromptCorpus, SynthParams};
+use crate::synth::prompt::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
 use crate::synth::rng::{derive_seed, DerivedRng};
 use crate::synth::tokenizer::Tokenizer;
 use crate::synth::TokenCorpus;
@@ -37,12 +38,12 @@ pub enum TraceKind {
     /// Alibaba Bailian: `chat_id` / `parent_chat_id` / `turn` chains, timestamps in seconds.
     BailianTrace,
     /// Weka kv-cache-tester agentic coding traces (JSON per trace, a directory of them, or a
-    /// SemiAnalysis cc-traces JSON-lines export): see [`crate::synth::agentic`].
+    /// SemiAnalysis cc-traces JSON-lines export): see [`crate::synth::dataset::trace::agentic`].
     WekaTrace,
     /// BurstGPT CSV: `Timestamp`, `Request tokens`, `Response tokens` per row.
     BurstGptTrace,
     /// TraceLab (uw-syfi) agentic coding rounds, JSON lines, plain or gzipped: converted to Weka
-    /// traces (see [`crate::synth::agentic::tracelab`]).
+    /// traces (see [`crate::synth::dataset::trace::agentic::tracelab`]).
     Tracelab,
 }
 
@@ -70,7 +71,7 @@ impl TraceKind {
         }
     }
 
-    /// Whether the type is an agentic one ([`crate::synth::agentic`]), whose AIPerf plugin
+    /// Whether the type is an agentic one ([`crate::synth::dataset::trace::agentic`]), whose AIPerf plugin
     /// defaults to the coding corpus.
     pub fn is_agentic(self) -> bool {
         matches!(self, TraceKind::WekaTrace | TraceKind::Tracelab)
@@ -81,8 +82,10 @@ impl TraceKind {
         match self {
             TraceKind::MooncakeTrace => 512,
             TraceKind::BailianTrace => 16,
-            TraceKind::WekaTrace => crate::synth::agentic::weka::DEFAULT_BLOCK_SIZE,
-            TraceKind::Tracelab => crate::synth::agentic::tracelab::DEFAULT_BLOCK_SIZE,
+            TraceKind::WekaTrace => crate::synth::dataset::trace::agentic::weka::DEFAULT_BLOCK_SIZE,
+            TraceKind::Tracelab => {
+                crate::synth::dataset::trace::agentic::tracelab::DEFAULT_BLOCK_SIZE
+            }
             // No hash ids: the block size is never used.
             TraceKind::BurstGptTrace => 512,
         }
@@ -398,7 +401,7 @@ pub struct CodingContent<'t> {
 impl<'t> CodingContent<'t> {
     /// The generator a trace loader gets for `pool` (built for the run's root seed).
     pub fn new(tokenizer: &'t Tokenizer, pool: Arc<CodingPool>) -> Self {
-        let seed = derive_seed(pool.root_seed(), coding::CORPUS_STREAM);
+        let seed = derive_seed(pool.root_seed(), aiperf_coding::CORPUS_STREAM);
         CodingContent {
             prompts: CodingPrompts::new(pool, tokenizer),
             tokenizer,
@@ -705,7 +708,7 @@ pub fn detect_kind(path: &Path, given: Option<TraceKind>) -> Result<TraceKind, S
     if let Some(k) = given {
         return Ok(k);
     }
-    if path.is_dir() || crate::synth::agentic::looks_like_weka(path) {
+    if path.is_dir() || crate::synth::dataset::trace::agentic::looks_like_weka(path) {
         return Ok(TraceKind::WekaTrace);
     }
     let bytes = read_maybe_gzip(path).map_err(|source| TraceError::Io {
@@ -714,10 +717,10 @@ pub fn detect_kind(path: &Path, given: Option<TraceKind>) -> Result<TraceKind, S
     })?;
     // AIPerf's tracelab `can_load`: the first row holds TraceLab's distinctive keys, which no
     // mooncake or bailian line can (their loaders refuse the extra fields).
-    if crate::synth::agentic::tracelab::looks_like_tracelab(&bytes) {
+    if crate::synth::dataset::trace::agentic::tracelab::looks_like_tracelab(&bytes) {
         return Ok(TraceKind::Tracelab);
     }
-    if crate::synth::agentic::burst::looks_like_burst(&bytes) {
+    if crate::synth::dataset::trace::agentic::burst::looks_like_burst(&bytes) {
         return Ok(TraceKind::BurstGptTrace);
     }
     Ok(TraceFile::from_bytes(path, &bytes)?.detect(None)?)
@@ -782,9 +785,11 @@ fn build_kind(
         system_prompt: params.system_prompt.clone(),
     };
     match kind {
-        TraceKind::WekaTrace => crate::synth::agentic::build_weka(path, params, tokenizer, content),
+        TraceKind::WekaTrace => {
+            crate::synth::dataset::trace::agentic::build_weka(path, params, tokenizer, content)
+        }
         TraceKind::Tracelab => {
-            crate::synth::agentic::build_tracelab(path, params, tokenizer, content)
+            crate::synth::dataset::trace::agentic::build_tracelab(path, params, tokenizer, content)
         }
         TraceKind::BurstGptTrace => {
             let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
@@ -805,7 +810,8 @@ fn build_kind(
                 bytes
             };
             let max_isl = params.synthesis_max_isl.map(|m| m as i64);
-            let entries = crate::synth::agentic::burst::entries(path, &text, max_isl)?;
+            let entries =
+                crate::synth::dataset::trace::agentic::burst::entries(path, &text, max_isl)?;
             let mut ds = build_entries(
                 &file, kind, entries, &trace, tokenizer, content, root_seed, 512,
             )?;

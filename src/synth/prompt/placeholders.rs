@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use lru::LruCache;
 
-use crate::synth::coding_exact::CodingCorpus;
+use crate::synth::corpus::kvbust_coding::CodingCorpus;
 use crate::synth::corpus::sonnet::SHAKESPEARE;
 use crate::synth::corpus::{random, RandomCorpusStyle, RandomPools, TokenCorpus};
+use crate::synth::dataset::params::PromptCorpus;
 use crate::synth::error::SynthError;
-use crate::synth::params::PromptCorpus;
+use crate::synth::prompt::stream::PromptStream;
 use crate::synth::rng::derive_seed;
-use crate::synth::stream::PromptStream;
 use crate::synth::tokenizer::Tokenizer;
 
 /// Lanes kept at once (least recently used dropped first).
@@ -121,7 +121,7 @@ impl PromptLanes {
             tokenizer,
             style,
             root: seed.unwrap_or_else(rand::random),
-            coding_root: crate::synth::coding_exact::corpus_root(seed),
+            coding_root: crate::synth::corpus::kvbust_coding::corpus_root(seed),
             depth,
             cache_dir,
             corpora: Corpora::default(),

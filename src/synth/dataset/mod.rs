@@ -1,9 +1,15 @@
 //! The synthesized dataset: conversations, turns, and their JSONL forms.
 //! Owns the data shapes and serialisation; must never generate content.
 
+pub mod composer;
+pub mod export;
+pub mod marker;
+pub mod params;
+pub mod trace;
+
 use serde::Serialize;
 
-use crate::synth::agentic::{Topology, TurnInfo};
+use crate::synth::dataset::trace::agentic::{Topology, TurnInfo};
 use serde_json::value::RawValue;
 use serde_json::Number;
 

@@ -24,7 +24,7 @@
 //!
 //! The same fact makes the re-encode of any span a concatenation of the re-encodes of its
 //! sub-pieces between safe positions, which are pure functions of their ids: the tokenizer's
-//! [`PieceMemo`](crate::synth::piece_memo::PieceMemo) keeps them, so the random corpus (whose windows are all cut from one cycle of ids) re-encodes
+//! [`PieceMemo`](crate::synth::tokenizer::piece_memo::PieceMemo) keeps them, so the random corpus (whose windows are all cut from one cycle of ids) re-encodes
 //! each piece of that cycle once per process instead of once per prompt.
 
 use crate::synth::error::SynthError;

@@ -17,7 +17,7 @@ use super::pyfmt::{self, Arg, Piece};
 use super::FastMap;
 use crate::synth::rng::PyRandom;
 
-const TEMPLATES_JSON: &str = include_str!("../../../assets/aiperf-coding/templates.json");
+const TEMPLATES_JSON: &str = include_str!("../../../../assets/aiperf-coding/templates.json");
 
 /// An expression node (the extractor's `"e"` tag).
 #[derive(Debug, Deserialize)]
