@@ -420,7 +420,7 @@ fn agentic_params(case: &str, seed: u64) -> SynthParams {
     }
     SynthParams {
         input_file: Some(dir),
-        custom_dataset_type: Some(kvbust::synth::dataset::trace::TraceKind::WekaTrace),
+        custom_dataset_type: Some(kvbust::synth::dataset::trace_kind::TraceKind::WekaTrace),
         random_seed: Some(seed),
         ..SynthParams::default()
     }

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use kvbust::synth::cli::{run, SynthArgs};
-use kvbust::synth::dataset::trace::{detect_kind, TraceKind};
+use kvbust::synth::dataset::trace::detect_kind;
+use kvbust::synth::dataset::trace_kind::TraceKind;
 use serde_json::{json, Value};
 
 mod agentic_common;

@@ -911,7 +911,7 @@ mod tests {
         let params = match trace {
             _ if s.agentic => crate::synth::SynthParams {
                 input_file: Some(weka_dir()),
-                custom_dataset_type: Some(crate::synth::dataset::trace::TraceKind::WekaTrace),
+                custom_dataset_type: Some(crate::synth::dataset::trace_kind::TraceKind::WekaTrace),
                 random_seed: Some(3),
                 ..crate::synth::SynthParams::default()
             },

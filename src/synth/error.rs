@@ -25,17 +25,69 @@ pub enum SynthError {
     #[error("writing the output failed: {0}")]
     Output(#[from] std::io::Error),
     #[error(transparent)]
-    Trace(#[from] crate::synth::dataset::trace::TraceError),
+    Trace(#[from] TraceError),
     #[error(transparent)]
-    Agentic(Box<crate::synth::dataset::trace::agentic::AgenticError>),
+    Agentic(Box<AgenticError>),
 }
 
-impl From<crate::synth::dataset::trace::agentic::AgenticError> for SynthError {
-    fn from(e: crate::synth::dataset::trace::agentic::AgenticError) -> Self {
+impl From<AgenticError> for SynthError {
+    fn from(e: AgenticError) -> Self {
         match e {
-            crate::synth::dataset::trace::agentic::AgenticError::Synth(inner) => *inner,
+            AgenticError::Synth(inner) => *inner,
             other => SynthError::Agentic(Box::new(other)),
         }
+    }
+}
+
+/// Bad trace input: always names the file, and the line and field when there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("cannot read trace file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} holds no trace lines (empty, or only blank lines); give a JSONL file with one \
+         {kind} entry per line"
+    )]
+    Empty { path: PathBuf, kind: String },
+    #[error("{path}:{line}: {message}")]
+    Line {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+/// Bad agentic input: always names the file, and the trace id and JSON path when known.
+#[derive(Debug, thiserror::Error)]
+pub enum AgenticError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin}{}: {}{message}", trace_id.as_deref().map(|t| format!(": trace {t:?}")).unwrap_or_default(), if path.is_empty() { String::new() } else { format!("{path}: ") })]
+    Input {
+        /// The file (and line, for JSON-lines exports).
+        origin: String,
+        trace_id: Option<String>,
+        /// The JSON path inside the trace (`requests[3].in`).
+        path: String,
+        message: String,
+    },
+    #[error("{0}")]
+    Selection(String),
+    #[error(transparent)]
+    Synth(#[from] Box<SynthError>),
+}
+
+impl From<SynthError> for AgenticError {
+    fn from(e: SynthError) -> Self {
+        AgenticError::Synth(Box::new(e))
     }
 }
 

@@ -9,12 +9,15 @@ use std::sync::Arc;
 use crate::synth::corpus::aiperf_coding::{self, CodingPool};
 use crate::synth::corpus::kvbust_coding::CodingCorpus;
 use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
+use crate::synth::corpus::PromptCorpus;
 use crate::synth::corpus::{random, RandomCorpusStyle, RandomPools, TokenCorpus};
 use crate::synth::dataset::marker::marker_token_cost;
-use crate::synth::dataset::params::{PromptCorpus, SynthParams, DEFAULT_ISL};
+use crate::synth::dataset::params::{SynthParams, DEFAULT_ISL};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
-use crate::synth::prompt::generator::{CorpusSource, GeneratorRngs, PreseedRng, PromptGenerator};
+use crate::synth::prompt::generator::{CorpusSource, PreseedRng, PromptGenerator};
+use crate::synth::rng::uuid::uuid4;
+use crate::synth::rng::GeneratorRngs;
 use crate::synth::rng::{fold_seed_to_u32, DerivedRng, NumpyGenerator, PyRandom, RandomState};
 use crate::synth::tokenizer::Tokenizer;
 
@@ -172,23 +175,6 @@ impl Lengths {
             }
         }
     }
-}
-
-/// A random uuid4 string (AIPerf's session ids without a seed).
-pub(crate) fn uuid4() -> String {
-    let b: [u8; 16] = rand::random();
-    let mut b = b;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(b);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
 }
 
 /// Builds the dataset AIPerf 0.13.0 would build for `params` with `tokenizer`, tokenizing the

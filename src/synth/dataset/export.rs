@@ -8,12 +8,13 @@ use serde::de::{MapAccess, Visitor};
 use serde::Deserializer as _;
 use serde_json::value::RawValue;
 
+use crate::synth::corpus::TokenCorpus;
 use crate::synth::dataset::{Conversation, Dataset, Turn};
 use crate::synth::error::SynthError;
-use crate::synth::prompt::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
+use crate::synth::prompt::generator::{CorpusSource, PromptGenerator};
 use crate::synth::rng::derive_seed;
+use crate::synth::rng::GeneratorRngs;
 use crate::synth::tokenizer::Tokenizer;
-use crate::synth::TokenCorpus;
 
 /// The stream answer texts are drawn from (kvbust's own; AIPerf never draws it).
 const ANSWERS_STREAM: &str = "kvbust.export.answers";

@@ -1,11 +1,13 @@
-//! The synthesized dataset: conversations, turns, and their JSONL forms.
-//! Owns the data shapes and serialisation; must never generate content.
+//! The synthesized dataset: conversations, turns, and their JSONL forms; below it, the layer
+//! that builds them (parameters, composer, cache-bust marker, exports, trace replay).
+//! This file owns the data shapes and serialisation; must never generate content.
 
 pub mod composer;
 pub mod export;
 pub mod marker;
 pub mod params;
 pub mod trace;
+pub mod trace_kind;
 
 use serde::Serialize;
 

@@ -3,9 +3,10 @@
 
 use std::path::PathBuf;
 
+use crate::synth::corpus::PromptCorpus;
 use crate::synth::corpus::RandomCorpusStyle;
 use crate::synth::dataset::marker::CacheBustTarget;
-use crate::synth::dataset::trace::{corpus_refusal, BlockTerminator, TraceKind};
+use crate::synth::dataset::trace_kind::{corpus_refusal, BlockTerminator, TraceKind};
 use crate::synth::error::SynthError;
 
 /// AIPerf's default number of conversations when `--num-dataset-entries` is not given.
@@ -13,76 +14,6 @@ pub const DEFAULT_ENTRIES: usize = 100;
 
 /// AIPerf's default ISL mean when `--isl` is not given.
 pub const DEFAULT_ISL: u64 = 550;
-
-/// `--prompt-corpus`. Its names live in [`PromptCorpus::as_str`] only: serde, `FromStr` and
-/// `Display` all go through it.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
-)]
-#[serde(into = "&'static str", try_from = "String")]
-pub enum PromptCorpus {
-    #[default]
-    Sonnet,
-    Random,
-    /// AIPerf's coding corpus ([`crate::synth::corpus::aiperf_coding`]): byte-equal to AIPerf, windows decoded
-    /// without the fix-up loop (not token-exact).
-    Coding,
-    /// kvbust's own agentic-coding corpus ([`crate::synth::corpus::kvbust_coding`]), sampled like sonnet
-    /// (token-exact).
-    CodingExact,
-}
-
-impl PromptCorpus {
-    /// Every corpus, in the order help texts list them.
-    pub const ALL: [PromptCorpus; 4] = [
-        PromptCorpus::Sonnet,
-        PromptCorpus::Random,
-        PromptCorpus::Coding,
-        PromptCorpus::CodingExact,
-    ];
-
-    /// The name used in flags, configuration files and `{{kvbust:prompt:N:name}}`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PromptCorpus::Sonnet => "sonnet",
-            PromptCorpus::Random => "random",
-            PromptCorpus::Coding => "coding",
-            PromptCorpus::CodingExact => "coding-exact",
-        }
-    }
-}
-
-impl std::fmt::Display for PromptCorpus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for PromptCorpus {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let lower = s.to_ascii_lowercase().replace('_', "-");
-        Self::ALL
-            .into_iter()
-            .find(|c| c.as_str() == lower)
-            .ok_or_else(|| {
-                format!("unknown prompt corpus {s:?}; use sonnet, random, coding or coding-exact")
-            })
-    }
-}
-
-impl From<PromptCorpus> for &'static str {
-    fn from(c: PromptCorpus) -> Self {
-        c.as_str()
-    }
-}
-
-impl TryFrom<String> for PromptCorpus {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
 
 /// `--random-range-ratio`: one float for both, or vLLM's JSON `{"input": a, "output": b}`.
 /// In configuration files: a number, a string as on the command line, or a table with

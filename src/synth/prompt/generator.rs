@@ -9,9 +9,10 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::synth::corpus::aiperf_coding::CodingPool;
+use crate::synth::corpus::kvbust_coding::CodingCorpus;
 use crate::synth::corpus::{RandomPools, TokenCorpus};
 use crate::synth::error::SynthError;
-use crate::synth::rng::{DerivedRng, NumpyGenerator, RandomState};
+use crate::synth::rng::{GeneratorRngs, NumpyGenerator, RandomState};
 use crate::synth::tokenizer::reencode::{reencode, Pieces};
 use crate::synth::tokenizer::Tokenizer;
 
@@ -71,31 +72,21 @@ pub enum CorpusSource {
     Coding(Arc<CodingPool>),
 }
 
-/// The derived streams a prompt generator draws from.
-pub struct GeneratorRngs {
-    /// `dataset.prompt.length` (CPython side: lengths with a stddev).
-    pub length: DerivedRng,
-    /// `dataset.prompt.corpus` (CPython side: sonnet windows; numpy side: random offsets/top-ups).
-    pub corpus: DerivedRng,
-    /// `dataset.prompt.prefix` (CPython side: prefix-pool choice).
-    pub prefix: DerivedRng,
-}
-
-impl GeneratorRngs {
-    /// The three streams of AIPerf's `PromptGenerator` (`dataset.prompt.*`) under a root seed.
-    pub fn derive(root_seed: u64) -> Self {
-        Self::derive_under(root_seed, "dataset.prompt")
+/// The prompt side of kvbust's coding corpus, here so the corpus layer never imports the
+/// prompt layer above it.
+impl CodingCorpus {
+    /// A prompt-generator source over this corpus (sonnet-style windows and top-ups).
+    pub fn source(&self) -> CorpusSource {
+        CorpusSource::Sonnet(self.as_token_corpus().clone())
     }
 
-    /// The three streams `{prefix}.length`, `.corpus` and `.prefix` under a root seed (the
-    /// coding corpus uses `dataset.coding_content`).
-    pub fn derive_under(root_seed: u64, prefix: &str) -> Self {
-        let d = |s: &str| DerivedRng::derive(root_seed, &format!("{prefix}.{s}"));
-        GeneratorRngs {
-            length: d("length"),
-            corpus: d("corpus"),
-            prefix: d("prefix"),
-        }
+    /// A prompt generator over this corpus with the streams derived from `root_seed`.
+    pub fn generator<'t>(
+        &self,
+        tokenizer: &'t Tokenizer,
+        root_seed: u64,
+    ) -> PromptGenerator<&'t Tokenizer> {
+        PromptGenerator::new(tokenizer, self.source(), GeneratorRngs::derive(root_seed))
     }
 }
 

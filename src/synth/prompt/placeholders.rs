@@ -18,8 +18,8 @@ use lru::LruCache;
 
 use crate::synth::corpus::kvbust_coding::CodingCorpus;
 use crate::synth::corpus::sonnet::SHAKESPEARE;
+use crate::synth::corpus::PromptCorpus;
 use crate::synth::corpus::{random, RandomCorpusStyle, RandomPools, TokenCorpus};
-use crate::synth::dataset::params::PromptCorpus;
 use crate::synth::error::SynthError;
 use crate::synth::prompt::stream::PromptStream;
 use crate::synth::rng::derive_seed;

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use crate::synth::corpus::aiperf_coding::{self, CodingPool};
 use crate::synth::corpus::kvbust_coding::CodingCorpus;
+use crate::synth::corpus::PromptCorpus;
 use crate::synth::corpus::{RandomCorpusStyle, RandomPools, TokenCorpus};
-use crate::synth::dataset::params::PromptCorpus;
 use crate::synth::error::SynthError;
-use crate::synth::prompt::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
+use crate::synth::prompt::generator::{CorpusSource, PromptGenerator};
+use crate::synth::rng::GeneratorRngs;
 use crate::synth::tokenizer::Tokenizer;
 
 /// Successive prompts of requested lengths; with the same root seed, the n-th prompt equals the

@@ -1,6 +1,7 @@
 //! AIPerf's derived random streams: `sha256("{root_seed}:{identifier}")`'s first 8 bytes,
 //! big-endian, seed one CPython `random.Random` and one numpy `default_rng` each.
-//! Owns only seed derivation; must never fall back to OS entropy.
+//! Owns only seed derivation and the named streams a prompt generator draws from; must never
+//! fall back to OS entropy.
 
 use sha2::{Digest, Sha256};
 
@@ -37,6 +38,34 @@ impl DerivedRng {
             seed,
             py: PyRandom::new(seed),
             np: NumpyGenerator::new(u128::from(seed)),
+        }
+    }
+}
+
+/// The derived streams a prompt generator draws from.
+pub struct GeneratorRngs {
+    /// `dataset.prompt.length` (CPython side: lengths with a stddev).
+    pub length: DerivedRng,
+    /// `dataset.prompt.corpus` (CPython side: sonnet windows; numpy side: random offsets/top-ups).
+    pub corpus: DerivedRng,
+    /// `dataset.prompt.prefix` (CPython side: prefix-pool choice).
+    pub prefix: DerivedRng,
+}
+
+impl GeneratorRngs {
+    /// The three streams of AIPerf's `PromptGenerator` (`dataset.prompt.*`) under a root seed.
+    pub fn derive(root_seed: u64) -> Self {
+        Self::derive_under(root_seed, "dataset.prompt")
+    }
+
+    /// The three streams `{prefix}.length`, `.corpus` and `.prefix` under a root seed (the
+    /// coding corpus uses `dataset.coding_content`).
+    pub fn derive_under(root_seed: u64, prefix: &str) -> Self {
+        let d = |s: &str| DerivedRng::derive(root_seed, &format!("{prefix}.{s}"));
+        GeneratorRngs {
+            length: d("length"),
+            corpus: d("corpus"),
+            prefix: d("prefix"),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A HuggingFace tokenizer as AIPerf sees it through transformers 5: encode without special
 //! tokens, decode keeping them, base vocab size, declared special ids, BOS and chat template.
-//! Owns tokenizer loading and these facts; must never fetch anything over the network.
+//! Owns tokenizer loading and these facts; must never fetch anything over the network. Below
+//! it: the exact local re-encode, its piece memo, and chat-template rendering.
 
 pub mod chat_template;
 pub mod piece_memo;

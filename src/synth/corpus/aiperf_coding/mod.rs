@@ -17,8 +17,7 @@ use std::sync::Arc;
 use crate::synth::corpus::hash_blocks::{self, HashBlocks, LayoutError};
 use crate::synth::corpus::TokenCorpus;
 use crate::synth::error::SynthError;
-use crate::synth::prompt::generator::GeneratorRngs;
-use crate::synth::rng::{derive_seed, DerivedRng, PyRandom};
+use crate::synth::rng::{derive_seed, DerivedRng, GeneratorRngs, PyRandom};
 use crate::synth::tokenizer::Tokenizer;
 
 /// The prefix of the coding corpus's four derived streams (`.template`, `.corpus`, `.length`,

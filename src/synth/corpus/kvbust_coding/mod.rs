@@ -45,7 +45,6 @@ use rayon::prelude::*;
 use crate::synth::corpus::cache;
 use crate::synth::corpus::TokenCorpus;
 use crate::synth::error::SynthError;
-use crate::synth::prompt::generator::{CorpusSource, GeneratorRngs, PromptGenerator};
 use crate::synth::rng::derive_seed;
 use crate::synth::tokenizer::reencode::Pieces;
 use crate::synth::tokenizer::Tokenizer;
@@ -344,20 +343,6 @@ impl CodingCorpus {
     /// sampling path, its fix-up loop and its local re-encode serve it.
     pub fn as_token_corpus(&self) -> &TokenCorpus {
         &self.corpus
-    }
-
-    /// A prompt-generator source over this corpus (sonnet-style windows and top-ups).
-    pub fn source(&self) -> CorpusSource {
-        CorpusSource::Sonnet(self.corpus.clone())
-    }
-
-    /// A prompt generator over this corpus with the streams derived from `root_seed`.
-    pub fn generator<'t>(
-        &self,
-        tokenizer: &'t Tokenizer,
-        root_seed: u64,
-    ) -> PromptGenerator<&'t Tokenizer> {
-        PromptGenerator::new(tokenizer, self.source(), GeneratorRngs::derive(root_seed))
     }
 
     /// The `n`-token window starting at `start` (taken modulo the pool size), wrapping past

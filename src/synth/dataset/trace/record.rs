@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 use serde_json::{Number, Value};
 
-use super::TraceKind;
+use crate::synth::dataset::trace_kind::TraceKind;
 use crate::synth::dataset::RawJson;
 
 /// What a line asks to be sent.

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::synth::dataset::trace::record::{Entry, Input};
-use crate::synth::dataset::trace::TraceError;
+use crate::synth::error::TraceError;
 
 /// The columns AIPerf requires (others are ignored).
 const REQUIRED: [&str; 3] = ["Timestamp", "Request tokens", "Response tokens"];

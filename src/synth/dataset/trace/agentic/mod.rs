@@ -18,34 +18,7 @@ use serde::Serialize;
 
 pub use recon::Message;
 
-/// Bad agentic input: always names the file, and the trace id and JSON path when known.
-#[derive(Debug, thiserror::Error)]
-pub enum AgenticError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{origin}{}: {}{message}", trace_id.as_deref().map(|t| format!(": trace {t:?}")).unwrap_or_default(), if path.is_empty() { String::new() } else { format!("{path}: ") })]
-    Input {
-        /// The file (and line, for JSON-lines exports).
-        origin: String,
-        trace_id: Option<String>,
-        /// The JSON path inside the trace (`requests[3].in`).
-        path: String,
-        message: String,
-    },
-    #[error("{0}")]
-    Selection(String),
-    #[error(transparent)]
-    Synth(#[from] Box<crate::synth::error::SynthError>),
-}
-
-impl From<crate::synth::error::SynthError> for AgenticError {
-    fn from(e: crate::synth::error::SynthError) -> Self {
-        AgenticError::Synth(Box::new(e))
-    }
-}
+use crate::synth::error::AgenticError;
 
 /// Where a conversation sits in the agent tree, in AIPerf's `Conversation` field names.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -305,10 +278,10 @@ pub fn looks_like_weka(path: &Path) -> bool {
 /// with `content` supplying the corpus (coding by default, or sonnet).
 pub fn build_weka(
     path: &Path,
-    params: &crate::synth::SynthParams,
-    tokenizer: &crate::synth::Tokenizer,
+    params: &crate::synth::dataset::params::SynthParams,
+    tokenizer: &crate::synth::tokenizer::Tokenizer,
     content: &mut dyn crate::synth::dataset::trace::TraceContent,
-) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
+) -> Result<crate::synth::dataset::Dataset, crate::synth::error::SynthError> {
     let sources = read_weka(path)?;
     if params.isl_block_size.is_none() {
         if let Some(s) = sources
@@ -335,10 +308,10 @@ pub fn build_weka(
 /// (default 64), then the Weka reconstruction at that same size.
 pub fn build_tracelab(
     path: &Path,
-    params: &crate::synth::SynthParams,
-    tokenizer: &crate::synth::Tokenizer,
+    params: &crate::synth::dataset::params::SynthParams,
+    tokenizer: &crate::synth::tokenizer::Tokenizer,
     content: &mut dyn crate::synth::dataset::trace::TraceContent,
-) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
+) -> Result<crate::synth::dataset::Dataset, crate::synth::error::SynthError> {
     let block_size = params
         .isl_block_size
         .unwrap_or(tracelab::DEFAULT_BLOCK_SIZE);
@@ -350,10 +323,10 @@ pub fn build_tracelab(
 fn reconstruct(
     sources: Vec<weka::Source>,
     block_size: Option<usize>,
-    params: &crate::synth::SynthParams,
-    tokenizer: &crate::synth::Tokenizer,
+    params: &crate::synth::dataset::params::SynthParams,
+    tokenizer: &crate::synth::tokenizer::Tokenizer,
     content: &mut dyn crate::synth::dataset::trace::TraceContent,
-) -> Result<crate::synth::Dataset, crate::synth::SynthError> {
+) -> Result<crate::synth::dataset::Dataset, crate::synth::error::SynthError> {
     let settings = weka::Settings {
         block_size,
         max_isl: params.synthesis_max_isl.map(|x| x as i64),
@@ -386,13 +359,13 @@ fn reconstruct(
         },
         tokenizer,
     )?;
-    Ok(crate::synth::Dataset { conversations })
+    Ok(crate::synth::dataset::Dataset { conversations })
 }
 
 /// The whole context turn `k` of an agentic conversation sends (`deltas_with_responses`):
 /// every turn's delta messages from the last `reset_context` turn at or before `k`, in order.
 /// Empty when the turn is not agentic.
-pub fn context(conv: &crate::synth::Conversation, k: usize) -> Vec<&Message> {
+pub fn context(conv: &crate::synth::dataset::Conversation, k: usize) -> Vec<&Message> {
     let Some(turns) = conv.turns.get(..=k) else {
         return Vec::new();
     };

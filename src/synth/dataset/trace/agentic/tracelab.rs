@@ -13,11 +13,12 @@ use serde_json::{Map, Value};
 use super::schema::{Entry, Request, Subagent, WekaTrace};
 use super::{weka, AgenticError};
 use crate::synth::dataset::trace::TraceFile;
+use crate::synth::dataset::trace_kind::TraceKind;
 use crate::synth::error::SynthError;
 
 /// The `tracelab` plugin's `default_block_size` (`--isl-block-size` overrides it). TraceLab
 /// records no block size, so this is the size the block ids are synthesized at.
-pub const DEFAULT_BLOCK_SIZE: usize = 64;
+pub const DEFAULT_BLOCK_SIZE: usize = TraceKind::Tracelab.default_block_size();
 
 /// `AIPERF_DATASET_TRACELAB_MIN_SPAWN_MS` at its default: shorter Agent/Task calls are no-op or
 /// error returns, and admitting them widens windows enough to capture unrelated sessions.

@@ -11,6 +11,7 @@ use super::chains::{self, by_time, ChainSettings, Indexed};
 use super::recon::{asst_block_caps, Blocks, Reconstructor};
 use super::schema::{Entry, Request, Subagent, WekaTrace};
 use super::{AgenticError, Branch, Topology, TurnInfo};
+use crate::synth::dataset::trace_kind::TraceKind;
 use crate::synth::dataset::{Conversation, Turn};
 use crate::synth::tokenizer::Tokenizer;
 
@@ -18,7 +19,7 @@ const JOIN_EPSILON: f64 = 1e-6;
 
 /// AIPerf's `aiperf profile` block size for weka traces: the plugin's `default_block_size`,
 /// which it passes as an override, so a trace's own `block_size` is not used.
-pub const DEFAULT_BLOCK_SIZE: usize = 64;
+pub const DEFAULT_BLOCK_SIZE: usize = TraceKind::WekaTrace.default_block_size();
 
 /// The reconstruction knobs (AIPerf's flags and `WEKA_*` settings, at its defaults).
 #[derive(Debug, Clone)]

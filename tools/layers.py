@@ -1,0 +1,321 @@
+#!/usr/bin/env python3
+"""Check that src/'s modules import only downwards: the layer test CI runs before cargo.
+
+Why: issue 22. Synthesis grew a 17-module import circle; layers keep the next one from forming.
+It reads every `use` item (braces, `self`, `super`, child modules) and every other `crate::a::b`
+path in src/, resolves each to the module file that owns it, and then checks two rules:
+
+1. No module of a lower layer imports one of a higher layer (LAYERS below, lowest first).
+2. No import circle among the modules of a checked tree (CHECKED: `synth` today).
+
+Outside CHECKED the circles are reported but do not fail the run: the proxy side's circles are
+being cut on other branches (issue 22 items 2 and 3); add a tree to CHECKED once it is clean.
+Test-only code (`#[cfg(test)]` items and the files they declare) is left out: a test may reach
+upwards for fixtures without the library doing so.
+
+Usage: python3 tools/layers.py [--graph] [ROOT]   (ROOT: the repository, default: this one)
+Exit status 1 when a rule breaks in a checked tree, else 0.
+"""
+import os
+import re
+import sys
+
+# Lowest layer first, per tree. A module belongs to the layer of the longest prefix that names it;
+# modules of one layer may import each other (circles among them are rule 2's business).
+LAYERS = {
+    "synth": [
+        # The bottom: the error kinds every layer returns (trace and agentic input errors too).
+        ["synth::error"],
+        ["synth::rng"],
+        ["synth::tokenizer"],
+        ["synth::corpus"],
+        ["synth::prompt"],
+        ["synth::dataset"],
+        # The edges: the command line, the benchmark harness and the re-exports of `synth` itself.
+        ["synth::cli", "synth::bench", "synth"],
+    ],
+}
+CHECKED = ["synth"]
+
+USE_RE = re.compile(r"\buse\s+([^;]*);", re.S)
+PATH_RE = re.compile(r"\b(crate(?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*)+)")
+MOD_RE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;", re.M)
+
+
+def strip(src):
+    """Source with comments, string and char literals blanked (newlines kept)."""
+    out, i, n = [], 0, len(src)
+    while i < n:
+        c = src[i]
+        if src.startswith("//", i):
+            j = src.find("\n", i)
+            i = n if j < 0 else j
+        elif src.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if src.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif src.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    if src[i] == "\n":
+                        out.append("\n")
+                    i += 1
+        elif c == "r" and re.match(r'r#*"', src[i:i + 10]) and not (i and (src[i - 1].isalnum() or src[i - 1] == "_")):
+            m = re.match(r'r(#*)"', src[i:])
+            end = src.find('"' + m.group(1), i + len(m.group(0)))
+            end = n if end < 0 else end + 1 + len(m.group(1))
+            out.append('""' + "\n" * src.count("\n", i, end))
+            i = end
+        elif c == '"':
+            j = i + 1
+            while j < n and src[j] != '"':
+                j += 2 if src[j] == "\\" else 1
+            out.append('""' + "\n" * src.count("\n", i, j))
+            i = j + 1
+        elif c == "'":
+            # A char literal ('a', '\n', '\u{1F600}') or a lifetime ('a): only the former closes.
+            m = re.match(r"'(\\u\{[0-9a-fA-F]+\}|\\.|[^\\'])'", src[i:])
+            if m:
+                out.append("' '")
+                i += len(m.group(0))
+            else:
+                out.append(c)
+                i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def drop_test_items(src):
+    """`src` (already stripped) without `#[cfg(test)]` items, and the names of the
+    `#[cfg(test)] mod x;` files those items declare."""
+    test_mods, out, pos = [], [], 0
+    for m in re.finditer(r"#\[cfg\(test\)\]", src):
+        if m.start() < pos:
+            continue
+        out.append(src[pos:m.start()])
+        j = m.end()
+        decl = MOD_RE.match(src, j)
+        if decl:
+            test_mods.append(decl.group(1))
+            pos = decl.end()
+            continue
+        # Skip to the end of the item: its first `;` before any `{`, or its matching `}`.
+        k = j
+        while k < len(src) and src[k] not in "{;":
+            k += 1
+        if k < len(src) and src[k] == "{":
+            depth = 0
+            while k < len(src):
+                depth += {"{": 1, "}": -1}.get(src[k], 0)
+                k += 1
+                if depth == 0:
+                    break
+        else:
+            k += 1
+        out.append("\n" * src.count("\n", m.start(), k))
+        pos = k
+    out.append(src[pos:])
+    return "".join(out), test_mods
+
+
+def expand(tree):
+    """`a::{b, c::{d, self}}` -> [a::b, a::c::d, a::c]; `as` renames and globs dropped."""
+    tree = re.sub(r"\s+", "", re.sub(r"\s+as\s+[A-Za-z_][A-Za-z0-9_]*", "", tree))
+    depth, start = 0, None
+    for i, c in enumerate(tree):
+        if c == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif c == "}":
+            depth -= 1
+    if start is None:
+        return [tree.rstrip("*").rstrip(":")]
+    prefix, inner = tree[:start].rstrip(":"), tree[start + 1:tree.rindex("}")]
+    parts, depth, cur = [], 0, ""
+    for c in inner:
+        if c == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        depth += {"{": 1, "}": -1}.get(c, 0)
+        cur += c
+    parts.append(cur)
+    paths = []
+    for p in filter(None, parts):
+        for sub in expand(p):
+            if sub in ("self", ""):
+                paths.append(prefix)
+            else:
+                paths.append(prefix + "::" + sub if prefix else sub)
+    return paths
+
+
+def module_of(rel):
+    """src/a/b.rs or src/a/b/mod.rs -> "a::b"; src/lib.rs -> ""."""
+    parts = rel[len("src/"):-len(".rs")].split("/")
+    if parts[-1] in ("mod", "lib", "main"):
+        parts = parts[:-1]
+    return "::".join(parts)
+
+
+def load(root):
+    """{module: (file, stripped non-test source)} for every library module reachable from lib.rs."""
+    mods, queue = {}, [("", os.path.join(root, "src", "lib.rs"))]
+    while queue:
+        name, path = queue.pop()
+        with open(path, encoding="utf-8") as f:
+            src, tests = drop_test_items(strip(f.read()))
+        mods[name] = (os.path.relpath(path, root), src)
+        here = os.path.dirname(path)
+        if not (path.endswith("mod.rs") or path.endswith("lib.rs")):
+            here = path[:-len(".rs")]
+        for m in MOD_RE.finditer(src):
+            child = m.group(1)
+            if child in tests:
+                continue
+            for cand in (os.path.join(here, child + ".rs"), os.path.join(here, child, "mod.rs")):
+                if os.path.exists(cand):
+                    queue.append(((name + "::" + child).lstrip(":"), cand))
+                    break
+    return mods
+
+
+def resolve(path, here, mods):
+    """The module a path names, from inside module `here`; None for other crates."""
+    segs = [s for s in path.split("::") if s]
+    if not segs:
+        return None
+    if segs[0] == "crate":
+        base, segs = [], segs[1:]
+    elif segs[0] in ("self", "super"):
+        base = here.split("::") if here else []
+        while segs and segs[0] in ("self", "super"):
+            if segs.pop(0) == "super":
+                base = base[:-1]
+    elif ("::".join(filter(None, [here, segs[0]]))) in mods:
+        base = here.split("::") if here else []
+    else:
+        return None  # another crate, std, or a name in scope
+    full = base + segs
+    for k in range(len(full), -1, -1):
+        cand = "::".join(full[:k])
+        if cand in mods:
+            return cand
+    return None
+
+
+def edges(mods):
+    out = {}
+    for name, (_, src) in mods.items():
+        targets = set()
+        for m in USE_RE.finditer(src):
+            for p in expand(m.group(1)):
+                t = resolve(p, name, mods)
+                if t is not None:
+                    targets.add(t)
+        for m in PATH_RE.finditer(src):
+            t = resolve(re.sub(r"\s+", "", m.group(1)), name, mods)
+            if t is not None:
+                targets.add(t)
+        # A module "imports" its parent only through real paths; its own children are its parts.
+        out[name] = {t for t in targets if t != name and not t.startswith(name + "::" if name else "\0")}
+    return out
+
+
+def layer_of(mod):
+    for tree, layers in LAYERS.items():
+        best = None
+        for i, prefixes in enumerate(layers):
+            for p in prefixes:
+                if (mod == p or mod.startswith(p + "::")) and (best is None or len(p) > len(best[1])):
+                    best = (i, p)
+        if best is not None:
+            return tree, best[0]
+    return None, None
+
+
+def circles(graph, within):
+    """Strongly connected components of more than one module, among modules under `within`."""
+    nodes = [n for n in graph if n == within or n.startswith(within + "::") or within == ""]
+    index, low, stack, on, comps, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        # Iterative Tarjan: the graph is small, but recursion limits are not worth testing.
+        work = [(v, iter(sorted(graph[v])))]
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        while work:
+            node, it = work[-1]
+            nxt = next((w for w in it if w in nodes_set), None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter[0]
+                    counter[0] += 1
+                    stack.append(nxt)
+                    on.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                if len(comp) > 1:
+                    comps.append(sorted(comp))
+
+    nodes_set = set(nodes)
+    for n in sorted(nodes):
+        if n not in index:
+            visit(n)
+    return comps
+
+
+def main(argv):
+    show_graph = "--graph" in argv
+    args = [a for a in argv if not a.startswith("--")]
+    root = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    mods = load(root)
+    graph = edges(mods)
+    if show_graph:
+        for m in sorted(graph):
+            print(f"{m or 'crate'} -> {', '.join(sorted(graph[m])) or '-'}")
+    failed = False
+    for m in sorted(graph):
+        tree, mine = layer_of(m)
+        if tree is None:
+            continue
+        for t in sorted(graph[m]):
+            ttree, theirs = layer_of(t)
+            if ttree == tree and theirs > mine:
+                print(f"layers: {mods[m][0]}: `{m}` (layer {mine}) imports `{t}` (layer {theirs}), a higher layer")
+                failed = True
+    for tree in CHECKED:
+        for comp in circles(graph, tree):
+            print(f"layers: import circle of {len(comp)} modules in `{tree}`: {', '.join(comp)}")
+            failed = True
+    for comp in circles(graph, ""):
+        if any(all(n == c or n.startswith(c + "::") for n in comp) for c in CHECKED):
+            continue  # reported above
+        names = ", ".join(n or "crate" for n in comp)
+        print(f"layers: note: import circle of {len(comp)} modules (not checked yet): {names}")
+    if failed:
+        print("layers: FAILED (a lower layer must not import a higher one; see tools/layers.py)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
