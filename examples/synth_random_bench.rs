@@ -6,6 +6,13 @@
 //! writes each first-turn text as `{"text": ...}` per line to compare with AIPerf's. Then times placeholder-style
 //! prompts (a `PromptStream`, one at a time) on a fresh tokenizer: cold, and after the piece
 //! memo warm-up that placeholder lanes start in the background. Nothing is asserted.
+// A benchmark run by hand: a panic is its error report (Cargo.toml denies these in the library).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::too_many_lines,
+    clippy::disallowed_methods
+)]
 
 use std::io::Write;
 use std::sync::Arc;
@@ -86,7 +93,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Placeholder-style prompts: one 1024-token prompt at a time, as a lane makes them.
     let fresh = Arc::new(Tokenizer::default_qwen3()?);
-    let mut stream = PromptStream::new(fresh.clone(), PromptCorpus::Random, style, None, Some(0))?;
+    let mut stream = PromptStream::new(
+        fresh.clone(),
+        PromptCorpus::Random,
+        style,
+        None,
+        Some(0),
+        None,
+    )?;
     let mut next = || {
         stream.prompt(1024).expect("a prompt");
     };

@@ -1,7 +1,10 @@
 //! Runs the chosen command: loads configuration, sets up logging, binds sockets, starts the
 //! proxy or the mock, and maps failures to exit codes. The only place that reads the process
 //! environment; never handles requests itself.
+// The edge: this module reads the environment (Cargo.toml denies it everywhere else).
+#![allow(clippy::disallowed_methods)]
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -41,6 +44,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
     match cli.command {
         Command::Serve(args) => {
             let mut config = load(&args.flags)?;
+            config.synth.cache_dir = default_cache_dir();
             let _flush = init_logging(&config);
             let cgroup = std::path::Path::new(crate::cgroup::CGROUP_ROOT);
             if let Some(warning) = config.fit_memory_limit(crate::cgroup::memory_limit(cgroup)) {
@@ -53,24 +57,29 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             let _flush = init_logging(&config);
             runtime()?.block_on(mock(config, args.listen))
         }
-        Command::Synth(args) => crate::synth::cli::run(&args).map_err(|e| {
-            // A request the output format cannot carry is a configuration error (exit 64);
-            // flag mistakes and bad trace input are usage errors (exit 2); everything else is
-            // a failure.
-            let e = match e.downcast::<ConfigError>() {
-                Ok(c) => return AppError::Config(c),
-                Err(e) => e,
-            };
-            match e.downcast_ref::<crate::synth::SynthError>() {
-                Some(
-                    crate::synth::SynthError::InvalidParams(_)
-                    | crate::synth::SynthError::TokenizerMissing { .. }
-                    | crate::synth::SynthError::Trace(_)
-                    | crate::synth::SynthError::Agentic(_),
-                ) => AppError::Usage(format!("{e:#}")),
-                _ => AppError::Other(e),
+        Command::Synth(mut args) => {
+            if args.corpus_cache_dir.is_none() {
+                args.corpus_cache_dir = default_cache_dir();
             }
-        }),
+            crate::synth::cli::run(&args).map_err(|e| {
+                // A request the output format cannot carry is a configuration error (exit 64);
+                // flag mistakes and bad trace input are usage errors (exit 2); everything else is
+                // a failure.
+                let e = match e.downcast::<ConfigError>() {
+                    Ok(c) => return AppError::Config(c),
+                    Err(e) => e,
+                };
+                match e.downcast_ref::<crate::synth::SynthError>() {
+                    Some(
+                        crate::synth::SynthError::InvalidParams(_)
+                        | crate::synth::SynthError::TokenizerMissing { .. }
+                        | crate::synth::SynthError::Trace(_)
+                        | crate::synth::SynthError::Agentic(_),
+                    ) => AppError::Usage(format!("{e:#}")),
+                    _ => AppError::Other(e),
+                }
+            })
+        }
         Command::Marker(args) => marker(&args),
         Command::Config(ConfigCommand::Check(flags)) => {
             let c = load(&flags)?;
@@ -313,4 +322,17 @@ fn marker(args: &MarkerArgs) -> Result<(), AppError> {
         println!("{out}");
     }
     Ok(())
+}
+
+/// The default folder for corpus token caches, read here at the edge (synthesis and the proxy
+/// take it as a value): `$KVBUST_CACHE_DIR`, else `$XDG_CACHE_HOME/kvbust`, else
+/// `$HOME/.cache/kvbust`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("KVBUST_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("kvbust"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("kvbust"))
 }

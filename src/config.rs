@@ -435,6 +435,10 @@ pub struct SynthConfig {
     /// Set → built at start; not set → built on first use with the defaults (sonnet, ISL 550,
     /// 100 entries, seed 0).
     pub dataset: Option<crate::synth::SynthParams>,
+    /// Where corpus token caches go (not a key: `app` sets it from `KVBUST_CACHE_DIR`,
+    /// `XDG_CACHE_HOME` or `HOME`; none → no cache).
+    #[serde(skip)]
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for SynthConfig {
@@ -451,6 +455,7 @@ impl Default for SynthConfig {
             placeholder_queue: 64,
             preload: Vec::new(),
             dataset: None,
+            cache_dir: None,
         }
     }
 }

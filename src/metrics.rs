@@ -183,30 +183,36 @@ const UPSTREAM_UP: Def = Def {
 
 // Names and label sets in the table are static and valid, so registration cannot fail; a failure
 // would be a programming error caught by the first test that builds Metrics.
+#[allow(clippy::expect_used)] // static definitions: see above
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
     r.register(Box::new(c.clone()))
         .expect("static metric definitions register once");
     c
 }
 
+#[allow(clippy::expect_used)] // static, valid definitions (see `reg`)
 fn counter_vec(r: &Registry, d: &Def) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(d.name, d.help), d.labels);
     reg(r, c.expect("valid counter definition"))
 }
 
+#[allow(clippy::expect_used)] // static, valid definitions (see `reg`)
 fn counter(r: &Registry, d: &Def) -> IntCounter {
     reg(r, IntCounter::new(d.name, d.help).expect("valid"))
 }
 
+#[allow(clippy::expect_used)] // static, valid definitions (see `reg`)
 fn gauge_vec(r: &Registry, d: &Def) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(d.name, d.help), d.labels);
     reg(r, g.expect("valid gauge definition"))
 }
 
+#[allow(clippy::expect_used)] // static, valid definitions (see `reg`)
 fn gauge(r: &Registry, d: &Def) -> IntGauge {
     reg(r, IntGauge::new(d.name, d.help).expect("valid"))
 }
 
+#[allow(clippy::expect_used)] // static, valid definitions (see `reg`)
 fn histogram_vec(r: &Registry, d: &Def, buckets: &[f64]) -> HistogramVec {
     let opts = HistogramOpts::new(d.name, d.help).buckets(buckets.to_vec());
     reg(
@@ -215,6 +221,7 @@ fn histogram_vec(r: &Registry, d: &Def, buckets: &[f64]) -> HistogramVec {
     )
 }
 
+#[allow(clippy::expect_used)] // static, valid definitions (see `reg`)
 fn histogram(r: &Registry, d: &Def, buckets: &[f64]) -> Histogram {
     let opts = HistogramOpts::new(d.name, d.help).buckets(buckets.to_vec());
     reg(r, Histogram::with_opts(opts).expect("valid"))
@@ -225,6 +232,7 @@ pub const REVISION: &str = env!("BUILD_REVISION");
 
 /// A registry with the standard `process_*` collector (resident and virtual memory, CPU
 /// seconds, open and max fds, threads, start time), read from /proc at each scrape.
+#[allow(clippy::expect_used)] // static, valid definitions (see `reg`)
 fn process_registry() -> Registry {
     let r = Registry::new();
     #[cfg(target_os = "linux")]
@@ -236,6 +244,7 @@ fn process_registry() -> Registry {
 }
 
 impl Metrics {
+    #[allow(clippy::expect_used)] // static, valid definitions (see `reg`)
     pub fn new() -> Self {
         let r = Registry::new_custom(Some("kvbust".into()), None).expect("valid registry prefix");
         let build_info = gauge_vec(&r, &BUILD_INFO);

@@ -1,6 +1,8 @@
 //! The cache-bust engine through the running proxy: AIPerf 0.13.0's payload vectors
 //! (`tests/fixtures/cachebust/cachebust.json`) sent by a client, checked in what the mock
 //! upstream received; sessions, phases, bad input and byte transparency.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

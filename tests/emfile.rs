@@ -1,6 +1,8 @@
 //! Out of file descriptors (issue 14): the accept loops back off instead of spinning, and serve
 //! again once descriptors free up. Alone in its test binary because it lowers the whole
 //! process's descriptor limit (with util-linux `prlimit`, so the test needs no unsafe code).
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

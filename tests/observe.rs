@@ -3,6 +3,8 @@
 //! bytes (`tests/fixtures/observe/`): per-phase histograms and token counters from `/metrics`,
 //! the access log (captured as JSON), request ids, and `observe.request_usage`'s removal of the
 //! usage chunk, byte for byte against the same request sent straight to the upstream.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

@@ -1,4 +1,6 @@
 //! The transparent proxy core against the built-in mock, over real HTTP/1.1 and h2c on port 0.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

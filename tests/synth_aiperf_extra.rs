@@ -3,6 +3,8 @@
 //! length stddevs, chat template + verbatim system prompt + cache-bust, prefix pools in both
 //! corpora, sglang preseed, shared system + user context on the random corpus past the preseed
 //! caches). `tests/fixtures/synth/aiperf_extra_qwen3.json` stores sha256 of every text.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use clap::Parser;
 use kvbust::synth::cli::SynthArgs;

@@ -1,5 +1,7 @@
 //! `kvbust synth` through `synth::cli::run`: a few prompts.json and bench_random.json cases
 //! written as JSONL and compared line by line; the corpus id cache; actionable errors.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::path::PathBuf;
 

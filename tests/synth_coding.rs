@@ -4,6 +4,8 @@
 //! ([`CodingPrompts::hash_id_prompt`]), since the trace loader itself (sessions, timestamps) is
 //! issue #9's. Also the pool's size and id hash for two seeds (printed by AIPerf), the placeholder
 //! stream, and the clear error for a tokenizer that cannot encode the pool.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod synth_common;
 use synth_common::{argv, compare, fixture, params_from_argv};
@@ -161,6 +163,7 @@ fn placeholder_stream_draws_like_the_composer() {
         RandomCorpusStyle::Vllm,
         None,
         Some(0),
+        None,
     )
     .unwrap();
     for conv in case["conversations"].as_array().unwrap() {

@@ -1,6 +1,14 @@
 //! kvbust's own coding corpus (`coding-exact`): deterministic per seed and different across seeds, tokenized once,
 //! every requested length token-exact, the category mix by block count, block variety, no
 //! chat-template tokens, and `kvbust synth --prompt-corpus coding-exact` end to end.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library);
+// the environment carries the test harness's own switches.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::too_many_lines,
+    clippy::disallowed_methods
+)]
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -308,6 +316,7 @@ fn prompt_stream_serves_the_coding_exact_corpus() {
             RandomCorpusStyle::Vllm,
             corpus,
             Some(3),
+            None,
         )
         .expect("stream")
     };

@@ -2,6 +2,8 @@
 //! `prompt` + `output_tokens`), the ShareGPT loaders of vLLM and SGLang (first human/gpt pair,
 //! output length = tokens of the gpt value), AIPerf's mooncake_trace loader (kvbust's own
 //! port, which the trace vectors pin to AIPerf), and multi-turn OpenAI chat bodies.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,6 +1,8 @@
 //! Every case of `tests/fixtures/synth/prompts.json` (AIPerf 0.13.0's own composer) through the
 //! library: texts byte-identical, `max_tokens`, system and user-context messages equal. Also the
 //! corpus facts. Cases not run would be listed in `SKIPPED` with the reason.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod synth_common;
 use synth_common::{argv, compare, fixture, params_from_argv};
@@ -164,6 +166,7 @@ fn prompt_stream_continues_aiperf_generator() {
         Default::default(),
         Some(sonnet),
         Some(42),
+        None,
     )
     .unwrap();
     let case = &vectors()["cases"]["sonnet_isl16_seed42_qwen3"]["conversations"];

@@ -2,6 +2,8 @@
 //! the fix-up loop produces: corpus windows (chunk joins, wrap-around, cut edges), a canonical
 //! prefix joined to a window, a truncated re-encode, a re-encode with a window appended; and
 //! whole datasets must be identical with the shortcut on and off.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -4,6 +4,8 @@
 //! --max-context-length selection with Weka's caps) byte for byte through the command line,
 //! detection without the type, and the errors bad rows get (file:line, session, field; exit 2;
 //! no output file).
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,8 @@
 //! TLS on both sides: a client speaks HTTP/2 over TLS (ALPN) to kvbust, and kvbust forwards to an
 //! `https` upstream verified with `upstream.tls.ca_file`. The https upstream is a second kvbust
 //! with a TLS listener in front of the mock.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod common;
 

@@ -2,6 +2,14 @@
 //! against an upstream this test controls (up, down, back, no `/health`), the `upstream.authority`
 //! override reaches the upstream as `Host` / `:authority` over HTTP/1.1, h2c and TLS while SNI
 //! stays as it was, and an upstream URL ending in `/v1` is refused at start.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library);
+// the environment carries the test harness's own switches.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::too_many_lines,
+    clippy::disallowed_methods
+)]
 
 mod common;
 

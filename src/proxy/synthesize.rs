@@ -23,7 +23,6 @@ use crate::cachebust::raw::{self, Json, Kind, Layout, Top};
 use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
 use crate::proxy::topology::{self, Cursor, Served};
-use crate::synth::corpus::sonnet::default_cache_dir;
 use crate::synth::prompt::placeholders::PromptLanes;
 use crate::synth::{
     Conversation, Dataset, PromptCorpus, RandomCorpusStyle, SynthParams, Tokenizer,
@@ -835,12 +834,13 @@ impl Synthesizer {
             .get_or_try_init(|| async {
                 let tok = self.tokenizer().await?;
                 let params = self.params();
+                let cache_dir = self.cfg.cache_dir.clone();
                 blocking(move || {
                     let t0 = Instant::now();
                     let dataset = crate::synth::build_dataset_with(
                         &params,
                         &tok,
-                        default_cache_dir().as_deref(),
+                        cache_dir.as_deref(),
                         &mut |_, _| {},
                     )
                     .map_err(|e| {
@@ -952,7 +952,7 @@ impl Synthesizer {
                     style,
                     self.cfg.placeholder_seed,
                     self.cfg.placeholder_prefetch,
-                    default_cache_dir(),
+                    self.cfg.cache_dir.clone(),
                 ))
             })
             .await
@@ -1251,6 +1251,7 @@ mod tests {
     /// Which strings under `messages` are message content: a placeholder anywhere else (roles,
     /// names, tool calls, other parts, member names, duplicates the upstream ignores) stays as
     /// sent, even a malformed one; content strings and `text` parts expand.
+    #[allow(clippy::too_many_lines)] // a table of cases
     #[test]
     fn placeholders_expand_only_in_message_content() {
         let cases: &[(&str, &str, &[usize])] = &[

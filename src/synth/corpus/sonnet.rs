@@ -110,18 +110,6 @@ impl TokenCorpus {
     }
 }
 
-/// The default cache folder: `$KVBUST_CACHE_DIR`, else `$XDG_CACHE_HOME/kvbust`, else
-/// `$HOME/.cache/kvbust`.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("KVBUST_CACHE_DIR") {
-        return Some(PathBuf::from(d));
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("kvbust"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("kvbust"))
-}
-
 fn cache_path(dir: &Path, text: &str, tokenizer: &Tokenizer) -> PathBuf {
     let text_hash = hex::encode(Sha256::digest(text.as_bytes()));
     dir.join(format!(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::synth::corpus::aiperf_coding::{self, CodingPool};
 use crate::synth::corpus::kvbust_coding::CodingCorpus;
-use crate::synth::corpus::sonnet::{default_cache_dir, SHAKESPEARE};
+use crate::synth::corpus::sonnet::SHAKESPEARE;
 use crate::synth::corpus::PromptCorpus;
 use crate::synth::corpus::{random, RandomCorpusStyle, RandomPools, TokenCorpus};
 use crate::synth::dataset::marker::marker_token_cost;
@@ -178,15 +178,10 @@ impl Lengths {
 }
 
 /// Builds the dataset AIPerf 0.13.0 would build for `params` with `tokenizer`, tokenizing the
-/// sonnet corpus when needed (shipped ids for the default tokenizer; otherwise cached under
-/// [`default_cache_dir`]).
+/// sonnet corpus when needed (shipped ids for the default tokenizer; otherwise built, with no
+/// corpus cache: [`build_dataset_with`] takes the folder).
 pub fn build_dataset(params: &SynthParams, tokenizer: &Tokenizer) -> Result<Dataset, SynthError> {
-    build_dataset_with(
-        params,
-        tokenizer,
-        default_cache_dir().as_deref(),
-        &mut |_, _| {},
-    )
+    build_dataset_with(params, tokenizer, None, &mut |_, _| {})
 }
 
 /// [`build_dataset`] with an explicit corpus cache folder (`None`: no cache) and progress

@@ -58,6 +58,7 @@ impl<'t> Answers<'t> {
 }
 
 /// A JSON string literal.
+#[allow(clippy::expect_used)] // the invariant is named at the expect
 fn js(s: &str) -> String {
     // Serialising a string cannot fail.
     serde_json::to_string(s).expect("string serialises")
@@ -184,6 +185,7 @@ fn chat_body(
 }
 
 /// An agentic turn's whole context (the deltas since the last reset) as a JSON array.
+#[allow(clippy::expect_used)] // the invariant is named at the expect
 fn agentic_messages(conv: &Conversation, i: usize) -> String {
     // Messages are plain strings in a fixed shape; serialising them cannot fail.
     serde_json::to_string(&crate::synth::dataset::trace::agentic::context(conv, i))

@@ -91,6 +91,7 @@ pub struct Dataset {
 impl Conversation {
     /// One JSONL line (no newline): `session_id`, `system_message`, `user_context_message`,
     /// `turns[{text, max_tokens}]`.
+    #[allow(clippy::expect_used)] // the invariant is named at the expect
     pub fn to_json_line(&self) -> String {
         // Serialising plain strings and integers cannot fail.
         serde_json::to_string(self).expect("conversation serialises")

@@ -173,6 +173,7 @@ impl PromptLanes {
             self.style,
             self.corpus(corpus)?,
             Some(seed),
+            self.cache_dir.as_deref(),
         )?;
         let lane = Arc::new(Lane {
             tokens,

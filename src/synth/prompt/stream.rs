@@ -22,7 +22,7 @@ pub struct PromptStream {
 impl PromptStream {
     /// A stream over `corpus` (the sonnet corpus must be given for `PromptCorpus::Sonnet`; for
     /// `PromptCorpus::CodingExact` a built [`CodingCorpus`]'s token array may be, else one is
-    /// built; AIPerf's coding pool is built here, through the id cache);
+    /// built; AIPerf's coding pool is built here, through the id cache in `cache_dir` if any);
     /// `seed` None draws a random root seed.
     pub fn new(
         tokenizer: Arc<Tokenizer>,
@@ -30,6 +30,7 @@ impl PromptStream {
         style: RandomCorpusStyle,
         sonnet: Option<TokenCorpus>,
         seed: Option<u64>,
+        cache_dir: Option<&std::path::Path>,
     ) -> Result<Self, SynthError> {
         let root = seed.unwrap_or_else(rand::random);
         let source = match corpus {
@@ -37,13 +38,9 @@ impl PromptStream {
                 SynthError::invalid("a sonnet prompt stream needs the sonnet corpus")
             })?),
             PromptCorpus::Random => CorpusSource::Random(RandomPools::new(&tokenizer, style)),
-            PromptCorpus::Coding => {
-                CorpusSource::Coding(std::sync::Arc::new(CodingPool::build_cached(
-                    root,
-                    &tokenizer,
-                    crate::synth::corpus::sonnet::default_cache_dir().as_deref(),
-                )?))
-            }
+            PromptCorpus::Coding => CorpusSource::Coding(std::sync::Arc::new(
+                CodingPool::build_cached(root, &tokenizer, cache_dir)?,
+            )),
             // kvbust's coding corpus (pass its token array as `sonnet` to reuse a built one).
             PromptCorpus::CodingExact => CorpusSource::Sonnet(match sonnet {
                 Some(c) => c,

@@ -206,6 +206,7 @@ struct ByteTable {
 }
 
 /// GPT-2's byte ↔ unicode alphabet of the ByteLevel decoder: the char that stands for each byte.
+#[allow(clippy::expect_used)] // the invariant is named at the expect
 pub(crate) fn byte_level_alphabet() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut extra = 0u32;

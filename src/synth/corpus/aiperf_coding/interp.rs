@@ -166,6 +166,7 @@ pub struct Templates {
 }
 
 /// The parsed asset (parsed once per process).
+#[allow(clippy::expect_used)] // the invariant is named at the expect
 pub fn templates() -> &'static Templates {
     static T: OnceLock<Templates> = OnceLock::new();
     // The asset is embedded at compile time and checked by the tests; a parse failure is a

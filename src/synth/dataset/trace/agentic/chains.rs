@@ -465,6 +465,7 @@ pub fn worker_groups(d: &Detection, s: &ChainSettings) -> HashMap<usize, (usize,
         .filter(|c| c.len() >= s.worker_group_min)
         .collect();
     // A group holds at least worker_group_min (> 0, checked above) members.
+    #[allow(clippy::expect_used)] // the invariant is named at the expect
     let start = |comp: &Vec<Cand>| {
         comp.iter()
             .copied()
@@ -512,6 +513,7 @@ fn overlap_components<C: Copy>(
         let t0 = cands[i].0;
         while let Some(m) = min_active(&active).filter(|m| m.0 <= t0) {
             // `m` was just read from `active`.
+            #[allow(clippy::expect_used)] // the invariant is named at the expect
             let pos = active.iter().position(|x| *x == m).expect("present");
             active.swap_remove(pos);
         }

@@ -835,6 +835,7 @@ fn conversation(session_id: &str, topology: Topology, turns: Vec<Turn>) -> Conve
     }
 }
 
+#[allow(clippy::expect_used)] // the invariant is named at the expect
 fn info(turn: &mut Turn) -> &mut TurnInfo {
     // Every turn emit_chain makes carries its TurnInfo.
     turn.agentic.as_mut().expect("agentic turn")
