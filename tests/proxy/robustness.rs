@@ -1,0 +1,501 @@
+//! Hostile and careless clients and upstreams (issue 14): silent connections, stalled bodies,
+//! oversized and non-ASCII session ids, buffered-body budget, in-flight accounting, secrets in
+//! URLs, many streams at once, an upstream dying mid-stream. Loopback only, port 0, bounded.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::common::*;
+
+/// Short connection deadlines so a test waits a fraction of a second, not the defaults.
+const FIRST: Duration = Duration::from_millis(400);
+const IDLE: Duration = Duration::from_millis(700);
+const BODY_GAP: Duration = Duration::from_millis(500);
+
+fn short_timeouts(c: &mut kvbust::config::Config) {
+    c.listen.header_read_timeout = FIRST;
+    c.listen.idle_timeout = IDLE;
+    c.listen.body_read_timeout = BODY_GAP;
+}
+
+/// Reads until the server closes the connection; returns what it sent and when it closed.
+async fn read_until_closed(tcp: &mut TcpStream) -> (Vec<u8>, Instant) {
+    let mut buf = Vec::new();
+    // The guard only keeps a regression from hanging the suite.
+    let r = tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut buf))
+        .await
+        .expect("the server closed the connection");
+    // A reset instead of a FIN is also a close.
+    if let Err(e) = r {
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    }
+    (buf, Instant::now())
+}
+
+#[tokio::test]
+async fn silent_connections_are_cut_at_the_configured_timeout_on_both_ports() {
+    let h = start(short_timeouts).await;
+    for addr in [h.proxy_addr, h.admin_addr] {
+        // Nothing at all.
+        let start = Instant::now();
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let (got, closed) = read_until_closed(&mut tcp).await;
+        assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+        let after = closed - start;
+        assert!(
+            after >= FIRST && after < FIRST * 5,
+            "{addr}: closed after {after:?}"
+        );
+
+        // Half an HTTP/2 preface.
+        let start = Instant::now();
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+        let (_, closed) = read_until_closed(&mut tcp).await;
+        let after = closed - start;
+        assert!(
+            after >= FIRST && after < FIRST * 5,
+            "{addr}: closed after {after:?}"
+        );
+
+        // Request headers that never end.
+        let start = Instant::now();
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let (got, closed) = read_until_closed(&mut tcp).await;
+        assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+        let after = closed - start;
+        assert!(
+            after >= FIRST && after < FIRST * 5,
+            "{addr}: closed after {after:?}"
+        );
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_is_closed_after_the_idle_timeout_not_before() {
+    let h = start(short_timeouts).await;
+    let mut tcp = TcpStream::connect(h.proxy_addr).await.unwrap();
+    tcp.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // Read the whole response (content-length framed) before starting the idle clock.
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = Vec::new();
+    loop {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the response was complete");
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .expect("content-length");
+            if body.len() >= len {
+                break;
+            }
+        }
+    }
+    assert!(got.starts_with(b"HTTP/1.1 200"));
+    let idle_from = Instant::now();
+    let (rest, closed) = read_until_closed(&mut tcp).await;
+    assert!(rest.is_empty());
+    let after = closed - idle_from;
+    // The idle deadline (700 ms) applies now, not the first-request one (400 ms).
+    assert!(
+        after >= IDLE - Duration::from_millis(50) && after < IDLE * 5,
+        "closed after {after:?}"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stream_longer_than_the_idle_timeout_is_never_cut() {
+    let mock = kvbust::mock::MockConfig {
+        inter_token: Duration::from_millis(40),
+        ..quick_mock()
+    };
+    let h = start_with_mock(mock, short_timeouts).await;
+    for (name, client) in clients() {
+        // 40 tokens × 40 ms ≈ 1.6 s, over twice the idle timeout, with no client bytes meanwhile.
+        let resp = chat(&client, &h, chat_body("hi", true, 40)).await;
+        assert_eq!(resp.status(), 200, "{name}");
+        let body = body_bytes(resp).await;
+        let events = sse_data(&body);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{name}");
+        let content = events.iter().filter(|e| e.contains("\"content\"")).count();
+        assert_eq!(content, 40, "{name}: every token arrived");
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_on_a_rewritten_route_gets_408_and_nothing_is_forwarded() {
+    let h = start(|c| {
+        short_timeouts(c);
+        c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix;
+    })
+    .await;
+    let body = chat_body("hello", false, 4);
+    let mut tcp = TcpStream::connect(h.proxy_addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&body.as_bytes()[..10]).await.unwrap();
+    let start = Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(20), tcp.read(&mut buf))
+        .await
+        .expect("answered")
+        .unwrap();
+    let waited = start.elapsed();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"request_body_timeout\""), "{text}");
+    assert!(waited >= BODY_GAP && waited < BODY_GAP * 5, "{waited:?}");
+    assert!(
+        h.mock.recorder().requests().is_empty(),
+        "nothing reached the upstream"
+    );
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_errors_total{code=\"request_body_timeout\",source=\"client\"} 1"),
+        "{m}"
+    );
+    h.shutdown().await;
+}
+
+/// The `x-kvbust-rid` a request gets with `x-correlation-id: id` (raw header bytes).
+async fn rid_for(h: &Harness, id: &[u8]) -> (u16, Option<String>, Bytes) {
+    let mut req = post(
+        &h.url("/v1/chat/completions"),
+        chat_body("same first turn", false, 2),
+        &[],
+    );
+    req.headers_mut().insert(
+        "x-correlation-id",
+        http::HeaderValue::from_bytes(id).unwrap(),
+    );
+    let resp = send(&h1(), req).await;
+    let status = resp.status().as_u16();
+    let rid = resp
+        .headers()
+        .get("x-kvbust-rid")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, rid, body_bytes(resp).await)
+}
+
+#[tokio::test]
+async fn non_ascii_session_ids_get_their_own_rids_and_non_text_ones_a_400() {
+    let h = start(|c| c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix).await;
+    let (s1, r1, _) = rid_for(&h, "séssion-1".as_bytes()).await;
+    let (s2, r2, _) = rid_for(&h, "séssion-2".as_bytes()).await;
+    let (s1b, r1b, _) = rid_for(&h, "séssion-1".as_bytes()).await;
+    assert_eq!((s1, s2, s1b), (200, 200, 200));
+    assert_ne!(r1, r2, "distinct sessions, distinct markers");
+    assert_eq!(r1, r1b, "the same session keeps its marker");
+    // The RID is AIPerf's digest of (benchmark id, counter, counter, the id as text).
+    let want = kvbust::cachebust::digest(&kvbust::cachebust::DigestInputs {
+        benchmark_id: "0123456789ab".into(),
+        recycle_pass: 0,
+        trajectory_index: 0,
+        trace_id: "séssion-1".into(),
+    });
+    assert_eq!(r1.as_deref(), Some(want.as_str()));
+    // Latin-1 bytes are not text: a clear 400, not a silent fall-back to the first-turn hash.
+    let (status, _, body) = rid_for(&h, b"s\xe9ssion-3").await;
+    assert_eq!(status, 400);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_header");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("x-correlation-id"));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_oversized_session_header_is_a_400_naming_the_limit() {
+    let h = start(|c| c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix).await;
+    let (status, _, body) = rid_for(&h, &vec![b'a'; 1025]).await;
+    assert_eq!(status, 400);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "header_too_long");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("limits.max_control_header"));
+    assert!(h.mock.recorder().requests().is_empty());
+    h.shutdown().await;
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_sessions_with_100_kb_ids_keep_memory_bounded() {
+    // Ids this long need the header limit raised; the ledger must still hold digests only.
+    // The mock keeps few requests (their headers hold the ids): only the proxy is measured.
+    let mock = kvbust::mock::MockConfig {
+        record_requests: 16,
+        ..quick_mock()
+    };
+    let h = start_with_mock(mock, |c| {
+        c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix;
+        c.limits.max_control_header = kvbust::config::ByteSize(128 << 10);
+    })
+    .await;
+    let client = h1();
+    let body = Bytes::from(chat_body("x", false, 1));
+    let id_tail = "x".repeat(100 * 1024 - 16);
+    let send_batch = |from: usize, to: usize| {
+        let client = client.clone();
+        let url = h.url("/v1/chat/completions");
+        let body = body.clone();
+        let id_tail = id_tail.clone();
+        async move {
+            for i in from..to {
+                let id = format!("{i:016}{id_tail}");
+                let req = post(&url, body.clone(), &[("x-correlation-id", &id)]);
+                let resp = send(&client, req).await;
+                assert_eq!(resp.status(), 200);
+                body_bytes(resp).await;
+            }
+        }
+    };
+    // Warm up allocator arenas and pools before the baseline.
+    futures_util::future::join_all((0..8).map(|k| send_batch(k * 100, k * 100 + 100))).await;
+    let before = rss_bytes();
+    futures_util::future::join_all(
+        (0..8).map(|k| send_batch(1000 + k * 2500, 1000 + k * 2500 + 2500)),
+    )
+    .await;
+    let grown = rss_bytes().saturating_sub(before);
+    let sessions = h.runtime.metrics.ledger_sessions.get();
+    assert_eq!(sessions, 20_800, "every id is its own session");
+    assert!(
+        grown < 50 << 20,
+        "RSS grew {} MB for 20,000 sessions",
+        grown >> 20
+    );
+    h.shutdown().await;
+}
+
+/// Waits (bounded) until `cond` holds, checking the state it names; not a timed sleep.
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn buffered_bodies_share_one_budget_and_past_it_get_503_at_once() {
+    let h = start(|c| {
+        c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix;
+        c.limits.max_body = kvbust::config::ByteSize(64 << 10);
+        c.limits.max_buffered_total = kvbust::config::ByteSize(64 << 10);
+    })
+    .await;
+    // A: declares 60,000 bytes, sends a few and pauses; its declared size is held.
+    let mut a = TcpStream::connect(h.proxy_addr).await.unwrap();
+    a.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 60000\r\n\r\n{\"messages\":")
+        .await
+        .unwrap();
+    wait_for("A's reservation", || h.runtime.bodies.used() == 60_000).await;
+    // B: 10 KB more would pass 64 KiB: refused at once, counted, nothing forwarded.
+    let big = chat_body(&"y".repeat(10_000), false, 1);
+    let start = Instant::now();
+    let resp = chat(&h1(), &h, big.clone()).await;
+    assert_eq!(resp.status(), 503);
+    assert!(start.elapsed() < Duration::from_secs(2), "not queued");
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let v = json(resp).await;
+    assert_eq!(v["error"]["code"], "buffer_budget_exhausted");
+    assert!(h.mock.recorder().requests().is_empty());
+    // A's client goes away: its share comes back, and B's request now goes through.
+    drop(a);
+    wait_for("A's reservation to be given back", || {
+        h.runtime.bodies.used() == 0
+    })
+    .await;
+    let resp = chat(&h1(), &h, big).await;
+    assert_eq!(resp.status(), 200);
+    body_bytes(resp).await;
+    assert_eq!(h.runtime.bodies.used(), 0);
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_errors_total{code=\"buffer_budget_exhausted\",source=\"internal\"} 1"),
+        "{m}"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_waiting_for_upstream_headers_is_in_flight() {
+    // An upstream that takes the request and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let (mut s, _) = silent.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        std::future::pending::<()>().await;
+    });
+    let h = start_proxy(&url, |c| {
+        c.upstream.first_byte_timeout = Duration::from_millis(800)
+    })
+    .await;
+    let client = h1();
+    let req = post(
+        &h.url("/v1/chat/completions"),
+        chat_body("hi", false, 1),
+        &[],
+    );
+    let pending = tokio::spawn(async move { send(&client, req).await.status() });
+    let gauge = h.runtime.metrics.in_flight.clone();
+    wait_for("the request to be counted", || gauge.get() == 1).await;
+    assert_eq!(pending.await.unwrap(), 504);
+    wait_for("the count to drop", || gauge.get() == 0).await;
+    held.abort();
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_password_in_the_upstream_url_is_never_shown_nor_sent_as_host() {
+    let ml = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = ml.local_addr().unwrap();
+    let mock = kvbust::mock::Mock::new(quick_mock(), None);
+    tokio::spawn(kvbust::mock::serve(
+        ml,
+        mock.clone(),
+        std::future::pending(),
+    ));
+    let h = start_proxy(&format!("http://user:s3cret@{addr}"), |_| {}).await;
+    let config = body_bytes(send(&h1(), get(&h.admin_url("/config"))).await).await;
+    let config = String::from_utf8_lossy(&config);
+    assert!(config.contains("user:<redacted>@"), "{config}");
+    assert!(!config.contains("s3cret"), "{config}");
+    for (name, client) in clients() {
+        let resp = chat(&client, &h, chat_body("hi", false, 1)).await;
+        assert_eq!(resp.status(), 200, "{name}");
+        body_bytes(resp).await;
+    }
+    for r in mock.recorder().requests() {
+        let host = r
+            .headers
+            .get("host")
+            .map(|v| v.to_str().unwrap().to_string())
+            .or(r.authority.clone())
+            .unwrap();
+        assert_eq!(host, addr.to_string());
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_thousand_concurrent_streams_all_complete() {
+    let h = start(|_| {}).await;
+    let client = h2c();
+    let url = h.url("/v1/chat/completions");
+    let body = Bytes::from(chat_body("hi", true, 8));
+    let streams = (0..1000).map(|_| {
+        let client = client.clone();
+        let req = post(&url, body.clone(), &[]);
+        async move {
+            let resp = send(&client, req).await;
+            assert_eq!(resp.status(), 200);
+            sse_data(&body_bytes(resp).await)
+        }
+    });
+    let all = futures_util::future::join_all(streams).await;
+    for events in &all {
+        assert_eq!(
+            events.iter().filter(|e| e.contains("\"content\"")).count(),
+            8
+        );
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    }
+    assert_eq!(h.mock.recorder().requests_total(), 1000);
+    assert_eq!(h.runtime.metrics.in_flight.get(), 0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_upstream_killed_mid_stream_is_counted_and_the_client_stream_ends() {
+    // An upstream that sends two events and then dies without ending the chunked body.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let events = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n";
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut buf = vec![0u8; 8192];
+            let _ = s.read(&mut buf).await;
+            let msg = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
+                events.len()
+            );
+            s.write_all(msg.as_bytes()).await.unwrap();
+            // Dropped here: the body ends without its last chunk.
+        }
+    });
+    let h = start_proxy(&url, |_| {}).await;
+    for (name, client) in clients() {
+        let resp = chat(&client, &h, chat_body("hi", true, 8)).await;
+        assert_eq!(resp.status(), 200, "{name}");
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        let ended_with_error = loop {
+            match tokio::time::timeout(
+                Duration::from_secs(20),
+                http_body_util::BodyExt::frame(&mut body),
+            )
+            .await
+            .expect("the client's stream ends, it does not hang")
+            {
+                Some(Ok(f)) => {
+                    got.extend_from_slice(f.data_ref().map(|d| &d[..]).unwrap_or_default())
+                }
+                Some(Err(_)) => break true,
+                None => break false,
+            }
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            events,
+            "{name}: what came before is intact"
+        );
+        assert!(
+            ended_with_error,
+            "{name}: the client can tell the stream was cut"
+        );
+    }
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_errors_total{code=\"upstream_body_error\",source=\"upstream\"} 2"),
+        "{m}"
+    );
+    assert!(
+        m.contains("kvbust_streams_aborted_total{reason=\"upstream_error\"} 2"),
+        "{m}"
+    );
+    assert_eq!(h.runtime.metrics.in_flight.get(), 0);
+    h.shutdown().await;
+}
