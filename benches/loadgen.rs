@@ -11,13 +11,8 @@
 //!
 //! `fixed` is for instruction counts (`valgrind --tool=callgrind` on the proxy): a run of a known
 //! number of requests, where wrk only runs for a time.
-// A benchmark run by hand: a panic is its error report (Cargo.toml denies these in the library).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    clippy::disallowed_methods
-)]
+// Run by hand: a failed expect is this tool's error report (Cargo.toml denies it in the library).
+#![allow(clippy::expect_used)]
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;

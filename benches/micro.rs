@@ -2,13 +2,8 @@
 //! target and body size, the marker, the SSE observer per event, the placeholder scan, and
 //! placeholder expansion per corpus. `cargo bench --bench micro` (add a filter to run a part,
 //! e.g. `cargo bench --bench micro -- rewrite/first_turn_prefix`).
-// A benchmark run by hand: a panic is its error report (Cargo.toml denies these in the library).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    clippy::disallowed_methods
-)]
+// Run by hand: a failed expect is this tool's error report (Cargo.toml denies it in the library).
+#![allow(clippy::expect_used)]
 #![forbid(unsafe_code)]
 
 use std::hint::black_box;
