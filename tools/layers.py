@@ -11,7 +11,9 @@ path in src/, resolves each to the module file that owns it, and then checks two
 Outside CHECKED the circles are reported but do not fail the run: the proxy side's circles are
 being cut on other branches (issue 22 items 2 and 3); add a tree to CHECKED once it is clean.
 Test-only code (`#[cfg(test)]` items and the files they declare) is left out: a test may reach
-upwards for fixtures without the library doing so.
+upwards for fixtures without the library doing so. A folder's `mod.rs` may use its own parts (to
+the rest of the tree the folder is one unit), and a path through a `pub use` re-export counts as
+an import of the module that defines the name, so a re-export cannot hide a circle.
 
 Usage: python3 tools/layers.py [--graph] [ROOT]   (ROOT: the repository, default: this one)
 Exit status 1 when a rule breaks in a checked tree, else 0.
@@ -38,7 +40,8 @@ LAYERS = {
 CHECKED = ["synth"]
 
 USE_RE = re.compile(r"\buse\s+([^;]*);", re.S)
-PATH_RE = re.compile(r"\b(crate(?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*)+)")
+PATH_RE = re.compile(r"(?<![A-Za-z0-9_:])((?:crate|super|self)(?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*)+)")
+PUB_USE_RE = re.compile(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]*);", re.S)
 MOD_RE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;", re.M)
 
 
@@ -184,7 +187,8 @@ def load(root):
     return mods
 
 
-def resolve(path, here, mods):
+def resolve(path, here, mods, reexports=None):
+    reexports = reexports or {}
     """The module a path names, from inside module `here`; None for other crates."""
     segs = [s for s in path.split("::") if s]
     if not segs:
@@ -204,21 +208,40 @@ def resolve(path, here, mods):
     for k in range(len(full), -1, -1):
         cand = "::".join(full[:k])
         if cand in mods:
+            # `a::Name` where `a` re-exports `Name` from a module of its own: the edge goes to
+            # that module, so a re-export cannot hide a circle.
+            if k < len(full) and full[k] in reexports.get(cand, {}):
+                return reexports[cand][full[k]]
             return cand
     return None
 
 
-def edges(mods):
+def reexports_of(mods):
+    """{module: {name: module it re-exports the name from}} from `pub use` items."""
     out = {}
+    for name, (_, src) in mods.items():
+        for m in PUB_USE_RE.finditer(src):
+            tree = re.sub(r"\s+", " ", m.group(1))
+            for p in expand(m.group(1)):
+                leaf = p.split("::")[-1]
+                alias = re.search(r"\b" + re.escape(leaf) + r"\s+as\s+([A-Za-z_][A-Za-z0-9_]*)", tree)
+                t = resolve(p, name, mods)
+                if t is not None and t != name:
+                    out.setdefault(name, {})[alias.group(1) if alias else leaf] = t
+    return out
+
+
+def edges(mods):
+    out, reexports = {}, reexports_of(mods)
     for name, (_, src) in mods.items():
         targets = set()
         for m in USE_RE.finditer(src):
             for p in expand(m.group(1)):
-                t = resolve(p, name, mods)
+                t = resolve(p, name, mods, reexports)
                 if t is not None:
                     targets.add(t)
         for m in PATH_RE.finditer(src):
-            t = resolve(re.sub(r"\s+", "", m.group(1)), name, mods)
+            t = resolve(re.sub(r"\s+", "", m.group(1)), name, mods, reexports)
             if t is not None:
                 targets.add(t)
         # A module "imports" its parent only through real paths; its own children are its parts.
