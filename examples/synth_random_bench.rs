@@ -94,7 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         style,
         None,
         Some(0),
-        None,
+        kvbust::app::default_cache_dir().as_deref(),
     )?;
     let mut next = || {
         stream.prompt(1024).expect("a prompt");

@@ -74,6 +74,8 @@ pub async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Har
     // No upstream health probe unless a test asks for one: its requests would show up in the
     // mock's recorder, and readiness would wait for it.
     cfg.upstream.health_probe = false;
+    // Corpus token caches where `kvbust serve` keeps them (app.rs reads the environment).
+    cfg.synth.cache_dir = kvbust::app::default_cache_dir();
     tweak(&mut cfg);
     cfg.validate().expect("test config is valid");
     let data = server::DataListener::bind(cfg.listen.addr, cfg.listen.worker_count()).unwrap();

@@ -160,7 +160,7 @@ fn placeholder_stream_draws_like_the_composer() {
         RandomCorpusStyle::Vllm,
         None,
         Some(0),
-        None,
+        kvbust::app::default_cache_dir().as_deref(),
     )
     .unwrap();
     for conv in case["conversations"].as_array().unwrap() {

@@ -310,7 +310,7 @@ fn prompt_stream_serves_the_coding_exact_corpus() {
             RandomCorpusStyle::Vllm,
             corpus,
             Some(3),
-            None,
+            kvbust::app::default_cache_dir().as_deref(),
         )
         .expect("stream")
     };

@@ -163,7 +163,7 @@ fn prompt_stream_continues_aiperf_generator() {
         Default::default(),
         Some(sonnet),
         Some(42),
-        None,
+        kvbust::app::default_cache_dir().as_deref(),
     )
     .unwrap();
     let case = &vectors()["cases"]["sonnet_isl16_seed42_qwen3"]["conversations"];

@@ -194,7 +194,7 @@ async fn placeholders_become_fresh_token_exact_prompts_from_each_corpus() {
             PromptCorpus::Coding,
             40,
         )),
-        None,
+        kvbust::app::default_cache_dir().as_deref(),
     )
     .unwrap();
     let mut seen = Vec::new();
