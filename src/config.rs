@@ -63,6 +63,10 @@ pub struct ListenConfig {
     /// Longest gap while reading a request body, on every route.
     #[serde(with = "crate::duration")]
     pub body_read_timeout: Duration,
+    /// Longest time to read a whole request body (from the first wait for its bytes), on every
+    /// route: a body trickled just under `body_read_timeout` is cut here (408).
+    #[serde(with = "crate::duration")]
+    pub body_total_timeout: Duration,
 }
 
 impl ListenConfig {
@@ -71,6 +75,14 @@ impl ListenConfig {
         match self.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
+        }
+    }
+
+    /// The deadlines every request body (data and admin port) is read under.
+    pub fn body_deadlines(&self) -> crate::conn::BodyDeadlines {
+        crate::conn::BodyDeadlines {
+            gap: self.body_read_timeout,
+            total: self.body_total_timeout,
         }
     }
 
@@ -95,6 +107,7 @@ impl Default for ListenConfig {
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),
             body_read_timeout: Duration::from_secs(60),
+            body_total_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -867,6 +880,7 @@ impl Config {
             ),
             ("listen.idle_timeout", self.listen.idle_timeout),
             ("listen.body_read_timeout", self.listen.body_read_timeout),
+            ("listen.body_total_timeout", self.listen.body_total_timeout),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::new(

@@ -302,25 +302,45 @@ impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
     }
 }
 
-/// A request body that stopped arriving: no bytes for the configured gap.
-#[derive(Debug, thiserror::Error)]
-#[error("the client sent no request body bytes for {} (listen.body_read_timeout)", humantime::format_duration(*.0))]
-pub struct BodyReadTimeout(pub Duration);
+/// A request body that did not arrive in time: no bytes for the configured gap
+/// (`listen.body_read_timeout`), or not all of it by the whole-body deadline
+/// (`listen.body_total_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BodyReadTimeout {
+    #[error("the client sent no request body bytes for {} (listen.body_read_timeout)", humantime::format_duration(*.0))]
+    Gap(Duration),
+    #[error("the client did not send the whole request body within {} (listen.body_total_timeout)", humantime::format_duration(*.0))]
+    Total(Duration),
+}
 
-/// A request body with a gap deadline: waiting longer than `gap` for its next frame fails it
-/// with [`BodyReadTimeout`]. The timer is only armed while a frame is awaited, and reused.
+/// The deadlines a request body is read under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyDeadlines {
+    /// Longest wait for the next frame.
+    pub gap: Duration,
+    /// Longest time from the first wait for body bytes to the end of the body.
+    pub total: Duration,
+}
+
+/// A request body with a gap deadline and a whole-body deadline: waiting longer than `gap` for
+/// its next frame, or past `total` since it was first waited for, fails it with
+/// [`BodyReadTimeout`]. One timer serves both (armed at the nearer of the two), only while a
+/// frame is awaited, and reused; a body that is never waited for reads no clock.
 pub struct BodyTimeout<B> {
     body: B,
-    gap: Duration,
+    limits: BodyDeadlines,
+    /// When the body was first waited for: the whole-body clock starts there.
+    since: Option<Instant>,
     timer: Option<Pin<Box<Sleep>>>,
     armed: bool,
 }
 
 impl<B> BodyTimeout<B> {
-    pub fn new(body: B, gap: Duration) -> Self {
+    pub fn new(body: B, limits: BodyDeadlines) -> Self {
         Self {
             body,
-            gap,
+            limits,
+            since: None,
             timer: None,
             armed: false,
         }
@@ -346,21 +366,30 @@ where
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
             Poll::Pending => {
-                let deadline = Instant::now() + this.gap;
-                let timer = match &mut this.timer {
-                    Some(t) => {
-                        if !this.armed {
-                            t.as_mut().reset(deadline);
-                        }
-                        t
+                let limits = this.limits;
+                if !this.armed {
+                    let now = Instant::now();
+                    let whole = *this.since.get_or_insert(now) + limits.total;
+                    let deadline = (now + limits.gap).min(whole);
+                    match &mut this.timer {
+                        Some(t) => t.as_mut().reset(deadline),
+                        None => this.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
                     }
-                    None => this
-                        .timer
-                        .insert(Box::pin(tokio::time::sleep_until(deadline))),
+                    this.armed = true;
+                }
+                let Some(timer) = this.timer.as_mut() else {
+                    return Poll::Pending; // set just above whenever not armed
                 };
-                this.armed = true;
                 match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyReadTimeout(this.gap))))),
+                    Poll::Ready(()) => {
+                        let since = this.since.unwrap_or_else(Instant::now);
+                        let err = if Instant::now() >= since + limits.total {
+                            BodyReadTimeout::Total(limits.total)
+                        } else {
+                            BodyReadTimeout::Gap(limits.gap)
+                        };
+                        Poll::Ready(Some(Err(Box::new(err))))
+                    }
                     Poll::Pending => Poll::Pending,
                 }
             }
@@ -376,10 +405,10 @@ where
     }
 }
 
-/// The gap that timed a request body out, if `err` (or any error it wraps) is a
+/// The timeout that failed a request body, if `err` (or any error it wraps) is a
 /// [`BodyReadTimeout`].
-pub fn body_timeout_in(err: &(dyn std::error::Error + 'static)) -> Option<Duration> {
-    crate::error::causes(err).find_map(|e| e.downcast_ref::<BodyReadTimeout>().map(|t| t.0))
+pub fn body_timeout_in(err: &(dyn std::error::Error + 'static)) -> Option<BodyReadTimeout> {
+    crate::error::causes(err).find_map(|e| e.downcast_ref::<BodyReadTimeout>().copied())
 }
 
 #[cfg(test)]
@@ -457,7 +486,11 @@ mod tests {
             }
         }
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let mut body = BodyTimeout::new(Fed(rx), Duration::from_secs(10));
+        let limits = BodyDeadlines {
+            gap: Duration::from_secs(10),
+            total: Duration::from_secs(3600),
+        };
+        let mut body = BodyTimeout::new(Fed(rx), limits);
         let feeder = tokio::spawn(async move {
             for _ in 0..3 {
                 tokio::time::sleep(Duration::from_secs(9)).await;
@@ -473,7 +506,54 @@ mod tests {
         let start = Instant::now();
         let err = body.frame().await.unwrap().unwrap_err();
         assert_eq!(start.elapsed(), Duration::from_secs(10));
-        assert_eq!(body_timeout_in(err.as_ref()), Some(Duration::from_secs(10)));
+        assert_eq!(
+            body_timeout_in(err.as_ref()),
+            Some(BodyReadTimeout::Gap(Duration::from_secs(10)))
+        );
+        feeder.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_body_fails_at_the_whole_body_deadline() {
+        use http_body_util::BodyExt;
+        // One byte every 9 s never trips the 10 s gap, but 25 s in all is the limit.
+        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(4);
+        let body = http_body_util::StreamBody::new(Box::pin(futures_util::stream::unfold(
+            rx,
+            |mut rx| async {
+                rx.recv()
+                    .await
+                    .map(|b| (Ok::<_, std::io::Error>(http_body::Frame::data(b)), rx))
+            },
+        )));
+        let limits = BodyDeadlines {
+            gap: Duration::from_secs(10),
+            total: Duration::from_secs(25),
+        };
+        let mut body = BodyTimeout::new(body, limits);
+        let feeder = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(9)).await;
+                if tx.send(bytes::Bytes::from_static(b" ")).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let start = Instant::now();
+        let mut frames = 0;
+        let err = loop {
+            match body.frame().await {
+                Some(Ok(_)) => frames += 1,
+                Some(Err(e)) => break e,
+                None => panic!("the body does not end"),
+            }
+        };
+        assert_eq!(frames, 2, "bytes at 9 s and 18 s pass");
+        assert_eq!(start.elapsed(), Duration::from_secs(25));
+        assert_eq!(
+            body_timeout_in(err.as_ref()),
+            Some(BodyReadTimeout::Total(Duration::from_secs(25)))
+        );
         feeder.abort();
     }
 }

@@ -316,12 +316,14 @@ async fn buffered_bodies_share_one_budget_and_past_it_get_503_at_once() {
         c.limits.max_buffered_total = kvbust::config::ByteSize(64 << 10);
     })
     .await;
-    // A: declares 60,000 bytes, sends a few and pauses; its declared size is held.
+    // A: declares 60,000 bytes, sends 59,000 and pauses; what it sent is held (what it only
+    // declared is not: issue 23).
     let mut a = TcpStream::connect(h.proxy_addr).await.unwrap();
     a.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 60000\r\n\r\n{\"messages\":")
         .await
         .unwrap();
-    wait_for("A's reservation", || h.runtime.bodies.used() == 60_000).await;
+    a.write_all(&vec![b' '; 59_000 - 12]).await.unwrap();
+    wait_for("A's reservation", || h.runtime.bodies.used() == 59_000).await;
     // B: 10 KB more would pass 64 KiB: refused at once, counted, nothing forwarded.
     let big = chat_body(&"y".repeat(10_000), false, 1);
     let start = Instant::now();
@@ -499,5 +501,142 @@ async fn an_upstream_killed_mid_stream_is_counted_and_the_client_stream_ends() {
         "{m}"
     );
     assert_eq!(h.runtime.metrics.in_flight.get(), 0);
+    h.shutdown().await;
+}
+
+/// Issue 23 item 1: sixteen bodies that declare 64 MiB and send one byte hold one byte each of
+/// `limits.max_buffered_total`, not 64 MiB each, so another client's rewritten request is served.
+#[tokio::test]
+async fn slow_bodies_declaring_64_mib_do_not_fill_the_buffer_budget() {
+    // Defaults: limits.max_body 64 MiB, limits.max_buffered_total 1 GiB (16 x 64 MiB).
+    let h = start(|c| c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix).await;
+    let mut slow = Vec::new();
+    for _ in 0..16 {
+        let mut s = TcpStream::connect(h.proxy_addr).await.unwrap();
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 67108864\r\n\r\n{")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    let gauge = h.runtime.metrics.in_flight.clone();
+    wait_for("the 16 slow bodies to be read", || gauge.get() == 16).await;
+    for (name, client) in clients() {
+        let resp = chat(&client, &h, chat_body("a legitimate request", false, 2)).await;
+        let status = resp.status();
+        let body = body_bytes(resp).await;
+        assert_eq!(status, 200, "{name}: {}", String::from_utf8_lossy(&body));
+    }
+    wait_for("one byte held per slow body", || {
+        h.runtime.bodies.used() == 16
+    })
+    .await;
+    drop(slow);
+    wait_for("the slow bodies' bytes given back", || {
+        h.runtime.bodies.used() == 0
+    })
+    .await;
+    h.shutdown().await;
+}
+
+/// Issue 23 item 8: a stalled `PUT /phase` body on the admin port (no token set) is timed out
+/// like a data-port body: 408, and the connection closes.
+#[tokio::test]
+async fn a_stalled_admin_body_is_timed_out() {
+    let h = start(short_timeouts).await;
+    let mut tcp = TcpStream::connect(h.admin_addr).await.unwrap();
+    tcp.write_all(b"PUT /phase HTTP/1.1\r\nHost: x\r\ncontent-length: 10\r\n\r\nwa")
+        .await
+        .unwrap();
+    let (got, _) = read_until_closed(&mut tcp).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"request_body_timeout\""), "{text}");
+    assert_eq!(
+        h.runtime.default_phase(),
+        kvbust::cachebust::Phase::Profiling
+    );
+    h.shutdown().await;
+}
+
+/// Issue 23 item 9: an `x-request-id` over 128 bytes, or not visible ASCII, is replaced by a
+/// new one, on the response and upstream alike; one that fits is kept.
+#[tokio::test]
+async fn an_oversized_or_invisible_request_id_is_replaced() {
+    let h = start(|_| {}).await;
+    let long = "r".repeat(300);
+    for (given, kept) in [
+        (long.as_str(), false),
+        ("with space", false),
+        ("ok-id_128.x", true),
+    ] {
+        let req = post(
+            &h.url("/v1/chat/completions"),
+            chat_body("hi", false, 1),
+            &[("x-request-id", given)],
+        );
+        let resp = send(&h1(), req).await;
+        assert_eq!(resp.status(), 200);
+        let echoed = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+        body_bytes(resp).await;
+        let upstream = h.mock.recorder().requests();
+        let sent = upstream.last().unwrap().headers["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(sent, echoed, "the upstream sees the id the client gets");
+        if kept {
+            assert_eq!(echoed, given);
+        } else {
+            assert_eq!(echoed.len(), 16, "{given}: replaced by a new id");
+            assert!(echoed.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+    }
+    h.shutdown().await;
+}
+
+/// Issue 23 item 1: a body trickled just under `listen.body_read_timeout` is cut at
+/// `listen.body_total_timeout`: 408 `request_body_total_timeout`, on a rewritten route and on a
+/// pass-through one.
+#[tokio::test]
+async fn a_trickled_body_is_cut_at_the_whole_body_deadline() {
+    let h = start(|c| {
+        c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix;
+        c.listen.body_read_timeout = Duration::from_secs(20);
+        c.listen.body_total_timeout = Duration::from_millis(800);
+    })
+    .await;
+    for path in ["/v1/chat/completions", "/v1/embeddings"] {
+        let mut tcp = TcpStream::connect(h.proxy_addr).await.unwrap();
+        let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{");
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        // One byte every 100 ms: far inside the 20 s gap, never finishing the 1000 bytes.
+        let mut buf = vec![0u8; 4096];
+        let mut got = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let guard = Instant::now() + Duration::from_secs(20);
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"}") {
+            assert!(Instant::now() < guard, "{path}: no answer");
+            tokio::select! {
+                n = tcp.read(&mut buf) => {
+                    let n = n.unwrap();
+                    assert!(n > 0, "{path}: closed with {}", String::from_utf8_lossy(&got));
+                    got.extend_from_slice(&buf[..n]);
+                }
+                _ = tick.tick() => { let _ = tcp.write_all(b" ").await; }
+            }
+        }
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 408"), "{path}: {text}");
+        assert!(
+            text.contains("\"code\":\"request_body_total_timeout\""),
+            "{path}: {text}"
+        );
+        assert!(text.contains("listen.body_total_timeout"), "{path}: {text}");
+    }
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_errors_total{code=\"request_body_total_timeout\",source=\"client\"} 2"),
+        "{m}"
+    );
     h.shutdown().await;
 }

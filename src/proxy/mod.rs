@@ -259,8 +259,8 @@ impl Proxy {
     {
         // Erase the body type up front; boxing the future pins its Send-ness to concrete
         // lifetimes (hyper's service bounds trip rustc's higher-ranked inference otherwise).
-        let gap = self.rt.config.listen.body_read_timeout;
-        let req = req.map(|b| BodyTimeout::new(b, gap).boxed());
+        let limits = self.rt.config.listen.body_deadlines();
+        let req = req.map(|b| BodyTimeout::new(b, limits).boxed());
         Box::pin(self.handle_erased(req, client))
     }
 
@@ -733,7 +733,7 @@ fn reserve(r: &mut budget::Reservation<'_>, n: u64) -> Result<(), ProxyError> {
 }
 
 /// Collects a request body that must be rewritten, refusing more than `limit` bytes and holding
-/// its size in `buffered`. A body that arrives in one frame (the usual case for a small chat
+/// the bytes received so far in `buffered`. A body that arrives in one frame (the usual case for a small chat
 /// request) is kept as it is, not copied.
 async fn collect_limited(
     body: Body,
@@ -748,7 +748,8 @@ async fn collect_limited(
     if declared.is_some_and(|n| n > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    reserve(buffered, declared.unwrap_or(0))?;
+    // The budget is charged for bytes received, never for bytes promised: a client that
+    // declares 64 MiB and sends one byte holds one byte of it.
     // A plain loop rather than `Limited`: its boxed error type trips rustc's Send inference
     // for this future.
     let mut body = body;
@@ -757,7 +758,7 @@ async fn collect_limited(
     let mut total = 0u64;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| match crate::conn::body_timeout_in(e.as_ref()) {
-            Some(after) => ProxyError::ClientBodyTimeout { after },
+            Some(t) => t.into(),
             None => ProxyError::ClientBody(crate::error::error_chain(e.as_ref())),
         })?;
         let Ok(data) = frame.into_data() else {
@@ -771,7 +772,13 @@ async fn collect_limited(
         if let Some(buf) = joined.as_mut() {
             buf.extend_from_slice(&data);
         } else if let Some(head) = first.take() {
-            let cap = declared.unwrap_or(total).max(total).min(limit) as usize;
+            // Room for the declared size, but at most 1 MiB beyond what has come: a promise
+            // alone allocates little (the buffer grows as bytes come).
+            let cap = declared
+                .unwrap_or(total)
+                .max(total)
+                .min(limit)
+                .min(total + (1 << 20)) as usize;
             let mut buf = bytes::BytesMut::with_capacity(cap);
             buf.extend_from_slice(&head);
             buf.extend_from_slice(&data);
