@@ -73,6 +73,7 @@ async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
         },
         (&Method::GET, "/metrics") => typed(
             {
+                rt.count_connections();
                 let used = rt.bodies.used();
                 rt.metrics
                     .buffered_bytes

@@ -1,7 +1,9 @@
 //! Accepting connections and keeping each on a deadline: the listening sockets and the one accept
-//! loop of the data, admin and mock ports (backing off on EMFILE instead of spinning) and [`TimedIo`], which closes a
-//! connection that sits idle with no request in flight, and [`BodyTimeout`], which fails a request
-//! body that pauses too long. Never reads, changes or holds the bytes it passes on.
+//! loop of the data, admin and mock ports (backing off on EMFILE instead of spinning), the cap
+//! on open client connections and who is shed past it ([`ConnTable`], [`ConnCaps`]),
+//! [`TimedIo`], which closes a connection that sits idle with no request in flight, and
+//! [`BodyTimeout`], which fails a request body that pauses too long or takes too long in all.
+//! Never reads, changes or holds the bytes it passes on.
 
 use std::future::Future;
 use std::io;
@@ -134,6 +136,194 @@ fn now_nanos() -> u64 {
 
 fn from_nanos(n: u64) -> Instant {
     origin() + Duration::from_nanos(n - 1)
+}
+
+/// The descriptors kept back from the derived connection caps: the admin port's connections,
+/// listeners, event loops, log files, and the mock's.
+pub const FD_RESERVE: u64 = 64;
+
+/// The process's soft open-file limit (RLIMIT_NOFILE), from `/proc/self/limits`; `None` when
+/// unlimited or unknown.
+pub fn fd_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The caps on open connections, in force for this run: what is configured, or derived from the
+/// fd limit so that client connections and upstream connections each get half of what is left
+/// after [`FD_RESERVE`] (every client connection may need an upstream one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnCaps {
+    /// Client connections on the data port, all workers together (`listen.max_connections`).
+    pub clients: usize,
+    /// Upstream connections one worker may have open (`upstream.max_connections_per_worker`).
+    pub upstream_per_worker: usize,
+}
+
+impl ConnCaps {
+    pub fn new(
+        max_connections: usize,
+        per_worker: usize,
+        workers: usize,
+        fds: Option<u64>,
+    ) -> Self {
+        let half = fds.map_or(1 << 20, |n| (n.saturating_sub(FD_RESERVE) / 2).max(1)) as usize;
+        let workers = workers.max(1);
+        Self {
+            clients: if max_connections > 0 {
+                max_connections
+            } else {
+                half
+            },
+            upstream_per_worker: if per_worker > 0 {
+                per_worker
+            } else {
+                (half / workers).max(1)
+            },
+        }
+    }
+
+    /// One worker's share of [`ConnCaps::clients`] (rounded up).
+    pub fn clients_per_worker(&self, workers: usize) -> usize {
+        self.clients.div_ceil(workers.max(1))
+    }
+}
+
+/// One open client connection, as the cap sees it.
+struct Tracked {
+    accepted: Instant,
+    activity: Arc<Activity>,
+    abort: tokio::task::AbortHandle,
+}
+
+/// Connections by state, for `kvbust_connections{state}`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ConnCounts {
+    /// Accepted, no request yet.
+    pub new: usize,
+    /// A request in flight.
+    pub active: usize,
+    /// Between requests.
+    pub idle: usize,
+}
+
+/// One data worker's open client connections, held to its share of `listen.max_connections`:
+/// past it, the oldest connection with no request in flight (idle, or not yet requesting) is
+/// closed to make room, as nginx and Envoy's overload manager shed; with every connection busy,
+/// the new one is closed instead. Touched once per connection (accept and close), never per
+/// request; the admin port reads the states at scrape.
+pub struct ConnTable {
+    cap: usize,
+    conns: std::sync::Mutex<std::collections::HashMap<u64, Tracked>>,
+    next: AtomicU64,
+}
+
+/// What the table did with a new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Room for it.
+    Room,
+    /// Room made by closing the oldest connection with nothing in flight.
+    Shed,
+    /// Every connection is busy: the new one must be closed.
+    Full,
+}
+
+/// Removes its connection from the table when the connection's task ends or is aborted.
+pub struct Slot {
+    table: Arc<ConnTable>,
+    id: u64,
+}
+
+impl Slot {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.table.lock().remove(&self.id);
+    }
+}
+
+impl ConnTable {
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cap: cap.max(1),
+            conns: Default::default(),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Tracked>> {
+        // The critical sections only insert, remove and read; the map stays valid on a panic.
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes room for one more connection if it can: closes the oldest connection with nothing
+    /// in flight when the table is full.
+    pub fn admit(&self) -> Admit {
+        let mut conns = self.lock();
+        if conns.len() < self.cap {
+            return Admit::Room;
+        }
+        let oldest = conns
+            .iter()
+            .filter(|(_, t)| t.activity.in_flight.load(Ordering::Acquire) == 0)
+            .min_by_key(|(_, t)| t.accepted)
+            .map(|(id, _)| *id);
+        match oldest.and_then(|id| conns.remove(&id)) {
+            Some(victim) => {
+                victim.abort.abort();
+                Admit::Shed
+            }
+            None => Admit::Full,
+        }
+    }
+
+    /// A new connection's place, to move into its task; [`ConnTable::insert`] records it once
+    /// the task is spawned, and dropping it (the task ending, or aborted) removes it.
+    pub fn slot(self: &Arc<Self>) -> Slot {
+        Slot {
+            table: self.clone(),
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Records the connection of the slot `id`, served by the task `abort` stops. Called right after
+    /// spawning, on the accepting thread of a current-thread runtime: the task cannot have run
+    /// (and dropped its slot) yet.
+    pub fn insert(&self, id: u64, activity: Arc<Activity>, abort: tokio::task::AbortHandle) {
+        self.lock().insert(
+            id,
+            Tracked {
+                accepted: Instant::now(),
+                activity,
+                abort,
+            },
+        );
+    }
+
+    /// The open connections by state.
+    pub fn counts(&self) -> ConnCounts {
+        let mut c = ConnCounts::default();
+        for t in self.lock().values() {
+            if t.activity.in_flight.load(Ordering::Acquire) > 0 {
+                c.active += 1;
+            } else if t.activity.idle_since.load(Ordering::Acquire) == 0 {
+                c.new += 1;
+            } else {
+                c.idle += 1;
+            }
+        }
+        c
+    }
 }
 
 /// A connection's request bookkeeping, shared by its I/O (which times it out when idle) and its
@@ -511,6 +701,68 @@ mod tests {
             Some(BodyReadTimeout::Gap(Duration::from_secs(10)))
         );
         feeder.abort();
+    }
+
+    #[test]
+    fn caps_are_configured_or_half_the_descriptors_left_after_the_reserve() {
+        // ulimit -n 1024, two workers: 480 client connections, 240 upstream ones per worker.
+        let c = ConnCaps::new(0, 0, 2, Some(1024));
+        assert_eq!((c.clients, c.upstream_per_worker), (480, 240));
+        assert_eq!(c.clients_per_worker(2), 240);
+        assert_eq!(ConnCaps::new(7, 5, 2, Some(1024)).clients_per_worker(2), 4);
+        assert_eq!(ConnCaps::new(7, 5, 2, Some(1024)).upstream_per_worker, 5);
+        // A limit below the reserve still allows one of each.
+        let tiny = ConnCaps::new(0, 0, 4, Some(10));
+        assert_eq!((tiny.clients, tiny.upstream_per_worker), (1, 1));
+        assert!(ConnCaps::new(0, 0, 1, None).clients >= 1 << 20);
+    }
+
+    /// Opens a connection in `table`: a task that holds its slot until aborted.
+    fn open(table: &Arc<ConnTable>, set: &mut tokio::task::JoinSet<()>) -> Arc<Activity> {
+        let activity = Arc::new(Activity::default());
+        let slot = table.slot();
+        let id = slot.id();
+        let abort = set.spawn(async move {
+            let _slot = slot;
+            std::future::pending::<()>().await
+        });
+        table.insert(id, activity.clone(), abort);
+        activity
+    }
+
+    #[tokio::test]
+    async fn the_oldest_connection_with_nothing_in_flight_is_shed_first() {
+        let table = ConnTable::new(3);
+        let mut set = tokio::task::JoinSet::new();
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            conns.push(open(&table, &mut set));
+            // Distinct accept instants, so "oldest" is well defined.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // The oldest is busy, the second idle, the third has sent nothing.
+        let busy = conns[0].begin();
+        drop(conns[1].begin());
+        let c = |new, active, idle| ConnCounts { new, active, idle };
+        assert_eq!(table.counts(), c(1, 1, 1));
+        assert_eq!(table.admit(), Admit::Shed, "the idle second goes");
+        assert_eq!(table.counts(), c(1, 1, 0));
+        let gone = set.join_next().await.unwrap().unwrap_err();
+        assert!(gone.is_cancelled(), "its task was stopped");
+        // A new (busy) one takes the place; at the cap again, the silent third goes.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let newest = open(&table, &mut set);
+        let _busy_newest = newest.begin();
+        assert_eq!(table.counts(), c(1, 2, 0));
+        assert_eq!(table.admit(), Admit::Shed);
+        assert_eq!(table.counts(), c(0, 2, 0));
+        // Every connection busy at the cap: the new one is refused.
+        let third = open(&table, &mut set);
+        let _busy_third = third.begin();
+        assert_eq!(table.admit(), Admit::Full);
+        assert_eq!(table.counts(), c(0, 3, 0));
+        drop(busy);
+        set.abort_all();
     }
 
     #[tokio::test(start_paused = true)]

@@ -640,3 +640,238 @@ async fn a_trickled_body_is_cut_at_the_whole_body_deadline() {
     );
     h.shutdown().await;
 }
+
+/// Waits (bounded) until `/metrics` shows `line`; returns the exposition.
+async fn wait_for_metric(h: &Harness, line: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = metrics_text(h).await;
+        if m.contains(line) {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {line}: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Issue 23 item 12: past `listen.max_connections`, a new client is served and the oldest
+/// connection that has sent nothing is closed to make room; with every connection busy, the
+/// new one is closed instead. Counted in `kvbust_shed_total`, states in `kvbust_connections`.
+#[tokio::test]
+async fn past_max_connections_the_oldest_silent_connection_is_shed() {
+    let h = start(|c| {
+        c.listen.workers = 1;
+        c.listen.max_connections = 4;
+    })
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(TcpStream::connect(h.proxy_addr).await.unwrap());
+    }
+    wait_for_metric(&h, "kvbust_connections{state=\"new\"} 4").await;
+    // A fifth, a real client: served, and the oldest silent connection closed for it.
+    let resp = send(&h1(), get(&h.url("/v1/models"))).await;
+    assert_eq!(resp.status(), 200);
+    body_bytes(resp).await;
+    let (got, _) = read_until_closed(&mut silent[0]).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    let m = metrics_text(&h).await;
+    assert!(m.contains("kvbust_shed_total 1\n"), "{m}");
+    assert!(m.contains("kvbust_connections{state=\"new\"} 3\n"), "{m}");
+    // The younger silent connections are still open: nothing was cut but the one.
+    for s in &mut silent[1..] {
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+    }
+    h.shutdown().await;
+
+    // Every connection busy (a request body in flight on each): the new one is closed.
+    let h = start(|c| {
+        c.listen.workers = 1;
+        c.listen.max_connections = 4;
+    })
+    .await;
+    let mut busy = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(h.proxy_addr).await.unwrap();
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{")
+            .await
+            .unwrap();
+        busy.push(s);
+    }
+    let gauge = h.runtime.metrics.in_flight.clone();
+    wait_for("four requests in flight", || gauge.get() == 4).await;
+    let mut extra = TcpStream::connect(h.proxy_addr).await.unwrap();
+    let _ = extra
+        .write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let (got, _) = read_until_closed(&mut extra).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    let m = wait_for_metric(&h, "kvbust_shed_total 1\n").await;
+    assert!(
+        m.contains("kvbust_connections{state=\"active\"} 4\n"),
+        "{m}"
+    );
+    drop(busy);
+    h.shutdown().await;
+}
+
+/// An HTTP/1.1 upstream that counts the connections it accepts and answers each request once
+/// it has read the whole body.
+async fn counting_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let service =
+                hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async {
+                    let body = http_body_util::BodyExt::collect(req.into_body()).await?;
+                    let n = body.to_bytes().len();
+                    Ok::<_, hyper::Error>(http::Response::new(http_body_util::Full::new(
+                        Bytes::from(format!("{{\"read\":{n}}}")),
+                    )))
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), service),
+            );
+        }
+    });
+    (url, accepted)
+}
+
+/// A request body that sends its first bytes and then nothing, forever.
+struct HalfSent(Option<Bytes>);
+
+impl http_body::Body for HalfSent {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        match self.0.take() {
+            Some(b) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(b)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+type H2Body = http_body_util::Either<HalfSent, http_body_util::Full<Bytes>>;
+
+fn h2c_streaming(
+) -> hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, H2Body>
+{
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+fn embeddings(h: &Harness, body: H2Body) -> http::Request<H2Body> {
+    http::Request::post(h.url("/v1/embeddings"))
+        .header("content-type", "application/json")
+        .body(body)
+        .unwrap()
+}
+
+/// Sends `n` half-sent streams on one HTTP/2 connection; returns the statuses and error codes
+/// of the first `answered` to be answered (the rest hold their upstream connections).
+async fn half_sent_streams(h: &Harness, n: usize, answered: usize) -> Vec<(u16, String)> {
+    let client = h2c_streaming();
+    // One whole request first, so every stream shares one client connection.
+    let full = http_body_util::Either::Right(http_body_util::Full::new(Bytes::from("{}")));
+    let resp = client.request(embeddings(h, full)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..n {
+        let (client, tx) = (client.clone(), tx.clone());
+        let half = http_body_util::Either::Left(HalfSent(Some(Bytes::from_static(b"{\"input\":"))));
+        let req = embeddings(h, half);
+        tokio::spawn(async move {
+            let resp = client.request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
+            let _ = tx.send((
+                status,
+                v["error"]["code"].as_str().unwrap_or("").to_string(),
+            ));
+        });
+    }
+    let mut got = Vec::new();
+    while got.len() < answered {
+        let r = tokio::time::timeout(Duration::from_secs(20), rx.recv()).await;
+        got.push(r.expect("answered").expect("a status"));
+    }
+    // Kept alive: its streams hold their upstream connections until the test ends.
+    std::mem::forget(client);
+    got
+}
+
+/// Issue 23 item 2: the half-sent HTTP/2 streams of one client connection hold at most
+/// `upstream.max_connections_per_client` upstream connections; a stream past it waits up to
+/// `upstream.connect_timeout` and gets 503, and a request on another connection is served.
+#[tokio::test]
+async fn half_sent_h2_streams_open_at_most_the_per_client_bound_of_upstream_connections() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream().await;
+    let h = start_proxy(&url, |c| {
+        c.listen.workers = 1;
+        c.upstream.max_connections_per_client = 4;
+        c.upstream.connect_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let got = half_sent_streams(&h, 12, 8).await;
+    for (status, code) in &got {
+        assert_eq!(
+            (*status, code.as_str()),
+            (503, "upstream_connections_exhausted")
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 4, "the bound, no more");
+    // A legitimate request on its own connection still works.
+    let req = post(&h.url("/v1/embeddings"), "{\"input\":\"x\"}", &[]);
+    let resp = send(&h1(), req).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(&body_bytes(resp).await[..], b"{\"read\":13}");
+    h.shutdown().await;
+}
+
+/// Issue 23 item 2: a worker opens at most `upstream.max_connections_per_worker` upstream
+/// connections, whatever its clients ask.
+#[tokio::test]
+async fn a_worker_opens_at_most_its_bound_of_upstream_connections() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream().await;
+    let h = start_proxy(&url, |c| {
+        c.listen.workers = 1;
+        c.upstream.max_connections_per_worker = 3;
+        c.upstream.connect_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let got = half_sent_streams(&h, 8, 5).await;
+    for (status, code) in &got {
+        assert_eq!(
+            (*status, code.as_str()),
+            (503, "upstream_connections_exhausted")
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3, "the bound, no more");
+    h.shutdown().await;
+}

@@ -88,15 +88,19 @@ pub struct Downstream {
     pub affinity: Affinity,
     /// Its requests in flight, which hold the connection's idle deadline off.
     pub activity: Arc<Activity>,
+    /// Upstream connections its HTTP/2 streams may still take
+    /// (`upstream.max_connections_per_client`).
+    pub upstream_streams: Arc<tokio::sync::Semaphore>,
 }
 
 impl Downstream {
-    pub fn new(peer: SocketAddr, tls: bool) -> Self {
+    pub fn new(peer: SocketAddr, tls: bool, activity: Arc<Activity>, max_upstream: usize) -> Self {
         Self {
             peer,
             tls,
             affinity: Affinity::default(),
-            activity: Arc::default(),
+            activity,
+            upstream_streams: Arc::new(tokio::sync::Semaphore::new(max_upstream)),
         }
     }
 }
@@ -235,15 +239,25 @@ impl Proxy {
         upstream: Upstream,
         client: UpstreamClient,
         synth: Arc<synthesize::Synthesizer>,
+        max_upstream: usize,
     ) -> Arc<Self> {
         Arc::new(Self {
             response_headers: ResponseHeaders::new(&rt.config.headers),
-            pool: H1Pool::new(&rt.config.upstream),
+            pool: H1Pool::new(&rt.config.upstream, max_upstream),
             rt,
             client,
             upstream,
             synth,
         })
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.rt.metrics
+    }
+
+    /// `upstream.max_connections_per_client`, for each new client connection.
+    pub fn max_upstream_per_client(&self) -> usize {
+        self.rt.config.upstream.max_connections_per_client
     }
 
     /// Serves one request that came on the connection `client`. Never fails: errors become
@@ -368,7 +382,10 @@ impl Proxy {
         let req = self.upstream_request(parts, body, client, keep.is_some())?;
         let overhead = start.elapsed();
         self.rt.metrics.overhead.observe(overhead.as_secs_f64());
-        let resp = self.send(req, keep, overhead).await?;
+        // An HTTP/2 client's stream (no connection of its own) takes one of its connection's
+        // upstream slots.
+        let streams = affinity.is_none().then_some(&client.upstream_streams);
+        let resp = self.send(req, keep, streams, overhead).await?;
         // The body went out with the request: its bytes are no longer held here.
         drop(buffered);
         let (mut parts, body) = resp.into_parts();
@@ -485,6 +502,7 @@ impl Proxy {
         &self,
         req: Request<Body>,
         keep: Option<Keep<'_>>,
+        streams: Option<&Arc<tokio::sync::Semaphore>>,
         overhead: std::time::Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let cfg = &self.rt.config.upstream;
@@ -501,13 +519,27 @@ impl Proxy {
             ),
         };
         let sent = async {
+            // An HTTP/2 client's stream holds one of its connection's upstream slots from here
+            // to the end of its response: its streams cannot fan out to more upstream
+            // connections than `upstream.max_connections_per_client`, however many it opens.
+            let slot = match streams {
+                None => None,
+                Some(s) => Some(
+                    direct::acquire(
+                        s,
+                        cfg.connect_timeout,
+                        "upstream.max_connections_per_client",
+                    )
+                    .await?,
+                ),
+            };
             match keep {
-                Some(keep) => direct::send(keep, &self.upstream, cfg, req).await,
+                Some(keep) => direct::send(keep, &self.pool, slot, &self.upstream, cfg, req).await,
                 None => self
                     .client
                     .request(req)
                     .await
-                    .map(|resp| resp.map(UpstreamBody::new))
+                    .map(|resp| resp.map(|b| UpstreamBody::new(b).holding(slot)))
                     .map_err(|e| forward::classify(e, &self.upstream, cfg.connect_timeout)),
             }
         };
