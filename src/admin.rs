@@ -53,6 +53,7 @@ pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, shutdown: impl Futur
         tokio::spawn(async move {
             let _ = fut.await;
         });
+        false
     })
     .await;
     // Admin calls are short; a second is plenty.

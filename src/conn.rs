@@ -61,11 +61,14 @@ pub fn bind_listener(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net:
 /// Accepts connections on `listener` until `stop` resolves and hands each to `on_conn` (with
 /// `TCP_NODELAY` set). Errors about one connection are skipped; running out of descriptors
 /// (EMFILE, ENFILE, ENOBUFS) pauses accepting with a growing back-off, logged once per streak.
+/// `on_conn` returns true when it stopped another connection's task (shed it): the loop then
+/// lets that task run, and close its socket, before accepting again, so a burst of accepts
+/// cannot hold a shed connection's descriptor and a new one at once.
 pub async fn accept_loop(
     listener: &TcpListener,
     port: &'static str,
     stop: impl Future<Output = ()>,
-    mut on_conn: impl FnMut(TcpStream, SocketAddr),
+    mut on_conn: impl FnMut(TcpStream, SocketAddr) -> bool,
 ) {
     let mut backoff = AcceptBackoff::default();
     let mut stop = std::pin::pin!(stop);
@@ -78,7 +81,9 @@ pub async fn accept_loop(
                     backoff.reset(port);
                     // Latency over batching: SSE events and small responses go out at once.
                     let _ = stream.set_nodelay(true);
-                    on_conn(stream, peer);
+                    if on_conn(stream, peer) {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 Err(e) => backoff.failed(port, &e).await,
             },

@@ -394,7 +394,7 @@ impl Worker {
                     tracing::warn!(%peer, "listen.max_connections reached; {what} (counted in kvbust_shed_total; logged once per worker)");
                 }
                 if admit == Admit::Full {
-                    return;
+                    return false;
                 }
             }
             let activity = Arc::new(Activity::default());
@@ -411,6 +411,7 @@ impl Worker {
                 (activity.clone(), slot),
             ));
             self.table.insert(id, activity, abort);
+            admit == Admit::Shed
         })
         .await;
         drop(listener);
