@@ -835,6 +835,8 @@ async fn half_sent_h2_streams_open_at_most_the_per_client_bound_of_upstream_conn
         c.listen.workers = 1;
         c.upstream.max_connections_per_client = 4;
         c.upstream.connect_timeout = Duration::from_millis(300);
+        // The held streams are still in flight at the end: no need to wait them out.
+        c.shutdown.grace = Duration::from_millis(100);
     })
     .await;
     let got = half_sent_streams(&h, 12, 8).await;
@@ -863,6 +865,8 @@ async fn a_worker_opens_at_most_its_bound_of_upstream_connections() {
         c.listen.workers = 1;
         c.upstream.max_connections_per_worker = 3;
         c.upstream.connect_timeout = Duration::from_millis(300);
+        // The held streams are still in flight at the end: no need to wait them out.
+        c.shutdown.grace = Duration::from_millis(100);
     })
     .await;
     let got = half_sent_streams(&h, 8, 5).await;
