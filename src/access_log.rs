@@ -77,6 +77,16 @@ pub async fn flush_periodically() {
 /// The request-id header, passed on to the upstream and set on the response.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// The longest client `x-request-id` kept; a longer one is replaced (it is logged, echoed and
+/// forwarded, so its size must not be the client's choice).
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// Whether a client's request id is kept as it came: 1 to [`MAX_REQUEST_ID`] bytes, each visible
+/// ASCII (`!` to `~`, RFC 5234 VCHAR).
+pub fn is_usable_request_id(id: &[u8]) -> bool {
+    (1..=MAX_REQUEST_ID).contains(&id.len()) && id.iter().all(|b| (b'!'..=b'~').contains(b))
+}
+
 /// Phase, target and RID digest of an exchange.
 pub type Labels = (&'static str, &'static str, Option<String>);
 
@@ -130,9 +140,19 @@ impl Entry {
         }
         let headers = req.headers_mut();
         let request_id = match headers.get(&X_REQUEST_ID) {
-            Some(v) if !v.is_empty() => v.clone(),
-            _ => {
+            Some(v) if is_usable_request_id(v.as_bytes()) => v.clone(),
+            given => {
                 let v = new_request_id();
+                if let Some(bad) = given.filter(|g| !g.is_empty()) {
+                    // Logged, or the client could not tell why its id is not on the line.
+                    tracing::info!(
+                        client = %client,
+                        given_len = bad.len(),
+                        given = crate::error::excerpt(bad.as_bytes()).as_str(),
+                        new = v.to_str().unwrap_or_default(),
+                        "x-request-id replaced: over {MAX_REQUEST_ID} bytes or not visible ASCII"
+                    );
+                }
                 headers.insert(X_REQUEST_ID, v.clone());
                 v
             }
@@ -702,6 +722,48 @@ mod tests {
         let mut plain = http::Request::get("/x").body(()).unwrap();
         assert!(Entry::begin(&off, &mut plain, peer(), "other").is_none());
         assert!(!plain.headers().contains_key(X_REQUEST_ID));
+    }
+
+    #[test]
+    fn a_long_or_invisible_request_id_is_replaced_and_the_replacement_logged() {
+        let long = "a".repeat(MAX_REQUEST_ID + 1);
+        let kept = "k".repeat(MAX_REQUEST_ID);
+        for (given, replaced) in [
+            (long.as_bytes(), true),
+            (b"has space".as_slice(), true),
+            (b"tab\tid".as_slice(), true),
+            ("caf\u{e9}".as_bytes(), true),
+            (kept.as_bytes(), false),
+            (b"client-id-1".as_slice(), false),
+        ] {
+            let mut req = http::Request::post("/v1/chat/completions")
+                .header(X_REQUEST_ID, HeaderValue::from_bytes(given).unwrap())
+                .body(())
+                .unwrap();
+            let cap = Capture::default();
+            let sub = subscriber(&log(LogFormat::Text), None, cap.clone(), false);
+            let e = tracing::subscriber::with_default(sub, || {
+                Entry::begin(&log(LogFormat::Json), &mut req, peer(), "chat").unwrap()
+            });
+            let logged = String::from_utf8(cap.0.lock().unwrap().clone()).unwrap();
+            let sent = req.headers()[X_REQUEST_ID].as_bytes().to_vec();
+            let what = String::from_utf8_lossy(given).into_owned();
+            assert_eq!(sent, e.request_id().as_bytes(), "{what}");
+            if replaced {
+                assert_eq!(sent.len(), 16, "{what}: a new id goes upstream");
+                let line = format!(
+                    "x-request-id replaced: over 128 bytes or not visible ASCII client=192.0.2.7:51234 given_len={} given=",
+                    given.len()
+                );
+                assert!(logged.contains(&line), "{what}: {logged}");
+                let new = format!(" new=\"{}\"", e.request_id().to_str().unwrap());
+                assert!(logged.contains(&new), "{what}: {logged}");
+                assert!(logged.len() < 600, "{what}: the log line is bounded too");
+            } else {
+                assert_eq!(sent, given, "{what}: kept as it came");
+                assert!(logged.is_empty(), "{logged}");
+            }
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::cachebust::Phase;
-use crate::conn::{Activity, TimedIo};
+use crate::conn::{Activity, BodyTimeout, TimedIo};
 use crate::error::{error_body, json_response};
 use crate::runtime::Runtime;
 
@@ -53,6 +53,7 @@ pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, shutdown: impl Futur
         tokio::spawn(async move {
             let _ = fut.await;
         });
+        false
     })
     .await;
     // Admin calls are short; a second is plenty.
@@ -73,6 +74,7 @@ async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
         },
         (&Method::GET, "/metrics") => typed(
             {
+                rt.count_connections();
                 let used = rt.bodies.used();
                 rt.metrics
                     .buffered_bytes
@@ -105,14 +107,22 @@ async fn put_phase(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> 
     if let Some(resp) = check_token(&req, rt.config.admin.token.as_deref()) {
         return resp;
     }
-    let body = match Limited::new(req.into_body(), 1024).collect().await {
+    // The body is read under the data port's deadlines: a stalled body must not hold the
+    // connection (its request is in flight, so the idle deadline does not apply).
+    let body = BodyTimeout::new(req.into_body(), rt.config.listen.body_deadlines());
+    let body = match Limited::new(body, 1024).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(_) => {
+        Err(e) => {
+            if let Some(t) = crate::conn::body_timeout_in(e.as_ref()) {
+                let e = crate::error::ProxyError::from(t);
+                tracing::info!("admin PUT /phase: {e}");
+                return error(e.status(), &e.to_string(), e.code());
+            }
             return error(
                 StatusCode::BAD_REQUEST,
                 "body must be `warmup` or `profiling` (at most 1 KiB)",
                 "invalid_phase",
-            )
+            );
         }
     };
     let text_body = String::from_utf8_lossy(&body);

@@ -63,6 +63,14 @@ pub struct ListenConfig {
     /// Longest gap while reading a request body, on every route.
     #[serde(with = "crate::duration")]
     pub body_read_timeout: Duration,
+    /// Longest time to read a whole request body (from the first wait for its bytes), on every
+    /// route: a body trickled just under `body_read_timeout` is cut here (408).
+    #[serde(with = "crate::duration")]
+    pub body_total_timeout: Duration,
+    /// Client connections open at once on the data port, all workers together; past it the
+    /// oldest connection with no request in flight is closed to make room (or, when every one
+    /// is busy, the new one). 0: half of the open-file limit left after a reserve of 64.
+    pub max_connections: usize,
 }
 
 impl ListenConfig {
@@ -71,6 +79,14 @@ impl ListenConfig {
         match self.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
+        }
+    }
+
+    /// The deadlines every request body (data and admin port) is read under.
+    pub fn body_deadlines(&self) -> crate::conn::BodyDeadlines {
+        crate::conn::BodyDeadlines {
+            gap: self.body_read_timeout,
+            total: self.body_total_timeout,
         }
     }
 
@@ -95,6 +111,8 @@ impl Default for ListenConfig {
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),
             body_read_timeout: Duration::from_secs(60),
+            body_total_timeout: Duration::from_secs(300),
+            max_connections: 0,
         }
     }
 }
@@ -181,6 +199,14 @@ pub struct UpstreamConfig {
     #[serde(with = "crate::duration")]
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
+    /// Plain-HTTP/1.1 upstream connections one data worker may have open (in use and idle);
+    /// a request that needs one more waits up to `connect_timeout` for one to close, then 503.
+    /// 0: the other half of the open-file limit left after a reserve of 64, shared by the workers.
+    pub max_connections_per_worker: usize,
+    /// Upstream connections the HTTP/2 streams of one client connection may hold at once (each
+    /// stream to an HTTP/1.1 upstream needs its own while its request and response are under
+    /// way); a stream past it waits up to `connect_timeout`, then 503.
+    pub max_connections_per_client: usize,
     /// `Host` (HTTP/1.1) and `:authority` (HTTP/2) sent upstream instead of the URL's authority;
     /// connections still go to the URL's address, and SNI stays `tls.server_name` or the URL's
     /// host. For an upstream reached by IP or a port-forward that routes by virtual host.
@@ -216,6 +242,8 @@ impl Default for UpstreamConfig {
             total_timeout: None,
             pool_idle_timeout: Duration::from_secs(4),
             pool_max_idle_per_host: 256,
+            max_connections_per_worker: 0,
+            max_connections_per_client: 128,
             authority: None,
             health_probe: true,
             health_path: None,
@@ -872,6 +900,7 @@ impl Config {
             ),
             ("listen.idle_timeout", self.listen.idle_timeout),
             ("listen.body_read_timeout", self.listen.body_read_timeout),
+            ("listen.body_total_timeout", self.listen.body_total_timeout),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::new(
@@ -1253,6 +1282,12 @@ fn validate_upstream(u: &UpstreamConfig, url: Option<&UpstreamUrl>) -> Result<()
     }
     if let Some(a) = &u.authority {
         validate_authority(a, u)?;
+    }
+    if u.max_connections_per_client == 0 {
+        return Err(ConfigError::new(
+            "upstream.max_connections_per_client",
+            "must be at least 1 (upstream connections one client connection's HTTP/2 streams may hold)",
+        ));
     }
     if let Some(p) = &u.health_path {
         if !p.starts_with('/') || http::uri::PathAndQuery::try_from(p.as_str()).is_err() {

@@ -1,7 +1,9 @@
 //! Accepting connections and keeping each on a deadline: the listening sockets and the one accept
-//! loop of the data, admin and mock ports (backing off on EMFILE instead of spinning) and [`TimedIo`], which closes a
-//! connection that sits idle with no request in flight, and [`BodyTimeout`], which fails a request
-//! body that pauses too long. Never reads, changes or holds the bytes it passes on.
+//! loop of the data, admin and mock ports (backing off on EMFILE instead of spinning), the cap
+//! on open client connections and who is shed past it ([`ConnTable`], [`ConnCaps`]),
+//! [`TimedIo`], which closes a connection that sits idle with no request in flight, and
+//! [`BodyTimeout`], which fails a request body that pauses too long or takes too long in all.
+//! Never reads, changes or holds the bytes it passes on.
 
 use std::future::Future;
 use std::io;
@@ -59,11 +61,14 @@ pub fn bind_listener(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net:
 /// Accepts connections on `listener` until `stop` resolves and hands each to `on_conn` (with
 /// `TCP_NODELAY` set). Errors about one connection are skipped; running out of descriptors
 /// (EMFILE, ENFILE, ENOBUFS) pauses accepting with a growing back-off, logged once per streak.
+/// `on_conn` returns true when it stopped another connection's task (shed it): the loop then
+/// lets that task run, and close its socket, before accepting again, so a burst of accepts
+/// cannot hold a shed connection's descriptor and a new one at once.
 pub async fn accept_loop(
     listener: &TcpListener,
     port: &'static str,
     stop: impl Future<Output = ()>,
-    mut on_conn: impl FnMut(TcpStream, SocketAddr),
+    mut on_conn: impl FnMut(TcpStream, SocketAddr) -> bool,
 ) {
     let mut backoff = AcceptBackoff::default();
     let mut stop = std::pin::pin!(stop);
@@ -76,7 +81,9 @@ pub async fn accept_loop(
                     backoff.reset(port);
                     // Latency over batching: SSE events and small responses go out at once.
                     let _ = stream.set_nodelay(true);
-                    on_conn(stream, peer);
+                    if on_conn(stream, peer) {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 Err(e) => backoff.failed(port, &e).await,
             },
@@ -134,6 +141,194 @@ fn now_nanos() -> u64 {
 
 fn from_nanos(n: u64) -> Instant {
     origin() + Duration::from_nanos(n - 1)
+}
+
+/// The descriptors kept back from the derived connection caps: the admin port's connections,
+/// listeners, event loops, log files, and the mock's.
+pub const FD_RESERVE: u64 = 64;
+
+/// The process's soft open-file limit (RLIMIT_NOFILE), from `/proc/self/limits`; `None` when
+/// unlimited or unknown.
+pub fn fd_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The caps on open connections, in force for this run: what is configured, or derived from the
+/// fd limit so that client connections and upstream connections each get half of what is left
+/// after [`FD_RESERVE`] (every client connection may need an upstream one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnCaps {
+    /// Client connections on the data port, all workers together (`listen.max_connections`).
+    pub clients: usize,
+    /// Upstream connections one worker may have open (`upstream.max_connections_per_worker`).
+    pub upstream_per_worker: usize,
+}
+
+impl ConnCaps {
+    pub fn new(
+        max_connections: usize,
+        per_worker: usize,
+        workers: usize,
+        fds: Option<u64>,
+    ) -> Self {
+        let half = fds.map_or(1 << 20, |n| (n.saturating_sub(FD_RESERVE) / 2).max(1)) as usize;
+        let workers = workers.max(1);
+        Self {
+            clients: if max_connections > 0 {
+                max_connections
+            } else {
+                half
+            },
+            upstream_per_worker: if per_worker > 0 {
+                per_worker
+            } else {
+                (half / workers).max(1)
+            },
+        }
+    }
+
+    /// One worker's share of [`ConnCaps::clients`] (rounded up).
+    pub fn clients_per_worker(&self, workers: usize) -> usize {
+        self.clients.div_ceil(workers.max(1))
+    }
+}
+
+/// One open client connection, as the cap sees it.
+struct Tracked {
+    accepted: Instant,
+    activity: Arc<Activity>,
+    abort: tokio::task::AbortHandle,
+}
+
+/// Connections by state, for `kvbust_connections{state}`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ConnCounts {
+    /// Accepted, no request yet.
+    pub new: usize,
+    /// A request in flight.
+    pub active: usize,
+    /// Between requests.
+    pub idle: usize,
+}
+
+/// One data worker's open client connections, held to its share of `listen.max_connections`:
+/// past it, the oldest connection with no request in flight (idle, or not yet requesting) is
+/// closed to make room, as nginx and Envoy's overload manager shed; with every connection busy,
+/// the new one is closed instead. Touched once per connection (accept and close), never per
+/// request; the admin port reads the states at scrape.
+pub struct ConnTable {
+    cap: usize,
+    conns: std::sync::Mutex<std::collections::HashMap<u64, Tracked>>,
+    next: AtomicU64,
+}
+
+/// What the table did with a new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Room for it.
+    Room,
+    /// Room made by closing the oldest connection with nothing in flight.
+    Shed,
+    /// Every connection is busy: the new one must be closed.
+    Full,
+}
+
+/// Removes its connection from the table when the connection's task ends or is aborted.
+pub struct Slot {
+    table: Arc<ConnTable>,
+    id: u64,
+}
+
+impl Slot {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.table.lock().remove(&self.id);
+    }
+}
+
+impl ConnTable {
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cap: cap.max(1),
+            conns: Default::default(),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Tracked>> {
+        // The critical sections only insert, remove and read; the map stays valid on a panic.
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes room for one more connection if it can: closes the oldest connection with nothing
+    /// in flight when the table is full.
+    pub fn admit(&self) -> Admit {
+        let mut conns = self.lock();
+        if conns.len() < self.cap {
+            return Admit::Room;
+        }
+        let oldest = conns
+            .iter()
+            .filter(|(_, t)| t.activity.in_flight.load(Ordering::Acquire) == 0)
+            .min_by_key(|(_, t)| t.accepted)
+            .map(|(id, _)| *id);
+        match oldest.and_then(|id| conns.remove(&id)) {
+            Some(victim) => {
+                victim.abort.abort();
+                Admit::Shed
+            }
+            None => Admit::Full,
+        }
+    }
+
+    /// A new connection's place, to move into its task; [`ConnTable::insert`] records it once
+    /// the task is spawned, and dropping it (the task ending, or aborted) removes it.
+    pub fn slot(self: &Arc<Self>) -> Slot {
+        Slot {
+            table: self.clone(),
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Records the connection of the slot `id`, served by the task `abort` stops. Called right after
+    /// spawning, on the accepting thread of a current-thread runtime: the task cannot have run
+    /// (and dropped its slot) yet.
+    pub fn insert(&self, id: u64, activity: Arc<Activity>, abort: tokio::task::AbortHandle) {
+        self.lock().insert(
+            id,
+            Tracked {
+                accepted: Instant::now(),
+                activity,
+                abort,
+            },
+        );
+    }
+
+    /// The open connections by state.
+    pub fn counts(&self) -> ConnCounts {
+        let mut c = ConnCounts::default();
+        for t in self.lock().values() {
+            if t.activity.in_flight.load(Ordering::Acquire) > 0 {
+                c.active += 1;
+            } else if t.activity.idle_since.load(Ordering::Acquire) == 0 {
+                c.new += 1;
+            } else {
+                c.idle += 1;
+            }
+        }
+        c
+    }
 }
 
 /// A connection's request bookkeeping, shared by its I/O (which times it out when idle) and its
@@ -302,25 +497,45 @@ impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
     }
 }
 
-/// A request body that stopped arriving: no bytes for the configured gap.
-#[derive(Debug, thiserror::Error)]
-#[error("the client sent no request body bytes for {} (listen.body_read_timeout)", humantime::format_duration(*.0))]
-pub struct BodyReadTimeout(pub Duration);
+/// A request body that did not arrive in time: no bytes for the configured gap
+/// (`listen.body_read_timeout`), or not all of it by the whole-body deadline
+/// (`listen.body_total_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BodyReadTimeout {
+    #[error("the client sent no request body bytes for {} (listen.body_read_timeout)", humantime::format_duration(*.0))]
+    Gap(Duration),
+    #[error("the client did not send the whole request body within {} (listen.body_total_timeout)", humantime::format_duration(*.0))]
+    Total(Duration),
+}
 
-/// A request body with a gap deadline: waiting longer than `gap` for its next frame fails it
-/// with [`BodyReadTimeout`]. The timer is only armed while a frame is awaited, and reused.
+/// The deadlines a request body is read under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyDeadlines {
+    /// Longest wait for the next frame.
+    pub gap: Duration,
+    /// Longest time from the first wait for body bytes to the end of the body.
+    pub total: Duration,
+}
+
+/// A request body with a gap deadline and a whole-body deadline: waiting longer than `gap` for
+/// its next frame, or past `total` since it was first waited for, fails it with
+/// [`BodyReadTimeout`]. One timer serves both (armed at the nearer of the two), only while a
+/// frame is awaited, and reused; a body that is never waited for reads no clock.
 pub struct BodyTimeout<B> {
     body: B,
-    gap: Duration,
+    limits: BodyDeadlines,
+    /// When the body was first waited for: the whole-body clock starts there.
+    since: Option<Instant>,
     timer: Option<Pin<Box<Sleep>>>,
     armed: bool,
 }
 
 impl<B> BodyTimeout<B> {
-    pub fn new(body: B, gap: Duration) -> Self {
+    pub fn new(body: B, limits: BodyDeadlines) -> Self {
         Self {
             body,
-            gap,
+            limits,
+            since: None,
             timer: None,
             armed: false,
         }
@@ -346,21 +561,30 @@ where
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
             Poll::Pending => {
-                let deadline = Instant::now() + this.gap;
-                let timer = match &mut this.timer {
-                    Some(t) => {
-                        if !this.armed {
-                            t.as_mut().reset(deadline);
-                        }
-                        t
+                let limits = this.limits;
+                if !this.armed {
+                    let now = Instant::now();
+                    let whole = *this.since.get_or_insert(now) + limits.total;
+                    let deadline = (now + limits.gap).min(whole);
+                    match &mut this.timer {
+                        Some(t) => t.as_mut().reset(deadline),
+                        None => this.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
                     }
-                    None => this
-                        .timer
-                        .insert(Box::pin(tokio::time::sleep_until(deadline))),
+                    this.armed = true;
+                }
+                let Some(timer) = this.timer.as_mut() else {
+                    return Poll::Pending; // set just above whenever not armed
                 };
-                this.armed = true;
                 match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyReadTimeout(this.gap))))),
+                    Poll::Ready(()) => {
+                        let since = this.since.unwrap_or_else(Instant::now);
+                        let err = if Instant::now() >= since + limits.total {
+                            BodyReadTimeout::Total(limits.total)
+                        } else {
+                            BodyReadTimeout::Gap(limits.gap)
+                        };
+                        Poll::Ready(Some(Err(Box::new(err))))
+                    }
                     Poll::Pending => Poll::Pending,
                 }
             }
@@ -376,10 +600,10 @@ where
     }
 }
 
-/// The gap that timed a request body out, if `err` (or any error it wraps) is a
+/// The timeout that failed a request body, if `err` (or any error it wraps) is a
 /// [`BodyReadTimeout`].
-pub fn body_timeout_in(err: &(dyn std::error::Error + 'static)) -> Option<Duration> {
-    crate::error::causes(err).find_map(|e| e.downcast_ref::<BodyReadTimeout>().map(|t| t.0))
+pub fn body_timeout_in(err: &(dyn std::error::Error + 'static)) -> Option<BodyReadTimeout> {
+    crate::error::causes(err).find_map(|e| e.downcast_ref::<BodyReadTimeout>().copied())
 }
 
 #[cfg(test)]
@@ -457,7 +681,11 @@ mod tests {
             }
         }
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let mut body = BodyTimeout::new(Fed(rx), Duration::from_secs(10));
+        let limits = BodyDeadlines {
+            gap: Duration::from_secs(10),
+            total: Duration::from_secs(3600),
+        };
+        let mut body = BodyTimeout::new(Fed(rx), limits);
         let feeder = tokio::spawn(async move {
             for _ in 0..3 {
                 tokio::time::sleep(Duration::from_secs(9)).await;
@@ -473,7 +701,116 @@ mod tests {
         let start = Instant::now();
         let err = body.frame().await.unwrap().unwrap_err();
         assert_eq!(start.elapsed(), Duration::from_secs(10));
-        assert_eq!(body_timeout_in(err.as_ref()), Some(Duration::from_secs(10)));
+        assert_eq!(
+            body_timeout_in(err.as_ref()),
+            Some(BodyReadTimeout::Gap(Duration::from_secs(10)))
+        );
+        feeder.abort();
+    }
+
+    #[test]
+    fn caps_are_configured_or_half_the_descriptors_left_after_the_reserve() {
+        // ulimit -n 1024, two workers: 480 client connections, 240 upstream ones per worker.
+        let c = ConnCaps::new(0, 0, 2, Some(1024));
+        assert_eq!((c.clients, c.upstream_per_worker), (480, 240));
+        assert_eq!(c.clients_per_worker(2), 240);
+        assert_eq!(ConnCaps::new(7, 5, 2, Some(1024)).clients_per_worker(2), 4);
+        assert_eq!(ConnCaps::new(7, 5, 2, Some(1024)).upstream_per_worker, 5);
+        // A limit below the reserve still allows one of each.
+        let tiny = ConnCaps::new(0, 0, 4, Some(10));
+        assert_eq!((tiny.clients, tiny.upstream_per_worker), (1, 1));
+        assert!(ConnCaps::new(0, 0, 1, None).clients >= 1 << 20);
+    }
+
+    /// Opens a connection in `table`: a task that holds its slot until aborted.
+    fn open(table: &Arc<ConnTable>, set: &mut tokio::task::JoinSet<()>) -> Arc<Activity> {
+        let activity = Arc::new(Activity::default());
+        let slot = table.slot();
+        let id = slot.id();
+        let abort = set.spawn(async move {
+            let _slot = slot;
+            std::future::pending::<()>().await
+        });
+        table.insert(id, activity.clone(), abort);
+        activity
+    }
+
+    #[tokio::test]
+    async fn the_oldest_connection_with_nothing_in_flight_is_shed_first() {
+        let table = ConnTable::new(3);
+        let mut set = tokio::task::JoinSet::new();
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            conns.push(open(&table, &mut set));
+            // Distinct accept instants, so "oldest" is well defined.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // The oldest is busy, the second idle, the third has sent nothing.
+        let busy = conns[0].begin();
+        drop(conns[1].begin());
+        let c = |new, active, idle| ConnCounts { new, active, idle };
+        assert_eq!(table.counts(), c(1, 1, 1));
+        assert_eq!(table.admit(), Admit::Shed, "the idle second goes");
+        assert_eq!(table.counts(), c(1, 1, 0));
+        let gone = set.join_next().await.unwrap().unwrap_err();
+        assert!(gone.is_cancelled(), "its task was stopped");
+        // A new (busy) one takes the place; at the cap again, the silent third goes.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let newest = open(&table, &mut set);
+        let _busy_newest = newest.begin();
+        assert_eq!(table.counts(), c(1, 2, 0));
+        assert_eq!(table.admit(), Admit::Shed);
+        assert_eq!(table.counts(), c(0, 2, 0));
+        // Every connection busy at the cap: the new one is refused.
+        let third = open(&table, &mut set);
+        let _busy_third = third.begin();
+        assert_eq!(table.admit(), Admit::Full);
+        assert_eq!(table.counts(), c(0, 3, 0));
+        drop(busy);
+        set.abort_all();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_body_fails_at_the_whole_body_deadline() {
+        use http_body_util::BodyExt;
+        // One byte every 9 s never trips the 10 s gap, but 25 s in all is the limit.
+        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(4);
+        let body = http_body_util::StreamBody::new(Box::pin(futures_util::stream::unfold(
+            rx,
+            |mut rx| async {
+                rx.recv()
+                    .await
+                    .map(|b| (Ok::<_, std::io::Error>(http_body::Frame::data(b)), rx))
+            },
+        )));
+        let limits = BodyDeadlines {
+            gap: Duration::from_secs(10),
+            total: Duration::from_secs(25),
+        };
+        let mut body = BodyTimeout::new(body, limits);
+        let feeder = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(9)).await;
+                if tx.send(bytes::Bytes::from_static(b" ")).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let start = Instant::now();
+        let mut frames = 0;
+        let err = loop {
+            match body.frame().await {
+                Some(Ok(_)) => frames += 1,
+                Some(Err(e)) => break e,
+                None => panic!("the body does not end"),
+            }
+        };
+        assert_eq!(frames, 2, "bytes at 9 s and 18 s pass");
+        assert_eq!(start.elapsed(), Duration::from_secs(25));
+        assert_eq!(
+            body_timeout_in(err.as_ref()),
+            Some(BodyReadTimeout::Total(Duration::from_secs(25)))
+        );
         feeder.abort();
     }
 }

@@ -33,6 +33,8 @@ pub enum ProxyError {
     ClientBody(String),
     #[error("the client sent no request body bytes for {} (listen.body_read_timeout); send the body without pauses", humantime::format_duration(*after))]
     ClientBodyTimeout { after: Duration },
+    #[error("the client did not send the whole request body within {} (listen.body_total_timeout); send it faster, or raise listen.body_total_timeout", humantime::format_duration(*after))]
+    ClientBodyTotalTimeout { after: Duration },
     #[error("{message}")]
     BadRequest { code: &'static str, message: String },
     #[error("upstream {upstream} is unreachable: {detail}")]
@@ -57,6 +59,17 @@ pub enum ProxyError {
     Internal(String),
 }
 
+impl From<crate::conn::BodyReadTimeout> for ProxyError {
+    fn from(t: crate::conn::BodyReadTimeout) -> Self {
+        match t {
+            crate::conn::BodyReadTimeout::Gap(after) => ProxyError::ClientBodyTimeout { after },
+            crate::conn::BodyReadTimeout::Total(after) => {
+                ProxyError::ClientBodyTotalTimeout { after }
+            }
+        }
+    }
+}
+
 impl ProxyError {
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         ProxyError::BadRequest {
@@ -70,6 +83,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. }
             | ProxyError::ClientBody(_)
             | ProxyError::ClientBodyTimeout { .. }
+            | ProxyError::ClientBodyTotalTimeout { .. }
             | ProxyError::BadRequest { .. } => Fault::Client,
             ProxyError::UpstreamConnect { .. }
             | ProxyError::UpstreamTimeout { .. }
@@ -83,7 +97,9 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::ClientBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::ClientBodyTimeout { .. } | ProxyError::ClientBodyTotalTimeout { .. } => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             ProxyError::ClientBody(_) | ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamBroken(_) => {
                 StatusCode::BAD_GATEWAY
@@ -100,6 +116,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ClientBody(_) => "client_body_error",
             ProxyError::ClientBodyTimeout { .. } => "request_body_timeout",
+            ProxyError::ClientBodyTotalTimeout { .. } => "request_body_total_timeout",
             ProxyError::BadRequest { code, .. } => code,
             ProxyError::UpstreamConnect { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -263,6 +280,14 @@ mod tests {
                 408,
                 Fault::Client,
                 "request_body_timeout",
+            ),
+            (
+                ProxyError::ClientBodyTotalTimeout {
+                    after: Duration::from_secs(300),
+                },
+                408,
+                Fault::Client,
+                "request_body_total_timeout",
             ),
             (
                 ProxyError::Overloaded {

@@ -60,6 +60,8 @@ pub struct Families {
     pub upstream_up: IntGauge,
     pub buffered_bytes: IntGauge,
     pub buffered_limit: IntGauge,
+    pub connections: IntGaugeVec,
+    pub shed: IntCounter,
 }
 
 /// One family's name (before the `kvbust_` prefix), help text and label names (none for a plain
@@ -170,6 +172,16 @@ const BUFFERED_LIMIT: Def = Def {
     help: "limits.max_buffered_total in force (lowered to half the cgroup memory limit when it was above that).",
     labels: &[],
 };
+const CONNECTIONS: Def = Def {
+    name: "connections",
+    help: "Open data-port client connections by state: new (no request yet), active (a request in flight), idle (between requests); read at scrape.",
+    labels: &["state"],
+};
+const SHED: Def = Def {
+    name: "shed_total",
+    help: "Client connections closed because listen.max_connections was reached: the oldest with no request in flight, or the new one when every connection was busy.",
+    labels: &[],
+};
 const BUILD_INFO: Def = Def {
     name: "build_info",
     help: "Always 1; its labels name the running build: the crate version and the source revision (git commit, or VCS_REF at build time; \"unknown\" without either).",
@@ -273,6 +285,15 @@ impl Metrics {
             upstream_up: gauge(&r, &UPSTREAM_UP),
             buffered_bytes: gauge(&r, &BUFFERED_BYTES),
             buffered_limit: gauge(&r, &BUFFERED_LIMIT),
+            connections: {
+                let g = gauge_vec(&r, &CONNECTIONS);
+                // Every state shows from the start, at 0.
+                for state in ["new", "active", "idle"] {
+                    g.with_label_values(&[state]).set(0);
+                }
+                g
+            },
+            shed: counter(&r, &SHED),
             registry: r,
             process: process_registry(),
         }))

@@ -18,6 +18,8 @@ pub struct Runtime {
     pub upstream_health: Arc<crate::health::Readiness>,
     /// Request bodies buffered for rewriting, all workers together (`limits.max_buffered_total`).
     pub bodies: crate::proxy::budget::BodyBudget,
+    /// Each data worker's open client connections (`listen.max_connections`), read at scrape.
+    pub conn_tables: Mutex<Vec<Arc<crate::conn::ConnTable>>>,
     default_phase: AtomicU8,
     draining: AtomicBool,
     /// `synth.preload` is still loading: not ready yet. Set from the start when configured.
@@ -50,6 +52,7 @@ impl Runtime {
             bodies: crate::proxy::budget::BodyBudget::new(
                 config.limits.max_buffered_total.as_u64(),
             ),
+            conn_tables: Mutex::new(Vec::new()),
             default_phase: AtomicU8::new(phase_to_u8(config.cache_bust.default_phase)),
             draining: AtomicBool::new(false),
             preloading: AtomicBool::new(!config.synth.preload.is_empty()),
@@ -62,6 +65,22 @@ impl Runtime {
             metrics,
             config,
         })
+    }
+
+    /// Sets `kvbust_connections{state}` from every worker's table (at scrape).
+    pub fn count_connections(&self) {
+        let tables = self.conn_tables.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = crate::conn::ConnCounts::default();
+        for t in tables.iter() {
+            let c = t.counts();
+            all.new += c.new;
+            all.active += c.active;
+            all.idle += c.idle;
+        }
+        for (state, n) in [("new", all.new), ("active", all.active), ("idle", all.idle)] {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            self.metrics.connections.with_label_values(&[state]).set(n);
+        }
     }
 
     pub fn default_phase(&self) -> Phase {

@@ -17,7 +17,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin;
 use crate::config::Config;
-use crate::conn::{ConnTimeouts, TimedIo};
+use crate::conn::{Activity, Admit, ConnTable, ConnTimeouts, Slot, TimedIo};
 use crate::proxy::forward::{self, Upstream};
 use crate::proxy::synthesize::Synthesizer;
 use crate::proxy::{Downstream, Proxy};
@@ -137,12 +137,26 @@ pub async fn run(
             rt.preload_done();
         });
     }
+    let workers = listeners.data.sockets.len();
+    let caps = crate::conn::ConnCaps::new(
+        config.listen.max_connections,
+        config.upstream.max_connections_per_worker,
+        workers,
+        crate::conn::fd_limit(),
+    );
+    tracing::info!(
+        max_connections = caps.clients,
+        upstream_connections_per_worker = caps.upstream_per_worker,
+        "connection caps (listen.max_connections, upstream.max_connections_per_worker; 0: from the open-file limit)"
+    );
     let parts = WorkerParts {
         rt: rt.clone(),
         upstream,
         client_tls,
         tls,
         synth,
+        caps,
+        workers,
     };
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -183,6 +197,8 @@ struct WorkerParts {
     client_tls: Arc<rustls::ClientConfig>,
     tls: Option<Arc<ReloadingTls>>,
     synth: Arc<Synthesizer>,
+    caps: crate::conn::ConnCaps,
+    workers: usize,
 }
 
 impl WorkerParts {
@@ -196,9 +212,17 @@ impl WorkerParts {
             self.upstream.clone(),
             client,
             self.synth.clone(),
+            self.caps.upstream_per_worker,
         );
+        let table = ConnTable::new(self.caps.clients_per_worker(self.workers));
+        self.rt
+            .conn_tables
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(table.clone());
         Worker {
             proxy,
+            table,
             builder: data_builder(config),
             tls: self.tls.clone(),
             grace: config.shutdown.grace,
@@ -328,6 +352,8 @@ async fn drain(
 /// listener TLS, shared with the reloader. Everything else is used on the worker's thread only.
 struct Worker {
     proxy: Arc<Proxy>,
+    /// This worker's open client connections, held to its share of `listen.max_connections`.
+    table: Arc<ConnTable>,
     builder: auto::Builder<TokioExecutor>,
     tls: Option<Arc<ReloadingTls>>,
     grace: Duration,
@@ -349,9 +375,32 @@ impl Worker {
         let stopped = async {
             let _ = stop.wait_for(|s| *s).await;
         };
+        let metrics = self.proxy.metrics().clone();
+        let mut warned = false;
         crate::conn::accept_loop(&listener, "data", stopped, |stream, peer| {
             while conns.try_join_next().is_some() {}
-            conns.spawn(serve_connection(
+            let admit = self.table.admit();
+            if admit != Admit::Room {
+                metrics.shed.inc();
+                // Once per worker at warn; every shed is counted in kvbust_shed_total.
+                let what = match admit {
+                    Admit::Full => "every connection is busy: closing the new one",
+                    _ => "closed the oldest connection with no request in flight",
+                };
+                if warned {
+                    tracing::debug!(%peer, "listen.max_connections reached; {what}");
+                } else {
+                    warned = true;
+                    tracing::warn!(%peer, "listen.max_connections reached; {what} (counted in kvbust_shed_total; logged once per worker)");
+                }
+                if admit == Admit::Full {
+                    return false;
+                }
+            }
+            let activity = Arc::new(Activity::default());
+            let slot = self.table.slot();
+            let id = slot.id();
+            let abort = conns.spawn(serve_connection(
                 stream,
                 peer,
                 self.proxy.clone(),
@@ -359,7 +408,10 @@ impl Worker {
                 self.tls.as_ref().map(|t| t.acceptor()),
                 timeouts,
                 graceful.watcher(),
+                (activity.clone(), slot),
             ));
+            self.table.insert(id, activity, abort);
+            admit == Admit::Shed
         })
         .await;
         drop(listener);
@@ -404,8 +456,10 @@ async fn serve_connection(
     tls: Option<TlsAcceptor>,
     timeouts: ConnTimeouts,
     watcher: hyper_util::server::graceful::Watcher,
+    (activity, _slot): (Arc<Activity>, Slot),
 ) {
-    let client = Arc::new(Downstream::new(peer, tls.is_some()));
+    let per_client = proxy.max_upstream_per_client();
+    let client = Arc::new(Downstream::new(peer, tls.is_some(), activity, per_client));
     // Below TLS, so a stalled handshake is timed out like a silent connection.
     let stream = TimedIo::new(stream, client.activity.clone(), timeouts);
     let service = service_fn(move |req| {

@@ -59,6 +59,7 @@ pub async fn serve(
                 tracing::debug!(error = %e, %peer, "mock: connection ended with an error");
             }
         });
+        false
     })
     .await;
     drop(listener);

@@ -1,6 +1,8 @@
 //! Plain-HTTP/1.1 upstream connections kvbust holds itself, with no dispatch through hyper-util's
 //! pooled client: a client connection's own ([`Affinity`]) and each worker's idle pool
-//! ([`H1Pool`]) for the streams of HTTP/2 clients. Never inspects or buffers bodies.
+//! ([`H1Pool`]) for the streams of HTTP/2 clients, and the bounds on how many may be open
+//! (per worker) or held by one client connection's streams ([`acquire`]). Never inspects or
+//! buffers bodies.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -14,6 +16,7 @@ use http::header;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::forward::{broken, Upstream};
 use super::Body;
@@ -42,6 +45,9 @@ pub struct Affinity(Mutex<Option<Sender>>);
 /// response body has been read to the end ([`UpstreamBody`]); one whose body was cut is closed.
 pub struct H1Pool {
     idle: Mutex<VecDeque<(Sender, Instant)>>,
+    /// Connections this worker may still open (`upstream.max_connections_per_worker`); each
+    /// open connection's task holds one until the connection closes, in use or idle.
+    open: Arc<Semaphore>,
     max_idle: usize,
     idle_timeout: Duration,
     /// A task closes aged connections while any are idle (see [`H1Pool::reap`]).
@@ -49,9 +55,10 @@ pub struct H1Pool {
 }
 
 impl H1Pool {
-    pub fn new(cfg: &UpstreamConfig) -> Arc<Self> {
+    pub fn new(cfg: &UpstreamConfig, max_open: usize) -> Arc<Self> {
         Arc::new(Self {
             idle: Mutex::new(VecDeque::new()),
+            open: Arc::new(Semaphore::new(max_open.max(1))),
             max_idle: cfg.pool_max_idle_per_host,
             idle_timeout: cfg.pool_idle_timeout,
             reaping: AtomicBool::new(false),
@@ -63,6 +70,11 @@ impl H1Pool {
         let mut idle = lock(&self.idle);
         self.close_aged(&mut idle, Instant::now());
         idle.pop_back().map(|(send, _)| send)
+    }
+
+    /// Closes the longest-idle connection, so that its slot comes free for a new one.
+    fn close_oldest_idle(&self) {
+        drop(lock(&self.idle).pop_front());
     }
 
     /// Closes the connections idle for `upstream.pool_idle_timeout`; returns when the oldest
@@ -141,11 +153,24 @@ impl Keep<'_> {
 pub struct UpstreamBody {
     inner: Incoming,
     lease: Option<(Arc<H1Pool>, Sender)>,
+    /// The client connection's upstream slot this exchange holds (HTTP/2 streams), given back
+    /// with the connection.
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 impl UpstreamBody {
     pub fn new(inner: Incoming) -> Self {
-        Self { inner, lease: None }
+        Self {
+            inner,
+            lease: None,
+            slot: None,
+        }
+    }
+
+    /// Holds `slot` until the response has been read to the end or dropped.
+    pub fn holding(mut self, slot: Option<OwnedSemaphorePermit>) -> Self {
+        self.slot = slot;
+        self
     }
 
     /// The response has been read to the end: the connection can take the next request.
@@ -153,6 +178,31 @@ impl UpstreamBody {
         if let Some((pool, send)) = self.lease.take() {
             pool.put(send);
         }
+        self.slot = None;
+    }
+}
+
+/// One of the upstream slots of `slots`, waiting up to `wait` (`upstream.connect_timeout`) for
+/// one to come free; past that a 503 naming `key`, the bound that was reached.
+pub async fn acquire(
+    slots: &Arc<Semaphore>,
+    wait: Duration,
+    key: &'static str,
+) -> Result<OwnedSemaphorePermit, ProxyError> {
+    if let Ok(p) = slots.clone().try_acquire_owned() {
+        return Ok(p);
+    }
+    match tokio::time::timeout(wait, slots.clone().acquire_owned()).await {
+        Ok(Ok(p)) => Ok(p),
+        _ => Err(ProxyError::Overloaded {
+            code: "upstream_connections_exhausted",
+            message: format!(
+                "every upstream connection {key} allows is in use and none came free within \
+                 upstream.connect_timeout ({}); retry shortly, or raise {key}",
+                humantime::format_duration(wait)
+            ),
+            retry_after_s: 1,
+        }),
     }
 }
 
@@ -195,6 +245,8 @@ pub struct UpstreamConnect(pub Duration);
 /// when the response body ends.
 pub async fn send(
     keep: Keep<'_>,
+    pool: &Arc<H1Pool>,
+    slot: Option<OwnedSemaphorePermit>,
     upstream: &Upstream,
     cfg: &UpstreamConfig,
     mut req: http::Request<Body>,
@@ -209,7 +261,7 @@ pub async fn send(
             continue;
         }
         match kept.try_send_request(req).await {
-            Ok(resp) => return Ok(give_back(keep, kept, resp)),
+            Ok(resp) => return Ok(give_back(keep, kept, resp, slot)),
             Err(mut e) => match e.take_message() {
                 Some(unsent) => req = unsent,
                 None => return Err(broken(e.error())),
@@ -217,20 +269,34 @@ pub async fn send(
         }
     }
     let opened = Instant::now();
-    let mut fresh = connect(upstream, cfg).await?;
+    let open = match pool.open.clone().try_acquire_owned() {
+        Ok(p) => p,
+        Err(_) => {
+            // At the worker's bound: an idle pooled connection gives its slot up first.
+            pool.close_oldest_idle();
+            acquire(
+                &pool.open,
+                cfg.connect_timeout,
+                "upstream.max_connections_per_worker",
+            )
+            .await?
+        }
+    };
+    let mut fresh = connect(upstream, cfg, open).await?;
     let connect = UpstreamConnect(opened.elapsed());
     let mut resp = fresh.send_request(req).await.map_err(|e| broken(&e))?;
     resp.extensions_mut().insert(connect);
-    Ok(give_back(keep, fresh, resp))
+    Ok(give_back(keep, fresh, resp, slot))
 }
 
 fn give_back(
     keep: Keep<'_>,
     send: Sender,
     resp: http::Response<Incoming>,
+    slot: Option<OwnedSemaphorePermit>,
 ) -> http::Response<UpstreamBody> {
     resp.map(|inner| {
-        let mut body = UpstreamBody::new(inner);
+        let mut body = UpstreamBody::new(inner).holding(slot);
         match keep {
             Keep::Own(a) => *lock(&a.0) = Some(send),
             Keep::Pool(p) => {
@@ -245,8 +311,13 @@ fn give_back(
     })
 }
 
-/// Opens a plain HTTP/1.1 connection to the upstream and runs it on this worker.
-async fn connect(upstream: &Upstream, cfg: &UpstreamConfig) -> Result<Sender, ProxyError> {
+/// Opens a plain HTTP/1.1 connection to the upstream and runs it on this worker; the
+/// connection's task holds `open`, its worker slot, until the connection closes.
+async fn connect(
+    upstream: &Upstream,
+    cfg: &UpstreamConfig,
+    open: OwnedSemaphorePermit,
+) -> Result<Sender, ProxyError> {
     let host = upstream.authority.host();
     // `Authority::host` keeps an IPv6 literal's brackets; the resolver wants it bare.
     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -292,6 +363,7 @@ async fn connect(upstream: &Upstream, cfg: &UpstreamConfig) -> Result<Sender, Pr
         if let Err(e) = conn.await {
             tracing::debug!("upstream connection ended: {e}");
         }
+        drop(open);
     });
     Ok(send)
 }

@@ -467,8 +467,8 @@ pub fn classify(
     upstream: &Upstream,
     connect_timeout: std::time::Duration,
 ) -> ProxyError {
-    if let Some(after) = crate::conn::body_timeout_in(&err) {
-        return ProxyError::ClientBodyTimeout { after };
+    if let Some(t) = crate::conn::body_timeout_in(&err) {
+        return t.into();
     }
     let detail = error_chain(&err);
     if err.is_connect() {
@@ -498,7 +498,7 @@ fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
 /// client's body stalling is the client's fault, anything else the upstream's.
 pub(super) fn broken(err: &hyper::Error) -> ProxyError {
     match crate::conn::body_timeout_in(err) {
-        Some(after) => ProxyError::ClientBodyTimeout { after },
+        Some(t) => t.into(),
         None => ProxyError::UpstreamBroken(error_chain(err)),
     }
 }

@@ -88,15 +88,19 @@ pub struct Downstream {
     pub affinity: Affinity,
     /// Its requests in flight, which hold the connection's idle deadline off.
     pub activity: Arc<Activity>,
+    /// Upstream connections its HTTP/2 streams may still take
+    /// (`upstream.max_connections_per_client`).
+    pub upstream_streams: Arc<tokio::sync::Semaphore>,
 }
 
 impl Downstream {
-    pub fn new(peer: SocketAddr, tls: bool) -> Self {
+    pub fn new(peer: SocketAddr, tls: bool, activity: Arc<Activity>, max_upstream: usize) -> Self {
         Self {
             peer,
             tls,
             affinity: Affinity::default(),
-            activity: Arc::default(),
+            activity,
+            upstream_streams: Arc::new(tokio::sync::Semaphore::new(max_upstream)),
         }
     }
 }
@@ -235,15 +239,25 @@ impl Proxy {
         upstream: Upstream,
         client: UpstreamClient,
         synth: Arc<synthesize::Synthesizer>,
+        max_upstream: usize,
     ) -> Arc<Self> {
         Arc::new(Self {
             response_headers: ResponseHeaders::new(&rt.config.headers),
-            pool: H1Pool::new(&rt.config.upstream),
+            pool: H1Pool::new(&rt.config.upstream, max_upstream),
             rt,
             client,
             upstream,
             synth,
         })
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.rt.metrics
+    }
+
+    /// `upstream.max_connections_per_client`, for each new client connection.
+    pub fn max_upstream_per_client(&self) -> usize {
+        self.rt.config.upstream.max_connections_per_client
     }
 
     /// Serves one request that came on the connection `client`. Never fails: errors become
@@ -259,8 +273,8 @@ impl Proxy {
     {
         // Erase the body type up front; boxing the future pins its Send-ness to concrete
         // lifetimes (hyper's service bounds trip rustc's higher-ranked inference otherwise).
-        let gap = self.rt.config.listen.body_read_timeout;
-        let req = req.map(|b| BodyTimeout::new(b, gap).boxed());
+        let limits = self.rt.config.listen.body_deadlines();
+        let req = req.map(|b| BodyTimeout::new(b, limits).boxed());
         Box::pin(self.handle_erased(req, client))
     }
 
@@ -368,7 +382,10 @@ impl Proxy {
         let req = self.upstream_request(parts, body, client, keep.is_some())?;
         let overhead = start.elapsed();
         self.rt.metrics.overhead.observe(overhead.as_secs_f64());
-        let resp = self.send(req, keep, overhead).await?;
+        // An HTTP/2 client's stream (no connection of its own) takes one of its connection's
+        // upstream slots.
+        let streams = affinity.is_none().then_some(&client.upstream_streams);
+        let resp = self.send(req, keep, streams, overhead).await?;
         // The body went out with the request: its bytes are no longer held here.
         drop(buffered);
         let (mut parts, body) = resp.into_parts();
@@ -485,6 +502,7 @@ impl Proxy {
         &self,
         req: Request<Body>,
         keep: Option<Keep<'_>>,
+        streams: Option<&Arc<tokio::sync::Semaphore>>,
         overhead: std::time::Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let cfg = &self.rt.config.upstream;
@@ -501,13 +519,27 @@ impl Proxy {
             ),
         };
         let sent = async {
+            // An HTTP/2 client's stream holds one of its connection's upstream slots from here
+            // to the end of its response: its streams cannot fan out to more upstream
+            // connections than `upstream.max_connections_per_client`, however many it opens.
+            let slot = match streams {
+                None => None,
+                Some(s) => Some(
+                    direct::acquire(
+                        s,
+                        cfg.connect_timeout,
+                        "upstream.max_connections_per_client",
+                    )
+                    .await?,
+                ),
+            };
             match keep {
-                Some(keep) => direct::send(keep, &self.upstream, cfg, req).await,
+                Some(keep) => direct::send(keep, &self.pool, slot, &self.upstream, cfg, req).await,
                 None => self
                     .client
                     .request(req)
                     .await
-                    .map(|resp| resp.map(UpstreamBody::new))
+                    .map(|resp| resp.map(|b| UpstreamBody::new(b).holding(slot)))
                     .map_err(|e| forward::classify(e, &self.upstream, cfg.connect_timeout)),
             }
         };
@@ -733,7 +765,7 @@ fn reserve(r: &mut budget::Reservation<'_>, n: u64) -> Result<(), ProxyError> {
 }
 
 /// Collects a request body that must be rewritten, refusing more than `limit` bytes and holding
-/// its size in `buffered`. A body that arrives in one frame (the usual case for a small chat
+/// the bytes received so far in `buffered`. A body that arrives in one frame (the usual case for a small chat
 /// request) is kept as it is, not copied.
 async fn collect_limited(
     body: Body,
@@ -748,7 +780,8 @@ async fn collect_limited(
     if declared.is_some_and(|n| n > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    reserve(buffered, declared.unwrap_or(0))?;
+    // The budget is charged for bytes received, never for bytes promised: a client that
+    // declares 64 MiB and sends one byte holds one byte of it.
     // A plain loop rather than `Limited`: its boxed error type trips rustc's Send inference
     // for this future.
     let mut body = body;
@@ -757,7 +790,7 @@ async fn collect_limited(
     let mut total = 0u64;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| match crate::conn::body_timeout_in(e.as_ref()) {
-            Some(after) => ProxyError::ClientBodyTimeout { after },
+            Some(t) => t.into(),
             None => ProxyError::ClientBody(crate::error::error_chain(e.as_ref())),
         })?;
         let Ok(data) = frame.into_data() else {
@@ -771,7 +804,13 @@ async fn collect_limited(
         if let Some(buf) = joined.as_mut() {
             buf.extend_from_slice(&data);
         } else if let Some(head) = first.take() {
-            let cap = declared.unwrap_or(total).max(total).min(limit) as usize;
+            // Room for the declared size, but at most 1 MiB beyond what has come: a promise
+            // alone allocates little (the buffer grows as bytes come).
+            let cap = declared
+                .unwrap_or(total)
+                .max(total)
+                .min(limit)
+                .min(total + (1 << 20)) as usize;
             let mut buf = bytes::BytesMut::with_capacity(cap);
             buf.extend_from_slice(&head);
             buf.extend_from_slice(&data);

@@ -314,12 +314,14 @@ async fn buffered_bodies_share_one_budget_and_past_it_get_503_at_once() {
         c.limits.max_buffered_total = kvbust::config::ByteSize(64 << 10);
     })
     .await;
-    // A: declares 60,000 bytes, sends a few and pauses; its declared size is held.
+    // A: declares 60,000 bytes, sends 59,000 and pauses; what it sent is held (what it only
+    // declared is not: issue 23).
     let mut a = TcpStream::connect(h.proxy_addr).await.unwrap();
     a.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 60000\r\n\r\n{\"messages\":")
         .await
         .unwrap();
-    wait_for("A's reservation", || h.runtime.bodies.used() == 60_000).await;
+    a.write_all(&vec![b' '; 59_000 - 12]).await.unwrap();
+    wait_for("A's reservation", || h.runtime.bodies.used() == 59_000).await;
     // B: 10 KB more would pass 64 KiB: refused at once, counted, nothing forwarded.
     let big = chat_body(&"y".repeat(10_000), false, 1);
     let start = Instant::now();
@@ -497,5 +499,381 @@ async fn an_upstream_killed_mid_stream_is_counted_and_the_client_stream_ends() {
         "{m}"
     );
     assert_eq!(h.runtime.metrics.in_flight.get(), 0);
+    h.shutdown().await;
+}
+
+/// Issue 23 item 1: sixteen bodies that declare 64 MiB and send one byte hold one byte each of
+/// `limits.max_buffered_total`, not 64 MiB each, so another client's rewritten request is served.
+#[tokio::test]
+async fn slow_bodies_declaring_64_mib_do_not_fill_the_buffer_budget() {
+    // Defaults: limits.max_body 64 MiB, limits.max_buffered_total 1 GiB (16 x 64 MiB).
+    let h = start(|c| c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix).await;
+    let mut slow = Vec::new();
+    for _ in 0..16 {
+        let mut s = TcpStream::connect(h.proxy_addr).await.unwrap();
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 67108864\r\n\r\n{")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    let gauge = h.runtime.metrics.in_flight.clone();
+    wait_for("the 16 slow bodies to be read", || gauge.get() == 16).await;
+    for (name, client) in clients() {
+        let resp = chat(&client, &h, chat_body("a legitimate request", false, 2)).await;
+        let status = resp.status();
+        let body = body_bytes(resp).await;
+        assert_eq!(status, 200, "{name}: {}", String::from_utf8_lossy(&body));
+    }
+    wait_for("one byte held per slow body", || {
+        h.runtime.bodies.used() == 16
+    })
+    .await;
+    drop(slow);
+    wait_for("the slow bodies' bytes given back", || {
+        h.runtime.bodies.used() == 0
+    })
+    .await;
+    h.shutdown().await;
+}
+
+/// Issue 23 item 8: a stalled `PUT /phase` body on the admin port (no token set) is timed out
+/// like a data-port body: 408, and the connection closes.
+#[tokio::test]
+async fn a_stalled_admin_body_is_timed_out() {
+    let h = start(short_timeouts).await;
+    let mut tcp = TcpStream::connect(h.admin_addr).await.unwrap();
+    tcp.write_all(b"PUT /phase HTTP/1.1\r\nHost: x\r\ncontent-length: 10\r\n\r\nwa")
+        .await
+        .unwrap();
+    let (got, _) = read_until_closed(&mut tcp).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"request_body_timeout\""), "{text}");
+    assert_eq!(
+        h.runtime.default_phase(),
+        kvbust::cachebust::Phase::Profiling
+    );
+    h.shutdown().await;
+}
+
+/// Issue 23 item 9: an `x-request-id` over 128 bytes, or not visible ASCII, is replaced by a
+/// new one, on the response and upstream alike; one that fits is kept.
+#[tokio::test]
+async fn an_oversized_or_invisible_request_id_is_replaced() {
+    let h = start(|_| {}).await;
+    let long = "r".repeat(300);
+    for (given, kept) in [
+        (long.as_str(), false),
+        ("with space", false),
+        ("ok-id_128.x", true),
+    ] {
+        let req = post(
+            &h.url("/v1/chat/completions"),
+            chat_body("hi", false, 1),
+            &[("x-request-id", given)],
+        );
+        let resp = send(&h1(), req).await;
+        assert_eq!(resp.status(), 200);
+        let echoed = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+        body_bytes(resp).await;
+        let upstream = h.mock.recorder().requests();
+        let sent = upstream.last().unwrap().headers["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(sent, echoed, "the upstream sees the id the client gets");
+        if kept {
+            assert_eq!(echoed, given);
+        } else {
+            assert_eq!(echoed.len(), 16, "{given}: replaced by a new id");
+            assert!(echoed.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+    }
+    h.shutdown().await;
+}
+
+/// Issue 23 item 1: a body trickled just under `listen.body_read_timeout` is cut at
+/// `listen.body_total_timeout`: 408 `request_body_total_timeout`, on a rewritten route and on a
+/// pass-through one.
+#[tokio::test]
+async fn a_trickled_body_is_cut_at_the_whole_body_deadline() {
+    let h = start(|c| {
+        c.cache_bust.target = kvbust::cachebust::Target::FirstTurnPrefix;
+        c.listen.body_read_timeout = Duration::from_secs(20);
+        c.listen.body_total_timeout = Duration::from_millis(800);
+    })
+    .await;
+    for path in ["/v1/chat/completions", "/v1/embeddings"] {
+        let mut tcp = TcpStream::connect(h.proxy_addr).await.unwrap();
+        let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{");
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        // One byte every 100 ms: far inside the 20 s gap, never finishing the 1000 bytes.
+        let mut buf = vec![0u8; 4096];
+        let mut got = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let guard = Instant::now() + Duration::from_secs(20);
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"}") {
+            assert!(Instant::now() < guard, "{path}: no answer");
+            tokio::select! {
+                n = tcp.read(&mut buf) => {
+                    let n = n.unwrap();
+                    assert!(n > 0, "{path}: closed with {}", String::from_utf8_lossy(&got));
+                    got.extend_from_slice(&buf[..n]);
+                }
+                _ = tick.tick() => { let _ = tcp.write_all(b" ").await; }
+            }
+        }
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 408"), "{path}: {text}");
+        assert!(
+            text.contains("\"code\":\"request_body_total_timeout\""),
+            "{path}: {text}"
+        );
+        assert!(text.contains("listen.body_total_timeout"), "{path}: {text}");
+    }
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_errors_total{code=\"request_body_total_timeout\",source=\"client\"} 2"),
+        "{m}"
+    );
+    h.shutdown().await;
+}
+
+/// Waits (bounded) until `/metrics` shows `line`; returns the exposition.
+async fn wait_for_metric(h: &Harness, line: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = metrics_text(h).await;
+        if m.contains(line) {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {line}: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Issue 23 item 12: past `listen.max_connections`, a new client is served and the oldest
+/// connection that has sent nothing is closed to make room; with every connection busy, the
+/// new one is closed instead. Counted in `kvbust_shed_total`, states in `kvbust_connections`.
+#[tokio::test]
+async fn past_max_connections_the_oldest_silent_connection_is_shed() {
+    let h = start(|c| {
+        c.listen.workers = 1;
+        c.listen.max_connections = 4;
+    })
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(TcpStream::connect(h.proxy_addr).await.unwrap());
+    }
+    wait_for_metric(&h, "kvbust_connections{state=\"new\"} 4").await;
+    // A fifth, a real client: served, and the oldest silent connection closed for it.
+    let resp = send(&h1(), get(&h.url("/v1/models"))).await;
+    assert_eq!(resp.status(), 200);
+    body_bytes(resp).await;
+    let (got, _) = read_until_closed(&mut silent[0]).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    let m = metrics_text(&h).await;
+    assert!(m.contains("kvbust_shed_total 1\n"), "{m}");
+    assert!(m.contains("kvbust_connections{state=\"new\"} 3\n"), "{m}");
+    // The younger silent connections are still open: nothing was cut but the one.
+    for s in &mut silent[1..] {
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+    }
+    h.shutdown().await;
+
+    // Every connection busy (a request body in flight on each): the new one is closed.
+    let h = start(|c| {
+        c.listen.workers = 1;
+        c.listen.max_connections = 4;
+    })
+    .await;
+    let mut busy = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(h.proxy_addr).await.unwrap();
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{")
+            .await
+            .unwrap();
+        busy.push(s);
+    }
+    let gauge = h.runtime.metrics.in_flight.clone();
+    wait_for("four requests in flight", || gauge.get() == 4).await;
+    let mut extra = TcpStream::connect(h.proxy_addr).await.unwrap();
+    let _ = extra
+        .write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let (got, _) = read_until_closed(&mut extra).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    let m = wait_for_metric(&h, "kvbust_shed_total 1\n").await;
+    assert!(
+        m.contains("kvbust_connections{state=\"active\"} 4\n"),
+        "{m}"
+    );
+    drop(busy);
+    h.shutdown().await;
+}
+
+/// An HTTP/1.1 upstream that counts the connections it accepts and answers each request once
+/// it has read the whole body.
+async fn counting_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let service =
+                hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async {
+                    let body = http_body_util::BodyExt::collect(req.into_body()).await?;
+                    let n = body.to_bytes().len();
+                    Ok::<_, hyper::Error>(http::Response::new(http_body_util::Full::new(
+                        Bytes::from(format!("{{\"read\":{n}}}")),
+                    )))
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), service),
+            );
+        }
+    });
+    (url, accepted)
+}
+
+/// A request body that sends its first bytes and then nothing, forever.
+struct HalfSent(Option<Bytes>);
+
+impl http_body::Body for HalfSent {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        match self.0.take() {
+            Some(b) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(b)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+type H2Body = http_body_util::Either<HalfSent, http_body_util::Full<Bytes>>;
+
+fn h2c_streaming(
+) -> hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, H2Body>
+{
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+fn embeddings(h: &Harness, body: H2Body) -> http::Request<H2Body> {
+    http::Request::post(h.url("/v1/embeddings"))
+        .header("content-type", "application/json")
+        .body(body)
+        .unwrap()
+}
+
+/// Sends `n` half-sent streams on one HTTP/2 connection; returns the statuses and error codes
+/// of the first `answered` to be answered (the rest hold their upstream connections).
+async fn half_sent_streams(h: &Harness, n: usize, answered: usize) -> Vec<(u16, String)> {
+    let client = h2c_streaming();
+    // One whole request first, so every stream shares one client connection.
+    let full = http_body_util::Either::Right(http_body_util::Full::new(Bytes::from("{}")));
+    let resp = client.request(embeddings(h, full)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..n {
+        let (client, tx) = (client.clone(), tx.clone());
+        let half = http_body_util::Either::Left(HalfSent(Some(Bytes::from_static(b"{\"input\":"))));
+        let req = embeddings(h, half);
+        tokio::spawn(async move {
+            let resp = client.request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
+            let _ = tx.send((
+                status,
+                v["error"]["code"].as_str().unwrap_or("").to_string(),
+            ));
+        });
+    }
+    let mut got = Vec::new();
+    while got.len() < answered {
+        let r = tokio::time::timeout(Duration::from_secs(20), rx.recv()).await;
+        got.push(r.expect("answered").expect("a status"));
+    }
+    // Kept alive: its streams hold their upstream connections until the test ends.
+    std::mem::forget(client);
+    got
+}
+
+/// Issue 23 item 2: the half-sent HTTP/2 streams of one client connection hold at most
+/// `upstream.max_connections_per_client` upstream connections; a stream past it waits up to
+/// `upstream.connect_timeout` and gets 503, and a request on another connection is served.
+#[tokio::test]
+async fn half_sent_h2_streams_open_at_most_the_per_client_bound_of_upstream_connections() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream().await;
+    let h = start_proxy(&url, |c| {
+        c.listen.workers = 1;
+        c.upstream.max_connections_per_client = 4;
+        c.upstream.connect_timeout = Duration::from_millis(300);
+        // The held streams are still in flight at the end: no need to wait them out.
+        c.shutdown.grace = Duration::from_millis(100);
+    })
+    .await;
+    let got = half_sent_streams(&h, 12, 8).await;
+    for (status, code) in &got {
+        assert_eq!(
+            (*status, code.as_str()),
+            (503, "upstream_connections_exhausted")
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 4, "the bound, no more");
+    // A legitimate request on its own connection still works.
+    let req = post(&h.url("/v1/embeddings"), "{\"input\":\"x\"}", &[]);
+    let resp = send(&h1(), req).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(&body_bytes(resp).await[..], b"{\"read\":13}");
+    h.shutdown().await;
+}
+
+/// Issue 23 item 2: a worker opens at most `upstream.max_connections_per_worker` upstream
+/// connections, whatever its clients ask.
+#[tokio::test]
+async fn a_worker_opens_at_most_its_bound_of_upstream_connections() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream().await;
+    let h = start_proxy(&url, |c| {
+        c.listen.workers = 1;
+        c.upstream.max_connections_per_worker = 3;
+        c.upstream.connect_timeout = Duration::from_millis(300);
+        // The held streams are still in flight at the end: no need to wait them out.
+        c.shutdown.grace = Duration::from_millis(100);
+    })
+    .await;
+    let got = half_sent_streams(&h, 8, 5).await;
+    for (status, code) in &got {
+        assert_eq!(
+            (*status, code.as_str()),
+            (503, "upstream_connections_exhausted")
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3, "the bound, no more");
     h.shutdown().await;
 }
