@@ -19,7 +19,7 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
-use crate::proxy::observe::Tokens;
+use crate::proxy::usage::Tokens;
 
 /// The target access-log lines carry (as a `tracing` event's target would be written), so they
 /// can be told from other log lines.
@@ -192,7 +192,7 @@ impl Entry {
         self.upstream_status = Some(self.status);
         self.upstream_connect = resp
             .extensions
-            .get::<crate::proxy::direct::UpstreamConnect>()
+            .get::<crate::upstream::pool::UpstreamConnect>()
             .map(|c| c.0);
         if !resp.headers.contains_key(&X_REQUEST_ID) {
             resp.headers.insert(X_REQUEST_ID, self.request_id.clone());

@@ -17,14 +17,18 @@ use tokio::net::TcpListener;
 use crate::cachebust::Phase;
 use crate::conn::{Activity, BodyTimeout, TimedIo};
 use crate::error::{error_body, json_response};
-use crate::runtime::Runtime;
+use crate::runtime::SharedState;
 
 type AdminBody = Full<Bytes>;
 
 /// Serves the admin port until `shutdown` resolves. Connections are held to the same deadlines
 /// as the data port's (`listen.header_read_timeout`, `listen.idle_timeout`): a client that opens
 /// the port and sends nothing must not hold a socket forever.
-pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, shutdown: impl Future<Output = ()>) {
+pub async fn serve(
+    listener: TcpListener,
+    rt: Arc<SharedState>,
+    shutdown: impl Future<Output = ()>,
+) {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -60,7 +64,7 @@ pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, shutdown: impl Futur
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), graceful.shutdown()).await;
 }
 
-async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
+async fn handle(req: Request<Incoming>, rt: &SharedState) -> Response<AdminBody> {
     let path = req.uri().path().to_string();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
@@ -103,7 +107,7 @@ async fn handle(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
 }
 
 /// `PUT /phase`: sets the default phase (token-checked) and answers with the old and new one.
-async fn put_phase(req: Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
+async fn put_phase(req: Request<Incoming>, rt: &SharedState) -> Response<AdminBody> {
     if let Some(resp) = check_token(&req, rt.config.admin.token.as_deref()) {
         return resp;
     }

@@ -14,7 +14,7 @@ use crate::cachebust::{build_marker, digest, DigestInputs, Phase, Target};
 use crate::cli::{Cli, Command, ConfigCommand, ConfigFlags, HealthcheckArgs, MarkerArgs, MockArgs};
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
-use crate::runtime::Runtime;
+use crate::runtime::SharedState;
 use crate::server::{self, Listeners};
 
 /// Exit codes from the contract.
@@ -237,7 +237,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
         }
     };
 
-    let rt = Runtime::new(config.clone(), Metrics::new());
+    let rt = SharedState::new(config.clone(), Metrics::new());
     tracing::info!(
         data = %config.listen.addr,
         admin = %config.admin.addr,

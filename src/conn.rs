@@ -508,6 +508,19 @@ pub enum BodyReadTimeout {
     Total(Duration),
 }
 
+// Here rather than in `error`: the conversion belongs to the type it converts, and `error`
+// then needs nothing from `conn` (no conn ↔ error import circle).
+impl From<BodyReadTimeout> for crate::error::ProxyError {
+    fn from(t: BodyReadTimeout) -> Self {
+        match t {
+            BodyReadTimeout::Gap(after) => crate::error::ProxyError::ClientBodyTimeout { after },
+            BodyReadTimeout::Total(after) => {
+                crate::error::ProxyError::ClientBodyTotalTimeout { after }
+            }
+        }
+    }
+}
+
 /// The deadlines a request body is read under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BodyDeadlines {

@@ -59,17 +59,6 @@ pub enum ProxyError {
     Internal(String),
 }
 
-impl From<crate::conn::BodyReadTimeout> for ProxyError {
-    fn from(t: crate::conn::BodyReadTimeout) -> Self {
-        match t {
-            crate::conn::BodyReadTimeout::Gap(after) => ProxyError::ClientBodyTimeout { after },
-            crate::conn::BodyReadTimeout::Total(after) => {
-                ProxyError::ClientBodyTotalTimeout { after }
-            }
-        }
-    }
-}
-
 impl ProxyError {
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         ProxyError::BadRequest {

@@ -12,11 +12,11 @@ use http_body_util::{BodyExt, Limited};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::body::full_body;
 use crate::config::UpstreamConfig;
 use crate::error::error_chain;
 use crate::metrics::Metrics;
-use crate::proxy::forward::{Upstream, UpstreamClient};
-use crate::proxy::full_body;
+use crate::upstream::client::{Upstream, UpstreamClient};
 
 /// The probe's paths when `upstream.health_path` is not set: vLLM, SGLang, TensorRT-LLM and
 /// llama.cpp serve `/health`; any OpenAI-compatible server serves `/v1/models`.

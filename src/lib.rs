@@ -5,6 +5,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod app;
+pub mod body;
 pub mod cachebust;
 pub mod cgroup;
 pub mod cli;
@@ -21,3 +22,4 @@ pub mod runtime;
 pub mod server;
 pub mod synth;
 pub mod tls;
+pub mod upstream;

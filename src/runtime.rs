@@ -1,6 +1,8 @@
 //! Run-time state shared by the data path and the admin port: the default phase switch, the
 //! draining flag, the upstream's health status, the session ledger (absent in stateless mode), the benchmark id and the
-//! metrics. Holds no I/O handles.
+//! metrics, and the budget for buffered request bodies ([`budget`]). Holds no I/O handles.
+
+pub mod budget;
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -10,14 +12,16 @@ use crate::cachebust::{Ledger, Phase};
 use crate::config::{Config, LedgerMode};
 use crate::metrics::Metrics;
 
-pub struct Runtime {
+/// kvbust's state while it runs, one per process, shared by every data worker, the admin port
+/// and the health probe. (Not `Runtime`: that is tokio's executor, used beside it.)
+pub struct SharedState {
     pub config: Arc<Config>,
     pub metrics: Metrics,
     pub benchmark_id: String,
     /// What the health probe knows about the upstream; `/readyz` follows it.
     pub upstream_health: Arc<crate::health::Readiness>,
     /// Request bodies buffered for rewriting, all workers together (`limits.max_buffered_total`).
-    pub bodies: crate::proxy::budget::BodyBudget,
+    pub bodies: budget::BodyBudget,
     /// Each data worker's open client connections (`listen.max_connections`), read at scrape.
     pub conn_tables: Mutex<Vec<Arc<crate::conn::ConnTable>>>,
     default_phase: AtomicU8,
@@ -31,7 +35,7 @@ pub struct Runtime {
     ledger: Option<Mutex<Ledger>>,
 }
 
-impl Runtime {
+impl SharedState {
     pub fn new(config: Arc<Config>, metrics: Metrics) -> Arc<Self> {
         let benchmark_id = config
             .cache_bust
@@ -49,9 +53,7 @@ impl Runtime {
         Arc::new(Self {
             benchmark_id,
             upstream_health: Arc::new(crate::health::Readiness::new(config.upstream.health_probe)),
-            bodies: crate::proxy::budget::BodyBudget::new(
-                config.limits.max_buffered_total.as_u64(),
-            ),
+            bodies: budget::BodyBudget::new(config.limits.max_buffered_total.as_u64()),
             conn_tables: Mutex::new(Vec::new()),
             default_phase: AtomicU8::new(phase_to_u8(config.cache_bust.default_phase)),
             draining: AtomicBool::new(false),

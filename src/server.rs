@@ -18,11 +18,11 @@ use tokio_rustls::TlsAcceptor;
 use crate::admin;
 use crate::config::Config;
 use crate::conn::{Activity, Admit, ConnTable, ConnTimeouts, Slot, TimedIo};
-use crate::proxy::forward::{self, Upstream};
 use crate::proxy::synthesize::Synthesizer;
 use crate::proxy::{Downstream, Proxy};
-use crate::runtime::Runtime;
+use crate::runtime::SharedState;
 use crate::tls::ReloadingTls;
+use crate::upstream::client::{self, Upstream};
 
 /// The sockets `run` serves; bound by the caller so tests can use port 0.
 pub struct Listeners {
@@ -73,7 +73,7 @@ pub enum ServerError {
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
     #[error(transparent)]
-    Upstream(#[from] forward::UpstreamSetupError),
+    Upstream(#[from] client::UpstreamSetupError),
     #[error("data listener: {0}")]
     Listener(std::io::Error),
     #[error("data worker {0} cannot start: {1}")]
@@ -89,7 +89,7 @@ pub enum ServerError {
 /// connection from start to end, so the hot path has no cross-thread wake-ups and no shared pool.
 /// The admin port (and a configured dataset's build) runs on the caller's runtime.
 pub async fn run(
-    rt: Arc<Runtime>,
+    rt: Arc<SharedState>,
     upstream_url: &crate::config::UpstreamUrl,
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
@@ -98,7 +98,7 @@ pub async fn run(
     // Everything that can fail is set up before any worker starts, so a mistake is one clear error.
     let upstream = Upstream::from_url(upstream_url)
         .and_then(|u| u.with_authority(config.upstream.authority.as_deref()))?;
-    let client_tls = Arc::new(forward::tls_config(&config.upstream)?);
+    let client_tls = Arc::new(client::tls_config(&config.upstream)?);
     let tls = match &config.listen.tls {
         Some(files) => Some(Arc::new(ReloadingTls::new(files)?)),
         None => None,
@@ -119,23 +119,7 @@ pub async fn run(
         tokio::spawn(async move { synth.prewarm().await });
     }
     if !config.synth.preload.is_empty() {
-        // Load the tokenizer and each corpus now (a one-token placeholder builds its corpus);
-        // /readyz answers 503 until done.
-        let (synth, rt) = (synth.clone(), rt.clone());
-        tokio::spawn(async move {
-            let t0 = std::time::Instant::now();
-            for corpus in &rt.config.synth.preload {
-                let body = format!(
-                    r#"{{"messages":[{{"role":"user","content":"{{{{kvbust:prompt:1:{}}}}}"}}]}}"#,
-                    corpus.as_str()
-                );
-                if let Err(e) = synth.expand(body.as_bytes()).await {
-                    tracing::error!(corpus = corpus.as_str(), "synth.preload: {e}");
-                }
-            }
-            tracing::info!(elapsed = ?t0.elapsed(), "synth.preload corpora loaded");
-            rt.preload_done();
-        });
+        spawn_preload(synth.clone(), rt.clone());
     }
     let workers = listeners.data.sockets.len();
     let caps = crate::conn::ConnCaps::new(
@@ -169,7 +153,7 @@ pub async fn run(
         rt.upstream_health.clone(),
         rt.metrics.clone(),
         parts.upstream.clone(),
-        forward::build_client(&config.upstream, parts.client_tls.clone(), &parts.upstream),
+        client::build_client(&config.upstream, parts.client_tls.clone(), &parts.upstream),
         stop_rx.clone(),
     );
 
@@ -190,9 +174,28 @@ pub async fn run(
     Ok(report)
 }
 
+/// Loads the tokenizer and each `synth.preload` corpus now (a one-token placeholder builds its
+/// corpus); /readyz answers 503 until done.
+fn spawn_preload(synth: Arc<Synthesizer>, rt: Arc<SharedState>) {
+    tokio::spawn(async move {
+        let t0 = std::time::Instant::now();
+        for corpus in &rt.config.synth.preload {
+            let body = format!(
+                r#"{{"messages":[{{"role":"user","content":"{{{{kvbust:prompt:1:{}}}}}"}}]}}"#,
+                corpus.as_str()
+            );
+            if let Err(e) = synth.expand(body.as_bytes()).await {
+                tracing::error!(corpus = corpus.as_str(), "synth.preload: {e}");
+            }
+        }
+        tracing::info!(elapsed = ?t0.elapsed(), "synth.preload corpora loaded");
+        rt.preload_done();
+    });
+}
+
 /// What every data worker is built from, set up once by `run`.
 struct WorkerParts {
-    rt: Arc<Runtime>,
+    rt: Arc<SharedState>,
     upstream: Upstream,
     client_tls: Arc<rustls::ClientConfig>,
     tls: Option<Arc<ReloadingTls>>,
@@ -206,7 +209,7 @@ impl WorkerParts {
     fn worker(&self) -> Worker {
         let config = &self.rt.config;
         let client =
-            forward::build_client(&config.upstream, self.client_tls.clone(), &self.upstream);
+            client::build_client(&config.upstream, self.client_tls.clone(), &self.upstream);
         let proxy = Proxy::new(
             self.rt.clone(),
             self.upstream.clone(),
@@ -318,7 +321,7 @@ fn spawn_worker(
 /// Turns readiness 503, tells every worker to stop accepting and waits for them to drain;
 /// counts the connections they had to close when the grace ran out.
 async fn drain(
-    rt: &Runtime,
+    rt: &SharedState,
     stop_tx: &tokio::sync::watch::Sender<bool>,
     health: Option<tokio::task::JoinHandle<()>>,
     workers: Vec<Done>,

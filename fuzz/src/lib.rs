@@ -21,7 +21,7 @@ use kvbust::config::{CliOverrides, Config};
 use kvbust::metrics::Metrics;
 use kvbust::proxy::observe::{Labels, Observer};
 use kvbust::proxy::{rewrite, synthesize};
-use kvbust::runtime::Runtime;
+use kvbust::runtime::SharedState;
 use serde_json::Value;
 
 /// The longest error message any target may produce: client text is quoted at most 200 bytes
@@ -537,7 +537,7 @@ pub fn check_headers(data: &[u8]) {
             headers.append(name, v);
         }
     }
-    let rt = Runtime::new(Arc::new(Config::default()), Metrics::new());
+    let rt = SharedState::new(Arc::new(Config::default()), Metrics::new());
     let cfg = &rt.config;
     let control = rewrite::has_control_headers(&headers, &cfg.headers);
     let d = match rewrite::decide(&headers, control, &rt) {

@@ -9,9 +9,6 @@
 //! so no step parses bytes a step before already read; one that finds nothing to do copies
 //! nothing. Everything else streams through. Never collects a response body.
 
-pub mod budget;
-pub mod direct;
-pub mod forward;
 pub mod observe;
 pub mod rewrite;
 pub mod synthesize;
@@ -28,25 +25,18 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response};
 use http_body::Body as HttpBody;
-use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 
+use crate::body::{full_body, Body, BoxError};
 use crate::cachebust::{Phase, Shape, Target};
 use crate::conn::{Activity, BodyTimeout, RequestGuard};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
-use crate::runtime::Runtime;
-use direct::{Affinity, H1Pool, Keep, UpstreamBody};
-use forward::{Upstream, UpstreamClient};
+use crate::runtime::budget;
+use crate::runtime::SharedState;
+use crate::upstream::client::{self, Upstream, UpstreamClient};
+use crate::upstream::pool::{self, Affinity, H1Pool, Keep, UpstreamBody};
 use observe::{Observed, Observer};
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// The body type on both sides of the proxy.
-pub type Body = BoxBody<Bytes, BoxError>;
-
-pub fn full_body(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into()).map_err(|never| match never {}).boxed()
-}
 
 /// The route a request is on: one of the API paths (POST), named by the body shape read
 /// there ([`Shape::path`] holds the paths), or `Other`, which passes through untouched.
@@ -129,7 +119,7 @@ impl Drop for InFlight {
 }
 
 pub struct Proxy {
-    rt: Arc<Runtime>,
+    rt: Arc<SharedState>,
     client: UpstreamClient,
     /// This worker's idle HTTP/1.1 connections, for HTTP/2 clients' streams (plain http).
     pool: Arc<H1Pool>,
@@ -235,7 +225,7 @@ impl ResponseHeaders {
 impl Proxy {
     /// One worker's proxy: `client` is that worker's pool; `synth` is shared by all workers.
     pub fn new(
-        rt: Arc<Runtime>,
+        rt: Arc<SharedState>,
         upstream: Upstream,
         client: UpstreamClient,
         synth: Arc<synthesize::Synthesizer>,
@@ -484,7 +474,7 @@ impl Proxy {
             true => self.upstream.origin_form(parts.uri.path_and_query())?,
             false => self.upstream.join(parts.uri.path_and_query())?,
         };
-        forward::upstream_request_headers(
+        client::upstream_request_headers(
             &mut parts.headers,
             client.peer,
             client.tls,
@@ -525,7 +515,7 @@ impl Proxy {
             let slot = match streams {
                 None => None,
                 Some(s) => Some(
-                    direct::acquire(
+                    pool::acquire(
                         s,
                         cfg.connect_timeout,
                         "upstream.max_connections_per_client",
@@ -534,13 +524,13 @@ impl Proxy {
                 ),
             };
             match keep {
-                Some(keep) => direct::send(keep, &self.pool, slot, &self.upstream, cfg, req).await,
+                Some(keep) => pool::send(keep, &self.pool, slot, &self.upstream, cfg, req).await,
                 None => self
                     .client
                     .request(req)
                     .await
                     .map(|resp| resp.map(|b| UpstreamBody::new(b).holding(slot)))
-                    .map_err(|e| forward::classify(e, &self.upstream, cfg.connect_timeout)),
+                    .map_err(|e| client::classify(e, &self.upstream, cfg.connect_timeout)),
             }
         };
         match tokio::time::timeout(timeout, sent).await {
@@ -558,7 +548,7 @@ impl Proxy {
         ex: &mut Exchange,
         overhead: std::time::Duration,
     ) -> Option<crate::access_log::Entry> {
-        forward::strip_hop_by_hop(&mut parts.headers);
+        client::strip_hop_by_hop(&mut parts.headers);
         let labels = (ex.phase_label(), ex.target.as_str(), ex.rid.clone());
         let log = ex.log.take().map(|log| log.responded(parts, labels));
         let names = &self.response_headers;
@@ -694,7 +684,7 @@ fn synth_headers(h: &mut http::HeaderMap, names: &ResponseHeaders, s: topology::
 /// next one the body's layout (`cachebust::raw::Layout`, moved over their own splices), so no step parses what one
 /// before already read. Returns the body to send and whether it changed.
 async fn body_steps(
-    rt: &Runtime,
+    rt: &SharedState,
     synth: &synthesize::Synthesizer,
     work: &mut BodyWork,
     headers: &http::HeaderMap,
@@ -932,7 +922,7 @@ mod tests {
         dir
     }
 
-    fn runtime(s: &Steps) -> (Arc<Runtime>, Arc<synthesize::Synthesizer>) {
+    fn runtime(s: &Steps) -> (Arc<SharedState>, Arc<synthesize::Synthesizer>) {
         let mut c = crate::config::Config::default();
         c.cache_bust.benchmark_id = Some("0123456789ab".into());
         c.cache_bust.target = if s.mark {
@@ -971,7 +961,7 @@ mod tests {
         };
         c.synth.dataset = Some(params);
         let synth = synthesize::Synthesizer::new(c.synth.clone(), c.cache_bust.target);
-        (Runtime::new(Arc::new(c), Metrics::new()), synth)
+        (SharedState::new(Arc::new(c), Metrics::new()), synth)
     }
 
     fn body(s: &Steps) -> String {

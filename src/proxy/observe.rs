@@ -13,7 +13,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::time::Sleep;
 
-use super::BoxError;
+use super::usage::Tokens;
+use crate::body::BoxError;
 use crate::metrics::Metrics;
 
 /// The metric labels of one exchange.
@@ -127,18 +128,6 @@ pub struct UsageWire {
 pub struct CachedDetails {
     #[serde(default)]
     pub cached_tokens: Option<u64>,
-}
-
-/// Prompt, cached and generated tokens, the same meaning for every API.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Tokens {
-    /// Every prompt token the server processed or reused. Anthropic reports the uncached part
-    /// (`input_tokens`) apart from the cache hits and writes, so there it is
-    /// `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`.
-    pub prompt: Option<u64>,
-    /// Prompt tokens served from the prefix cache (Anthropic: `cache_read_input_tokens`).
-    pub cached: Option<u64>,
-    pub completion: Option<u64>,
 }
 
 impl UsageWire {

@@ -13,7 +13,7 @@ use crate::cachebust::{
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
-use crate::runtime::Runtime;
+use crate::runtime::SharedState;
 
 /// What a request asks for, decided from its headers before its body is read.
 #[derive(Debug, Clone)]
@@ -123,7 +123,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 /// Reads the request's phase, target and digest headers (`control`: from
 /// [`has_control_headers`]; without any, everything comes from the configuration).
-pub fn decide(headers: &HeaderMap, control: bool, rt: &Runtime) -> Result<Decision, ProxyError> {
+pub fn decide(
+    headers: &HeaderMap,
+    control: bool,
+    rt: &SharedState,
+) -> Result<Decision, ProxyError> {
     let cfg = &rt.config.cache_bust;
     if !control {
         return Ok(Decision {
@@ -241,7 +245,7 @@ pub fn apply(
     shape: Shape,
     body: &Bytes,
     headers: &HeaderMap,
-    rt: &Runtime,
+    rt: &SharedState,
     session: Option<&str>,
 ) -> Result<Rewritten, ProxyError> {
     apply_laid_out(d, shape, body, headers, rt, session, &mut None)
@@ -255,7 +259,7 @@ pub(crate) fn apply_laid_out(
     shape: Shape,
     body: &Bytes,
     headers: &HeaderMap,
-    rt: &Runtime,
+    rt: &SharedState,
     session: Option<&str>,
     layout: &mut Option<Layout>,
 ) -> Result<Rewritten, ProxyError> {
@@ -327,7 +331,7 @@ pub(crate) fn apply_laid_out(
 fn digest_inputs(
     d: &Decision,
     headers: &HeaderMap,
-    rt: &Runtime,
+    rt: &SharedState,
     session: Option<&str>,
     parsed: &Parsed<'_>,
 ) -> Result<Option<DigestInputs>, ProxyError> {
@@ -365,14 +369,14 @@ fn digest_inputs(
     })
 }
 
-fn unparseable(e: RewriteError, rt: &Runtime) -> Result<Rewritten, ProxyError> {
+fn unparseable(e: RewriteError, rt: &SharedState) -> Result<Rewritten, ProxyError> {
     if !e.is_client_error() {
         return Err(ProxyError::Internal(format!("cache-bust engine: {e}")));
     }
     unparseable_because(e.to_string(), rt)
 }
 
-fn unparseable_because(e: String, rt: &Runtime) -> Result<Rewritten, ProxyError> {
+fn unparseable_because(e: String, rt: &SharedState) -> Result<Rewritten, ProxyError> {
     match rt.config.cache_bust.on_unparseable {
         OnUnparseable::Reject => Err(ProxyError::bad_request(
             "invalid_body",

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use kvbust::config::Config;
 use kvbust::metrics::Metrics;
 use kvbust::mock::{Mock, MockConfig};
-use kvbust::runtime::Runtime;
+use kvbust::runtime::SharedState;
 use kvbust::server::{self, Listeners, RunReport};
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -30,7 +30,7 @@ pub struct Harness {
     pub mock_addr: SocketAddr,
     pub proxy_addr: SocketAddr,
     pub admin_addr: SocketAddr,
-    pub runtime: Arc<Runtime>,
+    pub runtime: Arc<SharedState>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<RunReport>>,
     mock_stop: Option<oneshot::Sender<()>>,
@@ -82,7 +82,7 @@ pub async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Har
     let admin = TcpListener::bind(cfg.admin.addr).await.unwrap();
     let proxy_addr = data.local_addr();
     let admin_addr = admin.local_addr().unwrap();
-    let runtime = Runtime::new(Arc::new(cfg), Metrics::new());
+    let runtime = SharedState::new(Arc::new(cfg), Metrics::new());
     let (tx, rx) = oneshot::channel::<()>();
     let rt2 = runtime.clone();
     let upstream = upstream.to_string();

@@ -8,7 +8,7 @@ use kvbust::config::Config;
 use kvbust::metrics::Metrics;
 use kvbust::proxy::rewrite::{decide, has_control_headers};
 use kvbust::proxy::synthesize::find_placeholders;
-use kvbust::runtime::Runtime;
+use kvbust::runtime::SharedState;
 
 /// Client text an error may quote (`MAX_EXCERPT`), plus the `…` that marks a cut.
 const QUOTE_LIMIT: usize = 200 + '…'.len_utf8();
@@ -60,8 +60,8 @@ fn inputs() -> kvbust::cachebust::DigestInputs {
     }
 }
 
-fn runtime() -> Arc<Runtime> {
-    Runtime::new(Arc::new(Config::default()), Metrics::new())
+fn runtime() -> Arc<SharedState> {
+    SharedState::new(Arc::new(Config::default()), Metrics::new())
 }
 
 /// `headers`: control headers with a bad value were quoted up to `limits.max_control_header`

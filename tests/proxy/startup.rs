@@ -7,7 +7,7 @@ use crate::common::*;
 use http::StatusCode;
 use kvbust::config::Config;
 use kvbust::metrics::Metrics;
-use kvbust::runtime::Runtime;
+use kvbust::runtime::SharedState;
 use kvbust::synth::PromptCorpus;
 
 #[test]
@@ -16,7 +16,7 @@ fn readiness_waits_for_the_preload() {
     // Readiness ignores the upstream here, so only the preload can hold it back.
     cfg.upstream.health_probe = false;
     cfg.synth.preload = vec![PromptCorpus::Sonnet];
-    let rt = Runtime::new(Arc::new(cfg), Metrics::new());
+    let rt = SharedState::new(Arc::new(cfg), Metrics::new());
     let why = rt.readiness().unwrap_err();
     assert!(why.contains("synth.preload"), "{why}");
     rt.preload_done();
@@ -24,7 +24,7 @@ fn readiness_waits_for_the_preload() {
     // Nothing to preload: ready from the start.
     let mut cfg_without_probe = Config::default();
     cfg_without_probe.upstream.health_probe = false;
-    let rt = Runtime::new(Arc::new(cfg_without_probe), Metrics::new());
+    let rt = SharedState::new(Arc::new(cfg_without_probe), Metrics::new());
     assert_eq!(rt.readiness(), Ok(()));
 }
 

@@ -1,5 +1,5 @@
 //! The pooled upstream client (TLS and HTTP/2 upstreams; plain HTTP/1.1 goes through
-//! [`super::direct`]) and header hygiene: TLS set-up, hop-by-hop removal, `Host` /
+//! [`super::pool`]) and header hygiene: TLS set-up, hop-by-hop removal, `Host` /
 //! `:authority` (and its `upstream.authority` override) and `X-Forwarded-*`, URI joining, and classifying transport errors. Never inspects bodies.
 
 use std::net::SocketAddr;
@@ -13,7 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::Body;
+use crate::body::Body;
 use crate::config::{Http2Mode, RootStore, UpstreamConfig, UpstreamUrl};
 use crate::error::{causes, error_chain, ProxyError};
 
@@ -48,7 +48,7 @@ impl tower_service::Service<Uri> for Dial {
 }
 
 impl Upstream {
-    /// Whether requests go over kvbust's own HTTP/1.1 connections ([`super::direct`]): a
+    /// Whether requests go over kvbust's own HTTP/1.1 connections ([`super::pool`]): a
     /// plain-http upstream not forced to HTTP/2.
     pub fn is_direct(&self, mode: Http2Mode) -> bool {
         self.scheme == Scheme::HTTP && mode != Http2Mode::Always

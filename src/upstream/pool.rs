@@ -18,8 +18,8 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::forward::{broken, Upstream};
-use super::Body;
+use super::client::{broken, Upstream};
+use crate::body::Body;
 use crate::config::UpstreamConfig;
 use crate::error::{error_chain, ProxyError};
 

@@ -1,0 +1,8 @@
+//! The upstream transport: the pooled client for TLS and HTTP/2 upstreams ([`client`]), the
+//! header hygiene of a forwarded request ([`headers`]), and the plain-HTTP/1.1 connections
+//! kvbust holds itself, per client connection and per worker ([`pool`]). Used by the request
+//! pipeline (`proxy`) and the health probe. Never inspects, buffers or rewrites bodies, and
+//! never decides what a request is (that is `proxy`'s pipeline).
+
+pub mod client;
+pub mod pool;
