@@ -35,6 +35,7 @@ use crate::metrics::Metrics;
 use crate::runtime::budget;
 use crate::runtime::SharedState;
 use crate::upstream::client::{self, Upstream, UpstreamClient};
+use crate::upstream::headers;
 use crate::upstream::pool::{self, Affinity, H1Pool, Keep, UpstreamBody};
 use observe::{Observed, Observer};
 
@@ -474,7 +475,7 @@ impl Proxy {
             true => self.upstream.origin_form(parts.uri.path_and_query())?,
             false => self.upstream.join(parts.uri.path_and_query())?,
         };
-        client::upstream_request_headers(
+        headers::upstream_request_headers(
             &mut parts.headers,
             client.peer,
             client.tls,
@@ -548,7 +549,7 @@ impl Proxy {
         ex: &mut Exchange,
         overhead: std::time::Duration,
     ) -> Option<crate::access_log::Entry> {
-        client::strip_hop_by_hop(&mut parts.headers);
+        headers::strip_hop_by_hop(&mut parts.headers);
         let labels = (ex.phase_label(), ex.target.as_str(), ex.rid.clone());
         let log = ex.log.take().map(|log| log.responded(parts, labels));
         let names = &self.response_headers;

@@ -5,4 +5,5 @@
 //! never decides what a request is (that is `proxy`'s pipeline).
 
 pub mod client;
+pub mod headers;
 pub mod pool;
