@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::openai::{
+use super::request::{
     field, json_object, max_tokens, model, opt_bool, ApiError, Endpoint, GenRequest, Message,
     Prompt, Usage,
 };

@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::openai::{
+use super::request::{
     content_text, field, json_object, max_tokens, model, opt_bool, parts_text, ApiError, Endpoint,
     GenRequest, Message, Prompt, Usage,
 };

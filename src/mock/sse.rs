@@ -15,9 +15,10 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use super::anthropic;
-use super::openai::{self, ResponseMeta, Usage};
+use super::openai::{self, ResponseMeta};
 use super::output;
 use super::recorder::StreamGuard;
+use super::request::Usage;
 use super::responses::ResponseEvents;
 
 /// `base + d`, or about thirty years after `base` when that would overflow.

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use super::config::MockTokenizerSetting;
-use super::openai::{ApiError, Message, Prompt, PromptPart};
+use super::request::{ApiError, Message, Prompt, PromptPart};
 use crate::synth::error::SynthError;
 use crate::synth::tokenizer::chat_template::ChatTemplate;
 use crate::synth::tokenizer::Tokenizer;

@@ -1,0 +1,230 @@
+//! The request model every mock API shape parses into ([`GenRequest`]: endpoint, model, prompt,
+//! limits, streaming), the error every shape answers with ([`ApiError`]), the JSON field helpers
+//! the shapes' parsers share, and the token accounting ([`Usage`]) every shape reports. Owns no
+//! shape of its own: `openai`, `responses` and `anthropic` each import this and never each other
+//! (the dispatch by route is `openai::parse_request`'s). Never panics on any input.
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::{json, Map, Value};
+
+/// Which generation route a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`
+    Chat,
+    /// `POST /v1/completions`
+    Completions,
+    /// `POST /v1/responses` (OpenAI Responses API)
+    Responses,
+    /// `POST /v1/messages` (Anthropic Messages API)
+    Messages,
+}
+
+/// One chat message as the chat template sees it: a role and its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user`, `assistant`, `tool`.
+    pub role: String,
+    /// The message's text (text parts joined by newlines).
+    pub content: String,
+}
+
+impl Message {
+    /// A message of `role` with `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// What is tokenized for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    /// Chat-shaped routes (chat, responses, messages): rendered through the tokenizer's chat template, as vLLM
+    /// does, then tokenized without adding special tokens.
+    Messages(Vec<Message>),
+    /// `/v1/completions`: text tokenized with the tokenizer's special tokens (as vLLM does), or token ids as
+    /// they are.
+    Raw(Vec<PromptPart>),
+}
+
+/// A piece of prompt: text to tokenize, or token ids given directly (`/v1/completions` accepts both).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptPart {
+    /// Text to tokenize.
+    Text(String),
+    /// Token ids taken as they are.
+    Tokens(Vec<u32>),
+}
+
+/// What a completion request asks the mock for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenRequest {
+    /// The route.
+    pub endpoint: Endpoint,
+    /// The model to report: the request's `model`, else the configured one.
+    pub model: String,
+    /// The prompt.
+    pub prompt: Prompt,
+    /// The output limit the request set (`max_completion_tokens`/`max_tokens`, `max_output_tokens`); `None`
+    /// when it set none.
+    pub max_tokens: Option<u32>,
+    /// `/v1/responses`: the request's `instructions`, echoed in the response object.
+    pub instructions: Option<Value>,
+    /// `stream`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+/// An error answered in the OpenAI shape `{"error": {"message", "type", "code"}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable message a user can act on.
+    pub message: String,
+    /// OpenAI error `type`.
+    pub kind: &'static str,
+    /// Machine-readable `code`.
+    pub code: &'static str,
+}
+
+impl ApiError {
+    /// 400 `invalid_request_error` with `code`.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            code,
+        }
+    }
+
+    /// The OpenAI-shaped JSON body.
+    pub fn body(&self) -> Bytes {
+        let v = json!({"error": {"message": self.message, "type": self.kind, "code": self.code}});
+        Bytes::from(v.to_string())
+    }
+
+    /// The body in the shape of `endpoint`'s API: Anthropic's `{"type":"error","error":{"type","message"}}`
+    /// on `/v1/messages`, OpenAI's everywhere else.
+    pub fn body_for(&self, endpoint: Option<Endpoint>) -> Bytes {
+        if endpoint == Some(Endpoint::Messages) {
+            let v = json!({"type": "error", "error": {"type": self.kind, "message": self.message}});
+            return Bytes::from(v.to_string());
+        }
+        self.body()
+    }
+}
+
+pub(crate) fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+pub(crate) fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<bool, ApiError> {
+    match field(obj, key) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ApiError::bad_request(
+            "invalid_type",
+            format!("`{path}` must be a boolean, got {other}"),
+        )),
+    }
+}
+
+/// The first of `keys` that is set, as a token count of at least 1.
+pub(crate) fn max_tokens(obj: &Map<String, Value>, keys: &[&str]) -> Result<Option<u32>, ApiError> {
+    for &key in keys {
+        if let Some(v) = field(obj, key) {
+            return match v.as_u64() {
+                Some(n) if n >= 1 => Ok(Some(u32::try_from(n).unwrap_or(u32::MAX))),
+                _ => Err(ApiError::bad_request(
+                    "invalid_value",
+                    format!("`{key}` must be an integer of at least 1, got {v}"),
+                )),
+            };
+        }
+    }
+    Ok(None)
+}
+
+/// Text parts joined by newlines; non-text parts (images, audio) carry no text to count.
+pub(crate) fn parts_text(parts: &[Value]) -> String {
+    let texts: Vec<&str> = parts
+        .iter()
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+        .collect();
+    texts.join("\n")
+}
+
+/// A message `content`: a string, a list of parts (see [`parts_text`]) or null; `path` names it in errors.
+pub(crate) fn content_text(content: Option<&Value>, path: &str) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => Ok(parts_text(parts)),
+        Some(other) => Err(ApiError::bad_request(
+            "invalid_type",
+            format!("`{path}` must be a string, a list of content parts or null, got {other}"),
+        )),
+    }
+}
+
+/// The request's `model`, else `default_model`.
+pub(crate) fn model(obj: &Map<String, Value>, default_model: &str) -> Result<String, ApiError> {
+    match field(obj, "model") {
+        None => Ok(default_model.to_owned()),
+        Some(Value::String(m)) => Ok(m.clone()),
+        Some(other) => Err(ApiError::bad_request(
+            "invalid_type",
+            format!("`model` must be a string, got {other}"),
+        )),
+    }
+}
+
+/// The body as a JSON object.
+pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_json",
+            format!("The request body is not valid JSON: {e}"),
+        )
+    })?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::bad_request(
+            "invalid_json",
+            "The request body must be a JSON object",
+        )),
+    }
+}
+
+/// Token accounting reported in `usage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Completion tokens.
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the simulated prefix cache.
+    pub cached_tokens: usize,
+    /// Prompt tokens this request newly wrote to the simulated prefix cache (its full blocks that were not
+    /// cached): Anthropic's `cache_creation_input_tokens`, OpenAI Responses' `cache_write_tokens`.
+    pub cache_written: usize,
+}
+
+impl Usage {
+    /// The `usage` object.
+    pub fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+}
