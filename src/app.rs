@@ -114,7 +114,7 @@ fn healthcheck(args: &HealthcheckArgs) -> Result<(), AppError> {
             args.path
         )));
     }
-    let timeout = crate::duration::parse_or_explain(&args.timeout)
+    let timeout = crate::units::duration::parse_or_explain(&args.timeout)
         .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
     let config = load(&args.flags)?;
     let addr = crate::healthcheck::probe_addr(config.admin.addr);
@@ -146,7 +146,7 @@ fn mock_config(args: &MockArgs) -> Result<Config, AppError> {
         ("--base-delay", &args.base_delay, &mut c.mock.base_delay),
     ] {
         if let Some(v) = v {
-            *slot = crate::duration::parse_or_explain(v).map_err(|message| ConfigError {
+            *slot = crate::units::duration::parse_or_explain(v).map_err(|message| ConfigError {
                 key: key.into(),
                 message,
             })?;

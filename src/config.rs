@@ -2,10 +2,8 @@
 //! validated once at start. Owns no I/O beyond reading the config file; never reads config on the
 //! request path.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use figment::providers::{Format, Serialized, Toml, Yaml};
@@ -16,6 +14,7 @@ use crate::cachebust::{Phase, Target};
 use crate::mock::MockConfig;
 
 mod upstream_url;
+pub use crate::units::ByteSize;
 pub use upstream_url::UpstreamUrl;
 
 /// The whole effective configuration. Every section rejects unknown keys so a typo fails loudly.
@@ -54,18 +53,18 @@ pub struct ListenConfig {
     pub workers: usize,
     /// From accept to a complete first request head (TLS handshake, HTTP/2 preface included).
     /// Both ports.
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub header_read_timeout: Duration,
     /// How long a connection may stay open with no request in flight (from the end of its last
     /// response to the next complete request head). Both ports.
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub idle_timeout: Duration,
     /// Longest gap while reading a request body, on every route.
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub body_read_timeout: Duration,
     /// Longest time to read a whole request body (from the first wait for its bytes), on every
     /// route: a body trickled just under `body_read_timeout` is cut here (408).
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub body_total_timeout: Duration,
     /// Client connections open at once on the data port, all workers together; past it the
     /// oldest connection with no request in flight is closed to make room (or, when every one
@@ -127,7 +126,7 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
     /// How often the files are checked for changes (reloaded when changed; SIGHUP reloads at
     /// once). Zero: on SIGHUP only.
-    #[serde(default = "default_tls_watch", with = "crate::duration")]
+    #[serde(default = "default_tls_watch", with = "crate::units::duration")]
     pub watch_interval: Duration,
 }
 
@@ -184,19 +183,19 @@ pub struct UpstreamConfig {
     /// Forward the client's `Host` header instead of the upstream's authority.
     pub keep_host: bool,
     pub http2: Http2Mode,
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub connect_timeout: Duration,
     /// Time from sending the request to receiving response headers. Non-streaming generations
     /// answer only when done, so this is generous by default.
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub first_byte_timeout: Duration,
     /// Longest allowed gap between two response body frames.
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub idle_timeout: Duration,
     /// Whole-request limit; none by default because long generations are normal.
-    #[serde(with = "crate::duration::option")]
+    #[serde(with = "crate::units::duration::option")]
     pub total_timeout: Option<Duration>,
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
     /// Plain-HTTP/1.1 upstream connections one data worker may have open (in use and idle);
@@ -218,10 +217,10 @@ pub struct UpstreamConfig {
     /// with 404 or 405. Set: that path only.
     pub health_path: Option<String>,
     /// Time between two probes (from the end of one to the start of the next).
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub health_interval: Duration,
     /// Longest a probe may take (connect, response and its body); longer counts as a failure.
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub health_timeout: Duration,
     /// Failed probes in a row that turn an up upstream down.
     pub health_fail_threshold: u32,
@@ -304,7 +303,7 @@ impl Default for LimitsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ShutdownConfig {
     /// How long in-flight requests and streams may run after SIGTERM/SIGINT.
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub grace: Duration,
 }
 
@@ -639,78 +638,6 @@ impl Default for LogConfig {
             level: "info".into(),
             format: LogFormat::Text,
             access: true,
-        }
-    }
-}
-
-/// A byte count written as `"64MiB"`, `"512KiB"`, `"1GB"` or a bare integer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ByteSize(pub u64);
-
-impl ByteSize {
-    pub fn as_u64(self) -> u64 {
-        self.0
-    }
-}
-
-impl FromStr for ByteSize {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("`{s}` is not a size like \"64MiB\""))?;
-        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "k" | "kb" => 1_000,
-            "kib" => 1 << 10,
-            "m" | "mb" => 1_000_000,
-            "mib" => 1 << 20,
-            "g" | "gb" => 1_000_000_000,
-            "gib" => 1 << 30,
-            other => {
-                return Err(format!(
-                    "unknown size unit `{other}` in `{s}` (use B, KiB, MiB, GiB, KB, MB, GB)"
-                ))
-            }
-        };
-        n.checked_mul(mult)
-            .map(ByteSize)
-            .ok_or_else(|| format!("size `{s}` is too large"))
-    }
-}
-
-impl fmt::Display for ByteSize {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.0;
-        for (unit, m) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-            if n >= m && n % m == 0 {
-                return write!(f, "{}{unit}", n / m);
-            }
-        }
-        write!(f, "{n}B")
-    }
-}
-
-impl Serialize for ByteSize {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(ByteSize(n)),
-            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
         }
     }
 }
@@ -1600,21 +1527,6 @@ mod tests {
         std::fs::write(&bad, "upstream:\n  urll: http://x\n").unwrap();
         let err = Config::load(Some(&bad), &[], &CliOverrides::default()).unwrap_err();
         assert_eq!(err.key, "upstream.urll");
-    }
-
-    #[test]
-    fn byte_sizes_parse_and_print() {
-        for (s, n) in [
-            ("64MiB", 64u64 << 20),
-            ("1KiB", 1024),
-            ("10", 10),
-            ("2GB", 2_000_000_000),
-            ("3 MiB", 3 << 20),
-        ] {
-            assert_eq!(s.parse::<ByteSize>().unwrap(), ByteSize(n), "{s}");
-        }
-        assert!("MiB".parse::<ByteSize>().is_err());
-        assert_eq!(ByteSize(64 << 20).to_string(), "64MiB");
     }
 
     #[test]

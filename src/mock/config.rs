@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ByteSize;
+use crate::units::ByteSize;
 
 /// Which tokenizer the mock counts prompt tokens with (`mock.tokenizer`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -77,13 +77,13 @@ pub struct MockConfig {
     /// counts differently; or a path). Chat-shaped prompts are rendered through its chat template first.
     pub tokenizer: MockTokenizerSetting,
     /// Fixed cost before the first token of every completion (default `5ms`).
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub base_delay: Duration,
     /// Prefill cost per prompt token that is not served from the simulated prefix cache (default `20us`).
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub prefill_per_token: Duration,
     /// Delay between consecutive output tokens (default `15ms`).
-    #[serde(with = "crate::duration")]
+    #[serde(with = "crate::units::duration")]
     pub inter_token: Duration,
     /// Tokens per KV block of the simulated prefix cache (default 16, as vLLM). 0 disables the cache.
     pub block_size: usize,

@@ -146,7 +146,9 @@ impl Overrides {
                 )
             };
             let text = v.to_str().map_err(|_| bad())?;
-            crate::duration::parse(text).map(Some).map_err(|_| bad())
+            crate::units::duration::parse(text)
+                .map(Some)
+                .map_err(|_| bad())
         };
         Ok(Overrides {
             first_token_delay: get(HEADER_FIRST_TOKEN_DELAY)?,

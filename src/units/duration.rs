@@ -37,7 +37,7 @@ fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     }
 }
 
-/// `#[serde(with = "crate::duration")]` on a `Duration` field.
+/// `#[serde(with = "crate::units::duration")]` on a `Duration` field.
 pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&humantime::format_duration(*d))
 }
@@ -46,7 +46,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error
     parse_or_explain(&text(d)?).map_err(serde::de::Error::custom)
 }
 
-/// `#[serde(with = "crate::duration::option")]` on an `Option<Duration>` field: `"none"` (or an
+/// `#[serde(with = "crate::units::duration::option")]` on an `Option<Duration>` field: `"none"` (or an
 /// absent key, with `#[serde(default)]`) is no limit.
 pub mod option {
     use super::*;
