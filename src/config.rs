@@ -205,7 +205,8 @@ pub struct UpstreamConfig {
     pub max_connections_per_worker: usize,
     /// Upstream connections the HTTP/2 streams of one client connection may hold at once (each
     /// stream to an HTTP/1.1 upstream needs its own while its request and response are under
-    /// way); a stream past it waits up to `connect_timeout`, then 503.
+    /// way; through the pooled client, TLS or HTTP/2 upstreams, it bounds the streams in flight
+    /// the same way); a stream past it waits up to `connect_timeout`, then 503.
     pub max_connections_per_client: usize,
     /// `Host` (HTTP/1.1) and `:authority` (HTTP/2) sent upstream instead of the URL's authority;
     /// connections still go to the URL's address, and SNI stays `tls.server_name` or the URL's
