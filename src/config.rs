@@ -103,7 +103,7 @@ impl Default for ListenConfig {
         Self {
             addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
             tls: None,
-            http2_max_concurrent_streams: 1024,
+            http2_max_concurrent_streams: 256,
             http2_stream_window: ByteSize(1 << 20),
             http2_connection_window: ByteSize(16 << 20),
             workers: 0,
@@ -204,7 +204,10 @@ pub struct UpstreamConfig {
     pub max_connections_per_worker: usize,
     /// Upstream connections the HTTP/2 streams of one client connection may hold at once (each
     /// stream to an HTTP/1.1 upstream needs its own while its request and response are under
-    /// way); a stream past it waits up to `connect_timeout`, then 503.
+    /// way; through the pooled client, TLS or HTTP/2 upstreams, it bounds the streams in flight
+    /// the same way); a stream past it waits up to `connect_timeout`, then 503. 0: as many as
+    /// `listen.http2_max_concurrent_streams`, so a client that keeps to the streams it was
+    /// granted never waits on this bound.
     pub max_connections_per_client: usize,
     /// `Host` (HTTP/1.1) and `:authority` (HTTP/2) sent upstream instead of the URL's authority;
     /// connections still go to the URL's address, and SNI stays `tls.server_name` or the URL's
@@ -242,7 +245,7 @@ impl Default for UpstreamConfig {
             pool_idle_timeout: Duration::from_secs(4),
             pool_max_idle_per_host: 256,
             max_connections_per_worker: 0,
-            max_connections_per_client: 128,
+            max_connections_per_client: 0,
             authority: None,
             health_probe: true,
             health_path: None,
@@ -1209,12 +1212,6 @@ fn validate_upstream(u: &UpstreamConfig, url: Option<&UpstreamUrl>) -> Result<()
     }
     if let Some(a) = &u.authority {
         validate_authority(a, u)?;
-    }
-    if u.max_connections_per_client == 0 {
-        return Err(ConfigError::new(
-            "upstream.max_connections_per_client",
-            "must be at least 1 (upstream connections one client connection's HTTP/2 streams may hold)",
-        ));
     }
     if let Some(p) = &u.health_path {
         if !p.starts_with('/') || http::uri::PathAndQuery::try_from(p.as_str()).is_err() {

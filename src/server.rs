@@ -80,6 +80,36 @@ pub enum ServerError {
     Worker(usize, std::io::Error),
 }
 
+/// Starts what the synthesizer does before the first request: building a configured dataset
+/// (requests wait for it if early) and loading the `synth.preload` corpora (`/readyz` answers
+/// 503 until done). Both run on the caller's runtime, off the data path.
+fn start_synth(synth: &Arc<Synthesizer>, rt: &Arc<SharedState>) {
+    if rt.config.synth.dataset.is_some() {
+        // Build the configured dataset now, off the data path; requests wait for it if early.
+        let synth = synth.clone();
+        tokio::spawn(async move { synth.prewarm().await });
+    }
+    if !rt.config.synth.preload.is_empty() {
+        // Load the tokenizer and each corpus now (a one-token placeholder builds its corpus);
+        // /readyz answers 503 until done.
+        let (synth, rt) = (synth.clone(), rt.clone());
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            for corpus in &rt.config.synth.preload {
+                let body = format!(
+                    r#"{{"messages":[{{"role":"user","content":"{{{{kvbust:prompt:1:{}}}}}"}}]}}"#,
+                    corpus.as_str()
+                );
+                if let Err(e) = synth.expand(body.as_bytes()).await {
+                    tracing::error!(corpus = corpus.as_str(), "synth.preload: {e}");
+                }
+            }
+            tracing::info!(elapsed = ?t0.elapsed(), "synth.preload corpora loaded");
+            rt.preload_done();
+        });
+    }
+}
+
 /// Serves until `shutdown` resolves, then drains: readiness turns 503, no new connections are
 /// accepted, in-flight requests get `shutdown.grace` to finish, the rest are closed and counted.
 ///
@@ -113,14 +143,7 @@ pub async fn run(
         config.cache_bust.target,
         config.limits.max_body.as_u64(),
     );
-    if config.synth.dataset.is_some() {
-        // Build the configured dataset now, off the data path; requests wait for it if early.
-        let synth = synth.clone();
-        tokio::spawn(async move { synth.prewarm().await });
-    }
-    if !config.synth.preload.is_empty() {
-        spawn_preload(synth.clone(), rt.clone());
-    }
+    start_synth(&synth, &rt);
     let workers = listeners.data.sockets.len();
     let caps = crate::conn::ConnCaps::new(
         config.listen.max_connections,
@@ -172,25 +195,6 @@ pub async fn run(
     let _ = admin_task.await;
     tracing::info!("stopped");
     Ok(report)
-}
-
-/// Loads the tokenizer and each `synth.preload` corpus now (a one-token placeholder builds its
-/// corpus); /readyz answers 503 until done.
-fn spawn_preload(synth: Arc<Synthesizer>, rt: Arc<SharedState>) {
-    tokio::spawn(async move {
-        let t0 = std::time::Instant::now();
-        for corpus in &rt.config.synth.preload {
-            let body = format!(
-                r#"{{"messages":[{{"role":"user","content":"{{{{kvbust:prompt:1:{}}}}}"}}]}}"#,
-                corpus.as_str()
-            );
-            if let Err(e) = synth.expand(body.as_bytes()).await {
-                tracing::error!(corpus = corpus.as_str(), "synth.preload: {e}");
-            }
-        }
-        tracing::info!(elapsed = ?t0.elapsed(), "synth.preload corpora loaded");
-        rt.preload_done();
-    });
 }
 
 /// What every data worker is built from, set up once by `run`.

@@ -246,9 +246,14 @@ impl Proxy {
         &self.rt.metrics
     }
 
-    /// `upstream.max_connections_per_client`, for each new client connection.
+    /// `upstream.max_connections_per_client`, for each new client connection (0: the HTTP/2
+    /// streams a client connection is granted, `listen.http2_max_concurrent_streams`).
     pub fn max_upstream_per_client(&self) -> usize {
-        self.rt.config.upstream.max_connections_per_client
+        let c = &self.rt.config;
+        match c.upstream.max_connections_per_client {
+            0 => c.listen.http2_max_concurrent_streams as usize,
+            n => n,
+        }
     }
 
     /// Serves one request that came on the connection `client`. Never fails: errors become
