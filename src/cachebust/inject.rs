@@ -1004,17 +1004,21 @@ impl<'a> Parsed<'a> {
     /// session's marker is known); in a list of parts every text part
     /// (`{"type":"text"|"input_text","text":…}`) that is empty or only markers is dropped (a marker
     /// part, stripped or full, or an empty part the inline rule marked), and the first remaining
-    /// text part's string is stripped the same way. Parts are hashed in a canonical JSON form
+    /// text part *of the shape's own text type* ([`Shape::text_part_type`], the part the inline
+    /// rule marks) is stripped the same way. Parts are hashed in a canonical JSON form
     /// (sorted keys, compact). `None` when there is no first user turn, its
     /// content is neither a string nor an array, or the body is a stateful Responses request.
     pub fn first_user_turn_hash(&self, user_context_messages: usize) -> Option<String> {
         let content = self.first_user_content(user_context_messages).ok()??;
-        first_turns::hash(content.get(), || Self::content_hash(content))
+        let text_type = self.shape.text_part_type();
+        first_turns::hash(content.get(), text_type, || {
+            Self::content_hash(content, text_type)
+        })
     }
 
     /// The hash of a first user turn's `content` (its raw JSON), as [`Self::first_user_turn_hash`]
     /// describes it.
-    fn content_hash(content: Json<'_>) -> Option<String> {
+    fn content_hash(content: Json<'_>, text_type: &str) -> Option<String> {
         let mut h = Sha256::new();
         h.update(b"kvbust-first-user-turn-v1\0");
         match Kind::of(content) {
@@ -1029,7 +1033,7 @@ impl<'a> Parsed<'a> {
                 else {
                     return None;
                 };
-                unmark_parts(&mut parts);
+                unmark_parts(&mut parts, text_type);
                 let mut canon = String::with_capacity(content.get().len());
                 canonical(&serde_json::Value::Array(parts), &mut canon);
                 h.update(b"p\0");
@@ -1069,10 +1073,15 @@ fn is_blank_text_part(part: &mut serde_json::Value) -> bool {
 /// The unmarked form of a first turn's parts. Blank text parts are dropped wherever they are,
 /// because AIPerf's inline rule gives `[{"type":"text","text":""}, img]` and `[img]` the same
 /// marked form `[{"type":"text","text":"[warmup]\n\n"}, img]`: both unmarked turns must hash as
-/// it does. (An empty text part carries no prompt; AIPerf never renders one.)
-fn unmark_parts(parts: &mut Vec<serde_json::Value>) {
+/// it does. (An empty text part carries no prompt; AIPerf never renders one.) Markers come off
+/// the first part of `text_type` only: that is where the inline rule puts them, and a part of
+/// the other API's type before it (`input_text` in an Anthropic turn) is never marked, so
+/// stripping it instead left the marker in (issue 23 item 11).
+fn unmark_parts(parts: &mut Vec<serde_json::Value>, text_type: &str) {
     parts.retain_mut(|p| !is_blank_text_part(p));
-    if let Some(s) = parts.iter_mut().find_map(text_part_mut) {
+    let own =
+        |p: &&mut serde_json::Value| p.get("type").and_then(|t| t.as_str()) == Some(text_type);
+    if let Some(s) = parts.iter_mut().filter(own).find_map(text_part_mut) {
         let stripped = strip_all_markers(s);
         if stripped.len() != s.len() {
             *s = stripped.to_owned();
@@ -1127,21 +1136,30 @@ mod first_turns {
     /// Longer turns are hashed every time, so a thread holds at most `ENTRIES` × this.
     const MAX_LEN: usize = 64 << 10;
 
+    /// A kept turn: its raw JSON, the text part type it was hashed under (the hash depends on
+    /// the shape's text type), and its hash.
+    type Entry = (Box<str>, &'static str, String);
+
     thread_local! {
-        static KEPT: RefCell<VecDeque<(Box<str>, String)>> =
-            const { RefCell::new(VecDeque::new()) };
+        static KEPT: RefCell<VecDeque<Entry>> = const { RefCell::new(VecDeque::new()) };
     }
 
-    /// The hash of `content` (a turn's raw JSON): kept, or `compute`d and kept.
-    pub(super) fn hash(content: &str, compute: impl FnOnce() -> Option<String>) -> Option<String> {
+    /// The hash of `content` (a turn's raw JSON) under `text_type`: kept, or `compute`d and kept.
+    pub(super) fn hash(
+        content: &str,
+        text_type: &'static str,
+        compute: impl FnOnce() -> Option<String>,
+    ) -> Option<String> {
         if content.len() > MAX_LEN {
             return compute();
         }
         let hit = KEPT.try_with(|kept| {
             let mut kept = kept.borrow_mut();
-            let i = kept.iter().position(|(turn, _)| &**turn == content)?;
+            let i = kept
+                .iter()
+                .position(|(turn, t, _)| *t == text_type && &**turn == content)?;
             let entry = kept.remove(i)?;
-            let digest = entry.1.clone();
+            let digest = entry.2.clone();
             kept.push_front(entry);
             Some(digest)
         });
@@ -1154,7 +1172,7 @@ mod first_turns {
             if kept.len() >= ENTRIES {
                 kept.pop_back();
             }
-            kept.push_front((content.into(), digest.clone()));
+            kept.push_front((content.into(), text_type, digest.clone()));
         });
         Some(digest)
     }
