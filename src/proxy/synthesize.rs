@@ -20,6 +20,7 @@ use lru::LruCache;
 use serde_json::value::RawValue;
 
 use crate::cachebust::raw::{self, Json, Kind, Layout, Top};
+use crate::cachebust::KeyDigest;
 use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
 use crate::proxy::topology::{self, Cursor, Served};
@@ -624,7 +625,8 @@ struct Built {
     roots: Vec<usize>,
     /// Roots handed out so far.
     next: usize,
-    sessions: LruCache<String, Cursor>,
+    /// Each session's place, by the digest of its key (fixed size, whatever the key's length).
+    sessions: LruCache<KeyDigest, Cursor>,
 }
 
 impl Built {
@@ -653,7 +655,7 @@ impl Built {
     /// The turn this request gets (see [`topology::choose`]), the session moved past it.
     fn take_turn(
         &mut self,
-        session: Option<&str>,
+        session: Option<KeyDigest>,
         named: Option<Named<'_>>,
     ) -> Result<Cursor, ProxyError> {
         let named = match named {
@@ -665,7 +667,7 @@ impl Built {
             ),
             None => None,
         };
-        let bound = session.and_then(|s| self.sessions.get(s).copied());
+        let bound = session.and_then(|s| self.sessions.get(&s).copied());
         let convs = &self.convs;
         let (ci, k) = match topology::choose(bound, named, |ci| convs[ci].turns.len()) {
             Some(at) => at,
@@ -676,7 +678,7 @@ impl Built {
             }
         };
         if let Some(s) = session {
-            self.sessions.put(s.to_string(), (ci, k + 1));
+            self.sessions.put(s, (ci, k + 1));
         }
         Ok((ci, k))
     }
@@ -886,6 +888,8 @@ impl Synthesizer {
         named: Option<Named<'_>>,
     ) -> Result<Filled, ProxyError> {
         let built = self.built().await?;
+        // Hashed before the lock, which every synthesised request takes.
+        let session = session.map(KeyDigest::of);
         let (conv, k, raw_items) = {
             let mut b = built.lock().unwrap_or_else(|p| p.into_inner());
             let (ci, k) = b.take_turn(session, named)?;
@@ -1351,5 +1355,37 @@ mod tests {
                 (http::StatusCode::BAD_REQUEST, "invalid_body")
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod session_map_tests {
+    use super::*;
+    use crate::cachebust::KeyDigest;
+    use crate::synth::Turn;
+
+    /// Issue 23 item 10: the session map kept each raw session key (up to
+    /// `limits.max_control_header` bytes, 100,000 sessions). It keeps the key's digest, as the
+    /// config docs say, and a long key still finds its session again.
+    #[test]
+    fn the_session_map_keeps_digests_not_keys() {
+        let conv = |id: &str| Conversation {
+            session_id: id.into(),
+            system_message: None,
+            user_context_message: None,
+            turns: vec![Turn::default(), Turn::default(), Turn::default()],
+            agentic: None,
+        };
+        let mut built = Built::new(Dataset {
+            conversations: vec![conv("a"), conv("b")],
+        });
+        let long = "k".repeat(1000);
+        let mut turn = |key: &str| built.take_turn(Some(KeyDigest::of(key)), None).unwrap();
+        assert_eq!(turn(&long), (0, 0));
+        assert_eq!(turn("other"), (1, 0));
+        assert_eq!(turn(&long), (0, 1));
+        let kept: Vec<KeyDigest> = built.sessions.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kept, [KeyDigest::of(&long), KeyDigest::of("other")]);
+        assert_eq!(std::mem::size_of::<KeyDigest>(), 16);
     }
 }
