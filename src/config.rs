@@ -353,6 +353,9 @@ pub struct CacheBustConfig {
     pub ledger: LedgerMode,
     /// Sessions remembered by the ledger (LRU); evictions are counted.
     pub ledger_capacity: usize,
+    /// Most strings of a completions `prompt` list one request may have marked (each gets the
+    /// marker, so the list is how far one body grows): a 400 above.
+    pub max_marked_prompts: usize,
     pub on_unparseable: OnUnparseable,
     /// Add `x-kvbust-rid`, `x-kvbust-phase` and `x-kvbust-overhead-us` to responses.
     pub response_headers: bool,
@@ -376,6 +379,7 @@ impl Default for CacheBustConfig {
             ],
             ledger: LedgerMode::Local,
             ledger_capacity: 100_000,
+            max_marked_prompts: 4096,
             on_unparseable: OnUnparseable::Reject,
             response_headers: true,
         }
@@ -1084,6 +1088,12 @@ fn validate_cache_bust(c: &CacheBustConfig) -> Result<(), ConfigError> {
         return Err(ConfigError::new(
             "cache_bust.ledger_capacity",
             "must be at least 1",
+        ));
+    }
+    if c.max_marked_prompts == 0 {
+        return Err(ConfigError::new(
+            "cache_bust.max_marked_prompts",
+            "must be at least 1 (a single prompt string is always marked)",
         ));
     }
     if c.session_sources.is_empty() {

@@ -183,6 +183,10 @@ pub struct Plan<'a> {
     /// the first part's text (a prefix marker lands where it always does). Only kvbust's own
     /// synthesis knows this; `None` (the default) treats the content as one piece.
     pub system_prompt_bytes: Option<usize>,
+    /// Most strings of a completions `prompt` list that may be marked: a longer list is
+    /// [`RewriteError::TooManyPrompts`] (each string gets the marker, so this bounds how far the
+    /// body grows). Unbounded in [`Plan::new`]; the proxy sets `cache_bust.max_marked_prompts`.
+    pub max_prompts: usize,
 }
 
 impl<'a> Plan<'a> {
@@ -194,6 +198,7 @@ impl<'a> Plan<'a> {
             user_context_messages: 0,
             list_parts: ListParts::OwnPart,
             system_prompt_bytes: None,
+            max_prompts: usize::MAX,
         }
     }
 }
@@ -240,6 +245,8 @@ pub enum RewriteError {
         expected: &'static str,
         found: &'static str,
     },
+    #[error("`prompt` holds more than {limit} strings: kvbust marks at most {limit} prompts in one request (cache_bust.max_marked_prompts); send fewer per request or raise the limit")]
+    TooManyPrompts { limit: usize },
     /// The plan's `system_prompt_bytes` does not fit the system message (a kvbust bug, since
     /// only kvbust's own synthesis sets it).
     #[error("cache-bust plan does not fit the body: {0}")]
@@ -263,6 +270,7 @@ impl RewriteError {
             | RewriteError::ContentType { .. }
             | RewriteError::PromptType { .. }
             | RewriteError::WrongType { .. } => "invalid_field_type",
+            RewriteError::TooManyPrompts { .. } => "too_many_prompts",
             RewriteError::PlanMismatch(_) => "plan_mismatch",
             RewriteError::Internal(_) => "internal",
         }
@@ -589,6 +597,7 @@ struct Injector<'p> {
     prefix: bool,
     list_parts: ListParts,
     text_type: &'static str,
+    max_prompts: usize,
     /// `(range of the body replaced, new bytes)`; an empty range is an insertion.
     edits: Vec<(std::ops::Range<usize>, Vec<u8>)>,
 }
@@ -776,6 +785,15 @@ impl<'p> Injector<'p> {
         }
     }
 
+    /// How long the body is with the edits made.
+    fn out_len(&self) -> usize {
+        self.edits
+            .iter()
+            .fold(self.body.len(), |n, (range, bytes)| {
+                n.saturating_add(bytes.len()).saturating_sub(range.len())
+            })
+    }
+
     /// The body with the edits made, and `layout` (of the body) moved onto it.
     fn finish(mut self, layout: Option<&mut Layout>) -> Option<Vec<u8>> {
         if self.edits.is_empty() {
@@ -837,11 +855,27 @@ impl<'a> Parsed<'a> {
         plan: &Plan,
         layout: Option<&mut Layout>,
     ) -> Result<Outcome, RewriteError> {
+        let admit = |_: usize| Ok::<(), std::convert::Infallible>(());
+        match self.apply_admitting(plan, layout, admit)? {
+            Ok(o) => Ok(o),
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Parsed::apply_shifting`] that asks `admit` with the rewritten body's length before
+    /// building it, so the caller can refuse a body too large (or charge memory for it) before
+    /// the memory is taken; `admit`'s refusal is the inner error.
+    pub(crate) fn apply_admitting<E>(
+        &self,
+        plan: &Plan,
+        layout: Option<&mut Layout>,
+        admit: impl FnOnce(usize) -> Result<(), E>,
+    ) -> Result<Result<Outcome, E>, RewriteError> {
         if plan.target.is_none() || plan.marker.is_empty() {
-            return Ok(Outcome {
+            return Ok(Ok(Outcome {
                 body: None,
                 location: None,
-            });
+            }));
         }
         let mut inj = Injector {
             body: self.body,
@@ -849,6 +883,7 @@ impl<'a> Parsed<'a> {
             prefix: plan.target.is_prefix(),
             list_parts: plan.list_parts,
             text_type: self.shape.text_part_type(),
+            max_prompts: plan.max_prompts,
             edits: Vec::new(),
         };
         let skip = plan.user_context_messages;
@@ -865,10 +900,15 @@ impl<'a> Parsed<'a> {
         } else {
             None
         };
-        Ok(Outcome {
+        if !inj.edits.is_empty() {
+            if let Err(e) = admit(inj.out_len()) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(Outcome {
             body: inj.finish(layout),
             location,
-        })
+        }))
     }
 
     /// Marks the system prompt; false when the body has none.
@@ -954,7 +994,13 @@ impl<'a> Parsed<'a> {
                     inj.string(*prompt)?;
                     return Ok(true);
                 }
-                let elems = raw::array(*prompt).map_err(internal("array of prompt"))?;
+                let (elems, more) = raw::array_head(*prompt, inj.max_prompts)
+                    .map_err(internal("array of prompt"))?;
+                if more {
+                    return Err(RewriteError::TooManyPrompts {
+                        limit: inj.max_prompts,
+                    });
+                }
                 for (i, e) in elems.iter().enumerate() {
                     if Kind::of(*e) != Kind::String {
                         return Err(RewriteError::PromptType {
@@ -988,8 +1034,9 @@ impl<'a> Parsed<'a> {
             },
             View::Completions { prompt } => match Kind::of(*prompt) {
                 Kind::String => Some(*prompt),
-                _ => raw::array(*prompt)
+                _ => raw::array_head(*prompt, 1)
                     .map_err(internal("array of prompt"))?
+                    .0
                     .first()
                     .copied(),
             },

@@ -433,6 +433,7 @@ impl Proxy {
             &parts.headers,
             original,
             ex,
+            buffered,
         )
         .await?;
         if changed {
@@ -668,6 +669,7 @@ async fn body_steps(
     headers: &http::HeaderMap,
     mut bytes: Bytes,
     ex: &mut Exchange,
+    buffered: &mut budget::Reservation<'_>,
 ) -> Result<(Bytes, bool), ProxyError> {
     let cfg = &rt.config;
     let mut layout = None;
@@ -699,7 +701,14 @@ async fn body_steps(
     }
     if work.decision.needs_body() {
         let (d, shape, session) = (&work.decision, work.shape, session.as_deref());
-        let out = rewrite::apply_laid_out(d, shape, &bytes, headers, rt, session, &mut layout)?;
+        let out = rewrite::apply_laid_out(
+            d,
+            shape,
+            &bytes,
+            (headers, rt, session),
+            &mut layout,
+            Some(buffered),
+        )?;
         ex.rid = out.rid;
         if let Some(b) = out.body {
             bytes = b;
@@ -1008,10 +1017,17 @@ mod tests {
             };
             let client = Bytes::from(body(s));
             let before = crate::cachebust::raw::body_parses();
-            let (out, changed) =
-                body_steps(&rt, &synth, &mut work, &headers, client.clone(), &mut ex)
-                    .await
-                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (out, changed) = body_steps(
+                &rt,
+                &synth,
+                &mut work,
+                &headers,
+                client.clone(),
+                &mut ex,
+                &mut rt.bodies.reservation(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
             let parses = crate::cachebust::raw::body_parses() - before;
             assert_eq!(parses, *want, "{name}");
             assert_eq!(changed, out != client, "{name}");

@@ -286,6 +286,7 @@ fn every_payload_vector() {
                 user_context_messages: ctx,
                 list_parts,
                 system_prompt_bytes,
+                max_prompts: usize::MAX,
             };
             let out = parsed
                 .apply(&plan)
