@@ -97,8 +97,9 @@ pub struct MockConfig {
     /// How many of the most recent requests the recorder keeps with headers and body (default 1024); counters
     /// are always kept. Bounds memory when the mock serves a long benchmark.
     pub record_requests: usize,
-    /// Byte budget for the bodies the recorder keeps (default 16 MiB): past it, the oldest kept bodies are
-    /// dropped (their size and sha256 stay), and a body larger than the budget is never kept.
+    /// Byte budget for all the recorder keeps, heads and bodies (default 16 MiB): past it, the oldest kept
+    /// bodies are dropped (their size and sha256 stay), then the oldest requests; a body larger than the
+    /// budget is never kept.
     pub record_bytes: ByteSize,
 }
 

@@ -2,8 +2,9 @@
 //! prefix cache. Never talks to the network except through the listener it is given.
 //!
 //! [`Mock::handle`] answers one request; [`serve`] runs it on a listener (HTTP/1.1 and h2c on one port, graceful
-//! shutdown). Every request, on any path and with any method, is recorded by the [`Recorder`] (its exact body
-//! bytes within `mock.record_bytes`, its size and sha256 always) before it is answered.
+//! shutdown). Every request, on any path and with any method, is recorded by the [`Recorder`] (its head and
+//! exact body bytes, copied, within `mock.record_bytes`; its size and sha256 while it is listed) before it is
+//! answered.
 //!
 //! Prompt tokens are counted with the configured tokenizer ([`tokenize`]; the shipped Qwen3 one and its chat
 //! template by default), and every shape goes through the same simulated vLLM-style prefix cache
