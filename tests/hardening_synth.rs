@@ -108,3 +108,64 @@ async fn the_marked_body_is_charged_to_the_budget_with_the_body_it_is_built_from
     assert_eq!(status, 200, "{v}");
     h.shutdown().await;
 }
+
+/// Item 5: an evicted placeholder lane restarted its seeded stream, so with more than 32 lengths
+/// in use the same "fresh" prompt went upstream again (and the mock counted a cache hit). 40
+/// lengths, each used twice: the 80 prompts sent upstream are all different, and each length's
+/// second prompt is the second of its lane's stream (its place survived eviction).
+#[tokio::test]
+async fn placeholder_prompts_never_repeat_past_32_lengths() {
+    use kvbust::synth::placeholders::lane_seed;
+    use kvbust::synth::{PromptCorpus, PromptStream, RandomCorpusStyle, Tokenizer};
+    let h = start(|c| {
+        c.synth.placeholder_seed = Some(11);
+        c.synth.placeholder_prefetch = 0;
+        c.synth.placeholder_corpus = PromptCorpus::Random;
+    })
+    .await;
+    let lengths: Vec<usize> = (2..42).collect();
+    let mut sent = Vec::new();
+    for _round in 0..2 {
+        for chunk in lengths.chunks(8) {
+            let content: Vec<String> = chunk
+                .iter()
+                .map(|n| format!("\u{1}{{{{kvbust:prompt:{n}}}}}"))
+                .collect();
+            let body = chat_body(&content.concat(), false, 1);
+            let resp = chat(&h1(), &h, body).await;
+            assert_eq!(resp.status(), 200);
+            body_bytes(resp).await;
+            let req = h.mock.recorder().requests().pop().unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
+            let text = v["messages"][0]["content"].as_str().unwrap().to_owned();
+            let prompts: Vec<String> = text.split('\u{1}').skip(1).map(str::to_owned).collect();
+            assert_eq!(prompts.len(), chunk.len(), "{text}");
+            sent.extend(chunk.iter().copied().zip(prompts));
+        }
+    }
+    let distinct: std::collections::HashSet<&String> = sent.iter().map(|(_, p)| p).collect();
+    assert_eq!(
+        distinct.len(),
+        sent.len(),
+        "a placeholder prompt was sent twice"
+    );
+    let tok = std::sync::Arc::new(Tokenizer::default_qwen3().unwrap());
+    for &n in &[2usize, 20, 41] {
+        let mut stream = PromptStream::new(
+            tok.clone(),
+            PromptCorpus::Random,
+            RandomCorpusStyle::Vllm,
+            None,
+            Some(lane_seed(11, PromptCorpus::Random, n)),
+        )
+        .unwrap();
+        let want = [stream.prompt(n).unwrap(), stream.prompt(n).unwrap()];
+        let got: Vec<&String> = sent
+            .iter()
+            .filter(|(m, _)| *m == n)
+            .map(|(_, p)| p)
+            .collect();
+        assert_eq!(got, [&want[0], &want[1]], "length {n}");
+    }
+    h.shutdown().await;
+}
