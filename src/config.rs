@@ -433,6 +433,12 @@ pub struct SynthConfig {
     /// Placeholder prompts being made on demand at once, across all requests; a request that
     /// would pass it is answered 503 with `retry-after` at once.
     pub placeholder_queue: usize,
+    /// Of those, most one client (peer address) may have at once: a client past it gets the 503,
+    /// so one client's flood cannot take every place.
+    pub placeholder_queue_per_client: usize,
+    /// What a placeholder of a `coding` length with no lane yet adds to its request's cost against
+    /// `max_placeholder_tokens`: such a lane builds AIPerf's coding pool (~0.13 CPU-s).
+    pub new_coding_lane_tokens: usize,
     /// Corpora loaded at start (with the synthesis tokenizer), before `/readyz` answers 200.
     pub preload: Vec<crate::synth::PromptCorpus>,
     /// The dataset served to synthetic requests, with `kvbust synth`'s parameters (snake_case).
@@ -453,6 +459,8 @@ impl Default for SynthConfig {
             max_placeholder_tokens: 131_072,
             placeholder_prefetch: 4,
             placeholder_queue: 64,
+            placeholder_queue_per_client: 8,
+            new_coding_lane_tokens: 16384,
             preload: Vec::new(),
             dataset: None,
         }
@@ -1071,6 +1079,10 @@ fn validate_placeholder_limits(s: &SynthConfig) -> Result<(), ConfigError> {
         ("synth.max_placeholders", s.max_placeholders),
         ("synth.max_placeholder_tokens", s.max_placeholder_tokens),
         ("synth.placeholder_queue", s.placeholder_queue),
+        (
+            "synth.placeholder_queue_per_client",
+            s.placeholder_queue_per_client,
+        ),
     ] {
         if n == 0 {
             return Err(ConfigError::new(

@@ -174,6 +174,8 @@ struct BodyWork {
     placeholders: bool,
     /// Ask for `usage` on the client's behalf (`observe.request_usage`).
     usage: bool,
+    /// The client's address: whose share of the placeholder queue its generations take.
+    client: Option<std::net::IpAddr>,
 }
 
 impl BodyWork {
@@ -359,7 +361,8 @@ impl Proxy {
         let mut buffered = self.rt.bodies.reservation();
         rewrite::reject_unknown(&parts.headers, &self.rt.config.headers)?;
         let body = match self.decide(&parts, ex)? {
-            Some(work) => {
+            Some(mut work) => {
+                work.client = Some(client.peer.ip());
                 self.prepare_body(work, &mut parts, body, ex, &mut buffered)
                     .await?
             }
@@ -406,6 +409,7 @@ impl Proxy {
             conversation,
             placeholders: shape == Shape::Chat && cfg.synth.placeholders,
             usage: cfg.observe.request_usage && matches!(shape, Shape::Chat | Shape::Completions),
+            client: None,
         };
         Ok(work.needs_body().then_some(work))
     }
@@ -694,7 +698,7 @@ async fn body_steps(
         changed = true;
     }
     if work.placeholders {
-        if let Some(b) = synth.expand_at(&bytes, &mut layout).await? {
+        if let Some(b) = synth.expand_from(&bytes, &mut layout, work.client).await? {
             bytes = Bytes::from(b);
             changed = true;
         }
@@ -1004,6 +1008,7 @@ mod tests {
                 conversation: None,
                 placeholders: true,
                 usage: s.usage,
+                client: None,
             };
             let mut ex = Exchange {
                 route: Route::Api(Shape::Chat),

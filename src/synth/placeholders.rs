@@ -349,6 +349,12 @@ impl PromptLanes {
         });
     }
 
+    /// Whether (corpus, tokens) has a lane now (live or parked): asking for it builds nothing.
+    pub fn has_lane(&self, corpus: PromptCorpus, tokens: usize) -> bool {
+        let lanes = lock(&self.lanes);
+        lanes.live.contains(&(corpus, tokens)) || lanes.parked.contains(&(corpus, tokens))
+    }
+
     /// Prompts currently buffered for (corpus, tokens).
     pub fn buffered(&self, corpus: PromptCorpus, tokens: usize) -> usize {
         let lanes = lock(&self.lanes);
@@ -405,7 +411,10 @@ mod tests {
         for round in 0..2 {
             for len in 1..=n {
                 let p = lanes.take(PromptCorpus::Random, len).unwrap();
-                assert!(seen.insert(p), "length {len} repeated a prompt in round {round}");
+                assert!(
+                    seen.insert(p),
+                    "length {len} repeated a prompt in round {round}"
+                );
             }
         }
         assert!(lock(&lanes.lanes).rebirths > 0);
