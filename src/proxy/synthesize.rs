@@ -737,6 +737,9 @@ pub struct Synthesizer {
     /// Placeholder prompts being made on demand now, in all and by client (bounded by
     /// `synth.placeholder_queue` and `synth.placeholder_queue_per_client`).
     queue: Arc<Mutex<Queue>>,
+    /// On-demand generations running at once (one per core): the rest wait in line (first come,
+    /// first served), and a request that goes away while it waits is never started.
+    running: Arc<tokio::sync::Semaphore>,
 }
 
 /// The places taken in the on-demand queue. `per_client` holds only clients with a place, so it
@@ -817,6 +820,9 @@ impl Synthesizer {
             dataset: tokio::sync::OnceCell::new(),
             lanes: tokio::sync::OnceCell::new(),
             queue: Arc::new(Mutex::new(Queue::default())),
+            running: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+            )),
         })
     }
 
@@ -1057,8 +1063,15 @@ impl Synthesizer {
                 None => {
                     let (lanes, slot) = (lanes.clone(), self.queue_slot(client)?);
                     let alive = Arc::downgrade(&alive);
+                    // Waiting here, not on a blocking thread: a request dropped now never runs.
+                    let permit = self
+                        .running
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| internal("the generation semaphore was closed"))?;
                     blocking(move || {
-                        let _slot = slot;
+                        let (_slot, _permit) = (slot, permit);
                         unless_gone(&alive, || {
                             lanes.take(corpus, n).map_err(|e| {
                                 ProxyError::Internal(format!(
@@ -1543,6 +1556,26 @@ mod fairness_tests {
         assert!(msg.contains("150045"), "3 new lengths + 45 tokens: {msg}");
         let lanes = s.lanes().await.unwrap();
         assert!(!lanes.has_lane(PromptCorpus::Coding, 10));
+    }
+
+    /// Item 4: generations run one per core; a request that goes away while its generation
+    /// waits for a turn never starts it, and its place in the queue is freed at once.
+    #[tokio::test]
+    async fn a_request_dropped_while_waiting_never_starts_its_generation() {
+        use futures_util::FutureExt;
+        let s = Synthesizer::new(SynthConfig::default(), crate::cachebust::Target::None);
+        let lanes = s.lanes().await.unwrap();
+        let cores = s.running.available_permits() as u32;
+        let busy = s.running.clone().acquire_many_owned(cores).await.unwrap();
+        let body = br#"{"messages":[{"role":"user","content":"{{kvbust:prompt:7:random}}"}]}"#;
+        // One poll: it takes its place in the queue and waits for a turn; then the client goes.
+        let mut layout = None;
+        assert!(s.expand_from(body, &mut layout, A).now_or_never().is_none());
+        assert_eq!(s.queue.lock().unwrap().total, 0);
+        assert!(!lanes.has_lane(PromptCorpus::Random, 7), "nothing was made");
+        drop(busy);
+        assert!(s.expand_from(body, &mut None, A).await.unwrap().is_some());
+        assert!(lanes.has_lane(PromptCorpus::Random, 7));
     }
 
     /// Item 4: a generation whose request has gone is not started (the queue holds work only
