@@ -183,6 +183,10 @@ pub struct Plan<'a> {
     /// the first part's text (a prefix marker lands where it always does). Only kvbust's own
     /// synthesis knows this; `None` (the default) treats the content as one piece.
     pub system_prompt_bytes: Option<usize>,
+    /// Most strings of a completions `prompt` list that may be marked: a longer list is
+    /// [`RewriteError::TooManyPrompts`] (each string gets the marker, so this bounds how far the
+    /// body grows). Unbounded in [`Plan::new`]; the proxy sets `cache_bust.max_marked_prompts`.
+    pub max_prompts: usize,
 }
 
 impl<'a> Plan<'a> {
@@ -194,6 +198,7 @@ impl<'a> Plan<'a> {
             user_context_messages: 0,
             list_parts: ListParts::OwnPart,
             system_prompt_bytes: None,
+            max_prompts: usize::MAX,
         }
     }
 }
@@ -240,6 +245,8 @@ pub enum RewriteError {
         expected: &'static str,
         found: &'static str,
     },
+    #[error("`prompt` holds more than {limit} strings: kvbust marks at most {limit} prompts in one request (cache_bust.max_marked_prompts); send fewer per request or raise the limit")]
+    TooManyPrompts { limit: usize },
     /// The plan's `system_prompt_bytes` does not fit the system message (a kvbust bug, since
     /// only kvbust's own synthesis sets it).
     #[error("cache-bust plan does not fit the body: {0}")]
@@ -263,6 +270,7 @@ impl RewriteError {
             | RewriteError::ContentType { .. }
             | RewriteError::PromptType { .. }
             | RewriteError::WrongType { .. } => "invalid_field_type",
+            RewriteError::TooManyPrompts { .. } => "too_many_prompts",
             RewriteError::PlanMismatch(_) => "plan_mismatch",
             RewriteError::Internal(_) => "internal",
         }
@@ -589,6 +597,7 @@ struct Injector<'p> {
     prefix: bool,
     list_parts: ListParts,
     text_type: &'static str,
+    max_prompts: usize,
     /// `(range of the body replaced, new bytes)`; an empty range is an insertion.
     edits: Vec<(std::ops::Range<usize>, Vec<u8>)>,
 }
@@ -776,6 +785,15 @@ impl<'p> Injector<'p> {
         }
     }
 
+    /// How long the body is with the edits made.
+    fn out_len(&self) -> usize {
+        self.edits
+            .iter()
+            .fold(self.body.len(), |n, (range, bytes)| {
+                n.saturating_add(bytes.len()).saturating_sub(range.len())
+            })
+    }
+
     /// The body with the edits made, and `layout` (of the body) moved onto it.
     fn finish(mut self, layout: Option<&mut Layout>) -> Option<Vec<u8>> {
         if self.edits.is_empty() {
@@ -837,11 +855,27 @@ impl<'a> Parsed<'a> {
         plan: &Plan,
         layout: Option<&mut Layout>,
     ) -> Result<Outcome, RewriteError> {
+        let admit = |_: usize| Ok::<(), std::convert::Infallible>(());
+        match self.apply_admitting(plan, layout, admit)? {
+            Ok(o) => Ok(o),
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Parsed::apply_shifting`] that asks `admit` with the rewritten body's length before
+    /// building it, so the caller can refuse a body too large (or charge memory for it) before
+    /// the memory is taken; `admit`'s refusal is the inner error.
+    pub(crate) fn apply_admitting<E>(
+        &self,
+        plan: &Plan,
+        layout: Option<&mut Layout>,
+        admit: impl FnOnce(usize) -> Result<(), E>,
+    ) -> Result<Result<Outcome, E>, RewriteError> {
         if plan.target.is_none() || plan.marker.is_empty() {
-            return Ok(Outcome {
+            return Ok(Ok(Outcome {
                 body: None,
                 location: None,
-            });
+            }));
         }
         let mut inj = Injector {
             body: self.body,
@@ -849,6 +883,7 @@ impl<'a> Parsed<'a> {
             prefix: plan.target.is_prefix(),
             list_parts: plan.list_parts,
             text_type: self.shape.text_part_type(),
+            max_prompts: plan.max_prompts,
             edits: Vec::new(),
         };
         let skip = plan.user_context_messages;
@@ -865,10 +900,15 @@ impl<'a> Parsed<'a> {
         } else {
             None
         };
-        Ok(Outcome {
+        if !inj.edits.is_empty() {
+            if let Err(e) = admit(inj.out_len()) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(Outcome {
             body: inj.finish(layout),
             location,
-        })
+        }))
     }
 
     /// Marks the system prompt; false when the body has none.
@@ -954,7 +994,13 @@ impl<'a> Parsed<'a> {
                     inj.string(*prompt)?;
                     return Ok(true);
                 }
-                let elems = raw::array(*prompt).map_err(internal("array of prompt"))?;
+                let (elems, more) = raw::array_head(*prompt, inj.max_prompts)
+                    .map_err(internal("array of prompt"))?;
+                if more {
+                    return Err(RewriteError::TooManyPrompts {
+                        limit: inj.max_prompts,
+                    });
+                }
                 for (i, e) in elems.iter().enumerate() {
                     if Kind::of(*e) != Kind::String {
                         return Err(RewriteError::PromptType {
@@ -988,8 +1034,9 @@ impl<'a> Parsed<'a> {
             },
             View::Completions { prompt } => match Kind::of(*prompt) {
                 Kind::String => Some(*prompt),
-                _ => raw::array(*prompt)
+                _ => raw::array_head(*prompt, 1)
                     .map_err(internal("array of prompt"))?
+                    .0
                     .first()
                     .copied(),
             },
@@ -1004,17 +1051,21 @@ impl<'a> Parsed<'a> {
     /// session's marker is known); in a list of parts every text part
     /// (`{"type":"text"|"input_text","text":…}`) that is empty or only markers is dropped (a marker
     /// part, stripped or full, or an empty part the inline rule marked), and the first remaining
-    /// text part's string is stripped the same way. Parts are hashed in a canonical JSON form
+    /// text part *of the shape's own text type* ([`Shape::text_part_type`], the part the inline
+    /// rule marks) is stripped the same way. Parts are hashed in a canonical JSON form
     /// (sorted keys, compact). `None` when there is no first user turn, its
     /// content is neither a string nor an array, or the body is a stateful Responses request.
     pub fn first_user_turn_hash(&self, user_context_messages: usize) -> Option<String> {
         let content = self.first_user_content(user_context_messages).ok()??;
-        first_turns::hash(content.get(), || Self::content_hash(content))
+        let text_type = self.shape.text_part_type();
+        first_turns::hash(content.get(), text_type, || {
+            Self::content_hash(content, text_type)
+        })
     }
 
     /// The hash of a first user turn's `content` (its raw JSON), as [`Self::first_user_turn_hash`]
     /// describes it.
-    fn content_hash(content: Json<'_>) -> Option<String> {
+    fn content_hash(content: Json<'_>, text_type: &str) -> Option<String> {
         let mut h = Sha256::new();
         h.update(b"kvbust-first-user-turn-v1\0");
         match Kind::of(content) {
@@ -1029,7 +1080,7 @@ impl<'a> Parsed<'a> {
                 else {
                     return None;
                 };
-                unmark_parts(&mut parts);
+                unmark_parts(&mut parts, text_type);
                 let mut canon = String::with_capacity(content.get().len());
                 canonical(&serde_json::Value::Array(parts), &mut canon);
                 h.update(b"p\0");
@@ -1069,10 +1120,15 @@ fn is_blank_text_part(part: &mut serde_json::Value) -> bool {
 /// The unmarked form of a first turn's parts. Blank text parts are dropped wherever they are,
 /// because AIPerf's inline rule gives `[{"type":"text","text":""}, img]` and `[img]` the same
 /// marked form `[{"type":"text","text":"[warmup]\n\n"}, img]`: both unmarked turns must hash as
-/// it does. (An empty text part carries no prompt; AIPerf never renders one.)
-fn unmark_parts(parts: &mut Vec<serde_json::Value>) {
+/// it does. (An empty text part carries no prompt; AIPerf never renders one.) Markers come off
+/// the first part of `text_type` only: that is where the inline rule puts them, and a part of
+/// the other API's type before it (`input_text` in an Anthropic turn) is never marked, so
+/// stripping it instead left the marker in (issue 23 item 11).
+fn unmark_parts(parts: &mut Vec<serde_json::Value>, text_type: &str) {
     parts.retain_mut(|p| !is_blank_text_part(p));
-    if let Some(s) = parts.iter_mut().find_map(text_part_mut) {
+    let own =
+        |p: &&mut serde_json::Value| p.get("type").and_then(|t| t.as_str()) == Some(text_type);
+    if let Some(s) = parts.iter_mut().filter(own).find_map(text_part_mut) {
         let stripped = strip_all_markers(s);
         if stripped.len() != s.len() {
             *s = stripped.to_owned();
@@ -1127,21 +1183,30 @@ mod first_turns {
     /// Longer turns are hashed every time, so a thread holds at most `ENTRIES` × this.
     const MAX_LEN: usize = 64 << 10;
 
+    /// A kept turn: its raw JSON, the text part type it was hashed under (the hash depends on
+    /// the shape's text type), and its hash.
+    type Entry = (Box<str>, &'static str, String);
+
     thread_local! {
-        static KEPT: RefCell<VecDeque<(Box<str>, String)>> =
-            const { RefCell::new(VecDeque::new()) };
+        static KEPT: RefCell<VecDeque<Entry>> = const { RefCell::new(VecDeque::new()) };
     }
 
-    /// The hash of `content` (a turn's raw JSON): kept, or `compute`d and kept.
-    pub(super) fn hash(content: &str, compute: impl FnOnce() -> Option<String>) -> Option<String> {
+    /// The hash of `content` (a turn's raw JSON) under `text_type`: kept, or `compute`d and kept.
+    pub(super) fn hash(
+        content: &str,
+        text_type: &'static str,
+        compute: impl FnOnce() -> Option<String>,
+    ) -> Option<String> {
         if content.len() > MAX_LEN {
             return compute();
         }
         let hit = KEPT.try_with(|kept| {
             let mut kept = kept.borrow_mut();
-            let i = kept.iter().position(|(turn, _)| &**turn == content)?;
+            let i = kept
+                .iter()
+                .position(|(turn, t, _)| *t == text_type && &**turn == content)?;
             let entry = kept.remove(i)?;
-            let digest = entry.1.clone();
+            let digest = entry.2.clone();
             kept.push_front(entry);
             Some(digest)
         });
@@ -1154,7 +1219,7 @@ mod first_turns {
             if kept.len() >= ENTRIES {
                 kept.pop_back();
             }
-            kept.push_front((content.into(), digest.clone()));
+            kept.push_front((content.into(), text_type, digest.clone()));
         });
         Some(digest)
     }

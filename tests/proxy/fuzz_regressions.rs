@@ -195,3 +195,36 @@ fn lone_surrogate_in_a_message_key_is_a_client_error() {
         assert!(e.is_client_error(), "{e}");
     }
 }
+
+/// `rewrite_json` (issue 23 item 11): with `list_parts = inline_text`, a `/v1/messages` turn
+/// `[{"type":"input_text",…},{"type":"text","text":"\n\n"}]` got its marker in the `text` part
+/// (the Anthropic text type) while the session hash stripped markers from the first part of
+/// either type (`input_text`), so the marked copy hashed as another session. The fuzzer's input
+/// (`fuzz/corpus/rewrite/regression-inline-other-part-type-*`: 6 plan bytes, then the body).
+#[test]
+fn inline_text_into_a_later_part_keeps_the_session_hash() {
+    use kvbust::cachebust::{build_marker, parse, ListParts, Phase, Plan, Shape, Target};
+    let input = include_bytes!("../fuzz/corpus/rewrite/regression-inline-other-part-type-000001");
+    let (plan, body) = input.split_at(6);
+    assert_eq!(Shape::ALL[plan[0] as usize % 4], Shape::Messages);
+    let target = Target::ALL[plan[1] as usize % Target::ALL.len()];
+    assert_eq!(target, Target::FirstTurnPrefix);
+    assert_eq!((plan[4] % 3, plan[5] & 1), (0, 1));
+    let marker = build_marker(target, Phase::Profiling, &inputs()).unwrap();
+    for list_parts in [ListParts::InlineText, ListParts::OwnPart] {
+        let parsed = parse(Shape::Messages, body).unwrap();
+        let plan = Plan {
+            list_parts,
+            ..Plan::new(target, &marker)
+        };
+        let marked = parsed.apply(&plan).unwrap().body.expect("marked");
+        let text = String::from_utf8_lossy(&marked);
+        let again = parse(Shape::Messages, &marked).unwrap();
+        assert_eq!(
+            again.first_user_turn_hash(0),
+            parsed.first_user_turn_hash(0),
+            "{list_parts:?}: {text}"
+        );
+        assert_eq!(again.apply(&plan).unwrap().body, None, "{text}");
+    }
+}
