@@ -204,7 +204,8 @@ fn lone_surrogate_in_a_message_key_is_a_client_error() {
 #[test]
 fn inline_text_into_a_later_part_keeps_the_session_hash() {
     use kvbust::cachebust::{build_marker, parse, ListParts, Phase, Plan, Shape, Target};
-    let input = include_bytes!("../fuzz/corpus/rewrite/regression-inline-other-part-type-000001");
+    let input =
+        include_bytes!("../../fuzz/corpus/rewrite/regression-inline-other-part-type-000001");
     let (plan, body) = input.split_at(6);
     assert_eq!(Shape::ALL[plan[0] as usize % 4], Shape::Messages);
     let target = Target::ALL[plan[1] as usize % Target::ALL.len()];

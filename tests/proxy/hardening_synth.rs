@@ -113,7 +113,7 @@ async fn the_marked_body_is_charged_to_the_budget_with_the_body_it_is_built_from
 /// second prompt is the second of its lane's stream (its place survived eviction).
 #[tokio::test]
 async fn placeholder_prompts_never_repeat_past_32_lengths() {
-    use kvbust::synth::placeholders::lane_seed;
+    use kvbust::synth::prompt::placeholders::lane_seed;
     use kvbust::synth::{PromptCorpus, PromptStream, RandomCorpusStyle, Tokenizer};
     let h = start(|c| {
         c.synth.placeholder_seed = Some(11);
@@ -155,6 +155,7 @@ async fn placeholder_prompts_never_repeat_past_32_lengths() {
             RandomCorpusStyle::Vllm,
             None,
             Some(lane_seed(11, PromptCorpus::Random, n)),
+            kvbust::app::default_cache_dir().as_deref(),
         )
         .unwrap();
         let want = [stream.prompt(n).unwrap(), stream.prompt(n).unwrap()];
