@@ -55,7 +55,7 @@ use std::fmt;
 
 use sha2::{Digest as _, Sha256};
 
-use super::marker::{is_any_marker, strip_all_markers};
+use super::marker::unmarked;
 use super::raw::{self, Json, Kind, Layout, RawObject, Top};
 use super::target::Target;
 
@@ -1045,34 +1045,30 @@ impl<'a> Parsed<'a> {
 
     /// A stable hash (16 lowercase hex of SHA-256) of the first user turn's content in its
     /// *unmarked* form, for session identity when no header names the session. A marked and an
-    /// unmarked copy of the same turn hash the same, whichever [`ListParts`] rule marked it:
-    /// leading `[rid:<12 hex>]\n\n` / `[warmup]\n\n` and trailing `\n\n[rid:<12 hex>]` are
-    /// removed from a string until none is left (any digest: the hash is taken before the
-    /// session's marker is known); in a list of parts every text part
-    /// (`{"type":"text"|"input_text","text":…}`) that is empty or only markers is dropped (a marker
-    /// part, stripped or full, or an empty part the inline rule marked), and the first remaining
-    /// text part *of the shape's own text type* ([`Shape::text_part_type`], the part the inline
-    /// rule marks) is stripped the same way. Parts are hashed in a canonical JSON form
-    /// (sorted keys, compact). `None` when there is no first user turn, its
-    /// content is neither a string nor an array, or the body is a stateful Responses request.
+    /// unmarked copy of the same turn hash the same, whichever [`ListParts`] rule marked it and
+    /// however many markers are stacked: a string is hashed as [`unmarked`] (every
+    /// `[rid:<12 hex>]` and `[warmup]` out, any digest, since the hash is taken before the
+    /// session's marker is known; newlines at the ends trimmed); in a list of parts every text
+    /// part (`{"type":"text"|"input_text","text":…}`) that is empty once unmarked is dropped (a
+    /// marker part, stripped or full, or an empty part the inline rule marked), and every other
+    /// text part's string is taken unmarked. Parts are hashed in a canonical JSON form (sorted
+    /// keys, compact). `None` when there is no first user turn, its content is neither a string
+    /// nor an array, or the body is a stateful Responses request.
     pub fn first_user_turn_hash(&self, user_context_messages: usize) -> Option<String> {
         let content = self.first_user_content(user_context_messages).ok()??;
-        let text_type = self.shape.text_part_type();
-        first_turns::hash(content.get(), text_type, || {
-            Self::content_hash(content, text_type)
-        })
+        first_turns::hash(content.get(), || Self::content_hash(content))
     }
 
     /// The hash of a first user turn's `content` (its raw JSON), as [`Self::first_user_turn_hash`]
     /// describes it.
-    fn content_hash(content: Json<'_>, text_type: &str) -> Option<String> {
+    fn content_hash(content: Json<'_>) -> Option<String> {
         let mut h = Sha256::new();
         h.update(b"kvbust-first-user-turn-v1\0");
         match Kind::of(content) {
             Kind::String => {
                 let s = raw::string(content).ok()?;
                 h.update(b"s\0");
-                h.update(strip_all_markers(&s).as_bytes());
+                h.update(unmarked(&s).as_bytes());
             }
             Kind::Array => {
                 let serde_json::Value::Array(mut parts) =
@@ -1080,7 +1076,7 @@ impl<'a> Parsed<'a> {
                 else {
                     return None;
                 };
-                unmark_parts(&mut parts, text_type);
+                unmark_parts(&mut parts);
                 let mut canon = String::with_capacity(content.get().len());
                 canonical(&serde_json::Value::Array(parts), &mut canon);
                 h.update(b"p\0");
@@ -1107,31 +1103,30 @@ fn text_part_mut(part: &mut serde_json::Value) -> Option<&mut String> {
     }
 }
 
-/// A text part with no text once markers are off: a marker part (own-part rule), the part
-/// `inline_text` adds when there is no text part, an empty text part `inline_text` marked (it
-/// is then nothing but the marker), or an empty text part.
+/// A text part with no text once markers are off ([`unmarked`]): a marker part (own-part rule),
+/// the part `inline_text` adds when there is no text part, an empty text part `inline_text`
+/// marked (it is then nothing but the marker), or an empty text part.
 fn is_blank_text_part(part: &mut serde_json::Value) -> bool {
-    text_part_mut(part).is_some_and(|s| {
-        let rest = strip_all_markers(s);
-        rest.is_empty() || is_any_marker(rest)
-    })
+    text_part_mut(part).is_some_and(|s| unmarked(s).is_empty())
 }
 
 /// The unmarked form of a first turn's parts. Blank text parts are dropped wherever they are,
 /// because AIPerf's inline rule gives `[{"type":"text","text":""}, img]` and `[img]` the same
 /// marked form `[{"type":"text","text":"[warmup]\n\n"}, img]`: both unmarked turns must hash as
-/// it does. (An empty text part carries no prompt; AIPerf never renders one.) Markers come off
-/// the first part of `text_type` only: that is where the inline rule puts them, and a part of
-/// the other API's type before it (`input_text` in an Anthropic turn) is never marked, so
-/// stripping it instead left the marker in (issue 23 item 11).
-fn unmark_parts(parts: &mut Vec<serde_json::Value>, text_type: &str) {
+/// it does. (An empty text part carries no prompt; AIPerf never renders one.) Every other text
+/// part is taken as [`unmarked`], whatever its type: the inline rule marks the first part of the
+/// shape's own type, which need not be the first text part (`input_text` before an Anthropic
+/// `text` part, issue 23 item 11), and a part no rule marked is the same either way.
+fn unmark_parts(parts: &mut Vec<serde_json::Value>) {
     parts.retain_mut(|p| !is_blank_text_part(p));
-    let own =
-        |p: &&mut serde_json::Value| p.get("type").and_then(|t| t.as_str()) == Some(text_type);
-    if let Some(s) = parts.iter_mut().filter(own).find_map(text_part_mut) {
-        let stripped = strip_all_markers(s);
-        if stripped.len() != s.len() {
-            *s = stripped.to_owned();
+    for s in parts.iter_mut().filter_map(text_part_mut) {
+        if let Cow::Owned(u) = unmarked(s) {
+            *s = u;
+        } else {
+            let u = unmarked(s).into_owned();
+            if u.len() != s.len() {
+                *s = u;
+            }
         }
     }
 }
@@ -1183,30 +1178,23 @@ mod first_turns {
     /// Longer turns are hashed every time, so a thread holds at most `ENTRIES` × this.
     const MAX_LEN: usize = 64 << 10;
 
-    /// A kept turn: its raw JSON, the text part type it was hashed under (the hash depends on
-    /// the shape's text type), and its hash.
-    type Entry = (Box<str>, &'static str, String);
+    /// A kept turn: its raw JSON and its hash.
+    type Entry = (Box<str>, String);
 
     thread_local! {
         static KEPT: RefCell<VecDeque<Entry>> = const { RefCell::new(VecDeque::new()) };
     }
 
-    /// The hash of `content` (a turn's raw JSON) under `text_type`: kept, or `compute`d and kept.
-    pub(super) fn hash(
-        content: &str,
-        text_type: &'static str,
-        compute: impl FnOnce() -> Option<String>,
-    ) -> Option<String> {
+    /// The hash of `content` (a turn's raw JSON): kept, or `compute`d and kept.
+    pub(super) fn hash(content: &str, compute: impl FnOnce() -> Option<String>) -> Option<String> {
         if content.len() > MAX_LEN {
             return compute();
         }
         let hit = KEPT.try_with(|kept| {
             let mut kept = kept.borrow_mut();
-            let i = kept
-                .iter()
-                .position(|(turn, t, _)| *t == text_type && &**turn == content)?;
+            let i = kept.iter().position(|(turn, _)| &**turn == content)?;
             let entry = kept.remove(i)?;
-            let digest = entry.2.clone();
+            let digest = entry.1.clone();
             kept.push_front(entry);
             Some(digest)
         });
@@ -1219,7 +1207,7 @@ mod first_turns {
             if kept.len() >= ENTRIES {
                 kept.pop_back();
             }
-            kept.push_front((content.into(), text_type, digest.clone()));
+            kept.push_front((content.into(), digest.clone()));
         });
         Some(digest)
     }

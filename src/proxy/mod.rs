@@ -754,6 +754,8 @@ async fn body_steps(
         if let Some(b) = out.body {
             bytes = b;
             changed = true;
+            // The body it was built from is gone: only the marked one is held now.
+            buffered.shrink_to(bytes.len() as u64);
         }
     }
     if work.usage {

@@ -229,3 +229,53 @@ fn inline_text_into_a_later_part_keeps_the_session_hash() {
         assert_eq!(again.apply(&plan).unwrap().body, None, "{text}");
     }
 }
+
+/// `rewrite_json` (issue 23 run, the session-hash check lifted to bodies with marker text): the
+/// hash stripped one leading and one trailing marker per pass, and a `\n\n` can close a leading
+/// marker or open a trailing one. `[warmup]\n\n[rid:…]` unmarked lost its `[warmup]`; with
+/// kvbust's RID marker in front the same pass took the trailing `\n\n[rid:…]` instead, so the two
+/// copies hashed apart. The input (`fuzz/corpus/rewrite/regression-marker-overlap-*`, as
+/// `check_rewrite` reads it) and its mirror image for suffix markers, once and stacked.
+#[test]
+fn overlapping_marker_text_keeps_the_session_hash() {
+    use kvbust::cachebust::{parse, ListParts, Plan, Shape, Target};
+    let input = include_bytes!("../fuzz/corpus/rewrite/regression-marker-overlap-000001");
+    let (plan, body) = input.split_at(6);
+    assert_eq!(Shape::ALL[plan[0] as usize % 4], Shape::Chat);
+    assert_eq!(Target::ALL[plan[1] as usize % 7], Target::FirstTurnPrefix);
+    let mirror = br#"{"messages":[{"role":"user","content":"[rid:0123456789ab]\n\n[warmup]"}]}"#;
+    let parts = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"[warmup]\n\n[rid:0123456789ab]\n"}]}]}"#;
+    for body in [body, &mirror[..], &parts[..]] {
+        let want = parse(Shape::Chat, body).unwrap().first_user_turn_hash(0);
+        for (target, marker) in [
+            (Target::FirstTurnPrefix, "[rid:00000000ffff]\n\n"),
+            (Target::FirstTurnSuffix, "\n\n[rid:00000000ffff]"),
+            (Target::WarmupIsolationFirstTurn, "[warmup]\n\n"),
+        ] {
+            for list_parts in [ListParts::OwnPart, ListParts::InlineText] {
+                let plan = Plan {
+                    list_parts,
+                    ..Plan::new(target, marker)
+                };
+                let mut marked = body.to_vec();
+                for _ in 0..2 {
+                    if let Some(b) = parse(Shape::Chat, &marked)
+                        .unwrap()
+                        .apply(&plan)
+                        .unwrap()
+                        .body
+                    {
+                        marked = b;
+                    }
+                    let got = parse(Shape::Chat, &marked).unwrap().first_user_turn_hash(0);
+                    assert_eq!(
+                        got,
+                        want,
+                        "{target} {list_parts:?}: {}",
+                        String::from_utf8_lossy(&marked)
+                    );
+                }
+            }
+        }
+    }
+}
