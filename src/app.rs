@@ -218,6 +218,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
         "admin.addr / --admin-listen",
     )?;
 
+    let rt = SharedState::new(config.clone(), Metrics::new());
     // No upstream: run the built-in mock on a loopback port so the quick start works anywhere.
     let mut mock_task = None;
     let upstream = match config.upstream_url()? {
@@ -227,6 +228,8 @@ async fn serve(config: Config) -> Result<(), AppError> {
             let addr = l.local_addr().map_err(|e| AppError::Other(e.into()))?;
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             let mock = load_mock(&config.mock).await?;
+            // One process, one memory: what the mock buffers counts against the proxy's budget.
+            mock.share_budget(rt.bodies.clone());
             let task = tokio::spawn(crate::mock::serve(l, mock, async {
                 let _ = rx.await;
             }));
@@ -237,7 +240,6 @@ async fn serve(config: Config) -> Result<(), AppError> {
         }
     };
 
-    let rt = SharedState::new(config.clone(), Metrics::new());
     tracing::info!(
         data = %config.listen.addr,
         admin = %config.admin.addr,

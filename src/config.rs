@@ -383,6 +383,9 @@ pub struct CacheBustConfig {
     pub ledger: LedgerMode,
     /// Sessions remembered by the ledger (LRU); evictions are counted.
     pub ledger_capacity: usize,
+    /// Most strings of a completions `prompt` list one request may have marked (each gets the
+    /// marker, so the list is how far one body grows): a 400 above.
+    pub max_marked_prompts: usize,
     pub on_unparseable: OnUnparseable,
     /// Add `x-kvbust-rid`, `x-kvbust-phase` and `x-kvbust-overhead-us` to responses.
     pub response_headers: bool,
@@ -406,6 +409,7 @@ impl Default for CacheBustConfig {
             ],
             ledger: LedgerMode::Local,
             ledger_capacity: 100_000,
+            max_marked_prompts: 4096,
             on_unparseable: OnUnparseable::Reject,
             response_headers: true,
         }
@@ -459,6 +463,12 @@ pub struct SynthConfig {
     /// Placeholder prompts being made on demand at once, across all requests; a request that
     /// would pass it is answered 503 with `retry-after` at once.
     pub placeholder_queue: usize,
+    /// Of those, most one client (peer address) may have at once: a client past it gets the 503,
+    /// so one client's flood cannot take every place.
+    pub placeholder_queue_per_client: usize,
+    /// What a placeholder of a `coding` length with no lane yet adds to its request's cost against
+    /// `max_placeholder_tokens`: such a lane builds AIPerf's coding pool (~0.13 CPU-s).
+    pub new_coding_lane_tokens: usize,
     /// Corpora loaded at start (with the synthesis tokenizer), before `/readyz` answers 200.
     pub preload: Vec<crate::synth::PromptCorpus>,
     /// The dataset served to synthetic requests, with `kvbust synth`'s parameters (snake_case).
@@ -483,6 +493,8 @@ impl Default for SynthConfig {
             max_placeholder_tokens: 131_072,
             placeholder_prefetch: 4,
             placeholder_queue: 64,
+            placeholder_queue_per_client: 8,
+            new_coding_lane_tokens: 16384,
             preload: Vec::new(),
             dataset: None,
             cache_dir: None,
@@ -1031,6 +1043,10 @@ fn validate_placeholder_limits(s: &SynthConfig) -> Result<(), ConfigError> {
         ("synth.max_placeholders", s.max_placeholders),
         ("synth.max_placeholder_tokens", s.max_placeholder_tokens),
         ("synth.placeholder_queue", s.placeholder_queue),
+        (
+            "synth.placeholder_queue_per_client",
+            s.placeholder_queue_per_client,
+        ),
     ] {
         if n == 0 {
             return Err(ConfigError::new(
@@ -1048,6 +1064,12 @@ fn validate_cache_bust(c: &CacheBustConfig) -> Result<(), ConfigError> {
         return Err(ConfigError::new(
             "cache_bust.ledger_capacity",
             "must be at least 1",
+        ));
+    }
+    if c.max_marked_prompts == 0 {
+        return Err(ConfigError::new(
+            "cache_bust.max_marked_prompts",
+            "must be at least 1 (a single prompt string is always marked)",
         ));
     }
     if c.session_sources.is_empty() {

@@ -21,7 +21,8 @@ pub struct SharedState {
     /// What the health probe knows about the upstream; `/readyz` follows it.
     pub upstream_health: Arc<crate::health::Readiness>,
     /// Request bodies buffered for rewriting, all workers together (`limits.max_buffered_total`).
-    pub bodies: budget::BodyBudget,
+    /// Shared (`Arc`) with the in-process mock of `kvbust serve`, whose buffering counts too.
+    pub bodies: Arc<budget::BodyBudget>,
     /// Each data worker's open client connections (`listen.max_connections`), read at scrape.
     pub conn_tables: Mutex<Vec<Arc<crate::conn::ConnTable>>>,
     default_phase: AtomicU8,
@@ -53,7 +54,9 @@ impl SharedState {
         Arc::new(Self {
             benchmark_id,
             upstream_health: Arc::new(crate::health::Readiness::new(config.upstream.health_probe)),
-            bodies: budget::BodyBudget::new(config.limits.max_buffered_total.as_u64()),
+            bodies: Arc::new(budget::BodyBudget::new(
+                config.limits.max_buffered_total.as_u64(),
+            )),
             conn_tables: Mutex::new(Vec::new()),
             default_phase: AtomicU8::new(phase_to_u8(config.cache_bust.default_phase)),
             draining: AtomicBool::new(false),

@@ -55,7 +55,7 @@ use std::fmt;
 
 use sha2::{Digest as _, Sha256};
 
-use super::marker::{is_any_marker, strip_all_markers};
+use super::marker::unmarked;
 use super::raw::{self, Json, Kind, Layout, RawObject, Top};
 use super::target::Target;
 
@@ -183,6 +183,10 @@ pub struct Plan<'a> {
     /// the first part's text (a prefix marker lands where it always does). Only kvbust's own
     /// synthesis knows this; `None` (the default) treats the content as one piece.
     pub system_prompt_bytes: Option<usize>,
+    /// Most strings of a completions `prompt` list that may be marked: a longer list is
+    /// [`RewriteError::TooManyPrompts`] (each string gets the marker, so this bounds how far the
+    /// body grows). Unbounded in [`Plan::new`]; the proxy sets `cache_bust.max_marked_prompts`.
+    pub max_prompts: usize,
 }
 
 impl<'a> Plan<'a> {
@@ -194,6 +198,7 @@ impl<'a> Plan<'a> {
             user_context_messages: 0,
             list_parts: ListParts::OwnPart,
             system_prompt_bytes: None,
+            max_prompts: usize::MAX,
         }
     }
 }
@@ -240,6 +245,8 @@ pub enum RewriteError {
         expected: &'static str,
         found: &'static str,
     },
+    #[error("`prompt` holds more than {limit} strings: kvbust marks at most {limit} prompts in one request (cache_bust.max_marked_prompts); send fewer per request or raise the limit")]
+    TooManyPrompts { limit: usize },
     /// The plan's `system_prompt_bytes` does not fit the system message (a kvbust bug, since
     /// only kvbust's own synthesis sets it).
     #[error("cache-bust plan does not fit the body: {0}")]
@@ -263,6 +270,7 @@ impl RewriteError {
             | RewriteError::ContentType { .. }
             | RewriteError::PromptType { .. }
             | RewriteError::WrongType { .. } => "invalid_field_type",
+            RewriteError::TooManyPrompts { .. } => "too_many_prompts",
             RewriteError::PlanMismatch(_) => "plan_mismatch",
             RewriteError::Internal(_) => "internal",
         }
@@ -589,6 +597,7 @@ struct Injector<'p> {
     prefix: bool,
     list_parts: ListParts,
     text_type: &'static str,
+    max_prompts: usize,
     /// `(range of the body replaced, new bytes)`; an empty range is an insertion.
     edits: Vec<(std::ops::Range<usize>, Vec<u8>)>,
 }
@@ -776,6 +785,15 @@ impl<'p> Injector<'p> {
         }
     }
 
+    /// How long the body is with the edits made.
+    fn out_len(&self) -> usize {
+        self.edits
+            .iter()
+            .fold(self.body.len(), |n, (range, bytes)| {
+                n.saturating_add(bytes.len()).saturating_sub(range.len())
+            })
+    }
+
     /// The body with the edits made, and `layout` (of the body) moved onto it.
     fn finish(mut self, layout: Option<&mut Layout>) -> Option<Vec<u8>> {
         if self.edits.is_empty() {
@@ -837,11 +855,27 @@ impl<'a> Parsed<'a> {
         plan: &Plan,
         layout: Option<&mut Layout>,
     ) -> Result<Outcome, RewriteError> {
+        let admit = |_: usize| Ok::<(), std::convert::Infallible>(());
+        match self.apply_admitting(plan, layout, admit)? {
+            Ok(o) => Ok(o),
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Parsed::apply_shifting`] that asks `admit` with the rewritten body's length before
+    /// building it, so the caller can refuse a body too large (or charge memory for it) before
+    /// the memory is taken; `admit`'s refusal is the inner error.
+    pub(crate) fn apply_admitting<E>(
+        &self,
+        plan: &Plan,
+        layout: Option<&mut Layout>,
+        admit: impl FnOnce(usize) -> Result<(), E>,
+    ) -> Result<Result<Outcome, E>, RewriteError> {
         if plan.target.is_none() || plan.marker.is_empty() {
-            return Ok(Outcome {
+            return Ok(Ok(Outcome {
                 body: None,
                 location: None,
-            });
+            }));
         }
         let mut inj = Injector {
             body: self.body,
@@ -849,6 +883,7 @@ impl<'a> Parsed<'a> {
             prefix: plan.target.is_prefix(),
             list_parts: plan.list_parts,
             text_type: self.shape.text_part_type(),
+            max_prompts: plan.max_prompts,
             edits: Vec::new(),
         };
         let skip = plan.user_context_messages;
@@ -865,10 +900,15 @@ impl<'a> Parsed<'a> {
         } else {
             None
         };
-        Ok(Outcome {
+        if !inj.edits.is_empty() {
+            if let Err(e) = admit(inj.out_len()) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(Outcome {
             body: inj.finish(layout),
             location,
-        })
+        }))
     }
 
     /// Marks the system prompt; false when the body has none.
@@ -954,7 +994,13 @@ impl<'a> Parsed<'a> {
                     inj.string(*prompt)?;
                     return Ok(true);
                 }
-                let elems = raw::array(*prompt).map_err(internal("array of prompt"))?;
+                let (elems, more) = raw::array_head(*prompt, inj.max_prompts)
+                    .map_err(internal("array of prompt"))?;
+                if more {
+                    return Err(RewriteError::TooManyPrompts {
+                        limit: inj.max_prompts,
+                    });
+                }
                 for (i, e) in elems.iter().enumerate() {
                     if Kind::of(*e) != Kind::String {
                         return Err(RewriteError::PromptType {
@@ -988,8 +1034,9 @@ impl<'a> Parsed<'a> {
             },
             View::Completions { prompt } => match Kind::of(*prompt) {
                 Kind::String => Some(*prompt),
-                _ => raw::array(*prompt)
+                _ => raw::array_head(*prompt, 1)
                     .map_err(internal("array of prompt"))?
+                    .0
                     .first()
                     .copied(),
             },
@@ -998,15 +1045,15 @@ impl<'a> Parsed<'a> {
 
     /// A stable hash (16 lowercase hex of SHA-256) of the first user turn's content in its
     /// *unmarked* form, for session identity when no header names the session. A marked and an
-    /// unmarked copy of the same turn hash the same, whichever [`ListParts`] rule marked it:
-    /// leading `[rid:<12 hex>]\n\n` / `[warmup]\n\n` and trailing `\n\n[rid:<12 hex>]` are
-    /// removed from a string until none is left (any digest: the hash is taken before the
-    /// session's marker is known); in a list of parts every text part
-    /// (`{"type":"text"|"input_text","text":…}`) that is empty or only markers is dropped (a marker
-    /// part, stripped or full, or an empty part the inline rule marked), and the first remaining
-    /// text part's string is stripped the same way. Parts are hashed in a canonical JSON form
-    /// (sorted keys, compact). `None` when there is no first user turn, its
-    /// content is neither a string nor an array, or the body is a stateful Responses request.
+    /// unmarked copy of the same turn hash the same, whichever [`ListParts`] rule marked it and
+    /// however many markers are stacked: a string is hashed as [`unmarked`] (every
+    /// `[rid:<12 hex>]` and `[warmup]` out, any digest, since the hash is taken before the
+    /// session's marker is known; newlines at the ends trimmed); in a list of parts every text
+    /// part (`{"type":"text"|"input_text","text":…}`) that is empty once unmarked is dropped (a
+    /// marker part, stripped or full, or an empty part the inline rule marked), and every other
+    /// text part's string is taken unmarked. Parts are hashed in a canonical JSON form (sorted
+    /// keys, compact). `None` when there is no first user turn, its content is neither a string
+    /// nor an array, or the body is a stateful Responses request.
     pub fn first_user_turn_hash(&self, user_context_messages: usize) -> Option<String> {
         let content = self.first_user_content(user_context_messages).ok()??;
         first_turns::hash(content.get(), || Self::content_hash(content))
@@ -1021,7 +1068,7 @@ impl<'a> Parsed<'a> {
             Kind::String => {
                 let s = raw::string(content).ok()?;
                 h.update(b"s\0");
-                h.update(strip_all_markers(&s).as_bytes());
+                h.update(unmarked(&s).as_bytes());
             }
             Kind::Array => {
                 let serde_json::Value::Array(mut parts) =
@@ -1056,26 +1103,30 @@ fn text_part_mut(part: &mut serde_json::Value) -> Option<&mut String> {
     }
 }
 
-/// A text part with no text once markers are off: a marker part (own-part rule), the part
-/// `inline_text` adds when there is no text part, an empty text part `inline_text` marked (it
-/// is then nothing but the marker), or an empty text part.
+/// A text part with no text once markers are off ([`unmarked`]): a marker part (own-part rule),
+/// the part `inline_text` adds when there is no text part, an empty text part `inline_text`
+/// marked (it is then nothing but the marker), or an empty text part.
 fn is_blank_text_part(part: &mut serde_json::Value) -> bool {
-    text_part_mut(part).is_some_and(|s| {
-        let rest = strip_all_markers(s);
-        rest.is_empty() || is_any_marker(rest)
-    })
+    text_part_mut(part).is_some_and(|s| unmarked(s).is_empty())
 }
 
 /// The unmarked form of a first turn's parts. Blank text parts are dropped wherever they are,
 /// because AIPerf's inline rule gives `[{"type":"text","text":""}, img]` and `[img]` the same
 /// marked form `[{"type":"text","text":"[warmup]\n\n"}, img]`: both unmarked turns must hash as
-/// it does. (An empty text part carries no prompt; AIPerf never renders one.)
+/// it does. (An empty text part carries no prompt; AIPerf never renders one.) Every other text
+/// part is taken as [`unmarked`], whatever its type: the inline rule marks the first part of the
+/// shape's own type, which need not be the first text part (`input_text` before an Anthropic
+/// `text` part, issue 23 item 11), and a part no rule marked is the same either way.
 fn unmark_parts(parts: &mut Vec<serde_json::Value>) {
     parts.retain_mut(|p| !is_blank_text_part(p));
-    if let Some(s) = parts.iter_mut().find_map(text_part_mut) {
-        let stripped = strip_all_markers(s);
-        if stripped.len() != s.len() {
-            *s = stripped.to_owned();
+    for s in parts.iter_mut().filter_map(text_part_mut) {
+        if let Cow::Owned(u) = unmarked(s) {
+            *s = u;
+        } else {
+            let u = unmarked(s).into_owned();
+            if u.len() != s.len() {
+                *s = u;
+            }
         }
     }
 }
@@ -1127,9 +1178,11 @@ mod first_turns {
     /// Longer turns are hashed every time, so a thread holds at most `ENTRIES` × this.
     const MAX_LEN: usize = 64 << 10;
 
+    /// A kept turn: its raw JSON and its hash.
+    type Entry = (Box<str>, String);
+
     thread_local! {
-        static KEPT: RefCell<VecDeque<(Box<str>, String)>> =
-            const { RefCell::new(VecDeque::new()) };
+        static KEPT: RefCell<VecDeque<Entry>> = const { RefCell::new(VecDeque::new()) };
     }
 
     /// The hash of `content` (a turn's raw JSON): kept, or `compute`d and kept.

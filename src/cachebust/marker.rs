@@ -1,5 +1,7 @@
 //! AIPerf's RID digest, the exact marker strings, base trace ids and marker recognition. Never looks at a request body or keeps state.
 
+use std::borrow::Cow;
+
 use sha2::{Digest as _, Sha256};
 
 use super::target::{Phase, Target};
@@ -147,6 +149,42 @@ pub fn strip_all_markers(s: &str) -> &str {
     }
 }
 
+/// A turn's text with every marker taken out, for the session hash: each `[rid:<12 hex>]` and
+/// `[warmup]` removed wherever it is (one left-to-right pass), then the newlines at both ends
+/// trimmed. Unlike stripping markers from the ends one at a time, this cannot be misled by a
+/// `\n\n` that could close a leading marker or open a trailing one (`[warmup]\n\n[rid:…]`): for
+/// any text `s` and any marker `m`, `m + s` and `s + m` give what `s` gives, stacked or not, since
+/// a marker's `\n\n` goes with the trim and no marker match can cross into the `\n\n`.
+pub fn unmarked(s: &str) -> Cow<'_, str> {
+    const RID: &str = "[rid:";
+    let trim = |t: &str| t.trim_matches('\n').to_owned();
+    if !s.contains(RID) && !s.contains("[warmup]") {
+        return Cow::Borrowed(s.trim_matches('\n'));
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('[') {
+        out.push_str(&rest[..i]);
+        let at = &rest[i..];
+        let len = if at.starts_with(WARMUP_ISOLATION_MARKER.trim_end()) {
+            "[warmup]".len()
+        } else if at.starts_with(RID)
+            && at
+                .get(RID.len()..RID.len() + DIGEST_LEN)
+                .is_some_and(is_digest)
+            && at.as_bytes().get(RID.len() + DIGEST_LEN) == Some(&b']')
+        {
+            RID.len() + DIGEST_LEN + 1
+        } else {
+            out.push('[');
+            1
+        };
+        rest = &at[len..];
+    }
+    out.push_str(rest);
+    Cow::Owned(trim(&out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,5 +313,35 @@ mod tests {
             "ééééééééééééééééééééé"
         );
         assert_eq!(strip_any_marker("[rid:ééééééé]\n\n"), "[rid:ééééééé]\n\n");
+    }
+
+    #[test]
+    fn unmarked_text_ignores_markers_anywhere_and_end_newlines() {
+        assert_eq!(unmarked("Hi"), "Hi");
+        assert_eq!(unmarked("\n\nHi\n"), "Hi");
+        assert_eq!(
+            unmarked("[rid:bec92e2bea5e]\n\n[warmup]\n\nHi\n\n[rid:bec92e2bea5e]"),
+            "Hi"
+        );
+        assert_eq!(unmarked("[warmup]\n\n[rid:0123456789ab]"), "");
+        assert_eq!(unmarked("a [warmup] b"), "a  b");
+        assert_eq!(
+            unmarked("[rid:zzz] [ [rid:0123456789AB]"),
+            "[rid:zzz] [ [rid:0123456789AB]"
+        );
+        assert_eq!(unmarked("é[rid:0123456789ab]é["), "éé[");
+        for s in [
+            "",
+            "x",
+            "[warmup]\n\n[rid:0123456789ab]\n",
+            "\n[rid:0123456789ab",
+            "]\n\n",
+        ] {
+            for m in ["[rid:bec92e2bea5e]\n\n", "[warmup]\n\n"] {
+                assert_eq!(unmarked(&format!("{m}{s}")), unmarked(s), "{m:?}{s:?}");
+            }
+            let m = "\n\n[rid:bec92e2bea5e]";
+            assert_eq!(unmarked(&format!("{s}{m}")), unmarked(s), "{s:?}{m:?}");
+        }
     }
 }

@@ -344,6 +344,37 @@ pub(crate) fn array(raw: Json<'_>) -> serde_json::Result<Vec<Json<'_>>> {
     serde_json::from_str(raw.0)
 }
 
+/// The first `n` elements of a raw value known to be an array, and whether it has more: reads
+/// no further than element `n + 1`, so a 22-million-element array is not split into a
+/// 22-million-entry vector to look at its head or to be refused.
+pub(crate) fn array_head(raw: Json<'_>, n: usize) -> serde_json::Result<(Vec<Json<'_>>, bool)> {
+    /// The error that stops the read; told apart from a syntax error by this exact text.
+    const MORE: &str = "kvbust: the array has more elements";
+    struct Head<'v, 'de>(&'v mut Vec<Json<'de>>, usize);
+    impl<'de> Visitor<'de> for Head<'_, 'de> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(e) = seq.next_element::<Json<'de>>()? {
+                if self.0.len() == self.1 {
+                    return Err(serde::de::Error::custom(MORE));
+                }
+                self.0.push(e);
+            }
+            Ok(())
+        }
+    }
+    let mut out = Vec::new();
+    let mut de = serde_json::Deserializer::from_str(raw.0);
+    match de.deserialize_seq(Head(&mut out, n)) {
+        Ok(()) => Ok((out, false)),
+        Err(e) if e.is_data() && e.to_string().starts_with(MORE) => Ok((out, true)),
+        Err(e) => Err(e),
+    }
+}
+
 /// The decoded text of a raw value known to be a string. Fails only on escapes that are not
 /// Unicode (lone surrogates such as `"\ud800"`), which JSON syntax allows.
 pub(crate) fn string(raw: Json<'_>) -> serde_json::Result<Cow<'_, str>> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::mock::MAX_BODY_BYTES;
 use crate::units::ByteSize;
 
 /// Which tokenizer the mock counts prompt tokens with (`mock.tokenizer`).
@@ -97,9 +98,13 @@ pub struct MockConfig {
     /// How many of the most recent requests the recorder keeps with headers and body (default 1024); counters
     /// are always kept. Bounds memory when the mock serves a long benchmark.
     pub record_requests: usize,
-    /// Byte budget for the bodies the recorder keeps (default 16 MiB): past it, the oldest kept bodies are
-    /// dropped (their size and sha256 stay), and a body larger than the budget is never kept.
+    /// Byte budget for all the recorder keeps, heads and bodies (default 16 MiB): past it, the oldest kept
+    /// bodies are dropped (their size and sha256 stay), then the oldest requests; a body larger than the
+    /// budget is never kept.
     pub record_bytes: ByteSize,
+    /// Largest request body the mock reads, on any route (default 64 MiB, at most 256 MiB): 413 above. Run
+    /// inside `kvbust serve`, what it buffers also counts against `limits.max_buffered_total`.
+    pub max_body: ByteSize,
 }
 
 impl Default for MockConfig {
@@ -116,6 +121,7 @@ impl Default for MockConfig {
             max_model_len: 131_072,
             record_requests: 1024,
             record_bytes: ByteSize(16 << 20),
+            max_body: ByteSize(64 << 20),
         }
     }
 }
@@ -135,6 +141,12 @@ impl MockConfig {
             return Err(format!(
                 "mock.record_bytes must be at most 4GiB (got {}); the default is 16MiB",
                 self.record_bytes
+            ));
+        }
+        if self.max_body.0 == 0 || self.max_body.0 > MAX_BODY_BYTES as u64 {
+            return Err(format!(
+                "mock.max_body must be between 1B and 256MiB (got {}); the default is 64MiB",
+                self.max_body
             ));
         }
         if let MockTokenizerSetting::Path(p) = &self.tokenizer {

@@ -2,8 +2,9 @@
 //! prefix cache. Never talks to the network except through the listener it is given.
 //!
 //! [`Mock::handle`] answers one request; [`serve`] runs it on a listener (HTTP/1.1 and h2c on one port, graceful
-//! shutdown). Every request, on any path and with any method, is recorded by the [`Recorder`] (its exact body
-//! bytes within `mock.record_bytes`, its size and sha256 always) before it is answered.
+//! shutdown). Every request, on any path and with any method, is recorded by the [`Recorder`] (its head and
+//! exact body bytes, copied, within `mock.record_bytes`; its size and sha256 while it is listed) before it is
+//! answered.
 //!
 //! Prompt tokens are counted with the configured tokenizer ([`tokenize`]; the shipped Qwen3 one and its chat
 //! template by default), and every shape goes through the same simulated vLLM-style prefix cache
@@ -28,7 +29,8 @@
 //!   `reset_running_requests` / `reset_external` query flags are accepted and have nothing more to do here).
 //! - `GET /v1/models`: the configured model. `GET /health`: 200 `{"status":"ok"}`.
 //! - Anything else: 404 (unknown path) or 405 (known path, wrong method), OpenAI-shaped
-//!   `{"error":{"message","type","code"}}`; an unparseable or invalid body is 400, a body over 256 MiB 413.
+//!   `{"error":{"message","type","code"}}`; an unparseable or invalid body is 400, a body over `mock.max_body` (64 MiB) 413, and
+//!   one past the buffer budget it shares with `kvbust serve`'s proxy (`limits.max_buffered_total`) 503.
 //!
 //! # Pacing
 //! The first token is due `base_delay + prefill_per_token × uncached prompt tokens` after the request arrived, the
@@ -68,6 +70,8 @@ use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use sha2::{Digest, Sha256};
+
+use crate::runtime::budget::{BodyBudget, Reservation};
 use tokio::time::Instant;
 
 pub use config::{MockConfig, MockTokenizerSetting};
@@ -89,7 +93,7 @@ pub const HEADER_PROMPT_TOKENS: &str = "x-mock-prompt-tokens";
 /// Response header: cached prompt tokens of a completion.
 pub const HEADER_CACHED_TOKENS: &str = "x-mock-cached-tokens";
 
-/// Largest request body the mock reads; larger ones are answered with 413.
+/// Largest `mock.max_body` accepted (the largest request body the mock can be told to read).
 pub const MAX_BODY_BYTES: usize = 256 << 20;
 
 /// `created` of every response and model: fixed, so output is fully deterministic (2025-01-01T00:00:00Z).
@@ -113,6 +117,9 @@ pub struct Mock {
     cache: Mutex<PrefixCache>,
     recorder: Recorder,
     next_id: AtomicU64,
+    /// The budget of buffered request bodies shared with the proxy in the same process
+    /// (`limits.max_buffered_total`), once [`Mock::share_budget`] set it.
+    budget: std::sync::OnceLock<Arc<BodyBudget>>,
 }
 
 impl std::fmt::Debug for Mock {
@@ -223,8 +230,14 @@ async fn digest(body: &Bytes) -> [u8; 32] {
     }
 }
 
-/// Reads the whole body, up to [`MAX_BODY_BYTES`]; returns what was read and the error that stopped it, if any.
-async fn read_body<B>(body: B) -> (Bytes, Option<ApiError>)
+/// Reads the whole body, up to `limit` bytes (`mock.max_body`), holding what it has read in
+/// `held` when the mock shares a budget; returns what was read and the error that stopped it, if
+/// any (413 past the limit, 503 past the budget).
+async fn read_body<B>(
+    body: B,
+    limit: usize,
+    mut held: Option<&mut Reservation<'_>>,
+) -> (Bytes, Option<ApiError>)
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Display,
@@ -248,16 +261,32 @@ where
                 return (read, Some(e));
             }
         };
-        if len + data.len() > MAX_BODY_BYTES {
+        if len + data.len() > limit {
             let mut read = BytesMut::from(only.take().unwrap_or_else(|| buf.split().freeze()));
-            read.extend_from_slice(&data[..MAX_BODY_BYTES - len]);
+            read.extend_from_slice(&data[..limit - len]);
             let e = ApiError {
                 status: StatusCode::PAYLOAD_TOO_LARGE,
-                message: format!("request body over the mock's limit of {MAX_BODY_BYTES} bytes"),
+                message: format!(
+                    "request body over the mock's limit of {limit} bytes (mock.max_body)"
+                ),
                 kind: "invalid_request_error",
                 code: "body_too_large",
             };
             return (read.freeze(), Some(e));
+        }
+        if let Some(r) = held.as_deref_mut() {
+            if !r.grow_to((len + data.len()) as u64) {
+                let read = only.take().unwrap_or_else(|| buf.split().freeze());
+                let e = ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    message: "too many request bodies are being buffered at once \
+                              (limits.max_buffered_total); retry shortly"
+                        .to_owned(),
+                    kind: "server_error",
+                    code: "buffer_budget_exhausted",
+                };
+                return (read, Some(e));
+            }
         }
         len += data.len();
         match only.take() {
@@ -309,7 +338,14 @@ impl Mock {
             },
             tokenizer: tokenizer.unwrap_or(MockTokenizer::Builtin),
             cfg,
+            budget: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Charges the bodies this mock buffers to `budget` from now on (the proxy's, when both run in
+    /// one process): a body that would go past it is a 503 at once. Set once; later calls do nothing.
+    pub fn share_budget(&self, budget: Arc<BodyBudget>) {
+        let _ = self.budget.set(budget);
     }
 
     /// A mock with `cfg`, counting tokens with the tokenizer `cfg.tokenizer` names. Blocking: loading a
@@ -361,7 +397,10 @@ impl Mock {
     {
         let received = Instant::now();
         let (parts, body) = req.into_parts();
-        let (bytes, body_error) = read_body(body).await;
+        let limit = usize::try_from(self.cfg.max_body.as_u64()).unwrap_or(MAX_BODY_BYTES);
+        // Held until the answer's head is made: the body is in memory until then.
+        let mut held = self.budget.get().map(|b| b.reservation());
+        let (bytes, body_error) = read_body(body, limit.min(MAX_BODY_BYTES), held.as_mut()).await;
         self.record(&parts, &bytes).await;
         tracing::debug!(method = %parts.method, uri = %parts.uri, bytes = bytes.len(), "mock: request");
         let route = route(parts.uri.path());
@@ -821,5 +860,108 @@ mod tests {
             body_json(resp).await["error"]["code"],
             "context_length_exceeded"
         );
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+    use crate::runtime::budget::BodyBudget;
+    use http_body_util::StreamBody;
+
+    type Chunks = tokio::sync::mpsc::Receiver<Bytes>;
+
+    /// A request whose body arrives as the test sends chunks, and ends when the sender is dropped.
+    fn streamed(
+        path: &str,
+        rx: Chunks,
+    ) -> Request<
+        StreamBody<impl futures_util::Stream<Item = Result<http_body::Frame<Bytes>, Infallible>>>,
+    > {
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|b| (Ok(http_body::Frame::data(b)), rx))
+        });
+        Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .body(StreamBody::new(stream))
+            .expect("valid request")
+    }
+
+    fn full(path: &str, n: usize) -> Request<Full<Bytes>> {
+        Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .body(Full::new(Bytes::from(vec![b'x'; n])))
+            .expect("valid request")
+    }
+
+    async fn error_of(resp: Response<MockBody>) -> (StatusCode, String, String) {
+        let status = resp.status();
+        let b = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or_default();
+        let s = |k: &str| v["error"][k].as_str().unwrap_or_default().to_owned();
+        (status, s("code"), s("message"))
+    }
+
+    /// Issue 23 item 7: the in-process mock buffered each body up to 256 MiB on any route,
+    /// outside `limits.max_buffered_total`. Each body is capped by `mock.max_body`, and what the
+    /// mock buffers is charged to the budget it shares with the proxy while it holds it.
+    #[tokio::test]
+    async fn the_mock_caps_each_body_and_charges_the_shared_budget() {
+        let mock = Mock::new(
+            MockConfig {
+                max_body: crate::config::ByteSize(1 << 20),
+                ..MockConfig::default()
+            },
+            None,
+        );
+        let budget = Arc::new(BodyBudget::new(1_500_000));
+        mock.share_budget(budget.clone());
+
+        let (status, code, msg) = error_of(
+            mock.clone()
+                .handle(full("/v1/embeddings", (1 << 20) + 1))
+                .await,
+        )
+        .await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large")
+        );
+        assert!(msg.contains("mock.max_body"), "{msg}");
+        assert_eq!(budget.used(), 0);
+
+        // A sends 900 kB and pauses: the mock holds it, and the budget says so.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let a = tokio::spawn(mock.clone().handle(streamed("/v1/embeddings", rx)));
+        tx.send(Bytes::from(vec![b'x'; 900_000])).await.unwrap();
+        while budget.used() < 900_000 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(budget.used(), 900_000);
+        // B's 900 kB would go past 1.5 MB: refused at once.
+        let (status, code, msg) =
+            error_of(mock.clone().handle(full("/v1/embeddings", 900_000)).await).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "buffer_budget_exhausted")
+        );
+        assert!(msg.contains("limits.max_buffered_total"), "{msg}");
+        // A ends: its share comes back, and B fits.
+        drop(tx);
+        let (status, ..) = error_of(a.await.unwrap()).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(budget.used(), 0);
+        let (status, ..) =
+            error_of(mock.clone().handle(full("/v1/embeddings", 900_000)).await).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(budget.used(), 0);
+        assert_eq!(mock.recorder().requests_total(), 4);
     }
 }

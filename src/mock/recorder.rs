@@ -1,7 +1,8 @@
 //! `Recorder`: what the mock received (every request, any path or method, with its exact body bytes while they
 //! fit a byte budget, else their size and sha256) and what happened to its streams, for tests and diagnostics.
 //! Owns only that bookkeeping; it never alters a request or a response, and keeps a bounded number of requests
-//! and a bounded number of body bytes, so a long-running mock cannot grow without limit.
+//! and a bounded number of bytes (heads and bodies, copied so that nothing kept pins a connection's buffer), so a
+//! long-running mock cannot grow without limit.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -45,10 +46,67 @@ struct State {
     requests: VecDeque<CapturedRequest>,
     /// Bytes of the bodies still held in `requests`.
     body_bytes: usize,
+    /// Bytes the heads of `requests` hold ([`head_bytes`]), bodies not included.
+    head_bytes: usize,
     requests_total: usize,
     streams_started: u64,
     streams_completed: u64,
     streams_cancelled: u64,
+}
+
+impl State {
+    fn pop_oldest(&mut self) {
+        if let Some(old) = self.requests.pop_front() {
+            self.body_bytes -= old.body.len();
+            self.head_bytes -= head_bytes(&old);
+        }
+    }
+}
+
+/// What a kept request's head costs: the record itself, its URI and authority, and each header
+/// (name, value and the map's entry).
+fn head_bytes(req: &CapturedRequest) -> usize {
+    /// A header map entry beyond its name and value (HPACK counts 32; the map's is similar).
+    const PER_HEADER: usize = 32;
+    let headers: usize = req
+        .headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + PER_HEADER)
+        .sum();
+    std::mem::size_of::<CapturedRequest>()
+        + req.uri.to_string().len()
+        + req.authority.as_ref().map_or(0, String::len)
+        + headers
+}
+
+/// `req` with every byte it keeps in allocations of its own (the body only when `body`).
+fn copied(req: &CapturedRequest, body: bool) -> CapturedRequest {
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    for (name, value) in &req.headers {
+        // Both were valid when received, so their copies are: a failure drops just that header.
+        let (Ok(n), Ok(mut v)) = (
+            http::HeaderName::from_bytes(name.as_str().as_bytes()),
+            http::HeaderValue::from_bytes(value.as_bytes()),
+        ) else {
+            continue;
+        };
+        v.set_sensitive(value.is_sensitive());
+        headers.append(n, v);
+    }
+    CapturedRequest {
+        method: req.method.clone(),
+        uri: Uri::try_from(req.uri.to_string()).unwrap_or_else(|_| req.uri.clone()),
+        authority: req.authority.clone(),
+        headers,
+        body: if body {
+            Bytes::copy_from_slice(&req.body)
+        } else {
+            Bytes::new()
+        },
+        body_len: req.body_len,
+        body_sha256: req.body_sha256,
+        version: req.version,
+    }
 }
 
 /// Everything the mock received and what happened to its streams. Cheap to clone (shared state).
@@ -73,6 +131,13 @@ impl Recorder {
     /// Bytes of request bodies the recorder holds now (never more than its budget).
     pub fn body_bytes(&self) -> usize {
         self.state.borrow().body_bytes
+    }
+
+    /// Bytes the recorder holds now, heads (method, URI, headers, the record itself) and bodies
+    /// together: never more than its budget.
+    pub fn held_bytes(&self) -> usize {
+        let s = self.state.borrow();
+        s.body_bytes + s.head_bytes
     }
 
     /// The retained requests, oldest first.
@@ -128,38 +193,39 @@ impl Recorder {
         let _ = rx.wait_for(done).await;
     }
 
-    /// Records `req`. Its body is kept (as its own exact-size copy, so a kept body never pins a larger buffer)
-    /// when it fits the budget, dropping the oldest kept bodies to make room; a body over the whole budget is
-    /// not kept.
-    pub(crate) fn record(&self, mut req: CapturedRequest) {
+    /// Records `req`: counted always; kept (the `keep` most recent) while everything kept, heads
+    /// and bodies, totals at most the byte budget. What is kept is copied, each part at its exact
+    /// size, because a server's request head and body are slices of its connection's read buffer:
+    /// a kept slice would pin the whole buffer (~0.5 MB a request at 1 MB bodies). To make room
+    /// the oldest bodies go first, then the oldest requests; a body over the budget is not kept.
+    pub(crate) fn record(&self, req: CapturedRequest) {
         let (keep, budget) = (self.keep, self.body_budget);
-        let body = std::mem::take(&mut req.body);
-        let keep_body = keep > 0 && body.len() <= budget;
-        if keep_body {
-            req.body = Bytes::copy_from_slice(&body);
-        }
-        drop(body);
+        let head = head_bytes(&req);
+        let keep_req = keep > 0 && head <= budget;
+        let keep_body = keep_req && req.body.len() <= budget - head;
+        let req = keep_req.then(|| copied(&req, keep_body));
         self.state.send_modify(|s| {
             s.requests_total += 1;
-            if keep == 0 {
+            let Some(req) = req else {
                 return;
-            }
+            };
             if s.requests.len() >= keep {
-                if let Some(old) = s.requests.pop_front() {
-                    s.body_bytes -= old.body.len();
-                }
+                s.pop_oldest();
             }
-            if keep_body {
-                // Oldest first: the bodies of recent requests are the ones a test or a person looks at.
-                let mut i = 0;
-                while s.body_bytes + req.body.len() > budget && i < s.requests.len() {
-                    let old = &mut s.requests[i];
-                    s.body_bytes -= old.body.len();
-                    old.body = Bytes::new();
-                    i += 1;
-                }
-                s.body_bytes += req.body.len();
+            let need = head + req.body.len();
+            // Oldest first: the recent requests are the ones a test or a person looks at.
+            let mut i = 0;
+            while s.body_bytes + s.head_bytes + need > budget && i < s.requests.len() {
+                let old = &mut s.requests[i];
+                s.body_bytes -= old.body.len();
+                old.body = Bytes::new();
+                i += 1;
             }
+            while s.body_bytes + s.head_bytes + need > budget && !s.requests.is_empty() {
+                s.pop_oldest();
+            }
+            s.body_bytes += req.body.len();
+            s.head_bytes += head;
             s.requests.push_back(req);
         });
     }
@@ -228,26 +294,32 @@ mod tests {
 
     #[test]
     fn bodies_stay_within_the_byte_budget_newest_first() {
-        let r = Recorder::new(10, 100);
+        // Heads count too: room for three heads and 100 body bytes.
+        let h = head_bytes(&req("/a"));
+        let r = Recorder::new(10, 3 * h + 100);
+        let mut held = Vec::new();
         for (p, n) in [("/a", 40), ("/b", 40), ("/c", 30), ("/d", 101), ("/e", 0)] {
             r.record(with_body(p, Bytes::from(vec![b'x'; n])));
+            held.push(r.held_bytes());
         }
         let kept: Vec<(String, usize, bool)> = r
             .requests()
             .iter()
             .map(|c| (c.uri.to_string(), c.body_len, c.body_kept()))
             .collect();
-        let want = [
-            ("/a", 40, false), // dropped to make room for /c
-            ("/b", 40, true),
-            ("/c", 30, true),
-            ("/d", 101, false), // over the whole budget
-            ("/e", 0, true),
-        ]
-        .map(|(p, n, k)| (p.to_owned(), n, k));
+        // /c's body made /a's go; /d's (101 bytes) made the bodies of /b and /c go, then /a and
+        // /b themselves; /e's head then made /d's body go.
+        let want = [("/c", 30, false), ("/d", 101, false), ("/e", 0, true)]
+            .map(|(p, n, k)| (p.to_owned(), n, k));
         assert_eq!(kept, want);
-        assert_eq!(r.body_bytes(), 70);
-        assert!(r.requests()[0].body.is_empty());
+        assert_eq!(held, [h + 40, 2 * h + 80, 3 * h + 70, 2 * h + 101, 3 * h]);
+        assert_eq!(r.body_bytes(), 0);
+        assert_eq!(r.requests_total(), 5);
+        // A body over the whole budget is never kept; its request is.
+        let r = Recorder::new(10, h + 100);
+        r.record(with_body("/f", Bytes::from(vec![b'x'; 101])));
+        assert_eq!(r.held_bytes(), h);
+        assert!(!r.requests()[0].body_kept());
     }
 
     #[test]
@@ -281,5 +353,76 @@ mod tests {
             (2, 1, 1)
         );
         assert_eq!(r.streams_in_flight(), 0);
+    }
+}
+
+#[cfg(test)]
+mod held_tests {
+    use super::*;
+    use http::{HeaderName, HeaderValue};
+
+    /// A request whose head, like hyper's, is slices of one large read buffer (`buf`).
+    fn sliced(buf: &Bytes, body: usize) -> CapturedRequest {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_maybe_shared(buf.slice(32..48)).unwrap(),
+        );
+        headers.insert(
+            HeaderName::from_static("x-custom"),
+            HeaderValue::from_maybe_shared(buf.slice(16..32)).unwrap(),
+        );
+        let uri = Uri::from_maybe_shared(buf.slice(0..8)).unwrap();
+        CapturedRequest {
+            method: Method::POST,
+            uri,
+            authority: None,
+            headers,
+            body_len: body,
+            body_sha256: [0; 32],
+            body: buf.slice(64..64 + body),
+            version: Version::HTTP_11,
+        }
+    }
+
+    fn inside(buf: &Bytes, b: &[u8]) -> bool {
+        let r = buf.as_ptr_range();
+        r.contains(&b.as_ptr())
+    }
+
+    /// Issue 23 item 6: kept requests held their headers as slices of the connection's read
+    /// buffer (~0.5 MB each at 1 MB bodies, even with `record_bytes = 0`). What is kept is
+    /// copied, and everything kept (head and body) is counted against `record_bytes`.
+    #[test]
+    fn kept_heads_are_copies_and_count_against_the_budget() {
+        let mut v = vec![b'a'; 1 << 20];
+        v[0] = b'/';
+        let buf = Bytes::from(v);
+        let r = Recorder::new(1024, 0);
+        r.record(sliced(&buf, 1000));
+        // With no budget, nothing is held, not even a head.
+        assert_eq!(r.held_bytes(), 0);
+        assert!(r.requests().is_empty());
+        assert_eq!(r.requests_total(), 1);
+
+        let budget = 4096;
+        let r = Recorder::new(1024, budget);
+        for _ in 0..100 {
+            r.record(sliced(&buf, 1000));
+        }
+        assert_eq!(r.requests_total(), 100);
+        assert!(r.held_bytes() <= budget, "{} > {budget}", r.held_bytes());
+        let kept = r.requests();
+        assert!(!kept.is_empty() && kept.len() < 100, "{}", kept.len());
+        let newest = kept.last().unwrap();
+        assert!(newest.body_kept());
+        for c in &kept {
+            for v in c.headers.values() {
+                assert!(!inside(&buf, v.as_bytes()), "a header pins the read buffer");
+            }
+            assert!(!inside(&buf, c.uri.path().as_bytes()), "the URI pins it");
+            assert!(!inside(&buf, c.body.as_ref()) || c.body.is_empty());
+        }
+        assert_eq!(kept[0].headers["x-custom"], "aaaaaaaaaaaaaaaa");
     }
 }

@@ -169,6 +169,8 @@ struct BodyWork {
     placeholders: bool,
     /// Ask for `usage` on the client's behalf (`observe.request_usage`).
     usage: bool,
+    /// The client's address: whose share of the placeholder queue its generations take.
+    client: Option<std::net::IpAddr>,
 }
 
 impl BodyWork {
@@ -369,7 +371,8 @@ impl Proxy {
         let mut buffered = self.rt.bodies.reservation();
         rewrite::reject_unknown(&parts.headers, &self.rt.config.headers)?;
         let body = match self.decide(&parts, ex)? {
-            Some(work) => {
+            Some(mut work) => {
+                work.client = Some(client.peer.ip());
                 self.prepare_body(work, &mut parts, body, ex, &mut buffered)
                     .await?
             }
@@ -419,6 +422,7 @@ impl Proxy {
             conversation,
             placeholders: shape == Shape::Chat && cfg.synth.placeholders,
             usage: cfg.observe.request_usage && matches!(shape, Shape::Chat | Shape::Completions),
+            client: None,
         };
         Ok(work.needs_body().then_some(work))
     }
@@ -446,6 +450,7 @@ impl Proxy {
             &parts.headers,
             original,
             ex,
+            buffered,
         )
         .await?;
         if changed {
@@ -696,6 +701,7 @@ async fn body_steps(
     headers: &http::HeaderMap,
     mut bytes: Bytes,
     ex: &mut Exchange,
+    buffered: &mut budget::Reservation<'_>,
 ) -> Result<(Bytes, bool), ProxyError> {
     let cfg = &rt.config;
     let mut layout = None;
@@ -720,18 +726,27 @@ async fn body_steps(
         changed = true;
     }
     if work.placeholders {
-        if let Some(b) = synth.expand_at(&bytes, &mut layout).await? {
+        if let Some(b) = synth.expand_from(&bytes, &mut layout, work.client).await? {
             bytes = Bytes::from(b);
             changed = true;
         }
     }
     if work.decision.needs_body() {
         let (d, shape, session) = (&work.decision, work.shape, session.as_deref());
-        let out = rewrite::apply_laid_out(d, shape, &bytes, headers, rt, session, &mut layout)?;
+        let out = rewrite::apply_laid_out(
+            d,
+            shape,
+            &bytes,
+            (headers, rt, session),
+            &mut layout,
+            Some(buffered),
+        )?;
         ex.rid = out.rid;
         if let Some(b) = out.body {
             bytes = b;
             changed = true;
+            // The body it was built from is gone: only the marked one is held now.
+            buffered.shrink_to(bytes.len() as u64);
         }
     }
     if work.usage {
@@ -1030,6 +1045,7 @@ mod tests {
                 conversation: None,
                 placeholders: true,
                 usage: s.usage,
+                client: None,
             };
             let mut ex = Exchange {
                 route: Route::Api(Shape::Chat),
@@ -1043,10 +1059,17 @@ mod tests {
             };
             let client = Bytes::from(body(s));
             let before = crate::cachebust::raw::body_parses();
-            let (out, changed) =
-                body_steps(&rt, &synth, &mut work, &headers, client.clone(), &mut ex)
-                    .await
-                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (out, changed) = body_steps(
+                &rt,
+                &synth,
+                &mut work,
+                &headers,
+                client.clone(),
+                &mut ex,
+                &mut rt.bodies.reservation(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
             let parses = crate::cachebust::raw::body_parses() - before;
             assert_eq!(parses, *want, "{name}");
             assert_eq!(changed, out != client, "{name}");

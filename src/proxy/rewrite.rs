@@ -13,6 +13,7 @@ use crate::cachebust::{
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
+use crate::runtime::budget::Reservation;
 use crate::runtime::SharedState;
 
 /// What a request asks for, decided from its headers before its body is read.
@@ -248,20 +249,21 @@ pub fn apply(
     rt: &SharedState,
     session: Option<&str>,
 ) -> Result<Rewritten, ProxyError> {
-    apply_laid_out(d, shape, body, headers, rt, session, &mut None)
+    apply_laid_out(d, shape, body, (headers, rt, session), &mut None, None)
 }
 
 /// [`apply`] reading the body through `layout`, the view of `body` an earlier step left (it
 /// then parses nothing), or else parsing it once; `layout` is left as the view of the body
-/// handed on (`None` when it could not be read).
+/// handed on (`None` when it could not be read). A marked body past `limits.max_body` is a
+/// 413; before it is built, it is charged to `buffered` next to `body` (both are held while the
+/// splice runs).
 pub(crate) fn apply_laid_out(
     d: &Decision,
     shape: Shape,
     body: &Bytes,
-    headers: &HeaderMap,
-    rt: &SharedState,
-    session: Option<&str>,
+    (headers, rt, session): (&HeaderMap, &SharedState, Option<&str>),
     layout: &mut Option<Layout>,
+    buffered: Option<&mut Reservation<'_>>,
 ) -> Result<Rewritten, ProxyError> {
     let cfg = &rt.config.cache_bust;
     if let Some(enc) = headers.get(http::header::CONTENT_ENCODING) {
@@ -308,9 +310,29 @@ pub(crate) fn apply_laid_out(
         },
         // Only kvbust's own synthesis knows where a merged system prompt ends.
         system_prompt_bytes: None,
+        max_prompts: cfg.max_marked_prompts,
     };
-    let outcome = match parsed.apply_shifting(&plan, layout.as_mut()) {
-        Ok(o) => o,
+    let max_body = rt.config.limits.max_body.as_u64();
+    let admit = |len: usize| {
+        if len as u64 > max_body {
+            return Err(ProxyError::BodyTooLarge { limit: max_body });
+        }
+        match buffered {
+            Some(r) => super::reserve(r, (body.len() as u64).saturating_add(len as u64)),
+            None => Ok(()),
+        }
+    };
+    let outcome = match parsed.apply_admitting(&plan, layout.as_mut(), admit) {
+        Ok(Ok(o)) => o,
+        Ok(Err(refused)) => return Err(refused),
+        // A list too long to mark is refused whatever `on_unparseable` says: forwarding it
+        // unmarked would fake a cache-bust, and the body is not unparseable.
+        Err(RewriteError::TooManyPrompts { limit }) => {
+            return Err(ProxyError::bad_request(
+                "too_many_prompts",
+                RewriteError::TooManyPrompts { limit }.to_string(),
+            ))
+        }
         Err(e) => return unparseable(e, rt),
     };
     if let Some(loc) = outcome.location {

@@ -10,9 +10,9 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::num::NonZeroUsize;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
@@ -20,6 +20,7 @@ use lru::LruCache;
 use serde_json::value::RawValue;
 
 use crate::cachebust::raw::{self, Json, Kind, Layout, Top};
+use crate::cachebust::KeyDigest;
 use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
 use crate::proxy::topology::{self, Cursor, Served};
@@ -623,7 +624,8 @@ struct Built {
     roots: Vec<usize>,
     /// Roots handed out so far.
     next: usize,
-    sessions: LruCache<String, Cursor>,
+    /// Each session's place, by the digest of its key (fixed size, whatever the key's length).
+    sessions: LruCache<KeyDigest, Cursor>,
 }
 
 impl Built {
@@ -652,7 +654,7 @@ impl Built {
     /// The turn this request gets (see [`topology::choose`]), the session moved past it.
     fn take_turn(
         &mut self,
-        session: Option<&str>,
+        session: Option<KeyDigest>,
         named: Option<Named<'_>>,
     ) -> Result<Cursor, ProxyError> {
         let named = match named {
@@ -664,7 +666,7 @@ impl Built {
             ),
             None => None,
         };
-        let bound = session.and_then(|s| self.sessions.get(s).copied());
+        let bound = session.and_then(|s| self.sessions.get(&s).copied());
         let convs = &self.convs;
         let (ci, k) = match topology::choose(bound, named, |ci| convs[ci].turns.len()) {
             Some(at) => at,
@@ -675,7 +677,7 @@ impl Built {
             }
         };
         if let Some(s) = session {
-            self.sessions.put(s.to_string(), (ci, k + 1));
+            self.sessions.put(s, (ci, k + 1));
         }
         Ok((ci, k))
     }
@@ -731,18 +733,55 @@ pub struct Synthesizer {
     tokenizer: tokio::sync::OnceCell<Arc<Tokenizer>>,
     dataset: tokio::sync::OnceCell<Arc<Mutex<Built>>>,
     lanes: tokio::sync::OnceCell<Arc<PromptLanes>>,
-    /// Placeholder prompts being made on demand now (bounded by `synth.placeholder_queue`).
-    pending: Arc<AtomicUsize>,
+    /// Placeholder prompts being made on demand now, in all and by client (bounded by
+    /// `synth.placeholder_queue` and `synth.placeholder_queue_per_client`).
+    queue: Arc<Mutex<Queue>>,
+    /// On-demand generations running at once (one per core): the rest wait in line (first come,
+    /// first served), and a request that goes away while it waits is never started.
+    running: Arc<tokio::sync::Semaphore>,
+}
+
+/// The places taken in the on-demand queue. `per_client` holds only clients with a place, so it
+/// has at most `synth.placeholder_queue` entries.
+#[derive(Debug, Default)]
+struct Queue {
+    total: usize,
+    per_client: HashMap<Option<IpAddr>, usize>,
 }
 
 /// One place in the on-demand queue, freed when the generation holding it ends (not when the
 /// request goes away, so the bound counts work that is really running).
-struct QueueSlot(Arc<AtomicUsize>);
+struct QueueSlot {
+    queue: Arc<Mutex<Queue>>,
+    client: Option<IpAddr>,
+}
 
 impl Drop for QueueSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        q.total = q.total.saturating_sub(1);
+        if let Some(n) = q.per_client.get_mut(&self.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                q.per_client.remove(&self.client);
+            }
+        }
     }
+}
+
+/// Runs `work` unless the request it is for has gone (`alive` is held by the request's future):
+/// work queued for the blocking pool is not started for a client that left.
+fn unless_gone<T>(
+    alive: &std::sync::Weak<()>,
+    work: impl FnOnce() -> Result<T, ProxyError>,
+) -> Result<T, ProxyError> {
+    if alive.strong_count() == 0 {
+        return Err(ProxyError::bad_request(
+            "client_gone",
+            "the request was dropped before its placeholder prompt was made",
+        ));
+    }
+    work()
 }
 
 /// What a synthetic fill produced.
@@ -779,25 +818,43 @@ impl Synthesizer {
             tokenizer: tokio::sync::OnceCell::new(),
             dataset: tokio::sync::OnceCell::new(),
             lanes: tokio::sync::OnceCell::new(),
-            pending: Arc::new(AtomicUsize::new(0)),
+            queue: Arc::new(Mutex::new(Queue::default())),
+            running: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+            )),
         })
     }
 
-    /// A place in the on-demand queue, or a 503 when `synth.placeholder_queue` are taken.
-    fn queue_slot(&self) -> Result<QueueSlot, ProxyError> {
-        let before = self.pending.fetch_add(1, Ordering::AcqRel);
-        let slot = QueueSlot(self.pending.clone());
-        if before >= self.cfg.placeholder_queue {
-            return Err(ProxyError::Overloaded {
-                code: "placeholder_queue_full",
-                message: format!(
-                    "synth.placeholder_queue = {} placeholder prompts are being made; retry shortly",
-                    self.cfg.placeholder_queue
-                ),
-                retry_after_s: 1,
-            });
+    /// A place in the on-demand queue for `client`, or a 503 when `synth.placeholder_queue` are
+    /// taken in all, or `synth.placeholder_queue_per_client` by this client: one client's flood
+    /// takes its share, never another client's.
+    fn queue_slot(&self, client: Option<IpAddr>) -> Result<QueueSlot, ProxyError> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = q.per_client.get(&client).copied().unwrap_or(0);
+        let full = |message: String| ProxyError::Overloaded {
+            code: "placeholder_queue_full",
+            message,
+            retry_after_s: 1,
+        };
+        if q.total >= self.cfg.placeholder_queue {
+            return Err(full(format!(
+                "synth.placeholder_queue = {} placeholder prompts are being made; retry shortly",
+                self.cfg.placeholder_queue
+            )));
         }
-        Ok(slot)
+        if mine >= self.cfg.placeholder_queue_per_client {
+            return Err(full(format!(
+                "synth.placeholder_queue_per_client = {} placeholder prompts are being made for \
+                 this client; retry shortly",
+                self.cfg.placeholder_queue_per_client
+            )));
+        }
+        q.total += 1;
+        q.per_client.insert(client, mine + 1);
+        Ok(QueueSlot {
+            queue: self.queue.clone(),
+            client,
+        })
     }
 
     async fn tokenizer(&self) -> Result<Arc<Tokenizer>, ProxyError> {
@@ -886,6 +943,8 @@ impl Synthesizer {
         named: Option<Named<'_>>,
     ) -> Result<Filled, ProxyError> {
         let built = self.built().await?;
+        // Hashed before the lock, which every synthesised request takes.
+        let session = session.map(KeyDigest::of);
         let (conv, k, raw_items) = {
             let mut b = built.lock().unwrap_or_else(|p| p.into_inner());
             let (ci, k) = b.take_turn(session, named)?;
@@ -963,16 +1022,18 @@ impl Synthesizer {
     /// `synth.max_placeholders` / `synth.max_placeholder_tokens` is a 400, an expanded body over
     /// `limits.max_body` a 413 (generation stops as soon as it would be).
     pub async fn expand(&self, body: &[u8]) -> Result<Option<Vec<u8>>, ProxyError> {
-        self.expand_at(body, &mut None).await
+        self.expand_from(body, &mut None, None).await
     }
 
     /// [`Synthesizer::expand`] reading `body` through `layout` when an earlier step left one
     /// (else parsing it only when it holds `{{kvbust:`); `layout` is left as the view of the
     /// body handed on.
-    pub(crate) async fn expand_at(
+    /// `client` (the peer's address) is whose share of the on-demand queue the generation takes.
+    pub(crate) async fn expand_from(
         &self,
         body: &[u8],
         layout: &mut Option<Layout>,
+        client: Option<IpAddr>,
     ) -> Result<Option<Vec<u8>>, ProxyError> {
         let found = find_placeholders_at(
             body,
@@ -985,9 +1046,12 @@ impl Synthesizer {
         }
         let lanes = self.lanes().await?;
         let default = self.cfg.placeholder_corpus;
+        self.within_budget(&found, &lanes)?;
         let too_large = || ProxyError::BodyTooLarge {
             limit: self.max_body,
         };
+        // Dropped with this future: generations not yet started for it are then skipped.
+        let alive = Arc::new(());
         let mut size = body.len() as u64;
         let mut edits = Vec::with_capacity(found.len());
         // One placeholder at a time, each on its own lane: nothing here waits for another
@@ -997,14 +1061,24 @@ impl Synthesizer {
             let text = match lanes.try_take(corpus, n) {
                 Some(t) => t,
                 None => {
-                    let (lanes, slot) = (lanes.clone(), self.queue_slot()?);
+                    let (lanes, slot) = (lanes.clone(), self.queue_slot(client)?);
+                    let alive = Arc::downgrade(&alive);
+                    // Waiting here, not on a blocking thread: a request dropped now never runs.
+                    let permit = self
+                        .running
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| internal("the generation semaphore was closed"))?;
                     blocking(move || {
-                        let _slot = slot;
-                        lanes.take(corpus, n).map_err(|e| {
-                            ProxyError::Internal(format!(
-                                "{} prompt of {n} tokens: {e}",
-                                corpus.as_str()
-                            ))
+                        let (_slot, _permit) = (slot, permit);
+                        unless_gone(&alive, || {
+                            lanes.take(corpus, n).map_err(|e| {
+                                ProxyError::Internal(format!(
+                                    "{} prompt of {n} tokens: {e}",
+                                    corpus.as_str()
+                                ))
+                            })
                         })
                     })
                     .await?
@@ -1025,6 +1099,42 @@ impl Synthesizer {
             layout.shift(&edits);
         }
         Ok(Some(out))
+    }
+}
+
+impl Synthesizer {
+    /// The request's cost against `synth.max_placeholder_tokens`: the tokens it asks for plus,
+    /// for each `coding` length with no lane yet, `synth.new_coding_lane_tokens` (AIPerf's coding
+    /// corpus builds a pool per stream, ~0.13 CPU-s, where sonnet or random lanes cost ~nothing).
+    /// A lane that appears or goes between this check and its use changes the cost by one pool
+    /// at most per placeholder, which `synth.max_placeholders` bounds.
+    fn within_budget(&self, found: &[Placeholder], lanes: &PromptLanes) -> Result<(), ProxyError> {
+        let default = self.cfg.placeholder_corpus;
+        let tokens: usize = found.iter().map(|p| p.tokens).sum();
+        let mut new: Vec<usize> = found
+            .iter()
+            .filter(|p| p.corpus.unwrap_or(default) == PromptCorpus::Coding)
+            .map(|p| p.tokens)
+            .filter(|&n| !lanes.has_lane(PromptCorpus::Coding, n))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        let cost = tokens.saturating_add(new.len().saturating_mul(self.cfg.new_coding_lane_tokens));
+        if cost > self.cfg.max_placeholder_tokens {
+            return Err(ProxyError::bad_request(
+                "placeholder_limit",
+                format!(
+                    "the placeholders cost {cost} tokens: {tokens} asked for, plus {} new coding \
+                     lengths at synth.new_coding_lane_tokens = {} each, more than \
+                     synth.max_placeholder_tokens = {}; reuse lengths already asked for, ask \
+                     for fewer, or raise the limit",
+                    new.len(),
+                    self.cfg.new_coding_lane_tokens,
+                    self.cfg.max_placeholder_tokens
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -1190,7 +1300,7 @@ mod tests {
         };
         let s = Synthesizer::new(cfg, crate::cachebust::Target::None);
         let body = br#"{"messages":[{"role":"user","content":"{{kvbust:prompt:3:random}}"}]}"#;
-        let held = s.queue_slot().unwrap();
+        let held = s.queue_slot(None).unwrap();
         let err = s.expand(body).await.unwrap_err();
         assert_eq!(err.status(), http::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(err.code(), "placeholder_queue_full");
@@ -1198,7 +1308,7 @@ mod tests {
         assert_eq!(resp.headers()[http::header::RETRY_AFTER], "1");
         drop(held);
         assert!(s.expand(body).await.unwrap().is_some());
-        assert_eq!(s.pending.load(Ordering::Acquire), 0);
+        assert_eq!(s.queue.lock().unwrap().total, 0);
     }
 
     #[test]
@@ -1352,5 +1462,147 @@ mod tests {
                 (http::StatusCode::BAD_REQUEST, "invalid_body")
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod session_map_tests {
+    use super::*;
+    use crate::cachebust::KeyDigest;
+    use crate::synth::Turn;
+
+    /// Issue 23 item 10: the session map kept each raw session key (up to
+    /// `limits.max_control_header` bytes, 100,000 sessions). It keeps the key's digest, as the
+    /// config docs say, and a long key still finds its session again.
+    #[test]
+    fn the_session_map_keeps_digests_not_keys() {
+        let conv = |id: &str| Conversation {
+            session_id: id.into(),
+            system_message: None,
+            user_context_message: None,
+            turns: vec![Turn::default(), Turn::default(), Turn::default()],
+            agentic: None,
+        };
+        let mut built = Built::new(Dataset {
+            conversations: vec![conv("a"), conv("b")],
+        });
+        let long = "k".repeat(1000);
+        let mut turn = |key: &str| built.take_turn(Some(KeyDigest::of(key)), None).unwrap();
+        assert_eq!(turn(&long), (0, 0));
+        assert_eq!(turn("other"), (1, 0));
+        assert_eq!(turn(&long), (0, 1));
+        let kept: Vec<KeyDigest> = built.sessions.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kept, [KeyDigest::of(&long), KeyDigest::of("other")]);
+        assert_eq!(std::mem::size_of::<KeyDigest>(), 16);
+    }
+}
+
+#[cfg(test)]
+mod fairness_tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    const A: Option<IpAddr> = Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
+    const B: Option<IpAddr> = Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
+
+    /// Issue 23 item 4: one queue shared by all clients let one client's flood 503 another's
+    /// small request. A client holds at most `synth.placeholder_queue_per_client` places; others
+    /// still get theirs.
+    #[tokio::test]
+    async fn one_client_cannot_take_the_whole_queue() {
+        let cfg = SynthConfig {
+            placeholder_queue: 4,
+            placeholder_queue_per_client: 2,
+            ..SynthConfig::default()
+        };
+        let s = Synthesizer::new(cfg, crate::cachebust::Target::None);
+        let a1 = s.queue_slot(A).unwrap();
+        let _a2 = s.queue_slot(A).unwrap();
+        let e = s.queue_slot(A).err().expect("A is at its share");
+        assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.code(), "placeholder_queue_full");
+        assert!(
+            e.to_string()
+                .contains("synth.placeholder_queue_per_client = 2"),
+            "{e}"
+        );
+        // B's small request is served while A's flood holds its share.
+        let body = br#"{"messages":[{"role":"user","content":"{{kvbust:prompt:3}}"}]}"#;
+        let out = s.expand_from(body, &mut None, B).await.unwrap().unwrap();
+        assert!(!String::from_utf8(out).unwrap().contains("{{kvbust:"));
+        drop(a1);
+        let _a3 = s.queue_slot(A).unwrap();
+        // The places a client no longer holds are forgotten.
+        drop(_a2);
+        drop(_a3);
+        assert!(s.queue.lock().unwrap().per_client.is_empty());
+    }
+
+    /// Item 4: a request's placeholder budget (`synth.max_placeholder_tokens`) counts the pool
+    /// each new `coding` length builds (`synth.new_coding_lane_tokens`), so 64 new lengths in one
+    /// small request are a 400, not ~9 CPU-s; nothing is built for a refused request.
+    #[tokio::test]
+    async fn new_coding_lengths_count_against_the_token_budget() {
+        let cfg = SynthConfig {
+            new_coding_lane_tokens: 50_000,
+            ..SynthConfig::default()
+        };
+        let s = Synthesizer::new(cfg, crate::cachebust::Target::None);
+        let body = br#"{"messages":[{"role":"user","content":"{{kvbust:prompt:10:coding}} {{kvbust:prompt:11:coding}} {{kvbust:prompt:12:coding}} {{kvbust:prompt:12:coding}}"}]}"#;
+        let e = s.expand(body).await.unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::BAD_REQUEST);
+        assert_eq!(e.code(), "placeholder_limit");
+        let msg = e.to_string();
+        assert!(msg.contains("synth.new_coding_lane_tokens"), "{msg}");
+        assert!(msg.contains("150045"), "3 new lengths + 45 tokens: {msg}");
+        let lanes = s.lanes().await.unwrap();
+        assert!(!lanes.has_lane(PromptCorpus::Coding, 10));
+    }
+
+    /// Item 4: generations run one per core; a request that goes away while its generation
+    /// waits for a turn never starts it, and its place in the queue is freed at once.
+    #[tokio::test]
+    async fn a_request_dropped_while_waiting_never_starts_its_generation() {
+        use futures_util::FutureExt;
+        let s = Synthesizer::new(SynthConfig::default(), crate::cachebust::Target::None);
+        let lanes = s.lanes().await.unwrap();
+        let cores = s.running.available_permits() as u32;
+        let busy = s.running.clone().acquire_many_owned(cores).await.unwrap();
+        let body = br#"{"messages":[{"role":"user","content":"{{kvbust:prompt:7:random}}"}]}"#;
+        // One poll: it takes its place in the queue and waits for a turn; then the client goes.
+        let mut layout = None;
+        assert!(s.expand_from(body, &mut layout, A).now_or_never().is_none());
+        assert_eq!(s.queue.lock().unwrap().total, 0);
+        assert!(!lanes.has_lane(PromptCorpus::Random, 7), "nothing was made");
+        drop(busy);
+        assert!(s.expand_from(body, &mut None, A).await.unwrap().is_some());
+        assert!(lanes.has_lane(PromptCorpus::Random, 7));
+    }
+
+    /// Item 4: a generation whose request has gone is not started (the queue holds work only
+    /// for clients still waiting).
+    #[test]
+    fn work_for_a_gone_request_is_not_started() {
+        let alive = Arc::new(());
+        let weak = Arc::downgrade(&alive);
+        let mut ran = false;
+        assert_eq!(
+            unless_gone(&weak, || {
+                ran = true;
+                Ok(1)
+            })
+            .unwrap(),
+            1
+        );
+        assert!(ran);
+        drop(alive);
+        let mut ran = false;
+        let e = unless_gone(&weak, || {
+            ran = true;
+            Ok(1)
+        })
+        .unwrap_err();
+        assert!(!ran);
+        assert_eq!(e.code(), "client_gone");
     }
 }

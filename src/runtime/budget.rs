@@ -61,6 +61,17 @@ impl Reservation<'_> {
     }
 }
 
+impl Reservation<'_> {
+    /// Holds at most `n` bytes: gives back what a step no longer holds (the body a rewrite was
+    /// built from, once the rewrite replaced it).
+    pub fn shrink_to(&mut self, n: u64) {
+        if n < self.held {
+            self.budget.used.fetch_sub(self.held - n, Ordering::AcqRel);
+            self.held = n;
+        }
+    }
+}
+
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.held, Ordering::AcqRel);
@@ -86,6 +97,13 @@ mod tests {
         drop(a);
         assert_eq!(b.used(), 40);
         drop(c);
+        assert_eq!(b.used(), 0);
+        let mut d = b.reservation();
+        assert!(d.grow_to(90));
+        d.shrink_to(30);
+        d.shrink_to(50);
+        assert_eq!(b.used(), 30, "shrinking gives back, never takes");
+        drop(d);
         assert_eq!(b.used(), 0);
     }
 }

@@ -195,3 +195,87 @@ fn lone_surrogate_in_a_message_key_is_a_client_error() {
         assert!(e.is_client_error(), "{e}");
     }
 }
+
+/// `rewrite_json` (issue 23 item 11): with `list_parts = inline_text`, a `/v1/messages` turn
+/// `[{"type":"input_text",…},{"type":"text","text":"\n\n"}]` got its marker in the `text` part
+/// (the Anthropic text type) while the session hash stripped markers from the first part of
+/// either type (`input_text`), so the marked copy hashed as another session. The fuzzer's input
+/// (`fuzz/corpus/rewrite/regression-inline-other-part-type-*`: 6 plan bytes, then the body).
+#[test]
+fn inline_text_into_a_later_part_keeps_the_session_hash() {
+    use kvbust::cachebust::{build_marker, parse, ListParts, Phase, Plan, Shape, Target};
+    let input =
+        include_bytes!("../../fuzz/corpus/rewrite/regression-inline-other-part-type-000001");
+    let (plan, body) = input.split_at(6);
+    assert_eq!(Shape::ALL[plan[0] as usize % 4], Shape::Messages);
+    let target = Target::ALL[plan[1] as usize % Target::ALL.len()];
+    assert_eq!(target, Target::FirstTurnPrefix);
+    assert_eq!((plan[4] % 3, plan[5] & 1), (0, 1));
+    let marker = build_marker(target, Phase::Profiling, &inputs()).unwrap();
+    for list_parts in [ListParts::InlineText, ListParts::OwnPart] {
+        let parsed = parse(Shape::Messages, body).unwrap();
+        let plan = Plan {
+            list_parts,
+            ..Plan::new(target, &marker)
+        };
+        let marked = parsed.apply(&plan).unwrap().body.expect("marked");
+        let text = String::from_utf8_lossy(&marked);
+        let again = parse(Shape::Messages, &marked).unwrap();
+        assert_eq!(
+            again.first_user_turn_hash(0),
+            parsed.first_user_turn_hash(0),
+            "{list_parts:?}: {text}"
+        );
+        assert_eq!(again.apply(&plan).unwrap().body, None, "{text}");
+    }
+}
+
+/// `rewrite_json` (issue 23 run, the session-hash check lifted to bodies with marker text): the
+/// hash stripped one leading and one trailing marker per pass, and a `\n\n` can close a leading
+/// marker or open a trailing one. `[warmup]\n\n[rid:…]` unmarked lost its `[warmup]`; with
+/// kvbust's RID marker in front the same pass took the trailing `\n\n[rid:…]` instead, so the two
+/// copies hashed apart. The input (`fuzz/corpus/rewrite/regression-marker-overlap-*`, as
+/// `check_rewrite` reads it) and its mirror image for suffix markers, once and stacked.
+#[test]
+fn overlapping_marker_text_keeps_the_session_hash() {
+    use kvbust::cachebust::{parse, ListParts, Plan, Shape, Target};
+    let input = include_bytes!("../../fuzz/corpus/rewrite/regression-marker-overlap-000001");
+    let (plan, body) = input.split_at(6);
+    assert_eq!(Shape::ALL[plan[0] as usize % 4], Shape::Chat);
+    assert_eq!(Target::ALL[plan[1] as usize % 7], Target::FirstTurnPrefix);
+    let mirror = br#"{"messages":[{"role":"user","content":"[rid:0123456789ab]\n\n[warmup]"}]}"#;
+    let parts = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"[warmup]\n\n[rid:0123456789ab]\n"}]}]}"#;
+    for body in [body, &mirror[..], &parts[..]] {
+        let want = parse(Shape::Chat, body).unwrap().first_user_turn_hash(0);
+        for (target, marker) in [
+            (Target::FirstTurnPrefix, "[rid:00000000ffff]\n\n"),
+            (Target::FirstTurnSuffix, "\n\n[rid:00000000ffff]"),
+            (Target::WarmupIsolationFirstTurn, "[warmup]\n\n"),
+        ] {
+            for list_parts in [ListParts::OwnPart, ListParts::InlineText] {
+                let plan = Plan {
+                    list_parts,
+                    ..Plan::new(target, marker)
+                };
+                let mut marked = body.to_vec();
+                for _ in 0..2 {
+                    if let Some(b) = parse(Shape::Chat, &marked)
+                        .unwrap()
+                        .apply(&plan)
+                        .unwrap()
+                        .body
+                    {
+                        marked = b;
+                    }
+                    let got = parse(Shape::Chat, &marked).unwrap().first_user_turn_hash(0);
+                    assert_eq!(
+                        got,
+                        want,
+                        "{target} {list_parts:?}: {}",
+                        String::from_utf8_lossy(&marked)
+                    );
+                }
+            }
+        }
+    }
+}

@@ -2,7 +2,8 @@
 //! with a module per area (as ripgrep keeps its tests), so the library and its assets are linked
 //! once instead of once per file. Tests that change process-wide state live apart:
 //! `tests/emfile.rs` (the descriptor limit), `tests/observe.rs` (the global log subscriber and
-//! access-log sink) and `tests/tls.rs` (raises SIGHUP at its own process).
+//! access-log sink), `tests/tls.rs` (raises SIGHUP at its own process) and `tests/robustness.rs`
+//! (measures the process's resident memory).
 // Test code: a panic is the failure report (Cargo.toml denies these in the library).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
@@ -14,10 +15,10 @@ mod cachebust_vectors;
 mod cli;
 mod deploy;
 mod fuzz_regressions;
+mod hardening_synth;
 mod mock_server;
 mod monitoring;
 mod proxy;
 mod real_upstream;
-mod robustness;
 mod startup;
 mod upstream_health;

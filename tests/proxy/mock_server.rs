@@ -1088,6 +1088,11 @@ async fn the_recorder_keeps_bodies_within_its_byte_budget() {
     assert_eq!(rec.requests_total(), 30);
     let kept_bytes = rec.body_bytes();
     assert!(kept_bytes <= budget, "{kept_bytes} bytes kept");
+    assert!(
+        rec.held_bytes() <= budget,
+        "{} bytes held",
+        rec.held_bytes()
+    );
     let got = rec.requests();
     assert_eq!(got.len(), 30, "every request is still listed");
     let kept: Vec<usize> = (0..30).filter(|&i| got[i].body_kept()).collect();

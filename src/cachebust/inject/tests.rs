@@ -288,6 +288,7 @@ fn every_payload_vector() {
                 user_context_messages: ctx,
                 list_parts,
                 system_prompt_bytes,
+                max_prompts: usize::MAX,
             };
             let out = parsed
                 .apply(&plan)
@@ -1092,4 +1093,73 @@ fn merged_system_prompt() {
         run(Shape::Chat, b, &plan).location,
         Some(Location::Fallthrough)
     );
+}
+
+/// Issue 23 item 11 (fuzz): parts of the *other* API's text type (`input_text` in a chat or
+/// Anthropic turn, `text` in a Responses turn). The inline rule marks the first part of the
+/// shape's own text type, which the hash used to skip for an earlier part of the other type, so
+/// the marker stayed in the hashed form and moved the session. Every shape with parts, both
+/// list-parts rules, prefix and suffix markers, once and stacked: the marked turn hashes as the
+/// unmarked one, and marking again changes nothing.
+#[test]
+fn parts_of_the_other_text_type_keep_the_session_hash_under_every_list_parts_rule() {
+    let layouts = [
+        r#"[{"type":"OTHER","text":"user"},{"type":"OWN","text":"\n\n"}]"#,
+        r#"[{"type":"OTHER","text":"user"},{"type":"OWN","text":"Hi"}]"#,
+        r#"[{"type":"OTHER","text":""},{"type":"OWN","text":"Hi"}]"#,
+        r#"[{"type":"OTHER","text":"a"}]"#,
+        r#"[{"type":"OWN","text":"Hi"},{"type":"OTHER","text":"user"}]"#,
+        r#"[{"type":"OTHER","text":"[rid:0123456789ab]\n\nx"},{"type":"OWN","text":"y"}]"#,
+    ];
+    let markers = [RID_P, RID_S, "[warmup]\n\n"];
+    let mut checked = 0;
+    for shape in [Shape::Chat, Shape::Messages, Shape::Responses] {
+        let own = shape.text_part_type();
+        let other = if own == "text" { "input_text" } else { "text" };
+        let root = if shape == Shape::Responses {
+            "input"
+        } else {
+            "messages"
+        };
+        for layout in layouts {
+            let content = layout.replace("OWN", own).replace("OTHER", other);
+            let body = format!(r#"{{"{root}":[{{"role":"user","content":{content}}}]}}"#);
+            let want = parse(shape, body.as_bytes())
+                .unwrap()
+                .first_user_turn_hash(0);
+            assert!(want.is_some(), "{body}");
+            for list_parts in [ListParts::OwnPart, ListParts::InlineText] {
+                for marker in markers {
+                    let target = if marker.starts_with('\n') {
+                        Target::FirstTurnSuffix
+                    } else {
+                        Target::FirstTurnPrefix
+                    };
+                    let plan = Plan {
+                        list_parts,
+                        ..Plan::new(target, marker)
+                    };
+                    let once = run(shape, &body, &plan).body.expect("marked");
+                    let again = parse(shape, &once).unwrap().apply(&plan).unwrap();
+                    assert_eq!(again.body, None, "not idempotent");
+                    let plan2 = Plan {
+                        list_parts,
+                        ..Plan::new(Target::FirstTurnPrefix, "[rid:0000000000aa]\n\n")
+                    };
+                    let twice = parse(shape, &once).unwrap().apply(&plan2).unwrap();
+                    for marked in [once.clone(), twice.body.unwrap_or(once.clone())] {
+                        let got = parse(shape, &marked).unwrap().first_user_turn_hash(0);
+                        assert_eq!(
+                            got,
+                            want,
+                            "{shape} {list_parts:?} {marker:?}: {body} -> {}",
+                            String::from_utf8_lossy(&marked)
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 3 * 6 * 2 * 3 * 2);
 }

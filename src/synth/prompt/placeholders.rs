@@ -7,6 +7,9 @@
 //! Reproducible: with a root seed, lane (corpus, N) draws from its own stream seeded by
 //! `derive_seed(root, "kvbust.placeholder.<corpus>.<N>")`, and hands its prompts out in the
 //! order it made them, so the k-th N-token prompt of a corpus does not depend on other traffic.
+//! A lane pushed out of the [`MAX_LANES`] kept is parked, stream and all, and picks up where it
+//! stopped; past [`MAX_PARKED`] more a lane is dropped, and when its length comes back it draws
+//! from a fresh stream (a new seed per rebirth), so within a run a prompt is never sent twice.
 
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
@@ -25,8 +28,11 @@ use crate::synth::prompt::stream::PromptStream;
 use crate::synth::rng::derive_seed;
 use crate::synth::tokenizer::Tokenizer;
 
-/// Lanes kept at once (least recently used dropped first).
+/// Lanes kept at once (least recently used parked first).
 const MAX_LANES: usize = 32;
+/// Lanes parked after eviction, streams kept (least recently used dropped first): bounds what
+/// idle lengths hold (a coding lane holds its own pool).
+pub const MAX_PARKED: usize = 96;
 /// Longest prompt generated ahead; longer ones are made on demand only (bounds the buffers to
 /// about `MAX_LANES × depth × 16k tokens`).
 pub const MAX_PREFETCH_TOKENS: usize = 16 << 10;
@@ -93,9 +99,68 @@ pub struct PromptLanes {
     depth: usize,
     cache_dir: Option<PathBuf>,
     corpora: Corpora,
-    lanes: Mutex<LruCache<(PromptCorpus, usize), Arc<Lane>>>,
+    lanes: Mutex<Lanes>,
     /// The random corpus's piece memo warm-up was started (once per lanes, with prefetch on).
     random_warm: AtomicBool,
+}
+
+type Key = (PromptCorpus, usize);
+
+/// The lanes in use, the parked ones, and which lengths ever had a lane.
+struct Lanes {
+    live: LruCache<Key, Arc<Lane>>,
+    parked: LruCache<Key, Arc<Lane>>,
+    seen: Seen,
+    /// Lanes made again after being dropped: each one's stream is seeded by its number.
+    rebirths: u64,
+}
+
+impl Lanes {
+    /// Makes `lane` live; the lane it pushes out is parked, and the one that pushes out of the
+    /// parked ones is dropped (its key stays in `seen`).
+    fn insert(&mut self, key: Key, lane: Arc<Lane>) {
+        self.seen.insert(key);
+        if let Some((k, out)) = self.live.push(key, lane) {
+            if k != key {
+                self.parked.push(k, out);
+            }
+        }
+    }
+}
+
+/// Which (corpus, length) keys ever had a lane: one bit per length up to
+/// [`SEEN_BITMAP_TOKENS`] (128 KiB per corpus in use), a set beyond (lengths the proxy never
+/// asks for).
+#[derive(Default)]
+struct Seen {
+    bits: std::collections::HashMap<PromptCorpus, Vec<u64>>,
+    beyond: std::collections::HashSet<Key>,
+}
+
+/// Lengths tracked by the bitmap (the proxy's placeholder limit is 2^20 tokens).
+const SEEN_BITMAP_TOKENS: usize = 1 << 20;
+
+impl Seen {
+    fn insert(&mut self, (corpus, n): Key) {
+        if n > SEEN_BITMAP_TOKENS {
+            self.beyond.insert((corpus, n));
+            return;
+        }
+        let bits = self
+            .bits
+            .entry(corpus)
+            .or_insert_with(|| vec![0; SEEN_BITMAP_TOKENS / 64 + 1]);
+        bits[n / 64] |= 1 << (n % 64);
+    }
+
+    fn contains(&self, (corpus, n): Key) -> bool {
+        if n > SEEN_BITMAP_TOKENS {
+            return self.beyond.contains(&(corpus, n));
+        }
+        self.bits
+            .get(&corpus)
+            .is_some_and(|b| b[n / 64] & (1 << (n % 64)) != 0)
+    }
 }
 
 /// The root seed of lane (corpus, `tokens`) under the placeholder root seed: its k-th prompt is
@@ -125,9 +190,12 @@ impl PromptLanes {
             depth,
             cache_dir,
             corpora: Corpora::default(),
-            lanes: Mutex::new(LruCache::new(
-                NonZeroUsize::new(MAX_LANES).unwrap_or(NonZeroUsize::MIN),
-            )),
+            lanes: Mutex::new(Lanes {
+                live: LruCache::new(NonZeroUsize::new(MAX_LANES).unwrap_or(NonZeroUsize::MIN)),
+                parked: LruCache::new(NonZeroUsize::new(MAX_PARKED).unwrap_or(NonZeroUsize::MIN)),
+                seen: Seen::default(),
+                rebirths: 0,
+            }),
             random_warm: AtomicBool::new(false),
         })
     }
@@ -163,10 +231,32 @@ impl PromptLanes {
     }
 
     fn lane(&self, corpus: PromptCorpus, tokens: usize) -> Result<Arc<Lane>, SynthError> {
-        if let Some(l) = lock(&self.lanes).get(&(corpus, tokens)) {
-            return Ok(l.clone());
-        }
-        let seed = lane_seed(self.root, corpus, tokens);
+        let key = (corpus, tokens);
+        let seed = {
+            let mut lanes = lock(&self.lanes);
+            if let Some(l) = lanes.live.get(&key) {
+                return Ok(l.clone());
+            }
+            if let Some(l) = lanes.parked.pop(&key) {
+                lanes.insert(key, l.clone());
+                return Ok(l);
+            }
+            if lanes.seen.contains(key) {
+                // Its stream is gone: starting it again would send its prompts again.
+                lanes.rebirths += 1;
+                tracing::debug!(
+                    corpus = corpus.as_str(),
+                    tokens,
+                    "placeholder lane made again on a fresh stream"
+                );
+                derive_seed(
+                    lane_seed(self.root, corpus, tokens),
+                    &format!("kvbust.placeholder.rebirth.{}", lanes.rebirths),
+                )
+            } else {
+                lane_seed(self.root, corpus, tokens)
+            }
+        };
         let stream = PromptStream::new(
             self.tokenizer.clone(),
             corpus,
@@ -183,10 +273,14 @@ impl PromptLanes {
         });
         // Two first requests may race to create a lane: the one already stored wins.
         let mut lanes = lock(&self.lanes);
-        if let Some(l) = lanes.get(&(corpus, tokens)) {
+        if let Some(l) = lanes.live.get(&key) {
             return Ok(l.clone());
         }
-        lanes.put((corpus, tokens), lane.clone());
+        if let Some(l) = lanes.parked.pop(&key) {
+            lanes.insert(key, l.clone());
+            return Ok(l);
+        }
+        lanes.insert(key, lane.clone());
         drop(lanes);
         if corpus == PromptCorpus::Random {
             self.warm_random();
@@ -227,7 +321,7 @@ impl PromptLanes {
 
     /// A buffered prompt, without blocking on generation (None: none ready).
     pub fn try_take(&self, corpus: PromptCorpus, tokens: usize) -> Option<String> {
-        let lane = lock(&self.lanes).get(&(corpus, tokens)).cloned()?;
+        let lane = lock(&self.lanes).live.get(&(corpus, tokens)).cloned()?;
         let p = lock(&lane.ready).pop_front()?;
         self.schedule_refill(&lane);
         Some(p)
@@ -256,10 +350,20 @@ impl PromptLanes {
         });
     }
 
+    /// Whether (corpus, tokens) has a lane now (live or parked): asking for it builds nothing.
+    pub fn has_lane(&self, corpus: PromptCorpus, tokens: usize) -> bool {
+        let lanes = lock(&self.lanes);
+        lanes.live.contains(&(corpus, tokens)) || lanes.parked.contains(&(corpus, tokens))
+    }
+
     /// Prompts currently buffered for (corpus, tokens).
     pub fn buffered(&self, corpus: PromptCorpus, tokens: usize) -> usize {
-        lock(&self.lanes)
-            .peek(&(corpus, tokens))
+        let lanes = lock(&self.lanes);
+        let key = (corpus, tokens);
+        lanes
+            .live
+            .peek(&key)
+            .or_else(|| lanes.parked.peek(&key))
             .map_or(0, |l| lock(&l.ready).len())
     }
 }
@@ -295,6 +399,26 @@ mod tests {
         // Another length of the same corpus is another stream, not a prefix of this one.
         let other = quiet.take(PromptCorpus::Random, 20).unwrap();
         assert!(!a[0].starts_with(&other));
+    }
+
+    /// Issue 23 item 5: past the live and parked lanes a lane is dropped; when its length comes
+    /// back its stream is a fresh one, never the old one from the start again. 140 lengths, each
+    /// used twice: 280 different prompts.
+    #[test]
+    fn a_dropped_lane_comes_back_on_a_fresh_stream() {
+        let lanes = PromptLanes::new(tok(), RandomCorpusStyle::Vllm, Some(2), 0, None);
+        let n = MAX_LANES + MAX_PARKED + 12;
+        let mut seen = std::collections::HashSet::new();
+        for round in 0..2 {
+            for len in 1..=n {
+                let p = lanes.take(PromptCorpus::Random, len).unwrap();
+                assert!(
+                    seen.insert(p),
+                    "length {len} repeated a prompt in round {round}"
+                );
+            }
+        }
+        assert!(lock(&lanes.lanes).rebirths > 0);
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! Hostile and careless clients and upstreams (issue 14): silent connections, stalled bodies,
 //! oversized and non-ASCII session ids, buffered-body budget, in-flight accounting, secrets in
 //! URLs, many streams at once, an upstream dying mid-stream. Loopback only, port 0, bounded.
+//! Alone in its test binary because one test measures the whole process's resident memory,
+//! which tests running beside it in the same process would inflate.
+// Test code: a panic is the failure report (Cargo.toml denies these in the library).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+
+mod common;
 
 use std::time::{Duration, Instant};
 
@@ -8,7 +14,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::common::*;
+use common::*;
 
 /// Short connection deadlines so a test waits a fraction of a second, not the defaults.
 const FIRST: Duration = Duration::from_millis(400);
