@@ -1,0 +1,462 @@
+//! Validating the configuration, once at start: every check serde cannot express, each error
+//! naming the key and how to fix it. Owns the rules only; never changes a value and never reads
+//! anything but the files the configuration names (to say they are missing).
+
+use std::path::Path;
+
+use super::*;
+use crate::cachebust::Target;
+
+impl Config {
+    /// Checks that serde cannot express. Runs once at start.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let upstream_url = self.upstream_url()?;
+        if self.listen.workers > 1024 {
+            return Err(ConfigError::new(
+                "listen.workers",
+                format!(
+                    "{} worker threads is far more than any machine has cores; use 0 for one per core",
+                    self.listen.workers
+                ),
+            ));
+        }
+        validate_upstream_tls(&self.upstream.tls)?;
+        validate_upstream(&self.upstream, upstream_url.as_ref())?;
+        validate_listen_tls(self.listen.tls.as_ref())?;
+        self.validate_timeouts()?;
+        validate_limits(&self.limits)?;
+        validate_placeholder_limits(&self.synth)?;
+        validate_cache_bust(&self.cache_bust)?;
+        validate_header_names(&self.headers)?;
+        validate_synth_inputs(&self.synth)?;
+        validate_synth_target(self.cache_bust.target, &self.synth)?;
+        validate_admin(&self.admin)?;
+        if self.cache_bust.ledger == LedgerMode::Stateless && self.cache_bust.benchmark_id.is_none()
+        {
+            return Err(ConfigError::new(
+                "cache_bust.benchmark_id",
+                "cache_bust.ledger = \"stateless\" needs a benchmark id shared by every replica \
+                 (a random one per process would make replicas disagree): set \
+                 cache_bust.benchmark_id (KVBUST_CACHE_BUST__BENCHMARK_ID), new for each run",
+            ));
+        }
+        validate_http2(&self.listen)?;
+        // The mock's messages start with the key they are about.
+        self.mock.validate().map_err(|m| match m.split_once(' ') {
+            Some((key, rest)) => ConfigError::new(key, rest),
+            None => ConfigError::new("mock", m),
+        })?;
+        tracing_subscriber::EnvFilter::try_new(&self.log.level).map_err(|e| {
+            ConfigError::new(
+                "log.level",
+                format!("`{}` is not a filter like \"info\" ({e})", self.log.level),
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Every timeout must be greater than zero.
+    fn validate_timeouts(&self) -> Result<(), ConfigError> {
+        for (key, d) in [
+            ("upstream.connect_timeout", self.upstream.connect_timeout),
+            (
+                "upstream.first_byte_timeout",
+                self.upstream.first_byte_timeout,
+            ),
+            ("upstream.idle_timeout", self.upstream.idle_timeout),
+            (
+                "listen.header_read_timeout",
+                self.listen.header_read_timeout,
+            ),
+            ("listen.idle_timeout", self.listen.idle_timeout),
+            ("listen.body_read_timeout", self.listen.body_read_timeout),
+            ("listen.body_total_timeout", self.listen.body_total_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::new(
+                    key,
+                    "must be greater than zero (e.g. \"5s\")",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The upstream's TLS settings: consistent, with files that exist and a valid name.
+fn validate_upstream_tls(t: &UpstreamTls) -> Result<(), ConfigError> {
+    if t.insecure_skip_verify && t.ca_file.is_some() {
+        return Err(ConfigError::new(
+            "upstream.tls.insecure_skip_verify",
+            "set either insecure_skip_verify or ca_file, not both",
+        ));
+    }
+    match (&t.client_cert, &t.client_key) {
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "upstream.tls.client_cert",
+                "set both upstream.tls.client_cert and upstream.tls.client_key, or neither",
+            ))
+        }
+        _ => {}
+    }
+    for (key, p) in [
+        ("upstream.tls.client_cert", &t.client_cert),
+        ("upstream.tls.client_key", &t.client_key),
+    ] {
+        if let Some(p) = p {
+            check_file(key, p)?;
+        }
+    }
+    if let Some(name) = &t.server_name {
+        if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+            return Err(ConfigError::new(
+                "upstream.tls.server_name",
+                format!("`{name}` is not a DNS name or IP address (e.g. model.internal)"),
+            ));
+        }
+    }
+    if let Some(ca) = &t.ca_file {
+        check_file("upstream.tls.ca_file", ca)?;
+    }
+    Ok(())
+}
+
+/// `key`'s file `p` exists (as a file, not a folder).
+fn check_file(key: &str, p: &Path) -> Result<(), ConfigError> {
+    if p.is_file() {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        key,
+        format!("{} is not a readable file", p.display()),
+    ))
+}
+
+/// The data listener's certificate, key and client CA files exist.
+fn validate_listen_tls(tls: Option<&TlsFiles>) -> Result<(), ConfigError> {
+    if let Some(tls) = tls {
+        let ca = tls.client_ca.as_ref().map(|p| ("listen.tls.client_ca", p));
+        for (key, p) in [("listen.tls.cert", &tls.cert), ("listen.tls.key", &tls.key)]
+            .into_iter()
+            .chain(ca)
+        {
+            check_file(key, p)?;
+        }
+    }
+    Ok(())
+}
+
+/// Body and header size limits.
+fn validate_limits(l: &LimitsConfig) -> Result<(), ConfigError> {
+    if l.max_body.0 == 0 {
+        return Err(ConfigError::new(
+            "limits.max_body",
+            "must be greater than zero (e.g. \"64MiB\")",
+        ));
+    }
+    if l.max_buffered_total.0 < l.max_body.0 {
+        return Err(ConfigError::new(
+            "limits.max_buffered_total",
+            format!(
+                "must be at least limits.max_body ({}), or no body of the largest allowed size could ever be buffered",
+                l.max_body
+            ),
+        ));
+    }
+    if l.max_control_header.0 == 0 {
+        return Err(ConfigError::new(
+            "limits.max_control_header",
+            "must be greater than zero (e.g. \"1KiB\")",
+        ));
+    }
+    Ok(())
+}
+
+/// The placeholder caps are at least 1.
+fn validate_placeholder_limits(s: &SynthConfig) -> Result<(), ConfigError> {
+    for (key, n) in [
+        ("synth.max_placeholders", s.max_placeholders),
+        ("synth.max_placeholder_tokens", s.max_placeholder_tokens),
+        ("synth.placeholder_queue", s.placeholder_queue),
+        (
+            "synth.placeholder_queue_per_client",
+            s.placeholder_queue_per_client,
+        ),
+    ] {
+        if n == 0 {
+            return Err(ConfigError::new(
+                key,
+                "must be at least 1; set synth.placeholders = false to turn placeholders off",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The ledger's capacity, the session sources and the benchmark id.
+fn validate_cache_bust(c: &CacheBustConfig) -> Result<(), ConfigError> {
+    if c.ledger_capacity == 0 {
+        return Err(ConfigError::new(
+            "cache_bust.ledger_capacity",
+            "must be at least 1",
+        ));
+    }
+    if c.max_marked_prompts == 0 {
+        return Err(ConfigError::new(
+            "cache_bust.max_marked_prompts",
+            "must be at least 1 (a single prompt string is always marked)",
+        ));
+    }
+    if c.session_sources.is_empty() {
+        return Err(ConfigError::new(
+            "cache_bust.session_sources",
+            "list at least one of x_correlation_id, x_session_id, body_user, first_user_turn",
+        ));
+    }
+    if let Some(b) = &c.benchmark_id {
+        if b.is_empty() {
+            return Err(ConfigError::new(
+                "cache_bust.benchmark_id",
+                "must not be empty; omit it for a random id",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Configured header names are lowercase HTTP header names.
+pub(super) fn validate_header_names(h: &HeaderNames) -> Result<(), ConfigError> {
+    for (key, name) in h.all() {
+        let ok = http::HeaderName::from_bytes(name.as_bytes()).is_ok()
+            && name.bytes().all(|b| !b.is_ascii_uppercase());
+        if !ok {
+            return Err(ConfigError::new(
+                format!("headers.{key}"),
+                format!("`{name}` is not a lowercase HTTP header name"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The synthesis dataset, routes and tokenizer.
+fn validate_synth_inputs(s: &SynthConfig) -> Result<(), ConfigError> {
+    if let Some(d) = &s.dataset {
+        d.validate()
+            .map_err(|e| ConfigError::new("synth.dataset", e.to_string()))?;
+    }
+    for r in &s.routes {
+        if !r.starts_with('/') {
+            return Err(ConfigError::new(
+                "synth.routes",
+                format!("`{r}` must be a path like \"/v1/chat/completions\""),
+            ));
+        }
+    }
+    if let Some(t) = &s.tokenizer {
+        if !t.exists() {
+            return Err(ConfigError::new(
+                "synth.tokenizer",
+                format!("{} does not exist", t.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The shortest admin token accepted: 24 characters, as `openssl rand -hex 12` makes.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 24;
+
+/// Placeholder tokens this repository has shipped in examples and manifests; a token equal to
+/// one (or holding one of the `REPLACE-ME`/`CHANGE-ME` words) is anyone's token.
+const PLACEHOLDER_TOKENS: &[&str] = &["REPLACE-ME-before-applying"];
+
+const PLACEHOLDER_WORDS: &[&str] = &["replace-me", "replace_me", "change-me", "changeme"];
+
+/// `warmup_isolation_system` marks the system prompt of the warmup requests; a synthetic dataset
+/// without one would fail every synthesized request (AIPerf refuses the same combination).
+fn validate_synth_target(target: Target, s: &SynthConfig) -> Result<(), ConfigError> {
+    let Some(d) = &s.dataset else {
+        return Ok(());
+    };
+    // A trace may carry its own system messages: only the synthesized ones are known here.
+    let has_system = d.input_file.is_some()
+        || d.system_prompt.as_deref().is_some_and(|p| !p.is_empty())
+        || d.shared_system_prompt_length.is_some_and(|n| n > 0);
+    if target == Target::WarmupIsolationSystem && !has_system {
+        return Err(ConfigError::new(
+            "synth.dataset",
+            "has no system prompt, but cache_bust.target = \"warmup_isolation_system\" marks \
+             the system prompt: set synth.dataset.shared_system_prompt_length (e.g. 100) or \
+             synth.dataset.system_prompt, or use cache_bust.target = \
+             \"warmup_isolation_first_turn\"",
+        ));
+    }
+    Ok(())
+}
+
+/// An admin port reachable from other hosts needs a token (or an explicit opt-out); a token is
+/// long enough and not a placeholder.
+fn validate_admin(a: &AdminConfig) -> Result<(), ConfigError> {
+    if a.token.as_deref() == Some("") {
+        return Err(ConfigError::new(
+            "admin.token",
+            "must not be empty; omit it to disable auth",
+        ));
+    }
+    if let Some(t) = a.token.as_deref() {
+        let lower = t.to_ascii_lowercase();
+        if PLACEHOLDER_TOKENS.contains(&t) || PLACEHOLDER_WORDS.iter().any(|w| lower.contains(w)) {
+            return Err(ConfigError::new(
+                "admin.token",
+                "is a placeholder from kvbust's examples, so anyone could use it: set a random \
+                 token, e.g. KVBUST_ADMIN__TOKEN=$(openssl rand -hex 24) (in Kubernetes: the \
+                 Secret kvbust-admin, see the README)",
+            ));
+        }
+        if t.chars().count() < MIN_ADMIN_TOKEN_LEN {
+            return Err(ConfigError::new(
+                "admin.token",
+                format!(
+                    "is {} characters, shorter than {MIN_ADMIN_TOKEN_LEN}: set a random token, \
+                     e.g. KVBUST_ADMIN__TOKEN=$(openssl rand -hex 24)",
+                    t.chars().count()
+                ),
+            ));
+        }
+    }
+    if !a.addr.ip().is_loopback() && a.token.is_none() && !a.allow_unauthenticated {
+        return Err(ConfigError::new(
+            "admin.token",
+            format!(
+                "admin.addr {} is reachable from other hosts but no token is set, so anyone \
+                 could change the phase of a running benchmark: set admin.token \
+                 (KVBUST_ADMIN__TOKEN), listen on 127.0.0.1, or set \
+                 admin.allow_unauthenticated = true on a trusted network",
+                a.addr
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// HTTP/2 stream limits and flow-control windows.
+fn validate_http2(l: &ListenConfig) -> Result<(), ConfigError> {
+    if l.http2_max_concurrent_streams == 0 {
+        return Err(ConfigError::new(
+            "listen.http2_max_concurrent_streams",
+            "must be at least 1",
+        ));
+    }
+    for (key, v) in [
+        ("listen.http2_stream_window", l.http2_stream_window.0),
+        (
+            "listen.http2_connection_window",
+            l.http2_connection_window.0,
+        ),
+    ] {
+        if !(65_535..=(i32::MAX as u64)).contains(&v) {
+            return Err(ConfigError::new(key, "must be between 64KiB and 2GiB"));
+        }
+    }
+    Ok(())
+}
+
+/// The `[upstream]` checks beyond the URL's syntax: the base path trap, the authority override
+/// and the health probe.
+fn validate_upstream(u: &UpstreamConfig, url: Option<&UpstreamUrl>) -> Result<(), ConfigError> {
+    if let Some(url) = url {
+        url.check_base_path()?;
+    }
+    if let Some(a) = &u.authority {
+        validate_authority(a, u)?;
+    }
+    if let Some(p) = &u.health_path {
+        if !p.starts_with('/') || http::uri::PathAndQuery::try_from(p.as_str()).is_err() {
+            return Err(ConfigError::new(
+                "upstream.health_path",
+                format!(
+                    "`{p}` is not a path like \"/health\"; leave it unset for /health with the \
+                     /v1/models fallback, or set upstream.health_probe = false for no probe"
+                ),
+            ));
+        }
+    }
+    for (key, d) in [
+        ("upstream.health_interval", u.health_interval),
+        ("upstream.health_timeout", u.health_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(ConfigError::new(
+                key,
+                "must be greater than zero (e.g. \"5s\"); set upstream.health_probe = false to \
+                 turn the probe off",
+            ));
+        }
+    }
+    for (key, n) in [
+        ("upstream.health_fail_threshold", u.health_fail_threshold),
+        (
+            "upstream.health_success_threshold",
+            u.health_success_threshold,
+        ),
+    ] {
+        if n == 0 {
+            return Err(ConfigError::new(
+                key,
+                "must be at least 1 (probes in a row)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `upstream.authority` (`a`): a bare host[:port], with `upstream.url` set and `keep_host` off.
+fn validate_authority(a: &str, u: &UpstreamConfig) -> Result<(), ConfigError> {
+    let fix = "write host or host:port, e.g. model.example.com or model.example.com:8000";
+    let parsed = a.parse::<http::uri::Authority>().map_err(|e| {
+        ConfigError::new(
+            "upstream.authority",
+            format!("`{a}` is not a valid authority ({e}); {fix}"),
+        )
+    })?;
+    if parsed.as_str().contains('@') || parsed.host().is_empty() {
+        return Err(ConfigError::new(
+            "upstream.authority",
+            format!("`{a}` must be a bare host[:port], without user-info; {fix}"),
+        ));
+    }
+    // `Authority` accepts any text after the colon; a port must be a number.
+    let port = &parsed.as_str()[parsed.host().len()..];
+    let bad_port = !port.is_empty()
+        && port
+            .strip_prefix(':')
+            .is_none_or(|p| p.parse::<u16>().is_err());
+    if bad_port {
+        return Err(ConfigError::new(
+            "upstream.authority",
+            format!("`{a}` has a port that is not a number from 0 to 65535; {fix}"),
+        ));
+    }
+    if u.keep_host {
+        return Err(ConfigError::new(
+            "upstream.authority",
+            "is set together with upstream.keep_host = true, which forwards the client's \
+             Host instead: keep one of them",
+        ));
+    }
+    if u.url.is_none() {
+        return Err(ConfigError::new(
+            "upstream.authority",
+            "needs upstream.url (the built-in mock answers any Host): set upstream.url or \
+             remove upstream.authority",
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a phase/target in the CLI layer with the same rules as config.
+pub fn parse_target(s: &str) -> Result<Target, String> {
+    s.parse::<Target>().map_err(|e| e.to_string())
+}
