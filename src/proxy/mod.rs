@@ -16,6 +16,7 @@ pub mod observe;
 pub mod rewrite;
 pub mod synthesize;
 pub mod topology;
+pub mod turn_timer;
 pub mod usage;
 
 use std::future::Future;
@@ -88,6 +89,10 @@ pub struct Downstream {
     pub affinity: Affinity,
     /// Its requests in flight, which hold the connection's idle deadline off.
     pub activity: Arc<Activity>,
+    /// `upstream.first_byte_timeout` and `upstream.idle_timeout` for its HTTP/1.1 requests,
+    /// which come one at a time: one timer each, registered once per connection.
+    pub first_byte: turn_timer::TurnTimer,
+    pub response_idle: turn_timer::TurnTimer,
 }
 
 impl Downstream {
@@ -97,6 +102,8 @@ impl Downstream {
             tls,
             affinity: Affinity::default(),
             activity: Arc::default(),
+            first_byte: turn_timer::TurnTimer::default(),
+            response_idle: turn_timer::TurnTimer::default(),
         }
     }
 }
@@ -339,7 +346,7 @@ impl Proxy {
     async fn forward(
         &self,
         req: Request<Body>,
-        client: &Downstream,
+        client: &Arc<Downstream>,
         affinity: Option<&Affinity>,
         start: Instant,
         in_flight: InFlight,
@@ -368,12 +375,15 @@ impl Proxy {
         let req = self.upstream_request(parts, body, client, keep.is_some())?;
         let overhead = start.elapsed();
         self.rt.metrics.overhead.observe(overhead.as_secs_f64());
-        let resp = self.send(req, keep, overhead).await?;
+        // HTTP/1.1: one request at a time, so the connection's own timer serves each in turn.
+        let turn = affinity.is_some().then_some(&client.first_byte);
+        let resp = self.send(req, keep, turn, overhead).await?;
         // The body went out with the request: its bytes are no longer held here.
         drop(buffered);
         let (mut parts, body) = resp.into_parts();
         let log = self.response_headers(&mut parts, ex, overhead);
-        Ok(self.observe(parts, body, ex, log, start, in_flight))
+        let turn = affinity.is_some().then(|| client.clone());
+        Ok(self.observe(parts, body, ex, log, start, in_flight, turn))
     }
 
     /// Decide: on an API route, the phase and target (into `ex`) and what the body needs, from
@@ -485,6 +495,7 @@ impl Proxy {
         &self,
         req: Request<Body>,
         keep: Option<Keep<'_>>,
+        turn: Option<&turn_timer::TurnTimer>,
         overhead: std::time::Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let cfg = &self.rt.config.upstream;
@@ -511,8 +522,15 @@ impl Proxy {
                     .map_err(|e| forward::classify(e, &self.upstream, cfg.connect_timeout)),
             }
         };
-        match tokio::time::timeout(timeout, sent).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout { stage, after }),
+        let timed_out = match turn {
+            Some(timer) => {
+                let deadline = tokio::time::Instant::now() + timeout;
+                timer.timeout_at(deadline, sent).await.map_err(|_| ())
+            }
+            None => tokio::time::timeout(timeout, sent).await.map_err(|_| ()),
+        };
+        match timed_out {
+            Err(()) => Err(ProxyError::UpstreamTimeout { stage, after }),
             Ok(result) => result,
         }
     }
@@ -533,7 +551,11 @@ impl Proxy {
         let h = &mut parts.headers;
         if ex.route != Route::Other && self.rt.config.cache_bust.response_headers {
             // Digests are hex and phases are fixed words, so these are always valid values.
-            if let Ok(v) = HeaderValue::from_str(ex.rid.as_deref().unwrap_or("none")) {
+            let rid = match ex.rid.as_deref() {
+                Some(rid) => HeaderValue::from_str(rid).ok(),
+                None => Some(HeaderValue::from_static("none")),
+            };
+            if let Some(v) = rid {
                 h.insert(names.rid.clone(), v);
             }
             h.insert(
@@ -567,6 +589,7 @@ impl Proxy {
         log: Option<crate::access_log::Entry>,
         start: Instant,
         in_flight: InFlight,
+        turn: Option<Arc<Downstream>>,
     ) -> Response<Body> {
         let cfg = &self.rt.config;
         let content_type = parts
@@ -589,11 +612,12 @@ impl Proxy {
         )
         .holding(in_flight)
         .logging(log);
-        let body = Observed::new(
+        let body = Observed::with_idle_timer(
             body,
             cfg.upstream.idle_timeout,
             cfg.upstream.total_timeout.map(|t| (t, start)),
             observer,
+            turn,
         )
         .stripping_usage(ex.strip_usage)
         .boxed();
