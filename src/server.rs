@@ -384,6 +384,10 @@ fn data_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         // `TimedIo` holds every connection to listen.header_read_timeout / idle_timeout; hyper's
         // own head timer would add a timer per request and cut keep-alive at 30 s.
         .header_read_timeout(None)
+        // Flattened writes: a response's head and its (small, usually one) body frame are
+        // copied into one buffer and sent in one write, not queued for a vectored one; fewer
+        // instructions per request (issue 21 item 3, benches/README.md).
+        .writev(false)
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())
