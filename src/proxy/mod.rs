@@ -156,6 +156,8 @@ struct Exchange {
     log: Option<crate::access_log::Entry>,
     /// kvbust added `include_usage` (`observe.request_usage`): take it out of the response.
     strip_usage: bool,
+    /// The client connection whose timer times the response's idle gaps (HTTP/1.1).
+    idle_turn: Option<Arc<Downstream>>,
 }
 
 impl Exchange {
@@ -295,6 +297,7 @@ impl Proxy {
             served: None,
             log,
             strip_usage: false,
+            idle_turn: None,
         };
         // HTTP/2 streams share their connection: they go through the worker's pool.
         let affinity = (req.version() < http::Version::HTTP_2).then_some(&client.affinity);
@@ -382,8 +385,9 @@ impl Proxy {
         drop(buffered);
         let (mut parts, body) = resp.into_parts();
         let log = self.response_headers(&mut parts, ex, overhead);
-        let turn = affinity.is_some().then(|| client.clone());
-        Ok(self.observe(parts, body, ex, log, start, in_flight, turn))
+        // HTTP/1.1: the response's idle gaps are timed on the connection's timer, in turn.
+        ex.idle_turn = affinity.is_some().then(|| client.clone());
+        Ok(self.observe(parts, body, ex, log, start, in_flight))
     }
 
     /// Decide: on an API route, the phase and target (into `ex`) and what the body needs, from
@@ -585,11 +589,10 @@ impl Proxy {
         &self,
         parts: http::response::Parts,
         body: UpstreamBody,
-        ex: &Exchange,
+        ex: &mut Exchange,
         log: Option<crate::access_log::Entry>,
         start: Instant,
         in_flight: InFlight,
-        turn: Option<Arc<Downstream>>,
     ) -> Response<Body> {
         let cfg = &self.rt.config;
         let content_type = parts
@@ -617,7 +620,7 @@ impl Proxy {
             cfg.upstream.idle_timeout,
             cfg.upstream.total_timeout.map(|t| (t, start)),
             observer,
-            turn,
+            ex.idle_turn.take(),
         )
         .stripping_usage(ex.strip_usage)
         .boxed();
@@ -1029,6 +1032,7 @@ mod tests {
                 served: None,
                 log: None,
                 strip_usage: false,
+                idle_turn: None,
             };
             let client = Bytes::from(body(s));
             let before = crate::cachebust::raw::body_parses();

@@ -115,7 +115,9 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(9)).await;
             7
         };
-        let out = timer.timeout_at(start + Duration::from_secs(10), slow).await;
+        let out = timer
+            .timeout_at(start + Duration::from_secs(10), slow)
+            .await;
         assert_eq!(out.unwrap(), 7);
         assert_eq!(Instant::now(), start + Duration::from_secs(9));
     }
