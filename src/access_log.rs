@@ -237,11 +237,11 @@ impl Entry {
         let mut line = Line::start(out, self.format, at);
         line.text("method", self.method.as_str());
         line.text("path", self.uri.path());
-        line.text("route", self.route);
+        line.word("route", self.route);
         line.num("status", Some(u64::from(self.status)));
         line.num("upstream_status", self.upstream_status.map(u64::from));
-        line.text("phase", self.phase);
-        line.text("target", self.target);
+        line.word("phase", self.phase);
+        line.word("target", self.target);
         if let Some(rid) = &self.rid {
             line.text("rid", rid);
         }
@@ -271,9 +271,9 @@ impl Entry {
         line.num("prompt_tokens", o.tokens.prompt);
         line.num("cached_tokens", o.tokens.cached);
         line.num("completion_tokens", o.tokens.completion);
-        line.text("end", o.end);
+        line.word("end", o.end);
         if let Some(e) = self.error {
-            line.text("error", e);
+            line.word("error", e);
         }
         line.end();
     }
@@ -353,6 +353,18 @@ impl<'a> Line<'a> {
         } else {
             debug_quoted(self.out, value);
         }
+    }
+
+    /// A fixed word of kvbust's own (a label, an end, an error code): ASCII letters, digits, `_`
+    /// and `-`, so quoted as it is in either format, with no scan for characters to escape.
+    fn word(&mut self, key: &str, value: &'static str) {
+        debug_assert!(value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+        self.key(key);
+        self.out.push(b'"');
+        self.out.extend_from_slice(value.as_bytes());
+        self.out.push(b'"');
     }
 
     fn num(&mut self, key: &str, value: Option<u64>) {

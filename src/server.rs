@@ -427,21 +427,31 @@ async fn serve_connection(
                 )
                 .await
         }
-        Some(acceptor) => match acceptor.accept(stream).await {
-            Ok(s) => {
-                watcher
-                    .watch(
-                        builder
-                            .serve_connection(TokioIo::new(s), service)
-                            .into_owned(),
-                    )
-                    .await
+        // Boxed: the TLS session's state is large, and inline it would size every plain
+        // connection's task as well (memory per idle stream, issue 21 item 5).
+        Some(acceptor) => {
+            let served = Box::pin(async move {
+                match acceptor.accept(stream).await {
+                    Ok(s) => Some(
+                        watcher
+                            .watch(
+                                builder
+                                    .serve_connection(TokioIo::new(s), service)
+                                    .into_owned(),
+                            )
+                            .await,
+                    ),
+                    Err(e) => {
+                        tracing::debug!(%peer, "TLS handshake failed: {e}");
+                        None
+                    }
+                }
+            });
+            match served.await {
+                Some(result) => result,
+                None => return,
             }
-            Err(e) => {
-                tracing::debug!(%peer, "TLS handshake failed: {e}");
-                return;
-            }
-        },
+        }
     };
     if let Err(e) = result {
         tracing::debug!(%peer, "connection ended with an error: {e}");
