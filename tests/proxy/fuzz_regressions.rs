@@ -239,7 +239,7 @@ fn inline_text_into_a_later_part_keeps_the_session_hash() {
 #[test]
 fn overlapping_marker_text_keeps_the_session_hash() {
     use kvbust::cachebust::{parse, ListParts, Plan, Shape, Target};
-    let input = include_bytes!("../fuzz/corpus/rewrite/regression-marker-overlap-000001");
+    let input = include_bytes!("../../fuzz/corpus/rewrite/regression-marker-overlap-000001");
     let (plan, body) = input.split_at(6);
     assert_eq!(Shape::ALL[plan[0] as usize % 4], Shape::Chat);
     assert_eq!(Target::ALL[plan[1] as usize % 7], Target::FirstTurnPrefix);
