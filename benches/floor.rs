@@ -8,8 +8,15 @@
 //! ```text
 //! floor LISTEN_ADDR UPSTREAM_ADDR [WORKERS]   # e.g. floor 127.0.0.1:18112 127.0.0.1:18100
 //! ```
+//!
+//! hyper's own settings, to measure what each is worth (issue 21 item 3; unset: hyper's defaults):
+//! `FLOOR_WRITEV=0|1` (vectored writes, both sides), `FLOOR_MAX_BUF=BYTES` (`max_buf_size`, both
+//! sides), `FLOOR_SAME_TASK=1` (drive the upstream connection in the client connection's task
+//! instead of spawning it).
 // Run by hand: a failed expect is this tool's error report (Cargo.toml denies it in the library).
 #![allow(clippy::expect_used)]
+// A bench tool configured by its environment; the library reads it only in app.rs.
+#![allow(clippy::disallowed_methods)]
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -21,7 +28,27 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
+/// hyper settings from the environment (see the module comment).
+#[derive(Clone, Copy, Default)]
+struct Knobs {
+    writev: Option<bool>,
+    max_buf: Option<usize>,
+    same_task: bool,
+}
+
+impl Knobs {
+    fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok();
+        Knobs {
+            writev: var("FLOOR_WRITEV").map(|v| v == "1"),
+            max_buf: var("FLOOR_MAX_BUF").and_then(|v| v.parse().ok()),
+            same_task: var("FLOOR_SAME_TASK").is_some_and(|v| v == "1"),
+        }
+    }
+}
+
 fn main() {
+    let knobs = Knobs::from_env();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let addr = |i: usize| -> SocketAddr {
         args.get(i).and_then(|a| a.parse().ok()).unwrap_or_else(|| {
@@ -37,7 +64,7 @@ fn main() {
     let threads: Vec<_> = (0..workers)
         .map(|_| {
             let socket = listener(listen).expect("binds the listening address");
-            std::thread::spawn(move || worker(socket, upstream))
+            std::thread::spawn(move || worker(socket, upstream, knobs))
         })
         .collect();
     for t in threads {
@@ -57,7 +84,7 @@ fn listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(s.into())
 }
 
-fn worker(socket: std::net::TcpListener, upstream: SocketAddr) {
+fn worker(socket: std::net::TcpListener, upstream: SocketAddr, knobs: Knobs) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -68,22 +95,36 @@ fn worker(socket: std::net::TcpListener, upstream: SocketAddr) {
             let Ok((client, _)) = listener.accept().await else {
                 continue;
             };
-            tokio::spawn(connection(client, upstream));
+            tokio::spawn(connection(client, upstream, knobs));
         }
     });
 }
 
 /// Serves one client connection over its own upstream connection.
-async fn connection(client: TcpStream, upstream: SocketAddr) {
+async fn connection(client: TcpStream, upstream: SocketAddr, knobs: Knobs) {
     let _ = client.set_nodelay(true);
     let Ok(up) = TcpStream::connect(upstream).await else {
         return;
     };
     let _ = up.set_nodelay(true);
-    let Ok((send, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(up)).await else {
+    let mut up_builder = hyper::client::conn::http1::Builder::new();
+    if let Some(v) = knobs.writev {
+        up_builder.writev(v);
+    }
+    if let Some(n) = knobs.max_buf {
+        up_builder.max_buf_size(n);
+    }
+    let Ok((send, conn)) = up_builder.handshake(TokioIo::new(up)).await else {
         return;
     };
-    tokio::spawn(conn);
+    // Same task: the upstream connection is polled beside the client connection (it ends when
+    // the client connection's service, and with it the sender, is dropped).
+    let mut upstream_conn = None;
+    if knobs.same_task {
+        upstream_conn = Some(conn);
+    } else {
+        tokio::spawn(conn);
+    }
     // HTTP/1.1 serves one request at a time, so the sender is taken for a request and put back
     // once that request is on its way.
     let send = Arc::new(Mutex::new(Some(send)));
@@ -98,9 +139,22 @@ async fn connection(client: TcpStream, upstream: SocketAddr) {
             response.await.map_err(Failed::Upstream)
         }
     });
-    let _ = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(client), service)
-        .await;
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    if let Some(v) = knobs.writev {
+        builder.writev(v);
+    }
+    if let Some(n) = knobs.max_buf {
+        builder.max_buf_size(n);
+    }
+    let served = builder.serve_connection(TokioIo::new(client), service);
+    match upstream_conn {
+        Some(conn) => {
+            let _ = tokio::join!(served, conn);
+        }
+        None => {
+            let _ = served.await;
+        }
+    }
 }
 
 /// Why a request could not be forwarded; hyper then closes the client connection.

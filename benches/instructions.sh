@@ -7,6 +7,7 @@
 #   benches/instructions.sh                       # kvbust-none kvbust-ftp floor
 #   PATHS="kvbust-none" REQUESTS=5000 benches/instructions.sh
 #   BENCH_KVBUST=/path/to/other/kvbust benches/instructions.sh   # another build
+#   (BENCH_FLOOR and BENCH_LOADGEN likewise; the floor reads FLOOR_* knobs from the environment)
 # Prints "path Ir/request" lines and keeps each profile (callgrind_annotate FILE) in $WORK.
 # Knobs: REQUESTS (2000), WARMUP (200), CONNECTIONS (1), PATHS, PORT_BASE (18300).
 set -euo pipefail
@@ -23,8 +24,8 @@ command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "needs nginx (benches/proxy.sh installs it)" >&2; exit 1; }
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen --example floor
 KVBUST=${BENCH_KVBUST:-$ROOT/target/release/kvbust}
-LOADGEN=$ROOT/target/release/examples/loadgen
-FLOOR=$ROOT/target/release/examples/floor
+LOADGEN=${BENCH_LOADGEN:-$ROOT/target/release/examples/loadgen}
+FLOOR=${BENCH_FLOOR:-$ROOT/target/release/examples/floor}
 P_UP=$BASE
 
 PIDS=()

@@ -29,10 +29,11 @@ fi
 ulimit -n "$(ulimit -Hn)"
 
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen --example floor
-# BENCH_KVBUST: compare another build (e.g. an older release) with the same harness.
+# BENCH_KVBUST: compare another build (e.g. an older release) with the same harness
+# (BENCH_FLOOR, BENCH_LOADGEN likewise).
 KVBUST=${BENCH_KVBUST:-$ROOT/target/release/kvbust}
-LOADGEN=$ROOT/target/release/examples/loadgen
-FLOOR=$ROOT/target/release/examples/floor
+LOADGEN=${BENCH_LOADGEN:-$ROOT/target/release/examples/loadgen}
+FLOOR=${BENCH_FLOOR:-$ROOT/target/release/examples/floor}
 
 P_UP=$BASE                       # nginx `return 200` upstream
 P_NGINX=$((BASE + 1))            # nginx proxy -> upstream

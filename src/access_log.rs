@@ -257,19 +257,30 @@ impl Entry {
         let mut line = Line::start(out, self.format, at);
         line.text("method", self.method.as_str());
         line.text("path", self.uri.path());
-        line.text("route", self.route);
+        line.word("route", self.route);
         line.num("status", Some(u64::from(self.status)));
         line.num("upstream_status", self.upstream_status.map(u64::from));
-        line.text("phase", self.phase);
-        line.text("target", self.target);
+        line.word("phase", self.phase);
+        line.word("target", self.target);
         if let Some(rid) = &self.rid {
             line.text("rid", rid);
         }
         let id = self.request_id.to_str().unwrap_or("(not visible ASCII)");
         line.text("request_id", id);
-        line.text("client", &self.client.to_string());
+        let mut client = [0u8; 64];
+        line.text("client", socket_addr(&self.client, &mut client));
         if let Some(ua) = &self.user_agent {
-            line.text("user_agent", &crate::error::excerpt(ua.as_bytes()));
+            let ua = ua.as_bytes();
+            match std::str::from_utf8(ua) {
+                // What `excerpt` makes of short printable ASCII is the text itself.
+                Ok(text)
+                    if ua.len() <= crate::error::MAX_EXCERPT
+                        && ua.iter().all(|b| (0x20..0x7f).contains(b)) =>
+                {
+                    line.text("user_agent", text)
+                }
+                _ => line.text("user_agent", &crate::error::excerpt(ua)),
+            }
         }
         line.num("upstream_connect_us", self.upstream_connect.map(us));
         line.num("ttft_us", o.ttft.map(us));
@@ -280,12 +291,38 @@ impl Entry {
         line.num("prompt_tokens", o.tokens.prompt);
         line.num("cached_tokens", o.tokens.cached);
         line.num("completion_tokens", o.tokens.completion);
-        line.text("end", o.end);
+        line.word("end", o.end);
         if let Some(e) = self.error {
-            line.text("error", e);
+            line.word("error", e);
         }
         line.end();
     }
+}
+
+/// `addr` as `Display` writes it, into `buf` and without the formatting machinery for IPv4 (the
+/// usual case); IPv6 goes through `Display`. 64 bytes hold the longest IPv6 socket address
+/// (scope id included).
+fn socket_addr<'b>(addr: &std::net::SocketAddr, buf: &'b mut [u8; 64]) -> &'b str {
+    let mut out = std::io::Cursor::new(&mut buf[..]);
+    match addr {
+        std::net::SocketAddr::V4(a) => {
+            let mut n = itoa::Buffer::new();
+            for (i, octet) in a.ip().octets().into_iter().enumerate() {
+                if i > 0 {
+                    let _ = out.write_all(b".");
+                }
+                let _ = out.write_all(n.format(octet).as_bytes());
+            }
+            let _ = out.write_all(b":");
+            let _ = out.write_all(n.format(a.port()).as_bytes());
+        }
+        std::net::SocketAddr::V6(a) => {
+            let _ = write!(out, "{a}");
+        }
+    }
+    let len = out.position() as usize;
+    // Only ASCII digits, dots, colons, brackets, hex and `%` were written.
+    std::str::from_utf8(&buf[..len]).unwrap_or("")
 }
 
 /// One line being written, field by field, in the layout `tracing`'s formatter gives an event
@@ -336,6 +373,18 @@ impl<'a> Line<'a> {
         } else {
             debug_quoted(self.out, value);
         }
+    }
+
+    /// A fixed word of kvbust's own (a label, an end, an error code): ASCII letters, digits, `_`
+    /// and `-`, so quoted as it is in either format, with no scan for characters to escape.
+    fn word(&mut self, key: &str, value: &'static str) {
+        debug_assert!(value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+        self.key(key);
+        self.out.push(b'"');
+        self.out.extend_from_slice(value.as_bytes());
+        self.out.push(b'"');
     }
 
     fn num(&mut self, key: &str, value: Option<u64>) {
@@ -391,7 +440,8 @@ fn debug_quoted(out: &mut Vec<u8>, value: &str) {
 }
 
 /// RFC 3339 UTC with microseconds, `2026-11-30T20:01:17.025766Z`, as `tracing`'s default timer.
-/// The date and time of day change once a second: each thread keeps the last second's text.
+/// The date and time of day change once a second: each thread keeps the last second's text, so
+/// `humantime` formats a date once a second and a line only adds its microseconds.
 fn timestamp(out: &mut Vec<u8>, at: SystemTime) {
     thread_local! {
         static SECOND: std::cell::Cell<(u64, [u8; 19])> = const { std::cell::Cell::new((u64::MAX, [0; 19])) };
@@ -412,49 +462,28 @@ fn timestamp(out: &mut Vec<u8>, at: SystemTime) {
         .unwrap_or_else(|_| date_time(secs));
     out.extend_from_slice(&text);
     out.push(b'.');
-    digits(out, u64::from(since.subsec_micros()), 6);
+    // `{:06}` of the microseconds, without the formatting machinery.
+    let micros = since.subsec_micros();
+    for i in (0..6).rev() {
+        out.push(b'0' + (micros / 10u32.pow(i) % 10) as u8);
+    }
     out.push(b'Z');
 }
 
-/// `n`'s last `width` decimal digits, zero-padded.
-fn digits(out: &mut Vec<u8>, n: u64, width: u32) {
-    for i in (0..width).rev() {
-        out.push(b'0' + (n / 10u64.pow(i) % 10) as u8);
-    }
-}
+/// The last second `humantime` can write: 9999-12-31T23:59:59Z (a four-digit year).
+const LAST_SECOND: u64 = 253_402_300_799;
 
-/// `YYYY-MM-DDTHH:MM:SS` of a second since the epoch (UTC).
+/// `YYYY-MM-DDTHH:MM:SS` of a second since the epoch (UTC); a later second than year 9999's
+/// last is written as that one.
 fn date_time(secs: u64) -> [u8; 19] {
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let t = secs % 86_400;
-    let mut out = Vec::with_capacity(19);
-    digits(&mut out, y.clamp(0, 9999) as u64, 4);
-    out.push(b'-');
-    digits(&mut out, u64::from(m), 2);
-    out.push(b'-');
-    digits(&mut out, u64::from(d), 2);
-    out.push(b'T');
-    digits(&mut out, t / 3600, 2);
-    out.push(b':');
-    digits(&mut out, t / 60 % 60, 2);
-    out.push(b':');
-    digits(&mut out, t % 60, 2);
-    let mut text = [0u8; 19];
-    text.copy_from_slice(&out);
-    text
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(secs.min(LAST_SECOND));
+    // `2026-11-30T20:01:17Z`: the 19 bytes before the `Z`. Writing 20 bytes into a 20-byte
+    // buffer cannot run short, and the second is in humantime's range.
+    let mut text = [0u8; 20];
+    let _ = write!(&mut text[..], "{}", humantime::format_rfc3339_seconds(at));
+    let mut date = [0u8; 19];
+    date.copy_from_slice(&text[..19]);
+    date
 }
 
 /// A new request id: 16 lowercase hex characters, unique in this process. A per-process random
@@ -767,12 +796,29 @@ mod tests {
     }
 
     #[test]
+    fn client_addresses_are_written_as_display_writes_them() {
+        for addr in [
+            "127.0.0.1:8080",
+            "0.0.0.0:0",
+            "255.255.255.255:65535",
+            "[::1]:443",
+            "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff%4294967295]:65535",
+        ] {
+            let a: std::net::SocketAddr = addr.parse().unwrap();
+            let mut buf = [0u8; 64];
+            assert_eq!(socket_addr(&a, &mut buf), a.to_string());
+        }
+    }
+
+    #[test]
     fn timestamps_are_utc_rfc3339_with_microseconds() {
         for (micros, want) in [
             (0, "1970-01-01T00:00:00.000000Z"),
             (951_782_400_000_001, "2000-02-29T00:00:00.000001Z"),
             (1_764_532_877_025_766, "2025-11-30T20:01:17.025766Z"),
             (4_102_444_799_999_999, "2099-12-31T23:59:59.999999Z"),
+            // Past year 9999 (humantime's last), the last second it can write.
+            (u64::MAX, "9999-12-31T23:59:59.551615Z"),
         ] {
             let mut out = Vec::new();
             timestamp(

@@ -443,6 +443,10 @@ fn data_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         // `TimedIo` holds every connection to listen.header_read_timeout / idle_timeout; hyper's
         // own head timer would add a timer per request and cut keep-alive at 30 s.
         .header_read_timeout(None)
+        // Flattened writes: a response's head and its (small, usually one) body frame are
+        // copied into one buffer and sent in one write, not queued for a vectored one; fewer
+        // instructions per request (issue 21 item 3, benches/README.md).
+        .writev(false)
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())
@@ -484,21 +488,31 @@ async fn serve_connection(
                 )
                 .await
         }
-        Some(acceptor) => match acceptor.accept(stream).await {
-            Ok(s) => {
-                watcher
-                    .watch(
-                        builder
-                            .serve_connection(TokioIo::new(s), service)
-                            .into_owned(),
-                    )
-                    .await
+        // Boxed: the TLS session's state is large, and inline it would size every plain
+        // connection's task as well (memory per idle stream, issue 21 item 5).
+        Some(acceptor) => {
+            let served = Box::pin(async move {
+                match acceptor.accept(stream).await {
+                    Ok(s) => Some(
+                        watcher
+                            .watch(
+                                builder
+                                    .serve_connection(TokioIo::new(s), service)
+                                    .into_owned(),
+                            )
+                            .await,
+                    ),
+                    Err(e) => {
+                        tracing::debug!(%peer, "TLS handshake failed: {e}");
+                        None
+                    }
+                }
+            });
+            match served.await {
+                Some(result) => result,
+                None => return,
             }
-            Err(e) => {
-                tracing::debug!(%peer, "TLS handshake failed: {e}");
-                return;
-            }
-        },
+        }
     };
     if let Err(e) = result {
         tracing::debug!(%peer, "connection ended with an error: {e}");

@@ -13,6 +13,7 @@ pub mod observe;
 pub mod rewrite;
 pub mod synthesize;
 pub mod topology;
+pub mod turn_timer;
 pub mod usage;
 
 use std::future::Future;
@@ -82,6 +83,10 @@ pub struct Downstream {
     /// Upstream connections its HTTP/2 streams may still take
     /// (`upstream.max_connections_per_client`).
     pub upstream_streams: Arc<tokio::sync::Semaphore>,
+    /// `upstream.first_byte_timeout` and `upstream.idle_timeout` for its HTTP/1.1 requests,
+    /// which come one at a time: one timer each, registered once per connection.
+    pub first_byte: turn_timer::TurnTimer,
+    pub response_idle: turn_timer::TurnTimer,
 }
 
 impl Downstream {
@@ -92,6 +97,8 @@ impl Downstream {
             affinity: Affinity::default(),
             activity,
             upstream_streams: Arc::new(tokio::sync::Semaphore::new(max_upstream)),
+            first_byte: turn_timer::TurnTimer::default(),
+            response_idle: turn_timer::TurnTimer::default(),
         }
     }
 }
@@ -144,6 +151,8 @@ struct Exchange {
     log: Option<crate::access_log::Entry>,
     /// kvbust added `include_usage` (`observe.request_usage`): take it out of the response.
     strip_usage: bool,
+    /// The client connection whose timer times the response's idle gaps (HTTP/1.1).
+    idle_turn: Option<Arc<Downstream>>,
 }
 
 impl Exchange {
@@ -300,6 +309,7 @@ impl Proxy {
             served: None,
             log,
             strip_usage: false,
+            idle_turn: None,
         };
         // HTTP/2 streams share their connection: they go through the worker's pool.
         let affinity = (req.version() < http::Version::HTTP_2).then_some(&client.affinity);
@@ -351,7 +361,7 @@ impl Proxy {
     async fn forward(
         &self,
         req: Request<Body>,
-        client: &Downstream,
+        client: &Arc<Downstream>,
         affinity: Option<&Affinity>,
         start: Instant,
         in_flight: InFlight,
@@ -382,13 +392,17 @@ impl Proxy {
         let overhead = start.elapsed();
         self.rt.metrics.overhead.observe(overhead.as_secs_f64());
         // An HTTP/2 client's stream (no connection of its own) takes one of its connection's
-        // upstream slots.
+        // upstream slots; HTTP/1.1 requests come one at a time, so the connection's own timer
+        // serves each in turn.
         let streams = affinity.is_none().then_some(&client.upstream_streams);
-        let resp = self.send(req, keep, streams, overhead).await?;
+        let turn = affinity.is_some().then_some(&client.first_byte);
+        let resp = self.send(req, keep, streams, turn, overhead).await?;
         // The body went out with the request: its bytes are no longer held here.
         drop(buffered);
         let (mut parts, body) = resp.into_parts();
         let log = self.response_headers(&mut parts, ex, overhead);
+        // HTTP/1.1: the response's idle gaps are timed on the connection's timer, in turn.
+        ex.idle_turn = affinity.is_some().then(|| client.clone());
         Ok(self.observe(parts, body, ex, log, start, in_flight))
     }
 
@@ -504,6 +518,7 @@ impl Proxy {
         req: Request<Body>,
         keep: Option<Keep<'_>>,
         streams: Option<&Arc<tokio::sync::Semaphore>>,
+        turn: Option<&turn_timer::TurnTimer>,
         overhead: std::time::Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let cfg = &self.rt.config.upstream;
@@ -544,8 +559,15 @@ impl Proxy {
                     .map_err(|e| client::classify(e, &self.upstream, cfg.connect_timeout)),
             }
         };
-        match tokio::time::timeout(timeout, sent).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout { stage, after }),
+        let timed_out = match turn {
+            Some(timer) => {
+                let deadline = tokio::time::Instant::now() + timeout;
+                timer.timeout_at(deadline, sent).await.map_err(|_| ())
+            }
+            None => tokio::time::timeout(timeout, sent).await.map_err(|_| ()),
+        };
+        match timed_out {
+            Err(()) => Err(ProxyError::UpstreamTimeout { stage, after }),
             Ok(result) => result,
         }
     }
@@ -566,7 +588,11 @@ impl Proxy {
         let h = &mut parts.headers;
         if ex.route != Route::Other && self.rt.config.cache_bust.response_headers {
             // Digests are hex and phases are fixed words, so these are always valid values.
-            if let Ok(v) = HeaderValue::from_str(ex.rid.as_deref().unwrap_or("none")) {
+            let rid = match ex.rid.as_deref() {
+                Some(rid) => HeaderValue::from_str(rid).ok(),
+                None => Some(HeaderValue::from_static("none")),
+            };
+            if let Some(v) = rid {
                 h.insert(names.rid.clone(), v);
             }
             h.insert(
@@ -596,7 +622,7 @@ impl Proxy {
         &self,
         parts: http::response::Parts,
         body: UpstreamBody,
-        ex: &Exchange,
+        ex: &mut Exchange,
         log: Option<crate::access_log::Entry>,
         start: Instant,
         in_flight: InFlight,
@@ -622,11 +648,12 @@ impl Proxy {
         )
         .holding(in_flight)
         .logging(log);
-        let body = Observed::new(
+        let body = Observed::with_idle_timer(
             body,
             cfg.upstream.idle_timeout,
             cfg.upstream.total_timeout.map(|t| (t, start)),
             observer,
+            ex.idle_turn.take(),
         )
         .stripping_usage(ex.strip_usage)
         .boxed();
@@ -1056,6 +1083,7 @@ mod tests {
                 served: None,
                 log: None,
                 strip_usage: false,
+                idle_turn: None,
             };
             let client = Bytes::from(body(s));
             let before = crate::cachebust::raw::body_parses();

@@ -205,6 +205,30 @@ struct Event<'a> {
     message: Option<Nested>,
 }
 
+/// A whole JSON response body, as [`Observer::finish`] reads it: only the members that can carry
+/// `usage`. Every other member is still parsed (as `IgnoredAny`), so a body that is not valid
+/// JSON counts no tokens, as before; what is skipped is building `choices` and the raw values
+/// an SSE event needs, which a JSON body's usage never does.
+#[derive(Deserialize)]
+struct JsonBody {
+    #[serde(default)]
+    usage: Option<UsageWire>,
+    #[serde(default)]
+    response: Option<Nested>,
+    #[serde(default)]
+    message: Option<Nested>,
+}
+
+impl JsonBody {
+    /// The usage that applies: the same precedence as [`Event::usages`]' last.
+    fn usage(self) -> Option<UsageWire> {
+        let nested = |n: Option<Nested>| n.and_then(|n| n.usage);
+        self.usage
+            .or_else(|| nested(self.response))
+            .or_else(|| nested(self.message))
+    }
+}
+
 #[derive(Deserialize)]
 struct Nested {
     #[serde(default)]
@@ -449,8 +473,8 @@ impl Observer {
             ..
         } = &self.mode
         {
-            if let Ok(event) = serde_json::from_slice::<Event>(copy) {
-                self.usage = event.usages().last().map(Box::new);
+            if let Ok(body) = serde_json::from_slice::<JsonBody>(copy) {
+                self.usage = body.usage().map(Box::new);
             }
         }
         let tokens = self.tokens();
@@ -542,8 +566,7 @@ pin_project! {
         inner: B,
         // Armed lazily: a frame only records when it came; the timer is moved only when it fires
         // early, so a stream of many small events costs no timer-wheel work per event.
-        #[pin]
-        idle: Sleep,
+        idle: IdleTimer,
         idle_timeout: Duration,
         last_frame: tokio::time::Instant,
         // `upstream.total_timeout`: the whole exchange, headers included, must end by then.
@@ -551,6 +574,22 @@ pin_project! {
         observer: Observer,
         // `observe.request_usage`: takes out what kvbust's `include_usage` added to the stream.
         strip: Option<super::usage::UsageStrip>,
+    }
+}
+
+/// The timer of `upstream.idle_timeout`: on an HTTP/1.1 client connection, the connection's own,
+/// which its responses take in turn (registered once, not per response); else the body's own.
+enum IdleTimer {
+    Turn(std::sync::Arc<super::Downstream>),
+    Own(super::turn_timer::TurnTimer),
+}
+
+impl IdleTimer {
+    fn get(&self) -> &super::turn_timer::TurnTimer {
+        match self {
+            IdleTimer::Turn(conn) => &conn.response_idle,
+            IdleTimer::Own(timer) => timer,
+        }
     }
 }
 
@@ -565,7 +604,19 @@ impl<B: Body> Observed<B> {
         inner: B,
         idle_timeout: Duration,
         total: Option<(Duration, Instant)>,
+        observer: Observer,
+    ) -> Self {
+        Self::with_idle_timer(inner, idle_timeout, total, observer, None)
+    }
+
+    /// As [`Observed::new`], timing the idle gaps on `turn`'s timer when given: the client
+    /// connection's (HTTP/1.1, whose responses come one at a time).
+    pub fn with_idle_timer(
+        inner: B,
+        idle_timeout: Duration,
+        total: Option<(Duration, Instant)>,
         mut observer: Observer,
+        turn: Option<std::sync::Arc<super::Downstream>>,
     ) -> Self {
         // A body that is over before it starts (a HEAD response, content-length 0) is never
         // polled: the server sends the headers and drops it, which is its complete end.
@@ -578,7 +629,10 @@ impl<B: Body> Observed<B> {
         });
         Self {
             inner,
-            idle: tokio::time::sleep(idle_timeout),
+            idle: match turn {
+                Some(conn) => IdleTimer::Turn(conn),
+                None => IdleTimer::Own(Default::default()),
+            },
             idle_timeout,
             last_frame: tokio::time::Instant::now(),
             deadline,
@@ -681,13 +735,9 @@ where
 /// error that ends the response if one ran out (counted, logged, the exchange aborted).
 #[inline]
 fn poll_timeouts<B>(this: &mut ObservedProj<'_, B>, cx: &mut Context<'_>) -> Option<BoxError> {
-    while this.idle.as_mut().poll(cx).is_ready() {
-        let due = *this.last_frame + *this.idle_timeout;
-        if tokio::time::Instant::now() < due {
-            // A frame came since the timer was set: move it, poll it again.
-            this.idle.as_mut().reset(due);
-            continue;
-        }
+    // A frame that came since the timer was set moves it (only when it fires).
+    let due = *this.last_frame + *this.idle_timeout;
+    if this.idle.get().poll_deadline(due, cx).is_ready() {
         let err = IdleTimeout(*this.idle_timeout);
         return Some(timed_out(
             this.observer,

@@ -353,7 +353,10 @@ async fn connect(
         Ok(Ok(s)) => s,
     };
     let _ = stream.set_nodelay(true);
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+    // Flattened writes, as on the client side (`server::data_builder`).
+    let (send, conn) = hyper::client::conn::http1::Builder::new()
+        .writev(false)
+        .handshake(hyper_util::rt::TokioIo::new(stream))
         .await
         .map_err(|e| ProxyError::UpstreamConnect {
             upstream: upstream.display.clone(),

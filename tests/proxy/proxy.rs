@@ -805,3 +805,70 @@ async fn keep_host_forwards_the_clients_host_over_http1_and_h2c() {
     }
     h.shutdown().await;
 }
+
+/// HTTP/1.1 requests on one client connection share its first-byte timer in turn: each is held
+/// to its own deadline, whatever the turn before it left the timer set to.
+#[tokio::test]
+async fn each_request_on_a_kept_alive_connection_has_its_own_first_byte_timeout() {
+    let h = start(|c| c.upstream.first_byte_timeout = Duration::from_millis(300)).await;
+    let client = h1();
+    let url = h.url("/v1/chat/completions");
+    let fast = || post(&url, chat_body("fast", false, 1), &[]);
+    let slow = || {
+        post(
+            &url,
+            chat_body("slow", false, 1),
+            &[("x-mock-first-token-delay", "5s")],
+        )
+    };
+    for (i, (req, want)) in [
+        (fast(), StatusCode::OK),
+        (slow(), StatusCode::GATEWAY_TIMEOUT),
+        (fast(), StatusCode::OK),
+        (slow(), StatusCode::GATEWAY_TIMEOUT),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let resp = send(&client, req).await;
+        assert_eq!(resp.status(), want, "request {i}");
+        let v = json(resp).await;
+        if want == StatusCode::GATEWAY_TIMEOUT {
+            assert_eq!(v["error"]["code"], "upstream_timeout", "request {i}");
+        }
+    }
+    h.shutdown().await;
+}
+
+/// A stream whose upstream stalls is cut at `upstream.idle_timeout`, also after a stream on the
+/// same HTTP/1.1 connection (whose timer it takes over) ended in time.
+#[tokio::test]
+async fn a_stalled_stream_after_a_complete_one_is_cut_at_the_idle_timeout() {
+    let h = start(|c| c.upstream.idle_timeout = Duration::from_millis(300)).await;
+    let client = h1();
+    let url = h.url("/v1/chat/completions");
+    let ok = send(&client, post(&url, chat_body("quick", true, 3), &[])).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    let body = body_bytes(ok).await;
+    assert_eq!(sse_data(&body).last().map(String::as_str), Some("[DONE]"));
+    let stalled = send(
+        &client,
+        post(
+            &url,
+            chat_body("stalled", true, 3),
+            &[("x-mock-inter-token", "30s")],
+        ),
+    )
+    .await;
+    assert_eq!(stalled.status(), StatusCode::OK);
+    let cut = tokio::time::timeout(Duration::from_secs(20), stalled.into_body().collect())
+        .await
+        .expect("cut well before the upstream's next token");
+    assert!(cut.is_err(), "the stalled stream ends in an error");
+    let m = metrics_text(&h).await;
+    assert!(
+        m.contains("kvbust_errors_total{code=\"upstream_idle_timeout\",source=\"upstream\"} 1"),
+        "{m}"
+    );
+    h.shutdown().await;
+}
