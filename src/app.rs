@@ -53,7 +53,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             let _flush = init_logging(&config);
             runtime()?.block_on(mock(config, args.listen))
         }
-        Command::Synth(args) => crate::synth::cli::run(&args).map_err(|e| {
+        Command::Synth(args) => crate::synth::cli::run_then_exit(&args).map_err(|e| {
             // A request the output format cannot carry is a configuration error (exit 64);
             // flag mistakes and bad trace input are usage errors (exit 2); everything else is
             // a failure.
