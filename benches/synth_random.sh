@@ -39,7 +39,7 @@ for style in vllm sglang; do
         echo "kvbust synth $style, no cache, whole process, run $r: cpu_wall_s $(cpu "$OUT/kvbust-$style.time")"
     done
     for r in $(seq "$REPEATS"); do
-        echo "synth_random_bench $style, no cache, run $r: $("$SYNTH_BENCH" "$N" "$style" "$OUT/bench-$style.jsonl" - | head -1)"
+        echo "synth_random_bench $style, no cache, run $r: $("$SYNTH_BENCH" "$N" "$style" "$OUT/bench-$style.jsonl" - | sed -n 1p)"
     done
     "$PY" - "$OUT/aiperf-$style.jsonl" "$OUT/kvbust-$style.jsonl" "$OUT/bench-$style.jsonl" <<'PY'
 import json, sys
