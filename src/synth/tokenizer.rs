@@ -1099,6 +1099,9 @@ mod tests {
             fast_value == reference_value,
             "serialized tokenizers differ"
         );
+        // The table's length is the crate's count, without its vocabulary copy.
+        assert_eq!(ByteTable::total(&fast), reference.get_vocab_size(true));
+        assert_eq!(ByteTable::total(&reference), reference.get_vocab_size(true));
         if is_byte_level(&reference) {
             assert_eq!(
                 ByteTable::build_with(&fast, &model_tokens),
