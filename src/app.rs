@@ -61,7 +61,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             if args.corpus_cache_dir.is_none() {
                 args.corpus_cache_dir = default_cache_dir();
             }
-            crate::synth::cli::run(&args).map_err(|e| {
+            crate::synth::cli::run_then_exit(&args).map_err(|e| {
                 // A request the output format cannot carry is a configuration error (exit 64);
                 // flag mistakes and bad trace input are usage errors (exit 2); everything else is
                 // a failure.

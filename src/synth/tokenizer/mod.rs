@@ -197,6 +197,7 @@ pub struct Tokenizer {
 }
 
 /// Every id's bytes, for decoding byte-level BPE without per-token allocations.
+#[derive(Debug, PartialEq)]
 struct ByteTable {
     /// `bytes[offsets[id]..offsets[id + 1]]` are the id's bytes.
     offsets: Vec<u32>,
@@ -224,21 +225,53 @@ pub(crate) fn byte_level_alphabet() -> [char; 256] {
 }
 
 impl ByteTable {
+    /// `tok.get_vocab_size(true)`, the table's length (the model's tokens and the added ones
+    /// not among them), without the copy of the whole vocabulary that call makes.
+    fn total(tok: &tokenizers::Tokenizer) -> usize {
+        use tokenizers::Model;
+        let model = tok.get_model();
+        let added = tok.get_added_vocabulary().get_vocab();
+        model.get_vocab_size()
+            + added
+                .keys()
+                .filter(|t| model.token_to_id(t).is_none())
+                .count()
+    }
+
+    /// The table of `tok.id_to_token` for every id below [`ByteTable::total`].
+    fn build(tok: &tokenizers::Tokenizer) -> Self {
+        Self::from_tokens(Self::total(tok), |id| {
+            tok.id_to_token(id).map(std::borrow::Cow::Owned)
+        })
+    }
+
+    /// [`ByteTable::build`] from the model's tokens by id as the fast load read them (the same
+    /// strings `id_to_token` would copy out: an added token's content, else the model's token).
+    fn build_with(tok: &tokenizers::Tokenizer, model_tokens: &fast_load::ModelTokens) -> Self {
+        let added = tok.get_added_vocabulary().get_added_tokens_decoder();
+        Self::from_tokens(Self::total(tok), |id| match added.get(&id) {
+            Some(t) => Some(std::borrow::Cow::Borrowed(t.content.as_str())),
+            None => model_tokens.get(id).map(std::borrow::Cow::Borrowed),
+        })
+    }
+
     /// Mirrors the ByteLevel decoder: a token whose chars all belong to the byte alphabet
     /// becomes those bytes, any other token its own UTF-8 bytes.
-    fn build(tok: &tokenizers::Tokenizer) -> Self {
+    fn from_tokens<'a>(
+        total: usize,
+        token_of: impl Fn(u32) -> Option<std::borrow::Cow<'a, str>>,
+    ) -> Self {
         // Every alphabet char is below U+0200, so a flat table inverts it.
         let mut inverse = [None::<u8>; 0x200];
         for (b, c) in byte_level_alphabet().iter().enumerate() {
             inverse[*c as usize] = Some(b as u8);
         }
-        let total = tok.get_vocab_size(true);
         let mut offsets = Vec::with_capacity(total + 1);
         let mut bytes = Vec::with_capacity(total * 7);
         let mut present = vec![false; total];
         offsets.push(0u32);
         for (id, slot) in present.iter_mut().enumerate() {
-            if let Some(token) = tok.id_to_token(id as u32) {
+            if let Some(token) = token_of(id as u32) {
                 *slot = true;
                 let start = bytes.len();
                 let all_mapped =
@@ -370,6 +403,12 @@ fn chat_template(config: &Value) -> Option<String> {
     }
 }
 
+/// The decoder is ByteLevel (so ids decode through a [`ByteTable`]).
+fn is_byte_level(tok: &tokenizers::Tokenizer) -> bool {
+    let decoder = serde_json::to_value(tok.get_decoder()).unwrap_or_default();
+    decoder["type"] == "ByteLevel"
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, SynthError> {
     std::fs::read(path).map_err(|source| SynthError::TokenizerIo {
         path: path.to_path_buf(),
@@ -418,12 +457,27 @@ impl Tokenizer {
         tokenizer_json: &[u8],
         config_json: Option<&[u8]>,
     ) -> Result<Self, SynthError> {
-        let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(|e| {
-            SynthError::TokenizerParse {
-                what: "tokenizer.json".into(),
-                message: e.to_string(),
-            }
-        })?;
+        let (inner, model_tokens) = match fast_load::load(tokenizer_json) {
+            Some((inner, tokens)) => (inner, Some(tokens)),
+            None => (
+                tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(|e| {
+                    SynthError::TokenizerParse {
+                        what: "tokenizer.json".into(),
+                        message: e.to_string(),
+                    }
+                })?,
+                None,
+            ),
+        };
+        // With the fast load's token texts at hand, the byte table costs a copy of them (and
+        // not one `id_to_token` allocation per id later).
+        let byte_table = OnceLock::new();
+        if let Some(tokens) = &model_tokens {
+            let table = is_byte_level(&inner).then(|| ByteTable::build_with(&inner, tokens));
+            // Freshly made, so it is empty.
+            let _ = byte_table.set(table);
+        }
+        drop(model_tokens);
         let config: Value = match config_json {
             Some(bytes) => {
                 serde_json::from_slice(bytes).map_err(|e| SynthError::TokenizerParse {
@@ -451,7 +505,7 @@ impl Tokenizer {
             fingerprint,
             fast_reencode: true,
             boundary_flags: OnceLock::new(),
-            byte_table: OnceLock::new(),
+            byte_table,
             letter_cuts: OnceLock::new(),
             piece_memo: Default::default(),
             inner,
@@ -492,10 +546,7 @@ impl Tokenizer {
 
     fn byte_table(&self) -> Option<&ByteTable> {
         self.byte_table
-            .get_or_init(|| {
-                let decoder = serde_json::to_value(self.inner.get_decoder()).unwrap_or_default();
-                (decoder["type"] == "ByteLevel").then(|| ByteTable::build(&self.inner))
-            })
+            .get_or_init(|| is_byte_level(&self.inner).then(|| ByteTable::build(&self.inner)))
             .as_ref()
     }
 
@@ -650,6 +701,343 @@ impl Tokenizer {
     }
 }
 
+/// A faster `tokenizers::Tokenizer::from_bytes` for BPE `tokenizer.json` files: the same
+/// builder calls the crate's own deserializer makes, from one typed, streaming parse. The
+/// crate buffers the whole model three times over (an untagged enum's `Content`, then a
+/// `serde_json::Value` for the tagged remainder, then the typed BPE), about two thirds of
+/// Qwen3's 0.3 s load. Anything this parse does not take exactly as the crate does (another
+/// model type, a model without `type`, mixed merge forms, duplicate top-level keys, a bad
+/// `version`) is an error here, and the caller falls back to the crate's own load, so a
+/// success is always the crate's result, but for an empty subword prefix or suffix dropped (see
+/// `BpeVisitor`; checked against the crate's load by this file's tests).
+mod fast_load {
+    use serde::de::{Deserializer, Error, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde::Deserialize;
+    use tokenizers::models::bpe::{BpeBuilder, Merges, Vocab, BPE};
+    use tokenizers::{
+        AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PaddingParams,
+        PostProcessorWrapper, PreTokenizerWrapper, TokenizerBuilder, TruncationParams,
+    };
+
+    /// The top level of `tokenizer.json`, as the crate's `TokenizerVisitor` reads it.
+    #[derive(Deserialize)]
+    struct Document {
+        #[serde(default)]
+        version: Version,
+        truncation: Option<TruncationParams>,
+        padding: Option<PaddingParams>,
+        #[serde(default)]
+        added_tokens: Vec<AddedTokenWithId>,
+        normalizer: Option<NormalizerWrapper>,
+        pre_tokenizer: Option<PreTokenizerWrapper>,
+        post_processor: Option<PostProcessorWrapper>,
+        decoder: Option<DecoderWrapper>,
+        model: Bpe,
+    }
+
+    /// `version`: absent, or a string that must be "1.0" (the crate refuses `null` too).
+    #[derive(Default)]
+    struct Version(Option<String>);
+
+    impl<'de> Deserialize<'de> for Version {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            String::deserialize(d).map(|v| Version(Some(v)))
+        }
+    }
+
+    /// The crate's `AddedTokenWithId` (private there): the id is only ever used for a warning.
+    #[derive(Deserialize)]
+    struct AddedTokenWithId {
+        #[allow(dead_code)]
+        id: u32,
+        #[serde(flatten)]
+        token: AddedToken,
+    }
+
+    /// The model, built as the crate's `BPEVisitor` builds it, from typed fields.
+    struct Bpe(BPE, ModelTokens);
+
+    #[derive(Deserialize)]
+    #[serde(field_identifier, rename_all = "snake_case")]
+    enum Field {
+        Type,
+        Dropout,
+        UnkToken,
+        ContinuingSubwordPrefix,
+        EndOfWordSuffix,
+        FuseUnk,
+        ByteFallback,
+        IgnoreMerges,
+        Vocab,
+        Merges,
+        #[serde(other)]
+        Other,
+    }
+
+    impl<'de> Deserialize<'de> for Bpe {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_map(BpeVisitor)
+        }
+    }
+
+    struct BpeVisitor;
+
+    impl<'de> Visitor<'de> for BpeVisitor {
+        type Value = Bpe;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a BPE model with \"type\": \"BPE\"")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Bpe, A::Error> {
+            let mut builder = BpeBuilder::new();
+            let (mut typed, mut vocab, mut merges) = (false, None, None);
+            let (mut prefix, mut suffix) = (None, None);
+            while let Some(key) = map.next_key::<Field>()? {
+                match key {
+                    Field::Type => {
+                        // The crate takes a model without `type` through its untagged
+                        // fallback; only the tagged form is taken here.
+                        let t: String = map.next_value()?;
+                        if t != "BPE" {
+                            return Err(A::Error::custom("not a BPE model"));
+                        }
+                        typed = true;
+                    }
+                    Field::Dropout => {
+                        if let Some(p) = map.next_value::<Option<f32>>()? {
+                            builder = builder.dropout(p);
+                        }
+                    }
+                    Field::UnkToken => {
+                        if let Some(s) = map.next_value::<Option<String>>()? {
+                            builder = builder.unk_token(s);
+                        }
+                    }
+                    Field::ContinuingSubwordPrefix => {
+                        if let Some(s) = map.next_value::<Option<String>>()? {
+                            prefix = Some(s.clone());
+                            builder = builder.continuing_subword_prefix(s);
+                        }
+                    }
+                    Field::EndOfWordSuffix => {
+                        if let Some(s) = map.next_value::<Option<String>>()? {
+                            suffix = Some(s.clone());
+                            builder = builder.end_of_word_suffix(s);
+                        }
+                    }
+                    Field::FuseUnk => {
+                        if let Some(b) = map.next_value::<Option<bool>>()? {
+                            builder = builder.fuse_unk(b);
+                        }
+                    }
+                    Field::ByteFallback => {
+                        if let Some(b) = map.next_value::<Option<bool>>()? {
+                            builder = builder.byte_fallback(b);
+                        }
+                    }
+                    Field::IgnoreMerges => {
+                        if let Some(b) = map.next_value::<Option<bool>>()? {
+                            builder = builder.ignore_merges(b);
+                        }
+                    }
+                    Field::Vocab => vocab = Some(map.next_value::<VocabMap>()?),
+                    Field::Merges => merges = Some(map.next_value::<MergeList>()?.0),
+                    Field::Other => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            let (true, Some(VocabMap(vocab, tokens)), Some(merges)) = (typed, vocab, merges) else {
+                return Err(A::Error::custom("missing type/vocab/merges"));
+            };
+            let mut bpe = builder
+                .vocab_and_merges(vocab, merges)
+                .build()
+                .map_err(A::Error::custom)?;
+            // An empty prefix or suffix (Qwen2/Qwen3 declare both) is the same as none: the
+            // builder cut a prefix of length 0 from merge results, and `merge_word` only ever
+            // formats it onto each character, allocating a copy of every character of every
+            // word (a third of BPE time). No other BPE code reads them.
+            if prefix.as_deref() == Some("") {
+                bpe.continuing_subword_prefix = None;
+            }
+            if suffix.as_deref() == Some("") {
+                bpe.end_of_word_suffix = None;
+            }
+            Ok(Bpe(bpe, tokens))
+        }
+    }
+
+    /// `vocab`, inserted as it streams, and every token's text by id for the byte table. A
+    /// repeated token or id is declined: the crate's reverse map would then depend on hash order.
+    struct VocabMap(Vocab, ModelTokens);
+
+    /// The model's tokens by id, in one buffer (`spans[id]` into `text`; `u32::MAX`: no token).
+    #[derive(Default)]
+    pub(super) struct ModelTokens {
+        text: String,
+        spans: Vec<(u32, u32)>,
+    }
+
+    impl ModelTokens {
+        /// Ids above this are declined (the table is indexed by id).
+        const MAX_ID: u32 = 1 << 24;
+
+        /// What the crate's `BPE::id_to_token(id)` returns, borrowed.
+        pub(super) fn get(&self, id: u32) -> Option<&str> {
+            let &(a, b) = self.spans.get(id as usize)?;
+            self.text.get(a as usize..b as usize)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for VocabMap {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = VocabMap;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a map of token to id")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<VocabMap, A::Error> {
+                    let mut vocab = Vocab::with_capacity(map.size_hint().unwrap_or(1 << 16));
+                    let mut tokens = ModelTokens::default();
+                    while let Some((k, v)) = map.next_entry::<String, u32>()? {
+                        if v >= ModelTokens::MAX_ID {
+                            return Err(A::Error::custom("a token id beyond the table"));
+                        }
+                        let i = v as usize;
+                        if tokens.spans.len() <= i {
+                            tokens.spans.resize(i + 1, (u32::MAX, u32::MAX));
+                        }
+                        if tokens.spans[i].0 != u32::MAX {
+                            return Err(A::Error::custom("a repeated id"));
+                        }
+                        let start = tokens.text.len();
+                        tokens.text.push_str(&k);
+                        let end = u32::try_from(tokens.text.len())
+                            .map_err(|_| A::Error::custom("a vocabulary over 4 GB"))?;
+                        tokens.spans[i] = (start as u32, end);
+                        if vocab.insert(k, v).is_some() {
+                            return Err(A::Error::custom("a repeated token"));
+                        }
+                    }
+                    Ok(VocabMap(vocab, tokens))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+
+    /// `merges`: all `["a", "b"]` pairs, or all legacy `"a b"` strings (`#version` lines
+    /// skipped, exactly one space), as the crate's untagged `MergeType` takes them.
+    struct MergeList(Merges);
+
+    impl<'de> Deserialize<'de> for MergeList {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_seq(MergesVisitor)
+        }
+    }
+
+    /// One merge in either form.
+    enum Merge {
+        Pair(String, String),
+        Legacy(String),
+    }
+
+    impl<'de> Deserialize<'de> for Merge {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Merge;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a merge")
+                }
+                fn visit_str<E: Error>(self, s: &str) -> Result<Merge, E> {
+                    Ok(Merge::Legacy(s.to_owned()))
+                }
+                fn visit_string<E: Error>(self, s: String) -> Result<Merge, E> {
+                    Ok(Merge::Legacy(s))
+                }
+                fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Merge, A::Error> {
+                    let (Some(a), Some(b)) =
+                        (seq.next_element::<String>()?, seq.next_element::<String>()?)
+                    else {
+                        return Err(A::Error::custom("a merge pair needs two strings"));
+                    };
+                    if seq.next_element::<IgnoredAny>()?.is_some() {
+                        return Err(A::Error::custom("a merge pair has two strings"));
+                    }
+                    Ok(Merge::Pair(a, b))
+                }
+            }
+            d.deserialize_any(V)
+        }
+    }
+
+    struct MergesVisitor;
+
+    impl<'de> Visitor<'de> for MergesVisitor {
+        type Value = MergeList;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of merges")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MergeList, A::Error> {
+            let mut merges = Merges::with_capacity(seq.size_hint().unwrap_or(1 << 16));
+            let mut legacy = None;
+            while let Some(m) = seq.next_element::<Merge>()? {
+                let is_legacy = matches!(m, Merge::Legacy(_));
+                if *legacy.get_or_insert(is_legacy) != is_legacy {
+                    return Err(A::Error::custom("mixed merge forms"));
+                }
+                match m {
+                    Merge::Pair(a, b) => merges.push((a, b)),
+                    Merge::Legacy(line) if line.starts_with("#version") => {}
+                    Merge::Legacy(line) => {
+                        let mut parts = line.split(' ');
+                        let (Some(a), Some(b), None) = (parts.next(), parts.next(), parts.next())
+                        else {
+                            return Err(A::Error::custom("a legacy merge needs one space"));
+                        };
+                        merges.push((a.to_owned(), b.to_owned()));
+                    }
+                }
+            }
+            Ok(MergeList(merges))
+        }
+    }
+
+    /// The tokenizer and its model's tokens by id, or `None` when this parse does not take the
+    /// file (the caller then uses the crate's own load, which gives its result or its error).
+    pub(super) fn load(json: &[u8]) -> Option<(tokenizers::Tokenizer, ModelTokens)> {
+        let doc: Document = serde_json::from_slice(json).ok()?;
+        if doc.version.0.as_deref().is_some_and(|v| v != "1.0") {
+            return None;
+        }
+        let mut inner = TokenizerBuilder::<
+            ModelWrapper,
+            NormalizerWrapper,
+            PreTokenizerWrapper,
+            PostProcessorWrapper,
+            DecoderWrapper,
+        >::new()
+        .with_model(ModelWrapper::BPE(doc.model.0))
+        .with_normalizer(doc.normalizer)
+        .with_pre_tokenizer(doc.pre_tokenizer)
+        .with_post_processor(doc.post_processor)
+        .with_decoder(doc.decoder)
+        .with_truncation(doc.truncation)
+        .with_padding(doc.padding)
+        .build()
+        .ok()?;
+        let added: Vec<AddedToken> = doc.added_tokens.into_iter().map(|t| t.token).collect();
+        inner.add_tokens(&added);
+        Some((inner.into(), doc.model.1))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -667,5 +1055,162 @@ mod tests {
         assert!(t.chat_template().is_some());
         let ids = t.encode("Hello there").unwrap();
         assert_eq!(t.decode(&ids).unwrap(), "Hello there");
+    }
+
+    const VECTORS: [&str; 9] = [
+        "Hello there, it's   a test.\n\n\tTabs, 12345 numbers and don't/won't",
+        "<|im_start|>user\nHi<|im_end|><|endoftext|> <|begin_of_text|>x<|eot_id|>",
+        "日本語のテキストと한국어 문장, 中文句子。カタカナ",
+        "emoji 🙂🚀 and combining e\u{301} Å \u{2028} \r\n end",
+        "    indented code:\n\tfn main() { println!(\"{}\", 1_000); }\n",
+        "ĠĠ Ġ Ċ literal byte-level chars",
+        "",
+        " ",
+        "a",
+    ];
+
+    /// The fast load gives the crate's own tokenizer: the same BPE (vocab, reverse vocab,
+    /// merge ranks and results, options, an empty prefix or suffix aside), the same serialized
+    /// pipeline and added vocabulary, the same encodings and decodes, and the same byte table.
+    fn assert_same_load(json: &[u8]) {
+        let (fast, model_tokens) = fast_load::load(json).expect("the fast load takes this file");
+        let reference = tokenizers::Tokenizer::from_bytes(json).expect("the crate loads it");
+        // The one difference: an empty prefix or suffix becomes none.
+        let mut fast_value = serde_json::to_value(&fast).unwrap();
+        let reference_value = serde_json::to_value(&reference).unwrap();
+        match (fast.get_model(), reference.get_model()) {
+            (tokenizers::ModelWrapper::BPE(a), tokenizers::ModelWrapper::BPE(b)) => {
+                let mut a = a.clone();
+                for (mine, theirs, key) in [
+                    (
+                        &mut a.continuing_subword_prefix,
+                        &b.continuing_subword_prefix,
+                        "continuing_subword_prefix",
+                    ),
+                    (
+                        &mut a.end_of_word_suffix,
+                        &b.end_of_word_suffix,
+                        "end_of_word_suffix",
+                    ),
+                ] {
+                    if mine.is_none() && theirs.as_deref() == Some("") {
+                        *mine = Some(String::new());
+                        fast_value["model"][key] = "".into();
+                    }
+                }
+                assert!(a == *b, "BPE models differ");
+            }
+            _ => panic!("both are BPE"),
+        }
+        assert!(
+            fast_value == reference_value,
+            "serialized tokenizers differ"
+        );
+        // The table's length is the crate's count, without its vocabulary copy.
+        assert_eq!(ByteTable::total(&fast), reference.get_vocab_size(true));
+        assert_eq!(ByteTable::total(&reference), reference.get_vocab_size(true));
+        if is_byte_level(&reference) {
+            assert_eq!(
+                ByteTable::build_with(&fast, &model_tokens),
+                ByteTable::build(&reference)
+            );
+        }
+        assert_eq!(
+            fast.get_vocab_size(true),
+            reference.get_vocab_size(true),
+            "added vocabulary"
+        );
+        for text in VECTORS {
+            for special in [false, true] {
+                let a = fast.encode(text, special).unwrap();
+                let b = reference.encode(text, special).unwrap();
+                assert_eq!(a.get_ids(), b.get_ids(), "{text:?}");
+                assert_eq!(a.get_offsets(), b.get_offsets(), "{text:?}");
+            }
+        }
+        // Every id (added ones included) decodes alike, in runs of 97 consecutive ids.
+        let total = reference.get_vocab_size(true) as u32;
+        let ids: Vec<u32> = (0..total).collect();
+        for run in ids.chunks(97) {
+            for skip in [false, true] {
+                assert_eq!(
+                    fast.decode(run, skip).unwrap(),
+                    reference.decode(run, skip).unwrap()
+                );
+            }
+        }
+        let text = reference
+            .decode(&ids[..ids.len().min(20_000)], false)
+            .unwrap();
+        assert_eq!(
+            fast.encode_fast(text.as_str(), false).unwrap().get_ids(),
+            reference
+                .encode_fast(text.as_str(), false)
+                .unwrap()
+                .get_ids()
+        );
+    }
+
+    #[test]
+    fn fast_load_equals_the_crates_load_qwen3() {
+        assert_same_load(QWEN3_TOKENIZER_JSON);
+    }
+
+    #[test]
+    fn fast_load_equals_the_crates_load_llama_legacy_merges() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/synth/tokenizers/llama-3.2/tokenizer.json"
+        );
+        assert_same_load(&std::fs::read(path).expect("the Llama-3.2 fixture"));
+    }
+
+    /// A small BPE with every option set, merges in both forms.
+    fn small(model_extra: &str, merges: &str) -> String {
+        format!(
+            r###"{{"version":"1.0","truncation":null,"padding":null,
+            "added_tokens":[{{"id":5,"content":"<s>","single_word":false,"lstrip":false,
+            "rstrip":false,"normalized":false,"special":true}}],
+            "normalizer":null,"pre_tokenizer":{{"type":"Whitespace"}},"post_processor":null,
+            "decoder":null,"model":{{"type":"BPE","dropout":null,"unk_token":"<unk>",
+            "continuing_subword_prefix":"##","end_of_word_suffix":null,"fuse_unk":true,
+            "byte_fallback":false,"ignore_merges":true{model_extra},
+            "vocab":{{"<unk>":0,"a":1,"##b":2,"ab":3,"c":4}},"merges":{merges}}}}}"###
+        )
+    }
+
+    #[test]
+    fn fast_load_small_models_equal_the_crates() {
+        assert_same_load(small("", r###"[["a","##b"]]"###).as_bytes());
+        assert_same_load(small("", r###"["#version: 0.2","a ##b"]"###).as_bytes());
+        assert_same_load(small(r#","unknown_key":[1,{}]"#, "[]").as_bytes());
+    }
+
+    /// What the fast load does not take exactly as the crate does, it leaves to the crate.
+    #[test]
+    fn fast_load_declines_what_it_does_not_mirror() {
+        let declined = [
+            // Mixed merge forms (the crate refuses them).
+            small("", r###"[["a","##b"],"a ##b"]"###),
+            // A legacy merge with two spaces (the crate refuses it).
+            small("", r###"["a ##b c"]"###),
+            // A pair of three (the crate refuses it).
+            small("", r###"[["a","##b","c"]]"###),
+            // Another version (the crate refuses it).
+            small("", "[]").replacen(r#""version":"1.0""#, r#""version":"2.0""#, 1),
+            // A model without `type` (the crate takes it through its untagged fallback).
+            small("", "[]").replacen(r#""type":"BPE","#, "", 1),
+            // Another model type.
+            small("", "[]").replacen(r#""type":"BPE""#, r#""type":"WordPiece""#, 1),
+            // Duplicate top-level keys.
+            small("", "[]").replacen(r#""padding":null,"#, r#""padding":null,"padding":null,"#, 1),
+        ];
+        for json in declined {
+            assert!(fast_load::load(json.as_bytes()).is_none(), "{json}");
+        }
+        // Whatever the crate makes of the typeless model, `from_bytes` gives it.
+        let typeless = small("", "[]").replacen(r#""type":"BPE","#, "", 1);
+        let t = Tokenizer::from_bytes(typeless.as_bytes(), None).expect("the crate takes it");
+        assert_eq!(t.inner().get_vocab_size(true), 6);
     }
 }

@@ -18,8 +18,13 @@ impl Hasher for IdHasher {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
+        // Id slices hash as their bytes (`u32::hash_slice`): one step per id, as `write_u32`
+        // takes them, not one per byte (the memo hashes every piece it is asked for; a
+        // slice's length is hashed apart, so the zero padding of a short tail is harmless).
+        for chunk in bytes.chunks(4) {
+            let mut word = [0u8; 4];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u32(u32::from_le_bytes(word));
         }
     }
     fn write_u32(&mut self, n: u32) {
