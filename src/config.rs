@@ -1067,6 +1067,24 @@ mod tests {
     }
 
     #[test]
+    fn a_password_in_a_broken_url_line_is_hidden_in_the_parse_error() {
+        // Fuzz finding (fuzz/open/config): a second `url = "` inside the string cuts the
+        // scheme off the word that holds the password, and TOML's error quotes the line.
+        let text = "[upstream]\nurl = \"http://usurl = \"her:s3cretpassw0rd@127.0.0.1:80009v;\"\n";
+        let err = toml::from_str::<toml::Value>(text).unwrap_err().to_string();
+        assert!(
+            err.contains("s3cretpassw0rd"),
+            "the raw error quotes it: {err}"
+        );
+        let shown = redact_urls_in(&err);
+        assert!(!shown.contains("s3cretpassw0rd"), "{shown}");
+        assert!(shown.contains("her:<redacted>@127.0.0.1"), "{shown}");
+        for kept in ["no url here", "mail me at a@b", "path/a:b@c", "http://h/x"] {
+            assert_eq!(redact_urls_in(kept), kept);
+        }
+    }
+
+    #[test]
     fn redaction_hides_the_admin_token() {
         let e = env(&[("KVBUST_ADMIN__TOKEN", TOKEN)]);
         let c = Config::load(None, &e, &CliOverrides::default()).unwrap();

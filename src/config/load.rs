@@ -145,16 +145,36 @@ impl Config {
 }
 
 /// `text` with [`redact_url`] applied to every URL-like word in it (split at whitespace and
-/// quotes), for messages that quote configuration source, e.g. a TOML parse error's line.
+/// quotes), for messages that quote configuration source, e.g. a TOML parse error's line. A
+/// word with `user:password@` whose scheme a broken line cut off (`"http://us` … `her:pw@host`,
+/// a fuzz finding) has its password hidden too.
 pub fn redact_urls_in(text: &str) -> String {
-    if !text.contains("://") {
+    if !text.contains("://") && !text.contains('@') {
         return text.to_string();
     }
     let mut out = String::with_capacity(text.len());
     for word in text.split_inclusive(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`')) {
-        out.push_str(&redact_url(word));
+        if word.contains("://") {
+            out.push_str(&redact_url(word));
+        } else {
+            out.push_str(&redact_userinfo(word));
+        }
     }
     out
+}
+
+/// `user:password@host…` → `user:<redacted>@host…`, for a word without a scheme; anything else
+/// as it was.
+fn redact_userinfo(word: &str) -> String {
+    let Some(at) = word.rfind('@') else {
+        return word.to_string();
+    };
+    match word[..at].split_once(':') {
+        Some((user, _password)) if !user.contains('/') => {
+            format!("{user}:<redacted>{}", &word[at..])
+        }
+        _ => word.to_string(),
+    }
 }
 
 /// `url` with the password of its user-info replaced (`http://user:<redacted>@host/`), for
