@@ -550,15 +550,17 @@ mod tests {
         (err, t0.elapsed(), text)
     }
 
+    /// The last frame's time is read from the real clock (one read serves the observer and the
+    /// idle timer), so on the paused test clock the cut lands `want` after it plus the real time
+    /// the test took to get there: up to seconds on a loaded machine, never less than `want`.
     fn within(waited: Duration, want: Duration) -> bool {
-        want <= waited && waited <= want + Duration::from_millis(5)
+        want <= waited && waited <= want + Duration::from_secs(2)
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_stalled_upstream_body_is_cut_at_the_idle_timeout_and_counted() {
         let (err, waited, m) = stall_until_cut(Duration::from_secs(5), None).await;
         assert!(err.downcast_ref::<IdleTimeout>().is_some(), "{err}");
-        // The timer wheel rounds up to the next millisecond.
         assert!(within(waited, Duration::from_secs(5)), "{waited:?}");
         assert!(
             m.contains("kvbust_errors_total{code=\"upstream_idle_timeout\",source=\"upstream\"} 1")
