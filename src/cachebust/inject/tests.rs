@@ -860,22 +860,14 @@ fn blank_text_parts_keep_the_session_hash_under_every_list_parts_rule() {
                         ..Plan::new(target, first)
                     };
                     let once = run(shape, &body, &plan).body.unwrap_or(body.clone().into());
-                    // A second marker of another session on top (a client echoing kvbust's bytes).
-                    let plan2 = Plan {
+                    let ctx = format!("{list_parts:?} {first:?}: {body}");
+                    checked += hash_kept_under_a_second_marker(
+                        shape,
+                        &once,
                         list_parts,
-                        ..Plan::new(Target::FirstTurnPrefix, "[rid:0000000000aa]\n\n")
-                    };
-                    let twice = parse(shape, &once).unwrap().apply(&plan2).unwrap();
-                    for marked in [once.clone(), twice.body.unwrap_or(once.clone())] {
-                        let got = parse(shape, &marked).unwrap().first_user_turn_hash(0);
-                        assert_eq!(
-                            got,
-                            want,
-                            "{list_parts:?} {first:?}: {body} -> {}",
-                            String::from_utf8_lossy(&marked)
-                        );
-                        checked += 1;
-                    }
+                        want.as_deref(),
+                        &ctx,
+                    );
                 }
             }
         }
@@ -1142,24 +1134,44 @@ fn parts_of_the_other_text_type_keep_the_session_hash_under_every_list_parts_rul
                     let once = run(shape, &body, &plan).body.expect("marked");
                     let again = parse(shape, &once).unwrap().apply(&plan).unwrap();
                     assert_eq!(again.body, None, "not idempotent");
-                    let plan2 = Plan {
+                    let ctx = format!("{shape} {list_parts:?} {marker:?}: {body}");
+                    checked += hash_kept_under_a_second_marker(
+                        shape,
+                        &once,
                         list_parts,
-                        ..Plan::new(Target::FirstTurnPrefix, "[rid:0000000000aa]\n\n")
-                    };
-                    let twice = parse(shape, &once).unwrap().apply(&plan2).unwrap();
-                    for marked in [once.clone(), twice.body.unwrap_or(once.clone())] {
-                        let got = parse(shape, &marked).unwrap().first_user_turn_hash(0);
-                        assert_eq!(
-                            got,
-                            want,
-                            "{shape} {list_parts:?} {marker:?}: {body} -> {}",
-                            String::from_utf8_lossy(&marked)
-                        );
-                        checked += 1;
-                    }
+                        want.as_deref(),
+                        &ctx,
+                    );
                 }
             }
         }
     }
     assert_eq!(checked, 3 * 6 * 2 * 3 * 2);
+}
+
+/// `once` (a marked body) and the same with a second marker of another session on top (a client
+/// echoing kvbust's bytes) both hash the first user turn to `want`. Returns the bodies checked.
+fn hash_kept_under_a_second_marker(
+    shape: Shape,
+    once: &[u8],
+    list_parts: ListParts,
+    want: Option<&str>,
+    ctx: &str,
+) -> usize {
+    let plan2 = Plan {
+        list_parts,
+        ..Plan::new(Target::FirstTurnPrefix, "[rid:0000000000aa]\n\n")
+    };
+    let twice = parse(shape, once).unwrap().apply(&plan2).unwrap();
+    let twice = twice.body.map_or_else(|| once.to_vec(), |b| b.to_vec());
+    for marked in [once, &twice[..]] {
+        let got = parse(shape, marked).unwrap().first_user_turn_hash(0);
+        assert_eq!(
+            got.as_deref(),
+            want,
+            "{ctx} -> {}",
+            String::from_utf8_lossy(marked)
+        );
+    }
+    2
 }
