@@ -468,7 +468,6 @@ pub fn run_then_exit(args: &SynthArgs) -> anyhow::Result<()> {
     run_with(args, true)
 }
 
-#[allow(clippy::too_many_lines)] // one flat sequence of the command's steps; split when next edited
 fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
     let started = Instant::now();
     // Check every flag before any expensive work or touching the output file.
@@ -519,21 +518,7 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
         Job::Bench(params) => {
             let requests = bench_requests(&params, &tokenizer)?;
             let mut answers = answers_for(Some(params.seed))?;
-            write_output(args.output.as_deref(), |out| {
-                if args.format == OutputFormat::Conversations {
-                    for r in &requests {
-                        // Plain strings and integers always serialise.
-                        #[allow(clippy::expect_used)] // the invariant is named at the expect
-                        let line = serde_json::to_string(r).expect("request serialises");
-                        writeln!(out, "{line}")?;
-                    }
-                } else {
-                    let dataset = bench_dataset(&requests);
-                    warn_sharegpt_lengths(args.format, &dataset, &tokenizer)?;
-                    write_dataset(out, &dataset, &opts, answers.as_mut())?;
-                }
-                Ok(())
-            })?;
+            write_bench(args, &requests, &tokenizer, &opts, answers.as_mut())?;
         }
         Job::Aiperf(params) => {
             let bar = progress_bar(params.entries() as u64).filter(|_| params.input_file.is_none());
@@ -565,6 +550,32 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
         std::mem::forget(tokenizer);
     }
     Ok(())
+}
+
+/// Writes a `--bench-compat` job's requests: as they are for `--format conversations`,
+/// otherwise as a dataset in the chosen format.
+fn write_bench(
+    args: &SynthArgs,
+    requests: &[BenchRequest],
+    tokenizer: &Tokenizer,
+    opts: &WriteOptions<'_>,
+    answers: Option<&mut Answers>,
+) -> anyhow::Result<()> {
+    write_output(args.output.as_deref(), |out| {
+        if args.format == OutputFormat::Conversations {
+            for r in requests {
+                // Plain strings and integers always serialise.
+                #[allow(clippy::expect_used)] // the invariant is named at the expect
+                let line = serde_json::to_string(r).expect("request serialises");
+                writeln!(out, "{line}")?;
+            }
+        } else {
+            let dataset = bench_dataset(requests);
+            warn_sharegpt_lengths(args.format, &dataset, tokenizer)?;
+            write_dataset(out, &dataset, opts, answers)?;
+        }
+        Ok(())
+    })
 }
 
 /// On stderr: the ShareGPT prompts vLLM's loader would drop (`--format sharegpt` only).

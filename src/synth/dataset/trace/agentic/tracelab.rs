@@ -572,8 +572,10 @@ fn claude_windows(s: &Session) -> Result<Vec<Window>, LineError> {
 /// `child → spawn` for every session whose whole span fits inside a spawn window of another
 /// session with the same `user` and `project`; the tightest window wins (then the earliest,
 /// then the parent id). Containment only: nothing in the corpus says the match is right.
-#[allow(clippy::too_many_lines)] // one pass over the sessions; split when next edited
-fn join_index(sessions: &[Session], origin: &Origin) -> Result<Vec<Option<Spawn>>, AgenticError> {
+/// Each session's time span and, when it has one, its identity (user, project).
+type Spans = (Vec<Option<(f64, f64)>>, Vec<Option<Ident>>);
+
+fn spans_and_identities(sessions: &[Session], origin: &Origin) -> Result<Spans, AgenticError> {
     let mut span: Vec<Option<(f64, f64)>> = Vec::with_capacity(sessions.len());
     let mut ident: Vec<Option<Ident>> = Vec::with_capacity(sessions.len());
     for s in sessions {
@@ -590,6 +592,11 @@ fn join_index(sessions: &[Session], origin: &Origin) -> Result<Vec<Option<Spawn>
             }
         });
     }
+    Ok((span, ident))
+}
+
+fn join_index(sessions: &[Session], origin: &Origin) -> Result<Vec<Option<Spawn>>, AgenticError> {
+    let (span, ident) = spans_and_identities(sessions, origin)?;
     // (start, end, parent, duration_ms) in AIPerf's window order, grouped by the parent's
     // identity.
     let mut by_ident: HashMap<&Ident, Vec<ParentWindow>> = HashMap::new();
@@ -936,7 +943,6 @@ impl Converter<'_> {
 /// Reads a TraceLab file and converts it as AIPerf's `tracelab` loader does: one Weka trace per
 /// root session (children nested as subagent entries), then the children that could not be
 /// nested as traces of their own, at `block_size` tokens per synthesized block id.
-#[allow(clippy::too_many_lines)] // the loader's steps in AIPerf's order; split when next edited
 pub fn read(path: &Path, block_size: usize) -> Result<Vec<weka::Source>, SynthError> {
     let origin = Origin { path };
     let sessions = read_sessions(path, &origin)?;
@@ -999,6 +1005,17 @@ pub fn read(path: &Path, block_size: usize) -> Result<Vec<weka::Source>, SynthEr
             traces.push((s, t));
         }
     }
+    unique_sources(path, &origin, &sessions, traces)
+}
+
+/// The converted traces as Weka sources, in order; two sessions whose ids become the same trace
+/// id are an error naming both.
+fn unique_sources(
+    path: &Path,
+    origin: &Origin,
+    sessions: &[Session],
+    traces: Vec<(usize, WekaTrace)>,
+) -> Result<Vec<weka::Source>, SynthError> {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut sources = Vec::with_capacity(traces.len());
     for (s, trace) in traces {
