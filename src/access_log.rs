@@ -271,15 +271,13 @@ impl Entry {
         line.text("client", socket_addr(&self.client, &mut client));
         if let Some(ua) = &self.user_agent {
             let ua = ua.as_bytes();
-            match std::str::from_utf8(ua) {
-                // What `excerpt` makes of short printable ASCII is the text itself.
-                Ok(text)
-                    if ua.len() <= crate::error::MAX_EXCERPT
-                        && ua.iter().all(|b| (0x20..0x7f).contains(b)) =>
-                {
-                    line.text("user_agent", text)
-                }
-                _ => line.text("user_agent", &crate::error::excerpt(ua)),
+            // What `excerpt` makes of short printable ASCII is the text itself, so that (the
+            // usual user agent) is written without the copy; the length is checked first.
+            let plain = ua.len() <= crate::error::MAX_EXCERPT
+                && ua.iter().all(|b| (0x20..0x7f).contains(b));
+            match plain.then(|| std::str::from_utf8(ua).ok()).flatten() {
+                Some(text) => line.text("user_agent", text),
+                None => line.text("user_agent", &crate::error::excerpt(ua)),
             }
         }
         line.num("upstream_connect_us", self.upstream_connect.map(us));

@@ -380,9 +380,8 @@ impl Proxy {
         // Buffered bytes held against limits.max_buffered_total until the upstream answers.
         let mut buffered = self.rt.bodies.reservation();
         rewrite::reject_unknown(&parts.headers, &self.rt.config.headers)?;
-        let body = match self.decide(&parts, ex)? {
-            Some(mut work) => {
-                work.client = Some(client.peer.ip());
+        let body = match self.decide(&parts, ex, client.peer.ip())? {
+            Some(work) => {
                 self.prepare_body(work, &mut parts, body, ex, &mut buffered)
                     .await?
             }
@@ -412,6 +411,7 @@ impl Proxy {
         &self,
         parts: &http::request::Parts,
         ex: &mut Exchange,
+        client: std::net::IpAddr,
     ) -> Result<Option<BodyWork>, ProxyError> {
         let cfg = &self.rt.config;
         let Some(shape) = ex.route.shape() else {
@@ -436,7 +436,7 @@ impl Proxy {
             conversation,
             placeholders: shape == Shape::Chat && cfg.synth.placeholders,
             usage: cfg.observe.request_usage && matches!(shape, Shape::Chat | Shape::Completions),
-            client: None,
+            client: Some(client),
         };
         Ok(work.needs_body().then_some(work))
     }
