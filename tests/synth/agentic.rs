@@ -5,16 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use kvbust::synth::cli::{run, SynthArgs};
+use kvbust::synth::cli::run;
 use serde_json::{json, Value};
 
 use crate::agentic_common::{check_conversation, run_synth_binary};
-
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SynthArgs,
-}
+use crate::synth_common::{fresh_scratch, Wrapper};
 
 fn vectors() -> Value {
     let path =
@@ -23,12 +18,7 @@ fn vectors() -> Value {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("synth-agentic-{}", std::process::id()))
-        .join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    fresh_scratch("agentic", name)
 }
 
 /// Writes a case's input as the vector script did (`json.dumps` of each trace object, or the

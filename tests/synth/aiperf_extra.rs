@@ -4,18 +4,12 @@
 //! corpora, sglang preseed, shared system + user context on the random corpus past the preseed
 //! caches). `tests/fixtures/synth/aiperf_extra_qwen3.json` stores sha256 of every text.
 
+use crate::synth_common::Wrapper;
 use clap::Parser;
-use kvbust::synth::cli::SynthArgs;
 use kvbust::synth::corpus::sonnet::SHAKESPEARE;
 use kvbust::synth::{compose, TokenCorpus, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SynthArgs,
-}
 
 fn digest(s: Option<&str>) -> Value {
     match s {

@@ -3,16 +3,12 @@
 
 use std::path::PathBuf;
 
+use crate::synth_common;
+use crate::synth_common::Wrapper;
 use clap::Parser;
 use kvbust::synth::cli::{run, SynthArgs};
 use kvbust::synth::SynthError;
 use serde_json::Value;
-
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SynthArgs,
-}
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -21,10 +17,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("synth-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    synth_common::scratch("cli", name)
 }
 
 fn parse(argv: &[String]) -> SynthArgs {

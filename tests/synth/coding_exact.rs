@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use crate::synth_common::Wrapper;
 use clap::Parser;
-use kvbust::synth::cli::{run, SynthArgs};
+use kvbust::synth::cli::run;
 use kvbust::synth::corpus::kvbust_coding::{
     self as coding, Category, CodingCorpus, BLOCK_COUNT, TOKENIZE_GROUPS,
 };
@@ -206,12 +207,6 @@ fn no_chat_template_tokens_in_the_corpus() {
             assert!(!b.text.contains(a.as_str()), "{a} in {:?}", b.text);
         }
     }
-}
-
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SynthArgs,
 }
 
 fn scratch_dir() -> PathBuf {

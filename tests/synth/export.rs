@@ -6,22 +6,15 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use crate::synth_common;
+use crate::synth_common::Wrapper;
 use clap::Parser;
-use kvbust::synth::cli::{run, SynthArgs};
+use kvbust::synth::cli::run;
 use kvbust::synth::Tokenizer;
 use serde_json::Value;
 
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SynthArgs,
-}
-
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("synth-export-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    synth_common::scratch("export", name)
 }
 
 fn tok() -> Tokenizer {

@@ -3,14 +3,12 @@
 // The environment carries the test harness's own switches.
 #![allow(clippy::disallowed_methods)]
 
+use crate::synth_common;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("export-guards-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    synth_common::scratch("export-guards", name)
 }
 
 fn synth(args: &[&str]) -> Output {

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use kvbust::synth::cli::SynthArgs;
 use kvbust::synth::{CacheBustTarget, Dataset, PromptCorpus, RangeRatio, SynthParams};
 use serde_json::Value;
 
@@ -19,6 +20,29 @@ const NOT_SYNTHESIS: &[&str] = &[
     "--url",
     "--custom-dataset-type",
 ];
+
+/// `kvbust synth`'s flags, parsed as the binary parses them (clap wants a command around them).
+#[derive(clap::Parser)]
+pub struct Wrapper {
+    #[command(flatten)]
+    pub args: SynthArgs,
+}
+
+/// `name` in this run's scratch folder for the test area `area` (the folder exists).
+pub fn scratch(area: &str, name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("synth-{area}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// As [`scratch`], a folder of its own, empty.
+pub fn fresh_scratch(area: &str, name: &str) -> PathBuf {
+    let dir = scratch(area, name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
 
 /// `tests/fixtures/synth/<name>`.
 pub fn fixture(name: &str) -> PathBuf {

@@ -9,18 +9,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use kvbust::synth::cli::{run, SynthArgs};
+use kvbust::synth::cli::run;
 use kvbust::synth::dataset::trace::detect_kind;
 use kvbust::synth::dataset::trace_kind::TraceKind;
 use serde_json::{json, Value};
 
 use crate::agentic_common::{check_conversation, run_synth_binary};
-
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SynthArgs,
-}
+use crate::synth_common::{fresh_scratch, Wrapper};
 
 fn vectors() -> Value {
     let path =
@@ -29,12 +24,7 @@ fn vectors() -> Value {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("synth-tracelab-{}", std::process::id()))
-        .join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    fresh_scratch("tracelab", name)
 }
 
 fn gzip(text: &str) -> Vec<u8> {

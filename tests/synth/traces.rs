@@ -5,18 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::synth_common;
+use crate::synth_common::Wrapper;
 use clap::Parser;
 use kvbust::synth::cli::{run, SynthArgs};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    args: SynthArgs,
-}
 
 #[derive(Deserialize)]
 struct Vectors {
@@ -38,10 +34,7 @@ fn fixture_text() -> String {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("synth-traces-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    synth_common::scratch("traces", name)
 }
 
 /// Python's `json.dumps(obj)` of an object given as (pretty-printed) JSON text: the same
