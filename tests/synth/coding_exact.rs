@@ -291,7 +291,11 @@ fn synth_cli_prompt_corpus_coding_exact() {
             assert!(seen.insert(text.to_owned()), "prompts differ");
         }
     }
-    std::fs::remove_dir_all(scratch_dir()).expect("remove scratch files");
+    // Only this test's files: other tests of this module use the same scratch folder at once.
+    for own in ["cache", "a.jsonl", "b.jsonl"] {
+        let p = scratch(own);
+        let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+    }
 }
 
 #[test]
@@ -333,7 +337,7 @@ fn report() {
     let cached = CodingCorpus::build_cached(SEED + 1, t, Some(&dir)).expect("cached build");
     eprintln!("build from the id cache: {:?}", t0.elapsed());
     assert_eq!(cached.tokens(), c.tokens());
-    std::fs::remove_dir_all(scratch_dir()).expect("remove scratch files");
+    std::fs::remove_dir_all(&dir).expect("remove scratch files");
     let t0 = Instant::now();
     let blocks = coding::blocks(SEED + 2);
     let generate = t0.elapsed();
