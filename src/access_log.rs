@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Uri};
+use http::Method;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
@@ -94,8 +94,12 @@ pub type Labels = (&'static str, &'static str, Option<String>);
 pub struct Entry {
     format: LogFormat,
     method: Method,
-    /// The client's request target; only its path is logged.
-    uri: Uri,
+    /// The path of the client's request target, copied. This and the request id and user agent
+    /// are copies because hyper parses a request's target and header values as slices of the
+    /// connection's read buffer: an entry holding one while the response streams keeps that
+    /// buffer from being reused, and hyper's next read then allocates a second one (8–16 KiB
+    /// more per open stream).
+    path: Box<str>,
     pub route: &'static str,
     pub phase: &'static str,
     pub target: &'static str,
@@ -140,7 +144,10 @@ impl Entry {
         }
         let headers = req.headers_mut();
         let request_id = match headers.get(&X_REQUEST_ID) {
-            Some(v) if is_usable_request_id(v.as_bytes()) => v.clone(),
+            // A copy, not a clone: see `Entry::path`.
+            Some(v) if is_usable_request_id(v.as_bytes()) => {
+                HeaderValue::from_bytes(v.as_bytes()).unwrap_or_else(|_| new_request_id())
+            }
             given => {
                 let v = new_request_id();
                 if let Some(bad) = given.filter(|g| !g.is_empty()) {
@@ -164,14 +171,17 @@ impl Entry {
         Some(Entry {
             format: log.format,
             method: req.method().clone(),
-            uri: req.uri().clone(),
+            path: req.uri().path().into(),
             route,
             phase: "none",
             target: "none",
             rid: None,
             request_id,
             client,
-            user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
+            user_agent: req
+                .headers()
+                .get(http::header::USER_AGENT)
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
             status: 0,
             upstream_status: None,
             upstream_connect: None,
@@ -256,7 +266,7 @@ impl Entry {
         let us = |d: Duration| d.as_micros() as u64;
         let mut line = Line::start(out, self.format, at);
         line.text("method", self.method.as_str());
-        line.text("path", self.uri.path());
+        line.text("path", &self.path);
         line.word("route", self.route);
         line.num("status", Some(u64::from(self.status)));
         line.num("upstream_status", self.upstream_status.map(u64::from));
@@ -616,7 +626,7 @@ mod tests {
             tracing::info!(
                 target: TARGET,
                 method = %e.method,
-                path = e.uri.path(),
+                path = &*e.path,
                 route = e.route,
                 status = e.status,
                 upstream_status = e.upstream_status,

@@ -388,7 +388,17 @@ pub struct TimedIo<S> {
 
 impl<S> TimedIo<S> {
     pub fn new(io: S, activity: Arc<Activity>, timeouts: ConnTimeouts) -> Self {
-        let accepted = Instant::now();
+        Self::accepted_at(io, activity, timeouts, Instant::now())
+    }
+
+    /// [`TimedIo::new`] for a connection accepted at `accepted` (its first-request deadline
+    /// counts from then, not from when the stream was wrapped).
+    pub fn accepted_at(
+        io: S,
+        activity: Arc<Activity>,
+        timeouts: ConnTimeouts,
+        accepted: Instant,
+    ) -> Self {
         Self {
             io,
             activity,

@@ -230,7 +230,7 @@ impl WorkerParts {
         Worker {
             proxy,
             table,
-            builder: data_builder(config),
+            builders: DataBuilders::new(config),
             tls: self.tls.clone(),
             grace: config.shutdown.grace,
             timeouts: config.listen.conn_timeouts(),
@@ -361,7 +361,7 @@ struct Worker {
     proxy: Arc<Proxy>,
     /// This worker's open client connections, held to its share of `listen.max_connections`.
     table: Arc<ConnTable>,
-    builder: auto::Builder<TokioExecutor>,
+    builders: DataBuilders,
     tls: Option<Arc<ReloadingTls>>,
     grace: Duration,
     timeouts: ConnTimeouts,
@@ -375,7 +375,7 @@ impl Worker {
         listener: TcpListener,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> usize {
-        let builder = Arc::new(self.builder);
+        let builders = Arc::new(self.builders);
         let graceful = GracefulShutdown::new();
         let mut conns = JoinSet::new();
         let timeouts = self.timeouts;
@@ -411,7 +411,7 @@ impl Worker {
                 stream,
                 peer,
                 self.proxy.clone(),
-                builder.clone(),
+                builders.clone(),
                 self.tls.as_ref().map(|t| t.acceptor()),
                 timeouts,
                 graceful.watcher(),
@@ -434,6 +434,75 @@ impl Worker {
         while conns.join_next().await.is_some() {}
         aborted
     }
+}
+
+/// The data port's HTTP servers. `any` tells HTTP/1.1 from h2c by reading the connection's
+/// first bytes into a buffer of its own and handing them back to hyper; hyper's first read then
+/// gets only those 24 bytes, and growing past them doubles its read buffer to 16 KiB for the
+/// connection's life (issue 21 item 5). So a plain connection's version is read by [`sniff`]
+/// without taking the bytes, and the matching single-version server reads them itself; `any`
+/// is for TLS (ALPN and the first bytes after the handshake) and for the rare plain connection
+/// whose first bytes do not decide it yet (a preface split across segments).
+struct DataBuilders {
+    any: auto::Builder<TokioExecutor>,
+    h1: auto::Builder<TokioExecutor>,
+    h2: auto::Builder<TokioExecutor>,
+}
+
+impl DataBuilders {
+    fn new(config: &Config) -> Self {
+        let any = data_builder(config);
+        Self {
+            h1: any.clone().http1_only(),
+            h2: any.clone().http2_only(),
+            any,
+        }
+    }
+
+    /// The server for a plain connection of the `sniffed` version.
+    fn plain(&self, sniffed: Option<Sniffed>) -> &auto::Builder<TokioExecutor> {
+        match sniffed {
+            Some(Sniffed::Http1) => &self.h1,
+            Some(Sniffed::H2c) => &self.h2,
+            None => &self.any,
+        }
+    }
+}
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4), which an h2c client sends first.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sniffed {
+    Http1,
+    H2c,
+}
+
+/// What the first bytes `peeked` say: a byte off the preface is HTTP/1.1, the whole preface
+/// h2c, and a part of it (or nothing) is not known yet.
+fn sniffed(peeked: &[u8]) -> Option<Sniffed> {
+    if peeked.is_empty() {
+        None
+    } else if !H2_PREFACE.starts_with(peeked) {
+        Some(Sniffed::Http1)
+    } else if peeked.len() == H2_PREFACE.len() {
+        Some(Sniffed::H2c)
+    } else {
+        None
+    }
+}
+
+/// The version of a plain connection, from its first bytes, left in the socket. Waits for the
+/// first bytes no longer than the connection's first-request deadline; `None` (undecided, timed
+/// out, closed or failed) leaves the connection to the detecting server, which also applies
+/// that deadline through `TimedIo`.
+async fn sniff(stream: &tokio::net::TcpStream, wait: Duration) -> Option<Sniffed> {
+    let mut first = [0u8; 24];
+    let n = tokio::time::timeout(wait, stream.peek(&mut first))
+        .await
+        .ok()?
+        .ok()?;
+    sniffed(&first[..n])
 }
 
 fn data_builder(config: &Config) -> auto::Builder<TokioExecutor> {
@@ -463,7 +532,7 @@ async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     proxy: Arc<Proxy>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builders: Arc<DataBuilders>,
     tls: Option<TlsAcceptor>,
     timeouts: ConnTimeouts,
     watcher: hyper_util::server::graceful::Watcher,
@@ -471,8 +540,13 @@ async fn serve_connection(
 ) {
     let per_client = proxy.max_upstream_per_client();
     let client = Arc::new(Downstream::new(peer, tls.is_some(), activity, per_client));
+    let accepted = tokio::time::Instant::now();
+    let sniffed = match tls {
+        None => sniff(&stream, timeouts.first_request).await,
+        Some(_) => None,
+    };
     // Below TLS, so a stalled handshake is timed out like a silent connection.
-    let stream = TimedIo::new(stream, client.activity.clone(), timeouts);
+    let stream = TimedIo::accepted_at(stream, client.activity.clone(), timeouts, accepted);
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
         let client = client.clone();
@@ -482,7 +556,8 @@ async fn serve_connection(
         None => {
             watcher
                 .watch(
-                    builder
+                    builders
+                        .plain(sniffed)
                         .serve_connection(TokioIo::new(stream), service)
                         .into_owned(),
                 )
@@ -496,7 +571,8 @@ async fn serve_connection(
                     Ok(s) => Some(
                         watcher
                             .watch(
-                                builder
+                                builders
+                                    .any
                                     .serve_connection(TokioIo::new(s), service)
                                     .into_owned(),
                             )
@@ -544,6 +620,34 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_bytes_decide_the_version_only_when_they_can() {
+        let preface: &[u8] = H2_PREFACE;
+        for (peeked, want) in [
+            (&b""[..], None),
+            (b"GET / HTTP/1.1\r\n", Some(Sniffed::Http1)),
+            (
+                b"POST /v1/chat/completions HTTP/1.1\r\n",
+                Some(Sniffed::Http1),
+            ),
+            // "P" and "PRI * HTTP/2" could still be either.
+            (b"P", None),
+            (&preface[..12], None),
+            (&preface[..23], None),
+            (preface, Some(Sniffed::H2c)),
+            // One byte off anywhere is HTTP/1.1 (hyper answers what it makes of it).
+            (b"PRI * HTTP/1.1\r\n", Some(Sniffed::Http1)),
+            (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\r", Some(Sniffed::Http1)),
+        ] {
+            assert_eq!(
+                sniffed(peeked),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(peeked)
+            );
+        }
+    }
 
     #[test]
     fn data_listener_binds_one_port_for_every_worker_and_refuses_a_taken_port() {

@@ -872,3 +872,69 @@ async fn a_stalled_stream_after_a_complete_one_is_cut_at_the_idle_timeout() {
     );
     h.shutdown().await;
 }
+
+/// Writes `parts` one write each on a fresh connection, then reads until `want` bytes came.
+async fn raw_exchange(h: &Harness, parts: &[&[u8]], want: usize) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(h.proxy_addr).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    for part in parts {
+        tcp.write_all(part).await.unwrap();
+        tcp.flush().await.unwrap();
+    }
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < want {
+        let n = tokio::time::timeout(Duration::from_secs(20), tcp.read(&mut buf))
+            .await
+            .expect("the proxy answers")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+/// The data port tells h2c from HTTP/1.1 by peeking at the first bytes; first bytes that do not
+/// decide it yet (a preface, or a "P", split from the rest) still reach the right server.
+#[tokio::test]
+async fn the_version_is_found_however_the_first_bytes_are_split() {
+    let h = start(|_| {}).await;
+    let preface: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    // An empty SETTINGS frame: what an h2c client sends after the preface.
+    let settings: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+    for split in [1, 12, 23, 24] {
+        let got = raw_exchange(&h, &[&preface[..split], &preface[split..], settings], 9).await;
+        // The server's first frame is its SETTINGS (type 4 on stream 0), not an HTTP/1.1 error.
+        assert!(got.len() >= 9, "split at {split}: {got:?}");
+        assert_eq!(
+            got[3],
+            4,
+            "split at {split}: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        assert_eq!(&got[5..9], &[0, 0, 0, 0], "split at {split}");
+    }
+    let body = chat_body("split head", false, 2);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: kvbust\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    for split in [1, 3, head.len()] {
+        let got = raw_exchange(
+            &h,
+            &[&head.as_bytes()[..split], &head.as_bytes()[split..]],
+            usize::MAX,
+        )
+        .await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\n"),
+            "split at {split}: {text}"
+        );
+        assert!(text.contains("chat.completion"), "split at {split}: {text}");
+    }
+    h.shutdown().await;
+}
