@@ -538,8 +538,9 @@ fn message<'a>(path: Path, raw: Json<'a>) -> Result<RawObject<'a>, RewriteError>
         });
     }
     // The syntax was validated, but a member name holding a lone surrogate (`"\uDDDD"`) only
-    // fails now, when names are decoded: the client's JSON is invalid text, a 400.
-    raw::object(raw).map_err(RewriteError::InvalidJson)
+    // fails now, when names are decoded (the scan leaves escaped names to serde): the client's
+    // JSON is invalid text, a 400.
+    raw::object_of_valid(raw).map_err(RewriteError::InvalidJson)
 }
 
 /// The message's role; `None` when absent or not decodable text.
@@ -621,7 +622,7 @@ fn text_of_part<'a>(part: Json<'a>, text_type: &str) -> Option<Json<'a>> {
     if Kind::of(part) != Kind::Object {
         return None;
     }
-    raw::part_text(&raw::object(part).ok()?, text_type)
+    raw::part_text(&raw::object_of_valid(part).ok()?, text_type)
 }
 
 /// Python `part == {"type": text_type, "text": text}`: exactly those two keys and values.
@@ -629,7 +630,7 @@ fn part_equals(part: Json<'_>, text_type: &str, text: &str) -> bool {
     if Kind::of(part) != Kind::Object {
         return false;
     }
-    let Ok(obj) = raw::object(part) else {
+    let Ok(obj) = raw::object_of_valid(part) else {
         return false;
     };
     obj.distinct_keys() == 2
