@@ -500,6 +500,13 @@ pub(crate) fn array_head(raw: Json<'_>, n: usize) -> serde_json::Result<(Vec<Jso
 /// The decoded text of a raw value known to be a string. Fails only on escapes that are not
 /// Unicode (lone surrogates such as `"\ud800"`), which JSON syntax allows.
 pub(crate) fn string(raw: Json<'_>) -> serde_json::Result<Cow<'_, str>> {
+    // A literal without a backslash is its text between the quotes (the parse that produced it
+    // refused raw control characters): one `memchr` instead of a second pass through serde.
+    if let Some(inner) = raw.0.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+        if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
+            return Ok(Cow::Borrowed(inner));
+        }
+    }
     serde_json::from_str::<Str<'_>>(raw.0).map(|s| s.0)
 }
 
@@ -810,6 +817,30 @@ mod tests {
         ] {
             let raw: &RawValue = serde_json::from_str(s).unwrap();
             assert_eq!(Kind::of(raw.into()), k, "{s}");
+        }
+    }
+
+    /// Strings decode as serde decodes them, with and without escapes; other values fail.
+    #[test]
+    fn strings_decode_as_serde_decodes_them() {
+        for text in [
+            r#""""#,
+            r#""plain text, {braces} [brackets] and 'quotes'""#,
+            r#""é 😀 \u00e9""#,
+            r#""a\"b\\c\/d\n\t\r\b\f""#,
+            r#""\\""#,
+            r#""\ud83d\ude00""#,
+            r#""ends with a backslash pair \\\\""#,
+        ] {
+            let raw: &RawValue = serde_json::from_str(text).unwrap();
+            let want: String = serde_json::from_str(text).unwrap();
+            assert_eq!(string(raw.into()).unwrap(), want, "{text}");
+            let borrowed = matches!(string(raw.into()).unwrap(), Cow::Borrowed(_));
+            assert_eq!(borrowed, !text.contains('\\'), "{text}");
+        }
+        for text in ["1", "null", "[\"a\"]", "{}"] {
+            let raw: &RawValue = serde_json::from_str(text).unwrap();
+            assert!(string(raw.into()).is_err(), "{text}");
         }
     }
 
