@@ -8,6 +8,8 @@ use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+mod check;
+
 /// A JSON value's text, borrowed from the bytes it sits in: valid JSON with no surrounding
 /// whitespace, because a parse of those bytes produced it ([`RawValue`]) or a [`Layout`] of
 /// them points at it. The second way needs no parse: only the UTF-8 of the range is checked.
@@ -310,6 +312,16 @@ pub(crate) fn object_with_array<'a>(
     field: &'static str,
 ) -> serde_json::Result<Top<'a>> {
     count_body_parse();
+    // The common body is read and checked in one scan; anything it leaves, serde reads (and
+    // words the error).
+    match check::top(body, field) {
+        Some(top) => Ok(top),
+        None => serde_object_with_array(body, field),
+    }
+}
+
+/// [`object_with_array`] by serde alone.
+fn serde_object_with_array<'a>(body: &'a [u8], field: &'static str) -> serde_json::Result<Top<'a>> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let out = TopSeed { field, body }.deserialize(&mut de)?;
     de.end()?;
