@@ -788,6 +788,32 @@ mod tests {
         assert_eq!(dup.count("role"), 2);
     }
 
+    /// Escapes at every position of keys and values of every length up to 40 bytes (one
+    /// `memchr` window and more): the scan reads what serde reads, or leaves it to serde.
+    #[test]
+    fn the_scan_reads_strings_of_every_length() {
+        for n in 0..40 {
+            for p in 0..=n {
+                for special in ["x", "\\\"", "\\\\", "\\u00e9", "é", "\\/"] {
+                    let text = format!("{}{special}{}", "a".repeat(p), "b".repeat(n - p));
+                    for (body, in_key) in [
+                        (format!(r#"{{"role":"{text}","content":"{text}"}}"#), false),
+                        (format!(r#"{{"{text}":"user","role":["{text}"]}}"#), true),
+                    ] {
+                        let raw: &RawValue = serde_json::from_str(&body).unwrap();
+                        let raw = Json::from(raw);
+                        let by_serde = object(raw).unwrap();
+                        let got = object_of_valid(raw).unwrap();
+                        let want: Vec<_> = by_serde.members().collect();
+                        assert_eq!(got.members().collect::<Vec<_>>(), want, "{body}");
+                        let key_escaped = in_key && special.starts_with('\\');
+                        assert_eq!(scan_object(raw).is_none(), key_escaped, "{body}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Text that is not an object's valid JSON (never the case for a parsed value) is left to
     /// serde, which words the error, rather than read wrong.
     #[test]

@@ -185,3 +185,32 @@ fn the_fuzzing_corpus_never_makes_the_scan_and_serde_disagree() {
         "{files} files, {read} read by the scan"
     );
 }
+
+/// Every special byte at every position of strings of every length up to 40 bytes (one
+/// `memchr` window and more), in a value and in a key.
+#[test]
+fn strings_of_every_length_and_every_special_position() {
+    // (spelling inside the string, what the scan says of a value holding it, of a key holding it)
+    let specials: &[(&str, Option<bool>, Option<bool>)] = &[
+        ("x", Some(true), Some(true)),
+        ("\\\"", Some(true), Some(false)),
+        ("\\\\", Some(true), Some(false)),
+        ("\\n", Some(true), Some(false)),
+        ("\\u00e9", Some(true), Some(false)),
+        ("é", Some(true), Some(true)),
+        ("\u{1}", None, None),
+        ("\n", None, None),
+        ("\\x", None, None),
+    ];
+    for n in 0..40 {
+        for p in 0..=n {
+            for (special, as_value, as_key) in specials {
+                let text = format!("{}{special}{}", "a".repeat(p), "b".repeat(n - p));
+                let value = format!(r#"{{"k":"{text}","messages":["{text}"]}}"#);
+                assert_eq!(judge(value.as_bytes()), *as_value, "{value}");
+                let key = format!(r#"{{"{text}":1}}"#);
+                assert_eq!(judge(key.as_bytes()), *as_key, "{key}");
+            }
+        }
+    }
+}
