@@ -51,6 +51,7 @@
 //! and the content it marks a string or an array. Messages after the one marked are not read.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::fmt;
 
 use sha2::{Digest as _, Sha256};
@@ -369,6 +370,17 @@ pub struct Parsed<'a> {
     shape: Shape,
     user: Option<Cow<'a, str>>,
     view: View<'a>,
+    /// The first-user rule's pick, kept by the first step that made it (the session hash asks
+    /// before the marking does), so the messages are read once per request.
+    first_user: OnceCell<FirstUser<'a>>,
+}
+
+/// The message the first-user rule chose after skipping `skip` user messages: its index and its
+/// `content` (`found` is `None` when there is no such message).
+#[derive(Clone, Copy)]
+struct FirstUser<'a> {
+    skip: usize,
+    found: Option<(usize, Option<Json<'a>>)>,
 }
 
 impl fmt::Debug for Parsed<'_> {
@@ -521,6 +533,7 @@ fn view<'a>(shape: Shape, body: &'a [u8], top: Top<'a>) -> Result<Parsed<'a>, Re
         shape,
         user,
         view,
+        first_user: OnceCell::new(),
     })
 }
 
@@ -538,8 +551,9 @@ fn message<'a>(path: Path, raw: Json<'a>) -> Result<RawObject<'a>, RewriteError>
         });
     }
     // The syntax was validated, but a member name holding a lone surrogate (`"\uDDDD"`) only
-    // fails now, when names are decoded: the client's JSON is invalid text, a 400.
-    raw::object(raw).map_err(RewriteError::InvalidJson)
+    // fails now, when names are decoded (the scan leaves escaped names to serde): the client's
+    // JSON is invalid text, a 400.
+    raw::object_of_valid(raw).map_err(RewriteError::InvalidJson)
 }
 
 /// The message's role; `None` when absent or not decodable text.
@@ -621,7 +635,7 @@ fn text_of_part<'a>(part: Json<'a>, text_type: &str) -> Option<Json<'a>> {
     if Kind::of(part) != Kind::Object {
         return None;
     }
-    raw::part_text(&raw::object(part).ok()?, text_type)
+    raw::part_text(&raw::object_of_valid(part).ok()?, text_type)
 }
 
 /// Python `part == {"type": text_type, "text": text}`: exactly those two keys and values.
@@ -629,7 +643,7 @@ fn part_equals(part: Json<'_>, text_type: &str, text: &str) -> bool {
     if Kind::of(part) != Kind::Object {
         return false;
     }
-    let Ok(obj) = raw::object(part) else {
+    let Ok(obj) = raw::object_of_valid(part) else {
         return false;
     };
     obj.distinct_keys() == 2
@@ -840,6 +854,7 @@ impl<'a> Parsed<'a> {
             shape,
             user,
             view: View::Chat { messages },
+            first_user: OnceCell::new(),
         })
     }
 
@@ -957,9 +972,9 @@ impl<'a> Parsed<'a> {
     fn mark_first_user(&self, inj: &mut Injector<'_>, skip: usize) -> Result<bool, RewriteError> {
         match &self.view {
             View::Chat { messages } | View::Messages { messages, .. } => {
-                match nth_user("messages", messages, skip)? {
-                    Some(m) => {
-                        inj.content(Path::top("messages").at(m.index), m.obj.get("content"))?;
+                match self.first_user("messages", messages, skip)? {
+                    Some((index, content)) => {
+                        inj.content(Path::top("messages").at(index), content)?;
                         Ok(true)
                     }
                     None => Ok(false),
@@ -980,9 +995,9 @@ impl<'a> Parsed<'a> {
                         inj.string(*t)?;
                         Ok(true)
                     }
-                    Input::Items(items) => match nth_user("input", items, skip)? {
-                        Some(m) => {
-                            inj.content(Path::top("input").at(m.index), m.obj.get("content"))?;
+                    Input::Items(items) => match self.first_user("input", items, skip)? {
+                        Some((index, content)) => {
+                            inj.content(Path::top("input").at(index), content)?;
                             Ok(true)
                         }
                         None => Ok(false),
@@ -1015,22 +1030,39 @@ impl<'a> Parsed<'a> {
         }
     }
 
+    /// [`nth_user`]'s index and `content`, from the body's one conversation (`root`: `items`),
+    /// read once and kept. An error is not kept: asking again gives it again.
+    fn first_user(
+        &self,
+        root: &'static str,
+        items: &[Json<'a>],
+        skip: usize,
+    ) -> Result<Option<(usize, Option<Json<'a>>)>, RewriteError> {
+        if let Some(kept) = self.first_user.get().filter(|k| k.skip == skip) {
+            return Ok(kept.found);
+        }
+        let found = nth_user(root, items, skip)?.map(|m| (m.index, m.obj.get("content")));
+        // Already set means another `skip` was kept first; that one stays.
+        let _ = self.first_user.set(FirstUser { skip, found });
+        Ok(found)
+    }
+
     /// The content of the first user turn (after `user_context_messages`), as the first-user
     /// rule would choose it. For completions, the first prompt string.
     fn first_user_content(&self, skip: usize) -> Result<Option<Json<'a>>, RewriteError> {
         Ok(match &self.view {
-            View::Chat { messages } | View::Messages { messages, .. } => {
-                nth_user("messages", messages, skip)?.and_then(|m| m.obj.get("content"))
-            }
+            View::Chat { messages } | View::Messages { messages, .. } => self
+                .first_user("messages", messages, skip)?
+                .and_then(|(_, content)| content),
             View::Responses {
                 input, stateful, ..
             } => match input {
                 _ if *stateful => None,
                 Input::Absent => None,
                 Input::Text(t) => (skip == 0).then_some(*t),
-                Input::Items(items) => {
-                    nth_user("input", items, skip)?.and_then(|m| m.obj.get("content"))
-                }
+                Input::Items(items) => self
+                    .first_user("input", items, skip)?
+                    .and_then(|(_, content)| content),
             },
             View::Completions { prompt } => match Kind::of(*prompt) {
                 Kind::String => Some(*prompt),

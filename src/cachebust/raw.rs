@@ -8,6 +8,8 @@ use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+mod check;
+
 /// A JSON value's text, borrowed from the bytes it sits in: valid JSON with no surrounding
 /// whitespace, because a parse of those bytes produced it ([`RawValue`]) or a [`Layout`] of
 /// them points at it. The second way needs no parse: only the UTF-8 of the range is checked.
@@ -310,6 +312,16 @@ pub(crate) fn object_with_array<'a>(
     field: &'static str,
 ) -> serde_json::Result<Top<'a>> {
     count_body_parse();
+    // The common body is read and checked in one scan; anything it leaves, serde reads (and
+    // words the error).
+    match check::top(body, field) {
+        Some(top) => Ok(top),
+        None => serde_object_with_array(body, field),
+    }
+}
+
+/// [`object_with_array`] by serde alone.
+fn serde_object_with_array<'a>(body: &'a [u8], field: &'static str) -> serde_json::Result<Top<'a>> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let out = TopSeed { field, body }.deserialize(&mut de)?;
     de.end()?;
@@ -337,6 +349,128 @@ pub(crate) fn top_value(body: &[u8]) -> serde_json::Result<Json<'_>> {
 /// Members of a raw value known (by [`Kind::of`]) to be an object.
 pub(crate) fn object(raw: Json<'_>) -> serde_json::Result<RawObject<'_>> {
     serde_json::from_str(raw.0)
+}
+
+/// Members of a raw value known to be an object **that a validating parse produced** (every
+/// `Json` of the body is one): read by [`scan_object`] when it can, which walks the text once
+/// without checking it again, else by [`object`]. The two give the same members; the serde path
+/// is the one that words an error (a key with a lone surrogate escape).
+pub(crate) fn object_of_valid(raw: Json<'_>) -> serde_json::Result<RawObject<'_>> {
+    match scan_object(raw) {
+        Some(obj) => Ok(obj),
+        None => object(raw),
+    }
+}
+
+/// The members of `raw`, an object's text already validated, found by skipping over it: strings
+/// by `memchr` for `"` and `\`, containers by depth counting. `None` (the caller parses) when a
+/// key holds a backslash escape, since decoding it could fail or change it, or when the text
+/// is not the shape valid JSON has; it never checks what a parse already checked (escapes,
+/// UTF-8, control characters, numbers' grammar).
+pub(crate) fn scan_object(raw: Json<'_>) -> Option<RawObject<'_>> {
+    let s = raw.0;
+    let b = s.as_bytes();
+    if b.first() != Some(&b'{') {
+        return None;
+    }
+    let mut entries = Vec::with_capacity(8);
+    let mut i = skip_ws(b, 1);
+    if b.get(i) == Some(&b'}') {
+        return (i + 1 == b.len()).then_some(RawObject { entries });
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let (close, escaped) = string_close(b, i)?;
+        if escaped {
+            return None;
+        }
+        let key = s.get(i + 1..close)?;
+        i = skip_ws(b, close + 1);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(b, i + 1);
+        let end = value_end(b, start)?;
+        entries.push((Cow::Borrowed(key), Json(s.get(start..end)?)));
+        i = skip_ws(b, end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return (i + 1 == b.len()).then_some(RawObject { entries }),
+            _ => return None,
+        }
+    }
+}
+
+/// The first offset from `at` on that is not JSON whitespace.
+fn skip_ws(b: &[u8], mut at: usize) -> usize {
+    while b.get(at).copied().is_some_and(is_ws) {
+        at += 1;
+    }
+    at
+}
+
+/// For the string opening at `open`: the offset of its closing quote, and whether it holds a
+/// backslash escape. The byte after a backslash is skipped, so `\"` does not close it (a `\u`
+/// escape's four hex digits hold no quote or backslash).
+fn string_close(b: &[u8], open: usize) -> Option<(usize, bool)> {
+    let mut at = open + 1;
+    let mut escaped = false;
+    loop {
+        let k = at + memchr::memchr2(b'"', b'\\', b.get(at..)?)?;
+        if b.get(k) == Some(&b'"') {
+            return Some((k, escaped));
+        }
+        escaped = true;
+        at = k + 2;
+    }
+}
+
+/// The offset just past the value starting at `at`.
+fn value_end(b: &[u8], at: usize) -> Option<usize> {
+    match *b.get(at)? {
+        b'"' => string_close(b, at).map(|(close, _)| close + 1),
+        b'{' | b'[' => {
+            // Brackets inside strings are skipped with the strings; valid JSON nests them right,
+            // so counting depth without telling `{` from `[` finds the matching close.
+            let mut depth = 0usize;
+            let mut i = at;
+            loop {
+                match *b.get(i)? {
+                    b'"' => i = string_close(b, i)?.0,
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        first => {
+            // A number or a literal: up to the next delimiter, and not empty.
+            let rest = b.get(at..)?;
+            let len = rest
+                .iter()
+                .position(|&c| matches!(c, b',' | b'}' | b']') || is_ws(c))
+                .unwrap_or(rest.len());
+            let word = rest.get(..len)?;
+            let ok = match first {
+                b't' => word == b"true",
+                b'f' => word == b"false",
+                b'n' => word == b"null",
+                b'-' | b'0'..=b'9' => word
+                    .iter()
+                    .all(|c| matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')),
+                _ => false,
+            };
+            ok.then_some(at + len)
+        }
+    }
 }
 
 /// Elements of a raw value known to be an array.
@@ -378,6 +512,13 @@ pub(crate) fn array_head(raw: Json<'_>, n: usize) -> serde_json::Result<(Vec<Jso
 /// The decoded text of a raw value known to be a string. Fails only on escapes that are not
 /// Unicode (lone surrogates such as `"\ud800"`), which JSON syntax allows.
 pub(crate) fn string(raw: Json<'_>) -> serde_json::Result<Cow<'_, str>> {
+    // A literal without a backslash is its text between the quotes (the parse that produced it
+    // refused raw control characters): one `memchr` instead of a second pass through serde.
+    if let Some(inner) = raw.0.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+        if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
+            return Ok(Cow::Borrowed(inner));
+        }
+    }
     serde_json::from_str::<Str<'_>>(raw.0).map(|s| s.0)
 }
 
@@ -588,6 +729,119 @@ mod tests {
         }
     }
 
+    /// The scan gives the members serde gives, for every spelling a client may send; it leaves
+    /// escaped keys to serde.
+    #[test]
+    fn the_scan_reads_what_serde_reads() {
+        let cases: &[(&str, bool)] = &[
+            // (object text as sent, whether the scan reads it itself)
+            (r#"{}"#, true),
+            (" {\t}\n", true),
+            (r#"{"role":"user","content":"hi"}"#, true),
+            (
+                "{ \"role\" :\n\t\"user\" ,\r\n \"content\" : \"hi\" }",
+                true,
+            ),
+            // duplicate keys: both kept in order, the last one is what `get` finds
+            (r#"{"role":"system","content":"a","role":"user"}"#, true),
+            // the key's name inside strings, nested objects and arrays is not a member
+            (
+                r#"{"content":"say \"role\": \"user\"","role":"assistant"}"#,
+                true,
+            ),
+            (
+                r#"{"meta":{"role":"user","x":[{"role":"user"}]},"role":"tool"}"#,
+                true,
+            ),
+            (
+                r#"{"content":[{"type":"text","text":"]}{\"role\":\"user\"}"}],"n":1}"#,
+                true,
+            ),
+            // escaped backslashes right before a closing quote, braces in strings
+            (r#"{"content":"a\\","role":"user","x":"\\\"}"}"#, true),
+            (r#"{"k":"\u00e9\ud83d\ude00 é 😀 \n\t\/"}"#, true),
+            // every kind of value, with and without surrounding whitespace
+            (
+                r#"{"a":-1.5e+3,"b":true ,"c":false, "d":null,"e":0,"f":[ ],"g":{ },"h":[[1],[2,[3]]]}"#,
+                true,
+            ),
+            (r#"{"a":1E-2}"#, true),
+            // escaped keys: serde decodes them
+            (r#"{"r\u006fle":"user"}"#, false),
+            (r#"{"role":"user","k\"ey":1}"#, false),
+            (r#"{"\\":1}"#, false),
+        ];
+        for (text, scanned) in cases {
+            let raw: &RawValue = serde_json::from_str(text).unwrap();
+            let raw = Json::from(raw);
+            let by_serde = object(raw).unwrap();
+            let by_scan = scan_object(raw);
+            assert_eq!(by_scan.is_some(), *scanned, "{text}");
+            let got = object_of_valid(raw).unwrap();
+            let want: Vec<_> = by_serde.members().collect();
+            assert_eq!(got.members().collect::<Vec<_>>(), want, "{text}");
+            assert_eq!(got.get("role"), by_serde.get("role"), "{text}");
+            assert_eq!(got.get("content"), by_serde.get("content"), "{text}");
+        }
+        let dup = scan_object(Json(r#"{"role":"system","role":"user"}"#)).unwrap();
+        assert_eq!(dup.get("role").unwrap().get(), r#""user""#);
+        assert_eq!(dup.count("role"), 2);
+    }
+
+    /// Escapes at every position of keys and values of every length up to 40 bytes (one
+    /// `memchr` window and more): the scan reads what serde reads, or leaves it to serde.
+    #[test]
+    fn the_scan_reads_strings_of_every_length() {
+        for n in 0..40 {
+            for p in 0..=n {
+                for special in ["x", "\\\"", "\\\\", "\\u00e9", "é", "\\/"] {
+                    let text = format!("{}{special}{}", "a".repeat(p), "b".repeat(n - p));
+                    for (body, in_key) in [
+                        (format!(r#"{{"role":"{text}","content":"{text}"}}"#), false),
+                        (format!(r#"{{"{text}":"user","role":["{text}"]}}"#), true),
+                    ] {
+                        let raw: &RawValue = serde_json::from_str(&body).unwrap();
+                        let raw = Json::from(raw);
+                        let by_serde = object(raw).unwrap();
+                        let got = object_of_valid(raw).unwrap();
+                        let want: Vec<_> = by_serde.members().collect();
+                        assert_eq!(got.members().collect::<Vec<_>>(), want, "{body}");
+                        let key_escaped = in_key && special.starts_with('\\');
+                        assert_eq!(scan_object(raw).is_none(), key_escaped, "{body}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Text that is not an object's valid JSON (never the case for a parsed value) is left to
+    /// serde, which words the error, rather than read wrong.
+    #[test]
+    fn the_scan_refuses_what_is_not_valid() {
+        for text in [
+            "",
+            "[]",
+            "\"x\"",
+            "{",
+            "{\"a\"}",
+            "{\"a\" 1}",
+            "{\"a\":}",
+            "{\"a\":1,}",
+            "{\"a\":1 \"b\":2}",
+            "{\"a\":tru}",
+            "{\"a\":nul}",
+            "{\"a\":x}",
+            "{\"a\":\"x}",
+            "{\"a\":[1,2}",
+            "{\"a\":1}}",
+            "{\"a\":1} ",
+            "{\"a\":{\"b\":[}",
+            "{\"a\":\"\\",
+        ] {
+            assert!(scan_object(Json(text)).is_none(), "{text}");
+        }
+    }
+
     #[test]
     fn kinds() {
         for (s, k) in [
@@ -601,6 +855,30 @@ mod tests {
         ] {
             let raw: &RawValue = serde_json::from_str(s).unwrap();
             assert_eq!(Kind::of(raw.into()), k, "{s}");
+        }
+    }
+
+    /// Strings decode as serde decodes them, with and without escapes; other values fail.
+    #[test]
+    fn strings_decode_as_serde_decodes_them() {
+        for text in [
+            r#""""#,
+            r#""plain text, {braces} [brackets] and 'quotes'""#,
+            r#""é 😀 \u00e9""#,
+            r#""a\"b\\c\/d\n\t\r\b\f""#,
+            r#""\\""#,
+            r#""\ud83d\ude00""#,
+            r#""ends with a backslash pair \\\\""#,
+        ] {
+            let raw: &RawValue = serde_json::from_str(text).unwrap();
+            let want: String = serde_json::from_str(text).unwrap();
+            assert_eq!(string(raw.into()).unwrap(), want, "{text}");
+            let borrowed = matches!(string(raw.into()).unwrap(), Cow::Borrowed(_));
+            assert_eq!(borrowed, !text.contains('\\'), "{text}");
+        }
+        for text in ["1", "null", "[\"a\"]", "{}"] {
+            let raw: &RawValue = serde_json::from_str(text).unwrap();
+            assert!(string(raw.into()).is_err(), "{text}");
         }
     }
 

@@ -1175,3 +1175,70 @@ fn hash_kept_under_a_second_marker(
     }
     2
 }
+
+/// The first-user pick the session hash makes is kept for the marking: hashing first, with the
+/// same or another `user_context_messages`, changes neither the outcome nor the hash, and an
+/// error is given again each time it is asked.
+#[test]
+fn the_kept_first_user_pick_changes_nothing() {
+    let bodies: &[(Shape, &str)] = &[
+        (
+            Shape::Chat,
+            r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"a"},{"role":"user","content":["b",{"type":"text","text":"c"}]}]}"#,
+        ),
+        (
+            Shape::Chat,
+            r#"{"messages":[{"role":"user","content":"a","role":"assistant"},{"content":"b","role":"user"}]}"#,
+        ),
+        (
+            Shape::Messages,
+            r#"{"system":"s","messages":[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"user","content":"b"}]}"#,
+        ),
+        (
+            Shape::Responses,
+            r#"{"input":[{"role":"developer","content":"d"},{"role":"user","content":"a"},{"role":"user","content":"b"}]}"#,
+        ),
+        (
+            Shape::Chat,
+            r#"{"messages":[{"role":"assistant","content":"x"}]}"#,
+        ),
+    ];
+    for (shape, body) in bodies {
+        for target in [
+            Target::FirstTurnPrefix,
+            Target::FirstTurnSuffix,
+            Target::SystemPrefix,
+        ] {
+            let marker = if target.is_prefix() { RID_P } else { RID_S };
+            for (hash_skip, skip) in [(0, 0), (1, 1), (0, 1), (1, 0), (5, 0)] {
+                let plan = Plan {
+                    user_context_messages: skip,
+                    ..Plan::new(target, marker)
+                };
+                let fresh = run(*shape, body, &plan);
+                let fresh_hash = parse(*shape, body.as_bytes())
+                    .unwrap()
+                    .first_user_turn_hash(skip);
+                let parsed = parse(*shape, body.as_bytes()).unwrap();
+                let _ = parsed.first_user_turn_hash(hash_skip);
+                assert_eq!(parsed.apply(&plan).unwrap(), fresh, "{body} {target}");
+                assert_eq!(parsed.first_user_turn_hash(skip), fresh_hash, "{body}");
+            }
+        }
+    }
+    // A message the rule must read that is not an object: the same error on every ask.
+    let bad = r#"{"messages":[{"role":"user","content":"a"},7]}"#;
+    let plan = Plan {
+        user_context_messages: 1,
+        ..Plan::new(Target::FirstTurnPrefix, RID_P)
+    };
+    let parsed = parse(Shape::Chat, bad.as_bytes()).unwrap();
+    assert_eq!(parsed.first_user_turn_hash(1), None);
+    for _ in 0..2 {
+        let e = parsed.apply(&plan).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`messages[1]` must be an object (found a number)"
+        );
+    }
+}
