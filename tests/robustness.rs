@@ -828,29 +828,43 @@ async fn half_sent_streams(h: &Harness, n: usize, answered: usize) -> Vec<(u16, 
     got
 }
 
-/// Issue 23 item 2: the half-sent HTTP/2 streams of one client connection hold at most
-/// `upstream.max_connections_per_client` upstream connections; a stream past it waits up to
-/// `upstream.connect_timeout` and gets 503, and a request on another connection is served.
-#[tokio::test]
-async fn half_sent_h2_streams_open_at_most_the_per_client_bound_of_upstream_connections() {
+/// Starts a one-worker proxy in front of a counting upstream with `bound` applied to its
+/// config, sends `sent` half-sent streams on one h2c connection and checks that the `refused`
+/// ones past the bound got 503 `upstream_connections_exhausted`. Returns the harness and how
+/// many connections the upstream accepted.
+async fn refused_past_the_bound(
+    bound: impl FnOnce(&mut kvbust::config::Config),
+    sent: usize,
+    refused: usize,
+) -> (Harness, usize) {
     use std::sync::atomic::Ordering;
     let (url, accepted) = counting_upstream().await;
     let h = start_proxy(&url, |c| {
         c.listen.workers = 1;
-        c.upstream.max_connections_per_client = 4;
         c.upstream.connect_timeout = Duration::from_millis(300);
         // The held streams are still in flight at the end: no need to wait them out.
         c.shutdown.grace = Duration::from_millis(100);
+        bound(c);
     })
     .await;
-    let got = half_sent_streams(&h, 12, 8).await;
+    let got = half_sent_streams(&h, sent, refused).await;
     for (status, code) in &got {
         assert_eq!(
             (*status, code.as_str()),
             (503, "upstream_connections_exhausted")
         );
     }
-    assert_eq!(accepted.load(Ordering::SeqCst), 4, "the bound, no more");
+    (h, accepted.load(Ordering::SeqCst))
+}
+
+/// Issue 23 item 2: the half-sent HTTP/2 streams of one client connection hold at most
+/// `upstream.max_connections_per_client` upstream connections; a stream past it waits up to
+/// `upstream.connect_timeout` and gets 503, and a request on another connection is served.
+#[tokio::test]
+async fn half_sent_h2_streams_open_at_most_the_per_client_bound_of_upstream_connections() {
+    let (h, accepted) =
+        refused_past_the_bound(|c| c.upstream.max_connections_per_client = 4, 12, 8).await;
+    assert_eq!(accepted, 4, "the bound, no more");
     // A legitimate request on its own connection still works.
     let req = post(&h.url("/v1/embeddings"), "{\"input\":\"x\"}", &[]);
     let resp = send(&h1(), req).await;
@@ -863,23 +877,8 @@ async fn half_sent_h2_streams_open_at_most_the_per_client_bound_of_upstream_conn
 /// connections, whatever its clients ask.
 #[tokio::test]
 async fn a_worker_opens_at_most_its_bound_of_upstream_connections() {
-    use std::sync::atomic::Ordering;
-    let (url, accepted) = counting_upstream().await;
-    let h = start_proxy(&url, |c| {
-        c.listen.workers = 1;
-        c.upstream.max_connections_per_worker = 3;
-        c.upstream.connect_timeout = Duration::from_millis(300);
-        // The held streams are still in flight at the end: no need to wait them out.
-        c.shutdown.grace = Duration::from_millis(100);
-    })
-    .await;
-    let got = half_sent_streams(&h, 8, 5).await;
-    for (status, code) in &got {
-        assert_eq!(
-            (*status, code.as_str()),
-            (503, "upstream_connections_exhausted")
-        );
-    }
-    assert_eq!(accepted.load(Ordering::SeqCst), 3, "the bound, no more");
+    let (h, accepted) =
+        refused_past_the_bound(|c| c.upstream.max_connections_per_worker = 3, 8, 5).await;
+    assert_eq!(accepted, 3, "the bound, no more");
     h.shutdown().await;
 }

@@ -175,23 +175,26 @@ fn validate_limits(l: &LimitsConfig) -> Result<(), ConfigError> {
 
 /// The placeholder caps are at least 1.
 fn validate_placeholder_limits(s: &SynthConfig) -> Result<(), ConfigError> {
-    for (key, n) in [
-        ("synth.max_placeholders", s.max_placeholders),
-        ("synth.max_placeholder_tokens", s.max_placeholder_tokens),
-        ("synth.placeholder_queue", s.placeholder_queue),
-        (
-            "synth.placeholder_queue_per_client",
-            s.placeholder_queue_per_client,
-        ),
-    ] {
-        if n == 0 {
-            return Err(ConfigError::new(
-                key,
-                "must be at least 1; set synth.placeholders = false to turn placeholders off",
-            ));
-        }
+    at_least_one(
+        &[
+            ("synth.max_placeholders", s.max_placeholders),
+            ("synth.max_placeholder_tokens", s.max_placeholder_tokens),
+            ("synth.placeholder_queue", s.placeholder_queue),
+            (
+                "synth.placeholder_queue_per_client",
+                s.placeholder_queue_per_client,
+            ),
+        ],
+        "must be at least 1; set synth.placeholders = false to turn placeholders off",
+    )
+}
+
+/// The first of `keys` that is 0, named with `why`.
+fn at_least_one(keys: &[(&'static str, usize)], why: &'static str) -> Result<(), ConfigError> {
+    match keys.iter().find(|(_, n)| *n == 0) {
+        Some((key, _)) => Err(ConfigError::new(*key, why)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The ledger's capacity, the session sources and the benchmark id.
@@ -395,21 +398,19 @@ fn validate_upstream(u: &UpstreamConfig, url: Option<&UpstreamUrl>) -> Result<()
             ));
         }
     }
-    for (key, n) in [
-        ("upstream.health_fail_threshold", u.health_fail_threshold),
-        (
-            "upstream.health_success_threshold",
-            u.health_success_threshold,
-        ),
-    ] {
-        if n == 0 {
-            return Err(ConfigError::new(
-                key,
-                "must be at least 1 (probes in a row)",
-            ));
-        }
-    }
-    Ok(())
+    at_least_one(
+        &[
+            (
+                "upstream.health_fail_threshold",
+                u.health_fail_threshold as usize,
+            ),
+            (
+                "upstream.health_success_threshold",
+                u.health_success_threshold as usize,
+            ),
+        ],
+        "must be at least 1 (probes in a row)",
+    )
 }
 
 /// `upstream.authority` (`a`): a bare host[:port], with `upstream.url` set and `keep_host` off.

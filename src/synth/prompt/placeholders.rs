@@ -116,6 +116,16 @@ struct Lanes {
 }
 
 impl Lanes {
+    /// The lane of `key` when it has one: live, or parked (which makes it live again).
+    fn existing(&mut self, key: Key) -> Option<Arc<Lane>> {
+        if let Some(l) = self.live.get(&key) {
+            return Some(l.clone());
+        }
+        let l = self.parked.pop(&key)?;
+        self.insert(key, l.clone());
+        Some(l)
+    }
+
     /// Makes `lane` live; the lane it pushes out is parked, and the one that pushes out of the
     /// parked ones is dropped (its key stays in `seen`).
     fn insert(&mut self, key: Key, lane: Arc<Lane>) {
@@ -234,11 +244,7 @@ impl PromptLanes {
         let key = (corpus, tokens);
         let seed = {
             let mut lanes = lock(&self.lanes);
-            if let Some(l) = lanes.live.get(&key) {
-                return Ok(l.clone());
-            }
-            if let Some(l) = lanes.parked.pop(&key) {
-                lanes.insert(key, l.clone());
+            if let Some(l) = lanes.existing(key) {
                 return Ok(l);
             }
             if lanes.seen.contains(key) {
@@ -273,11 +279,7 @@ impl PromptLanes {
         });
         // Two first requests may race to create a lane: the one already stored wins.
         let mut lanes = lock(&self.lanes);
-        if let Some(l) = lanes.live.get(&key) {
-            return Ok(l.clone());
-        }
-        if let Some(l) = lanes.parked.pop(&key) {
-            lanes.insert(key, l.clone());
+        if let Some(l) = lanes.existing(key) {
             return Ok(l);
         }
         lanes.insert(key, lane.clone());
