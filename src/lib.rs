@@ -17,6 +17,7 @@ pub mod healthcheck;
 pub mod metrics;
 pub mod mock;
 pub mod proxy;
+pub mod report;
 pub mod runtime;
 pub mod server;
 pub mod synth;

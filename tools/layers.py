@@ -46,7 +46,7 @@ LAYERS = {
     "crate": [
         # Plain types and leaves every layer may use (the buffered-body budget too: the mock
         # inside `kvbust serve` charges the same budget as the proxy).
-        ["units", "error", "body", "metrics", "cgroup", "healthcheck", "cachebust", "runtime::budget"],
+        ["units", "error", "body", "metrics", "cgroup", "healthcheck", "cachebust", "runtime::budget", "report"],
         # The synthesis library, the connection plumbing, and the usage counts the access log
         # writes (a leaf of the pipeline: it reads JSON with cachebust::raw, nothing else).
         ["synth", "conn", "proxy::usage"],
