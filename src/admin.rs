@@ -1,4 +1,5 @@
-//! The admin port: `/healthz`, `/readyz`, `/metrics`, `GET|PUT /phase`, `GET /config`.
+//! The admin port: `/healthz`, `/readyz`, `/metrics`, `GET|PUT /phase`, `GET /config`,
+//! `GET /report`, `POST /report/reset`.
 //! Never proxies traffic; mutating calls need the bearer token when one is configured.
 
 use std::future::Future;
@@ -93,14 +94,24 @@ async fn handle(req: Request<Incoming>, rt: &SharedState) -> Response<AdminBody>
         ),
         (&Method::PUT, "/phase") => put_phase(req, rt).await,
         (&Method::GET, "/config") => typed(rt.config.redacted().to_toml(), "application/toml"),
-        (_, "/healthz" | "/readyz" | "/metrics" | "/phase" | "/config") => error(
+        (&Method::GET, "/report") => match report_wait(req.uri().query()) {
+            Ok(wait) => {
+                if !wait.is_zero() && !rt.cache_model.settle(wait).await {
+                    tracing::info!("GET /report: requests were still open after {wait:?}");
+                }
+                report_json(&rt.cache_model.report())
+            }
+            Err(msg) => error(StatusCode::BAD_REQUEST, &msg, "invalid_query"),
+        },
+        (&Method::POST, "/report/reset") => reset_report(&req, rt),
+        (_, "/healthz" | "/readyz" | "/metrics" | "/phase" | "/config" | "/report" | "/report/reset") => error(
             StatusCode::METHOD_NOT_ALLOWED,
             &format!("{} is not allowed on {path}", req.method()),
             "method_not_allowed",
         ),
         _ => error(
             StatusCode::NOT_FOUND,
-            &format!("no admin endpoint {path}; try /healthz, /readyz, /metrics, /phase, /config"),
+            &format!("no admin endpoint {path}; try /healthz, /readyz, /metrics, /phase, /config, /report"),
             "not_found",
         ),
     }
@@ -155,6 +166,51 @@ async fn put_phase(req: Request<Incoming>, rt: &SharedState) -> Response<AdminBo
             "invalid_phase",
         ),
     }
+}
+
+/// `?wait=DURATION` (at most a minute): how long `GET /report` waits for the requests still
+/// open (in flight, or queued for the cache model) to be counted first.
+fn report_wait(query: Option<&str>) -> Result<std::time::Duration, String> {
+    let Some(v) = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("wait="))
+    else {
+        return Ok(std::time::Duration::ZERO);
+    };
+    match humantime::parse_duration(v) {
+        Ok(d) if d <= std::time::Duration::from_secs(60) => Ok(d),
+        _ => Err(format!(
+            "wait={} must be a duration of at most 60s, e.g. wait=5s",
+            crate::error::excerpt(v.as_bytes())
+        )),
+    }
+}
+
+/// The report as JSON (pretty: people read it with curl as often as programs do).
+fn report_json(r: &crate::report::Report) -> Response<AdminBody> {
+    match serde_json::to_vec_pretty(r) {
+        Ok(body) => json_response(StatusCode::OK, Bytes::from(body)),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot write the report: {e}"),
+            "internal",
+        ),
+    }
+}
+
+/// `POST /report/reset` (token-checked): starts a new run and answers with the report of the
+/// run it closed, so a script can keep each run's figures.
+fn reset_report(req: &Request<Incoming>, rt: &SharedState) -> Response<AdminBody> {
+    if let Some(resp) = check_token(req, rt.config.admin.token.as_deref()) {
+        return resp;
+    }
+    let closed = rt.cache_model.reset(None);
+    tracing::info!(
+        benchmark_id = closed.run.benchmark_id.as_str(),
+        "report reset: a new run starts"
+    );
+    report_json(&closed)
 }
 
 /// `None` when the call may go ahead: no `admin.token` is configured, or `req` carries it.

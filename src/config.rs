@@ -36,6 +36,7 @@ pub struct Config {
     pub observe: ObserveConfig,
     pub mock: MockConfig,
     pub synth: SynthConfig,
+    pub cache_model: CacheModelConfig,
     pub headers: HeaderNames,
     pub log: LogConfig,
     /// Changes kvbust made to the loaded values at start (e.g. [`Config::fit_memory_limit`]),
@@ -440,6 +441,88 @@ impl Default for ObserveConfig {
         Self {
             max_usage_scan: ByteSize(1 << 20),
             request_usage: false,
+        }
+    }
+}
+
+/// `[cache_model]`: kvbust's own model of the upstream's prefix cache, built from the bytes it
+/// forwards (`crate::cache_model`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheModelConfig {
+    /// Model the cache (on by default; off: no body is handed to the model, `/report` still
+    /// counts requests, tokens and TTFT from the upstream's usage).
+    pub enabled: bool,
+    /// `"qwen3"` (the shipped tokenizer), `"builtin"` (the mock's cheap splitter) or a path to a
+    /// `tokenizer.json` file or folder; none: `synth.tokenizer`, else the shipped Qwen3 one.
+    /// Must be the engine's tokenizer for exact predictions.
+    pub tokenizer: Option<crate::mock::MockTokenizerSetting>,
+    /// `auto`: render chat-shaped prompts through the tokenizer's chat template, as the engine
+    /// does; `none`: count `role\ncontent\n` per message (a tokenizer without a template too).
+    pub chat_template: ChatTemplateMode,
+    /// Tokens per KV block (vLLM's default, 16).
+    pub block_size: usize,
+    /// Blocks the index holds, evicted least recently used; 0: as many as `max_memory` allows.
+    pub capacity_blocks: u64,
+    /// Memory for the index, the session table, the token memo and queued bodies together.
+    pub max_memory: ByteSize,
+    /// Requests waiting for the model; past it (or past a quarter of `max_memory` in queued
+    /// bodies) a request is counted as unaccounted and forwarded all the same.
+    pub queue: usize,
+    /// `auto`: `sidecar` when the upstream is on this host (or the built-in mock), else `shared`
+    /// (a Service that may spread requests over several engine replicas).
+    pub topology: Topology,
+}
+
+impl Default for CacheModelConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            tokenizer: None,
+            chat_template: ChatTemplateMode::Auto,
+            block_size: 16,
+            capacity_blocks: 0,
+            max_memory: ByteSize(256 << 20),
+            queue: 1024,
+            topology: Topology::Auto,
+        }
+    }
+}
+
+/// `cache_model.chat_template`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatTemplateMode {
+    Auto,
+    None,
+}
+
+impl ChatTemplateMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChatTemplateMode::Auto => "auto",
+            ChatTemplateMode::None => "none",
+        }
+    }
+}
+
+/// `cache_model.topology`: what one model stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    Auto,
+    /// One engine behind kvbust: the model is that engine's cache.
+    Sidecar,
+    /// Several replicas may answer: predictions assume one shared cache.
+    Shared,
+}
+
+impl Topology {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Topology::Auto => "auto",
+            Topology::Sidecar => "sidecar",
+            Topology::Shared => "shared",
         }
     }
 }

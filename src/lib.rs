@@ -6,6 +6,7 @@ pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod body;
+pub mod cache_model;
 pub mod cachebust;
 pub mod cgroup;
 pub mod cli;

@@ -62,6 +62,15 @@ pub struct Families {
     pub buffered_limit: IntGauge,
     pub connections: IntGaugeVec,
     pub shed: IntCounter,
+    pub model_unaccounted: IntCounterVec,
+    pub predicted_cached_tokens: IntCounterVec,
+    pub reuse_tokens: IntCounterVec,
+    pub isolation_breaches: IntCounterVec,
+    pub model_divergence: IntCounterVec,
+    pub upstream_reports_cached: IntGauge,
+    pub model_blocks: IntGauge,
+    pub model_memory: IntGauge,
+    pub model_queue: IntGauge,
 }
 
 /// One family's name (before the `kvbust_` prefix), help text and label names (none for a plain
@@ -182,6 +191,51 @@ const SHED: Def = Def {
     help: "Client connections closed because listen.max_connections was reached: the oldest with no request in flight, or the new one when every connection was busy.",
     labels: &[],
 };
+const MODEL_UNACCOUNTED: Def = Def {
+    name: "cache_model_unaccounted_total",
+    help: "Generation requests the cache model did not account for, by reason (queue_full, unparseable, template_error, tokenizer_error, disabled_shape).",
+    labels: &["reason"],
+};
+const PREDICTED_CACHED: Def = Def {
+    name: "predicted_cached_tokens_total",
+    help: "Prompt tokens the cache model predicts the upstream served from its prefix cache.",
+    labels: &["phase", "target"],
+};
+const REUSE_TOKENS: Def = Def {
+    name: "reuse_tokens_total",
+    help: "Predicted cached tokens by who put the reused blocks in the cache: same_session, other_session, warmup.",
+    labels: &["phase", "target", "source"],
+};
+const ISOLATION_BREACHES: Def = Def {
+    name: "isolation_breaches_total",
+    help: "Requests whose predicted cache hit crossed their isolation point, by kind: cross_session, warmup_reuse, session_collision.",
+    labels: &["phase", "target", "kind"],
+};
+const MODEL_DIVERGENCE: Def = Def {
+    name: "cache_model_divergence_total",
+    help: "Requests whose upstream-reported cached tokens differ from the cache model's prediction, by direction (reported_higher, reported_lower).",
+    labels: &["phase", "target", "direction"],
+};
+const UPSTREAM_REPORTS_CACHED: Def = Def {
+    name: "upstream_reports_cached_tokens",
+    help: "1 once the upstream's usage carried a cached-token field; 0 after enough responses with usage and none (-1 until then).",
+    labels: &[],
+};
+const MODEL_BLOCKS: Def = Def {
+    name: "cache_model_blocks",
+    help: "Blocks in the cache model's index.",
+    labels: &[],
+};
+const MODEL_MEMORY: Def = Def {
+    name: "cache_model_memory_bytes",
+    help: "Memory the cache model accounts for: its block index, session table, token memo and queued bodies.",
+    labels: &[],
+};
+const MODEL_QUEUE: Def = Def {
+    name: "cache_model_queue_bytes",
+    help: "Request body bytes waiting in the cache model's queue.",
+    labels: &[],
+};
 const BUILD_INFO: Def = Def {
     name: "build_info",
     help: "Always 1; its labels name the running build: the crate version and the source revision (git commit, or VCS_REF at build time; \"unknown\" without either).",
@@ -294,6 +348,19 @@ impl Metrics {
                 g
             },
             shed: counter(&r, &SHED),
+            model_unaccounted: counter_vec(&r, &MODEL_UNACCOUNTED),
+            predicted_cached_tokens: counter_vec(&r, &PREDICTED_CACHED),
+            reuse_tokens: counter_vec(&r, &REUSE_TOKENS),
+            isolation_breaches: counter_vec(&r, &ISOLATION_BREACHES),
+            model_divergence: counter_vec(&r, &MODEL_DIVERGENCE),
+            upstream_reports_cached: {
+                let g = gauge(&r, &UPSTREAM_REPORTS_CACHED);
+                g.set(-1);
+                g
+            },
+            model_blocks: gauge(&r, &MODEL_BLOCKS),
+            model_memory: gauge(&r, &MODEL_MEMORY),
+            model_queue: gauge(&r, &MODEL_QUEUE),
             registry: r,
             process: process_registry(),
         }))

@@ -34,6 +34,8 @@ pub struct SharedState {
     unphased_requests: AtomicU64,
     /// `None` in `cache_bust.ledger = "stateless"` mode, which keeps no per-session state.
     ledger: Option<Mutex<Ledger>>,
+    /// The model of the upstream's prefix cache, and the run ledger behind `/report`.
+    pub cache_model: crate::cache_model::CacheModel,
 }
 
 impl SharedState {
@@ -52,7 +54,6 @@ impl SharedState {
         // `validate` rejects a zero capacity, so the fallback is never used.
         let cap = NonZeroUsize::new(config.cache_bust.ledger_capacity).unwrap_or(NonZeroUsize::MIN);
         Arc::new(Self {
-            benchmark_id,
             upstream_health: Arc::new(crate::health::Readiness::new(config.upstream.health_probe)),
             bodies: Arc::new(budget::BodyBudget::new(
                 config.limits.max_buffered_total.as_u64(),
@@ -67,6 +68,12 @@ impl SharedState {
                 LedgerMode::Local => Some(Mutex::new(Ledger::new(cap))),
                 LedgerMode::Stateless => None,
             },
+            cache_model: crate::cache_model::CacheModel::new(
+                &config,
+                metrics.clone(),
+                benchmark_id.clone(),
+            ),
+            benchmark_id,
             metrics,
             config,
         })

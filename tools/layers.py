@@ -56,6 +56,8 @@ LAYERS = {
         # The upstream transport and the access log: configured, never deciding a request.
         ["tls", "upstream", "access_log"],
         ["health"],
+        # kvbust's model of the upstream's prefix cache and the run ledger behind /report.
+        ["cache_model"],
         # The run-time state the pipeline and the admin port share.
         ["runtime"],
         # The request pipeline and the admin port.

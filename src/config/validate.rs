@@ -31,6 +31,7 @@ impl Config {
         validate_synth_inputs(&self.synth)?;
         validate_synth_target(self.cache_bust.target, &self.synth)?;
         validate_admin(&self.admin)?;
+        validate_cache_model(&self.cache_model)?;
         if self.cache_bust.ledger == LedgerMode::Stateless && self.cache_bust.benchmark_id.is_none()
         {
             return Err(ConfigError::new(
@@ -460,4 +461,52 @@ fn validate_authority(a: &str, u: &UpstreamConfig) -> Result<(), ConfigError> {
 /// Parses a phase/target in the CLI layer with the same rules as config.
 pub fn parse_target(s: &str) -> Result<Target, String> {
     s.parse::<Target>().map_err(|e| e.to_string())
+}
+
+/// `[cache_model]`: sizes that make sense, a tokenizer that exists.
+fn validate_cache_model(c: &CacheModelConfig) -> Result<(), ConfigError> {
+    if !(1..=4096).contains(&c.block_size) {
+        return Err(ConfigError::new(
+            "cache_model.block_size",
+            format!(
+                "{} is not a block size: use the engine's (vLLM 16, SGLang 1 or its page size, \
+                 llama.cpp 1), between 1 and 4096",
+                c.block_size
+            ),
+        ));
+    }
+    if c.queue == 0 {
+        return Err(ConfigError::new(
+            "cache_model.queue",
+            "must be at least 1 (the default is 1024); set cache_model.enabled = false to turn \
+             the model off",
+        ));
+    }
+    if c.max_memory.as_u64() < (1 << 20) {
+        return Err(ConfigError::new(
+            "cache_model.max_memory",
+            format!(
+                "{} is too small to model anything; the default is 256MiB, the least 1MiB",
+                c.max_memory
+            ),
+        ));
+    }
+    if let Some(crate::mock::MockTokenizerSetting::Path(p)) = &c.tokenizer {
+        let ok = if p.is_dir() {
+            p.join("tokenizer.json").is_file()
+        } else {
+            p.is_file()
+        };
+        if !ok {
+            return Err(ConfigError::new(
+                "cache_model.tokenizer",
+                format!(
+                    "{} is neither a tokenizer.json file nor a folder holding one; use \"qwen3\", \
+                     \"builtin\" or the engine's tokenizer path",
+                    p.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

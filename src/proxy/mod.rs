@@ -153,6 +153,8 @@ struct Exchange {
     strip_usage: bool,
     /// The client connection whose timer times the response's idle gaps (HTTP/1.1).
     idle_turn: Option<Arc<Downstream>>,
+    /// Where the cache model's prediction meets the response's usage (API routes).
+    ticket: Option<crate::cache_model::Ticket>,
 }
 
 impl Exchange {
@@ -180,11 +182,13 @@ struct BodyWork {
     usage: bool,
     /// The client's address: whose share of the placeholder queue its generations take.
     client: Option<std::net::IpAddr>,
+    /// Hand the forwarded body to the cache model (`cache_model.enabled`).
+    model: bool,
 }
 
 impl BodyWork {
     fn needs_body(&self) -> bool {
-        self.decision.needs_body() || self.synth || self.placeholders || self.usage
+        self.decision.needs_body() || self.synth || self.placeholders || self.usage || self.model
     }
 }
 
@@ -310,6 +314,7 @@ impl Proxy {
             log,
             strip_usage: false,
             idle_turn: None,
+            ticket: None,
         };
         // HTTP/2 streams share their connection: they go through the worker's pool.
         let affinity = (req.version() < http::Version::HTTP_2).then_some(&client.affinity);
@@ -380,7 +385,7 @@ impl Proxy {
         // Buffered bytes held against limits.max_buffered_total until the upstream answers.
         let mut buffered = self.rt.bodies.reservation();
         rewrite::reject_unknown(&parts.headers, &self.rt.config.headers)?;
-        let body = match self.decide(&parts, ex, client.peer.ip())? {
+        let body = match self.decide(&parts, ex, client.peer.ip(), start)? {
             Some(work) => {
                 self.prepare_body(work, &mut parts, body, ex, &mut buffered)
                     .await?
@@ -412,6 +417,7 @@ impl Proxy {
         parts: &http::request::Parts,
         ex: &mut Exchange,
         client: std::net::IpAddr,
+        start: Instant,
     ) -> Result<Option<BodyWork>, ProxyError> {
         let cfg = &self.rt.config;
         let Some(shape) = ex.route.shape() else {
@@ -421,6 +427,9 @@ impl Proxy {
         let decision = rewrite::decide(&parts.headers, control, &self.rt)?;
         ex.phase = Some(decision.phase);
         ex.target = decision.target;
+        let model = &self.rt.cache_model;
+        let explicit_id = decision.explicit.as_ref().map(|e| e.benchmark_id.clone());
+        ex.ticket = Some(model.ticket(start, decision.phase, decision.target, explicit_id));
         let synth = synthesize::wants_synthesis(&parts.headers, control, parts.uri.path(), cfg)?;
         if synth && shape != Shape::Chat {
             return Err(ProxyError::bad_request(
@@ -437,6 +446,7 @@ impl Proxy {
             placeholders: shape == Shape::Chat && cfg.synth.placeholders,
             usage: cfg.observe.request_usage && matches!(shape, Shape::Chat | Shape::Completions),
             client: Some(client),
+            model: model.enabled(),
         };
         Ok(work.needs_body().then_some(work))
     }
@@ -647,7 +657,14 @@ impl Proxy {
             scan_limit,
         )
         .holding(in_flight)
-        .logging(log);
+        .logging(log)
+        .meeting(
+            parts
+                .status
+                .is_success()
+                .then(|| ex.ticket.take())
+                .flatten(),
+        );
         let body = Observed::with_idle_timer(
             body,
             cfg.upstream.idle_timeout,
@@ -776,6 +793,9 @@ async fn body_steps(
             buffered.shrink_to(bytes.len() as u64);
         }
     }
+    if work.model {
+        submit_to_model(rt, work, headers, &bytes, session, ex);
+    }
     if work.usage {
         let added = match &layout {
             Some(l) => usage::add_include_usage_at(&bytes, l),
@@ -788,6 +808,48 @@ async fn body_steps(
         }
     }
     Ok((bytes, changed))
+}
+
+/// Hands the body as it will be forwarded (marked; `include_usage` is not part of the prompt) to
+/// the cache model, with what it needs to attribute the request. Never waits.
+fn submit_to_model(
+    rt: &SharedState,
+    work: &BodyWork,
+    headers: &http::HeaderMap,
+    bytes: &Bytes,
+    session: Option<String>,
+    ex: &Exchange,
+) {
+    let Some(ticket) = ex.ticket.clone() else {
+        return;
+    };
+    let d = &work.decision;
+    use crate::cache_model::tokens::IsoHint;
+    let marker = match (&ex.rid, d.target.is_warmup_isolation() && d.needs_body()) {
+        (Some(rid), _) => Some(IsoHint::rid(rid)),
+        (None, true) => Some(IsoHint::warmup()),
+        (None, false) => None,
+    };
+    let cfg = &rt.config;
+    let session = crate::cache_model::SessionHint {
+        known: session.map(|k| (k, "synthesized_conversation")),
+        sources: rewrite::session_hint(
+            &cfg.cache_bust.session_sources,
+            headers,
+            &cfg.headers,
+            cfg.limits.control_header_len(),
+        ),
+    };
+    rt.cache_model.submit(crate::cache_model::Job {
+        shape: work.shape,
+        body: bytes.clone(),
+        phase: d.phase,
+        target: d.target,
+        marker,
+        user_context_messages: d.user_context_messages,
+        session,
+        ticket,
+    });
 }
 
 /// Holds `n` bytes of the buffered-body budget, or refuses the request at once.
@@ -1073,6 +1135,7 @@ mod tests {
                 placeholders: true,
                 usage: s.usage,
                 client: None,
+                model: false,
             };
             let mut ex = Exchange {
                 route: Route::Api(Shape::Chat),
@@ -1084,6 +1147,7 @@ mod tests {
                 log: None,
                 strip_usage: false,
                 idle_turn: None,
+                ticket: None,
             };
             let client = Bytes::from(body(s));
             let before = crate::cachebust::raw::body_parses();

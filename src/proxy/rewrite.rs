@@ -443,6 +443,21 @@ pub fn header_session_key(
     Ok(None)
 }
 
+/// Each configured session source with its header's value (body sources: `None`), for the
+/// cache model, which reads the body sources itself off the request path. A header that is not
+/// a usable value counts as absent here: the marking step already refused it when it mattered.
+pub fn session_hint(
+    sources: &[SessionSource],
+    headers: &HeaderMap,
+    names: &HeaderNames,
+    limit: usize,
+) -> Vec<(SessionSource, Option<String>)> {
+    sources
+        .iter()
+        .map(|s| (*s, header_source(*s, headers, names, limit).ok().flatten()))
+        .collect()
+}
+
 /// The first configured source that yields a session key.
 fn session_key(
     sources: &[SessionSource],

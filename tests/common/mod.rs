@@ -50,9 +50,13 @@ pub async fn start(tweak: impl FnOnce(&mut Config)) -> Harness {
 }
 
 pub async fn start_with_mock(mock_cfg: MockConfig, tweak: impl FnOnce(&mut Config)) -> Harness {
+    start_with(Mock::new(mock_cfg, None), tweak).await
+}
+
+/// Starts `mock` (on port 0) and kvbust in front of it.
+pub async fn start_with(mock: Arc<Mock>, tweak: impl FnOnce(&mut Config)) -> Harness {
     let ml = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mock_addr = ml.local_addr().unwrap();
-    let mock = Mock::new(mock_cfg, None);
     let (mtx, mrx) = oneshot::channel::<()>();
     tokio::spawn(kvbust::mock::serve(ml, mock.clone(), async {
         let _ = mrx.await;
@@ -76,6 +80,9 @@ pub async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Har
     cfg.upstream.health_probe = false;
     // Corpus token caches where `kvbust serve` keeps them (app.rs reads the environment).
     cfg.synth.cache_dir = kvbust::app::default_cache_dir();
+    // The cache model counts as the mock does (built-in tokenizer, `Mock::new(_, None)`), and
+    // no test loads the Qwen3 tokenizer for it unless it asks.
+    cfg.cache_model.tokenizer = Some(kvbust::mock::MockTokenizerSetting::Builtin);
     tweak(&mut cfg);
     cfg.validate().expect("test config is valid");
     let data = server::DataListener::bind(cfg.listen.addr, cfg.listen.worker_count()).unwrap();

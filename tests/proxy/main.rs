@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cache_model;
 mod cachebust_proxy;
 mod cachebust_vectors;
 mod cli;

@@ -55,6 +55,8 @@ pub struct Observer {
     /// The request's place in `kvbust_in_flight_requests` and in its connection's activity,
     /// released when the response body ends or is dropped.
     in_flight: Option<super::InFlight>,
+    /// Where the usage and TTFT meet the cache model's prediction (2xx API responses).
+    ticket: Option<crate::cache_model::Ticket>,
 }
 
 enum Scan {
@@ -97,6 +99,7 @@ impl Observer {
         };
         Self {
             in_flight: None,
+            ticket: None,
             inter_token: None,
             duration: metrics.duration.with_label_values(&[route, phase, target]),
             metrics,
@@ -121,6 +124,19 @@ impl Observer {
     pub fn logging(mut self, entry: Option<crate::access_log::Entry>) -> Self {
         self.access = entry;
         self
+    }
+
+    /// Hands the response's usage and TTFT to `ticket` when the body ends (or is dropped).
+    pub fn meeting(mut self, ticket: Option<crate::cache_model::Ticket>) -> Self {
+        self.ticket = ticket;
+        self
+    }
+
+    fn hand_in(&mut self, complete: bool) {
+        if let Some(t) = self.ticket.take() {
+            let ttft = self.first_content.map(|at| at - self.start);
+            t.outcome(self.tokens(), ttft, complete);
+        }
     }
 
     /// The tokens read so far (all of them once the body has ended).
@@ -235,6 +251,7 @@ impl Observer {
             }
         }
         let tokens = self.tokens();
+        self.hand_in(true);
         let labels = [self.phase, self.target];
         for (n, family) in [
             (tokens.prompt, &self.metrics.prompt_tokens),
@@ -272,6 +289,7 @@ impl Drop for Observer {
             // Dropped before the end: the client went away (or the server closed it on shutdown).
             self.abort("client_disconnect");
         }
+        self.hand_in(false);
         let elapsed = self.start.elapsed();
         self.duration.observe(secs(elapsed));
         if let Some(entry) = self.access.take() {

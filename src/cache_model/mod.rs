@@ -1,0 +1,400 @@
+//! kvbust sees the cache: a model of the upstream's prefix cache built from the bytes kvbust
+//! forwards. Each generation request's final body is handed, through a bounded queue, to one
+//! worker thread that tokenizes it as the engine would ([`tokens`]), serves it against a block
+//! index kept as vLLM keeps its cache ([`index`]), attributes the hit and checks the isolation
+//! promise of the request's target ([`attribution`]); the response's usage and TTFT meet the
+//! prediction in a [`Ticket`], and the finished pair is counted in the run's [`ledger`].
+//!
+//! Never on the request path: the request side only clones the body's `Bytes` into the queue
+//! (or counts the request as unaccounted when the queue is full) and never waits for the model.
+//! One worker, in forwarding order, so the index sees requests in the order the engine does.
+
+pub mod attribution;
+pub mod index;
+pub mod ledger;
+pub mod tokens;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::cachebust::{Phase, Shape, Target};
+use crate::config::{CacheModelConfig, ChatTemplateMode, Config, SessionSource, Topology};
+use crate::metrics::Metrics;
+use crate::mock::MockTokenizerSetting;
+use crate::proxy::usage::Tokens;
+use crate::report;
+pub use ledger::{Outcome, Prediction, RunLedger};
+
+/// How a request's session is known, for attribution (the session key of
+/// `cache_bust.session_sources`, even when explicit RID headers are sent).
+#[derive(Debug, Clone, Default)]
+pub struct SessionHint {
+    /// A key given outright (a synthesized conversation's), with the source that gave it.
+    pub known: Option<(String, &'static str)>,
+    /// Each configured source, in order, with a header source's value (body sources: `None`,
+    /// read by the worker from the body).
+    pub sources: Vec<(SessionSource, Option<String>)>,
+}
+
+/// One request for the model.
+pub struct Job {
+    pub shape: Shape,
+    /// The body as forwarded (after synthesis and marking).
+    pub body: Bytes,
+    pub phase: Phase,
+    pub target: Target,
+    /// Where the marker kvbust put in starts to differ from other requests' (see
+    /// [`tokens::IsoHint::Marker`]); `None` when it put none.
+    pub marker: Option<tokens::IsoHint>,
+    /// Leading user messages that are user context (where first-turn marks skip to).
+    pub user_context_messages: usize,
+    pub session: SessionHint,
+    pub ticket: Ticket,
+}
+
+/// Where a request's prediction and its response's outcome meet: whichever side lets go of
+/// the ticket last counts the pair in the run ledger (a request that got no response counts
+/// with no outcome; one the model could not take, with no prediction).
+#[derive(Clone)]
+pub struct Ticket(Arc<TicketInner>);
+
+struct TicketInner {
+    ledger: Arc<RunLedger>,
+    record: Mutex<ledger::Record>,
+    open: Arc<OpenTickets>,
+}
+
+impl Drop for TicketInner {
+    fn drop(&mut self) {
+        let record = std::mem::take(self.record.get_mut().unwrap_or_else(|p| p.into_inner()));
+        self.ledger.record(record);
+        self.open.close();
+    }
+}
+
+/// Tickets not yet counted: requests in flight or waiting for the model. `GET /report?wait=`
+/// waits for none to be left, so a report taken right after a benchmark has every request.
+#[derive(Default)]
+struct OpenTickets {
+    n: AtomicU64,
+    settled: tokio::sync::Notify,
+}
+
+impl OpenTickets {
+    fn open(self: &Arc<Self>) -> Arc<Self> {
+        self.n.fetch_add(1, Ordering::AcqRel);
+        self.clone()
+    }
+
+    fn close(&self) {
+        if self.n.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.settled.notify_waiters();
+        }
+    }
+}
+
+impl Ticket {
+    fn with(&self, f: impl FnOnce(&mut ledger::Record)) {
+        f(&mut self.0.record.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// The model's prediction.
+    pub fn predict(&self, p: Prediction) {
+        self.with(|r| r.prediction = Some(p));
+    }
+
+    /// The response's usage and time to first token.
+    pub fn outcome(&self, tokens: Tokens, ttft: Option<Duration>, complete: bool) {
+        self.with(|r| {
+            r.outcome = Some(Outcome {
+                tokens,
+                ttft,
+                complete,
+            })
+        });
+    }
+}
+
+/// What the report says about the model, fixed at start.
+struct Facts {
+    enabled: bool,
+    block_size: usize,
+    tokenizer: String,
+    chat_template: ChatTemplateMode,
+    capacity_blocks: u64,
+    max_memory: u64,
+    topology: Topology,
+}
+
+/// Counters the worker keeps for the report (read at any time).
+#[derive(Default)]
+pub(crate) struct Stats {
+    indexed_blocks: AtomicU64,
+    evicted_blocks: AtomicU64,
+    memory: AtomicU64,
+    unaccounted: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// The model's settings, resolved from the configuration.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub tokenizer: MockTokenizerSetting,
+    pub template: ChatTemplateMode,
+    pub block_size: usize,
+    /// Blocks the index holds: `capacity_blocks`, within half of `max_memory`.
+    pub capacity: NonZeroUsize,
+    /// Tokens the memo holds: a quarter of `max_memory`.
+    pub memo_tokens: usize,
+    /// Sessions whose last prompt is remembered (for collisions).
+    pub sessions: NonZeroUsize,
+}
+
+/// The model and the run ledger.
+pub struct CacheModel {
+    facts: Facts,
+    settings: Settings,
+    metrics: Metrics,
+    ledger: Arc<RunLedger>,
+    stats: Arc<Stats>,
+    /// The queue to the worker, made (and the worker started) by the first job.
+    queue: OnceLock<Option<SyncSender<Job>>>,
+    queue_len: usize,
+    queued_bytes: Arc<AtomicU64>,
+    /// Bytes of bodies the queue may hold: a quarter of `max_memory`.
+    queue_budget: u64,
+    open: Arc<OpenTickets>,
+}
+
+impl CacheModel {
+    /// The model for `config` (no thread and no tokenizer until the first request).
+    pub fn new(config: &Config, metrics: Metrics, benchmark_id: String) -> Self {
+        let c = &config.cache_model;
+        let tokenizer = c
+            .tokenizer
+            .clone()
+            .unwrap_or_else(|| match &config.synth.tokenizer {
+                Some(p) => MockTokenizerSetting::Path(p.clone()),
+                None => MockTokenizerSetting::Qwen3,
+            });
+        let max_memory = c.max_memory.as_u64();
+        let by_memory = (max_memory / 2) / index::BYTES_PER_BLOCK as u64;
+        let capacity = match c.capacity_blocks {
+            0 => by_memory,
+            n => n.min(by_memory),
+        };
+        let settings = Settings {
+            tokenizer: tokenizer.clone(),
+            template: c.chat_template,
+            block_size: c.block_size.max(1),
+            capacity: NonZeroUsize::new(usize::try_from(capacity).unwrap_or(usize::MAX))
+                .unwrap_or(NonZeroUsize::MIN),
+            memo_tokens: usize::try_from(max_memory / 4 / 4).unwrap_or(usize::MAX),
+            sessions: NonZeroUsize::new(config.cache_bust.ledger_capacity.max(1))
+                .unwrap_or(NonZeroUsize::MIN),
+        };
+        Self {
+            facts: Facts {
+                enabled: c.enabled,
+                block_size: settings.block_size,
+                tokenizer: tokenizer.to_string(),
+                chat_template: c.chat_template,
+                capacity_blocks: capacity,
+                max_memory,
+                topology: resolve_topology(c, config),
+            },
+            settings,
+            ledger: Arc::new(RunLedger::new(metrics.clone(), benchmark_id)),
+            metrics,
+            stats: Arc::new(Stats::default()),
+            queue: OnceLock::new(),
+            queue_len: c.queue,
+            queued_bytes: Arc::new(AtomicU64::new(0)),
+            queue_budget: max_memory / 4,
+            open: Arc::default(),
+        }
+    }
+
+    /// Waits until every request seen so far is counted (its response ended and the model
+    /// took it), or `limit` passes; returns whether everything was counted.
+    pub async fn settle(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let settled = self.open.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.open.n.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Whether request bodies are handed to the model.
+    pub fn enabled(&self) -> bool {
+        self.facts.enabled
+    }
+
+    /// A ticket for one generation request, started at `at`.
+    pub fn ticket(
+        &self,
+        at: Instant,
+        phase: Phase,
+        target: Target,
+        benchmark_id: Option<String>,
+    ) -> Ticket {
+        Ticket(Arc::new(TicketInner {
+            open: self.open.open(),
+            ledger: self.ledger.clone(),
+            record: Mutex::new(ledger::Record {
+                at: Some(at),
+                phase: Some(phase),
+                target: Some(target),
+                benchmark_id,
+                prediction: None,
+                outcome: None,
+            }),
+        }))
+    }
+
+    /// Hands `job` to the worker; when the queue is full, counts it as unaccounted instead.
+    /// Never blocks.
+    pub fn submit(&self, job: Job) {
+        if !self.facts.enabled {
+            return;
+        }
+        let size = job.body.len() as u64;
+        let queued = self.queued_bytes.fetch_add(size, Ordering::AcqRel) + size;
+        if queued > self.queue_budget {
+            self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
+            self.unaccounted("queue_full");
+            return;
+        }
+        let sender = self.queue.get_or_init(|| self.start_worker());
+        let refused = match sender {
+            Some(tx) => match tx.try_send(job) {
+                Ok(()) => None,
+                Err(TrySendError::Full(_)) => Some("queue_full"),
+                Err(TrySendError::Disconnected(_)) => Some("model_stopped"),
+            },
+            None => Some("model_stopped"),
+        };
+        if let Some(reason) = refused {
+            self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
+            self.unaccounted(reason);
+        }
+        self.metrics
+            .model_queue
+            .set(i64::try_from(self.queued_bytes.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
+    }
+
+    fn unaccounted(&self, reason: &'static str) {
+        unaccounted(&self.metrics, &self.stats, reason);
+    }
+
+    fn start_worker(&self) -> Option<SyncSender<Job>> {
+        let (tx, rx) = sync_channel(self.queue_len);
+        let model = worker::Worker::new(
+            self.settings.clone(),
+            self.metrics.clone(),
+            self.stats.clone(),
+            self.queued_bytes.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("kvbust-cache-model".into())
+            .spawn(move || model.run(rx));
+        match spawned {
+            Ok(_) => Some(tx),
+            Err(e) => {
+                tracing::error!("cannot start the cache model's thread: {e}; the model is off");
+                None
+            }
+        }
+    }
+
+    /// The current run's report.
+    pub fn report(&self) -> report::Report {
+        self.ledger.snapshot(self.facts())
+    }
+
+    /// Starts a new run and returns the report of the one it closed (the model's index is
+    /// kept: the upstream's cache does not reset with a run).
+    pub fn reset(&self, benchmark_id: Option<String>) -> report::Report {
+        self.ledger.reset(benchmark_id, self.facts())
+    }
+
+    fn facts(&self) -> report::ModelFacts {
+        let s = &self.stats;
+        let unaccounted = s
+            .unaccounted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        let f = &self.facts;
+        let note = (f.topology == Topology::Shared).then(|| {
+            "the upstream may be several engine replicas (a Service): predictions assume one \
+             shared cache, so they overstate hits a replica could not see; run kvbust as a \
+             sidecar of each engine for exact figures"
+                .to_string()
+        });
+        report::ModelFacts {
+            enabled: f.enabled,
+            block_size: f.block_size,
+            tokenizer: f.tokenizer.clone(),
+            chat_template: f.chat_template.as_str().into(),
+            capacity_blocks: f.capacity_blocks,
+            max_memory: f.max_memory,
+            indexed_blocks: s.indexed_blocks.load(Ordering::Relaxed),
+            evicted_blocks: s.evicted_blocks.load(Ordering::Relaxed),
+            unaccounted,
+            topology: f.topology.as_str().into(),
+            note,
+        }
+    }
+}
+
+/// Counts one request the model did not account for.
+pub(crate) fn unaccounted(metrics: &Metrics, stats: &Stats, reason: &'static str) {
+    metrics.model_unaccounted.with_label_values(&[reason]).inc();
+    *stats
+        .unaccounted
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(reason)
+        .or_default() += 1;
+}
+
+/// `cache_model.topology`, with `auto` decided: one engine on this host (or the built-in mock)
+/// is a sidecar; anything else may be a Service of several replicas.
+fn resolve_topology(c: &CacheModelConfig, config: &Config) -> Topology {
+    if c.topology != Topology::Auto {
+        return c.topology;
+    }
+    let local = match config.upstream_url() {
+        Ok(None) => true,
+        Ok(Some(url)) => {
+            let host = url.host().host();
+            host == "localhost"
+                || host
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        Err(_) => false,
+    };
+    if local {
+        Topology::Sidecar
+    } else {
+        Topology::Shared
+    }
+}

@@ -1,0 +1,589 @@
+//! The cache model's tokenizer: a request's prompt, as the engine parses it
+//! ([`Prompt`], the same parse the built-in mock makes), into the token ids the engine sees,
+//! and the token index of its isolation point. Chat prompts are rendered through the chat
+//! template and cut at the template's special tokens (where the tokenizer itself cuts, so the
+//! pieces tokenize to exactly the whole); each piece's ids are remembered, so a multi-turn or
+//! agentic context that grows by a message costs only that message. Owns tokenization and its
+//! memo; never touches the block index, the network or a clock.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use lru::LruCache;
+use memchr::memmem;
+
+use crate::mock::request::{Message, Prompt, PromptPart};
+use crate::mock::tokenize::{builtin_encode, builtin_pieces, plain_render};
+use crate::synth::tokenizer::chat_template::ChatTemplate;
+use crate::synth::tokenizer::Tokenizer;
+
+/// Where the isolation point is, in the prompt's text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IsoHint {
+    /// No isolation point (target `none`, or nothing to isolate).
+    None,
+    /// Just after the first occurrence of the marker `text` (stripped: `[rid:…]`,
+    /// `[warmup]`). Two markers may share their first bytes (every RID starts `[rid:`, and two
+    /// digests may share a first hex digit), so a block that ends inside a marker can be the
+    /// same for two sessions by chance; a block that holds anything past the marker cannot,
+    /// unless the whole marker is the same.
+    Marker(String),
+    /// At the start of message `index`'s content (where a warmup marker sat in the warmup
+    /// phase; profiling requests of the `warmup_isolation_*` targets carry none).
+    MessageStart(usize),
+}
+
+/// A prompt as tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    pub ids: Vec<u32>,
+    /// Index of the first token at or after the isolation point; `None` without one, or when
+    /// it could not be found in the rendered text.
+    pub iso: Option<usize>,
+}
+
+/// Why a prompt could not be tokenized.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error("the chat template refused the messages: {0}")]
+    Template(String),
+    #[error("the tokenizer failed: {0}")]
+    Tokenizer(String),
+}
+
+impl IsoHint {
+    /// The isolation point of a RID marker with this digest.
+    pub fn rid(digest: &str) -> Self {
+        IsoHint::Marker(format!("[rid:{digest}]"))
+    }
+
+    /// The isolation point of the warmup marker.
+    pub fn warmup() -> Self {
+        IsoHint::Marker(crate::cachebust::WARMUP_ISOLATION_MARKER.trim().to_string())
+    }
+}
+
+impl EncodeError {
+    /// The `reason` label of `kvbust_cache_model_unaccounted_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            EncodeError::Template(_) => "template_error",
+            EncodeError::Tokenizer(_) => "tokenizer_error",
+        }
+    }
+}
+
+/// The tokenizer the model counts with.
+pub enum Vocab {
+    Hf {
+        tokenizer: Arc<Tokenizer>,
+        /// `None`: `chat_template = "none"` or a tokenizer without one.
+        template: Option<Box<ChatTemplate>>,
+        /// The special tokens the template writes, with their ids: the safe cut points.
+        cuts: Vec<(String, u32)>,
+    },
+    Builtin,
+}
+
+impl Vocab {
+    /// `tokenizer` with its chat template (when `use_template` and it has one).
+    pub fn hf(tokenizer: Arc<Tokenizer>, use_template: bool) -> Result<Self, EncodeError> {
+        let template = if use_template {
+            ChatTemplate::for_tokenizer(&tokenizer)
+                .map_err(|e| EncodeError::Template(e.to_string()))?
+                .map(Box::new)
+        } else {
+            None
+        };
+        let cuts = match (&template, tokenizer.chat_template()) {
+            (Some(_), Some(source)) => cut_tokens(&tokenizer, source),
+            _ => Vec::new(),
+        };
+        Ok(Vocab::Hf {
+            tokenizer,
+            template,
+            cuts,
+        })
+    }
+}
+
+/// The added tokens the template's source names that the tokenizer matches as they are (not
+/// normalized, no stripping of neighbours, not word-bound): the tokenizer splits its input at
+/// each of them before anything else, so the text between two of them tokenizes on its own to
+/// the very ids it gets inside the whole.
+fn cut_tokens(tokenizer: &Tokenizer, template_source: &str) -> Vec<(String, u32)> {
+    let mut cuts: Vec<(String, u32)> = tokenizer
+        .inner()
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| {
+            t.special
+                && !t.normalized
+                && !t.lstrip
+                && !t.rstrip
+                && !t.single_word
+                && t.content.len() >= 3
+                && template_source.contains(t.content.as_str())
+        })
+        .map(|(id, t)| (t.content, id))
+        .collect();
+    cuts.sort();
+    cuts
+}
+
+/// Text pieces' ids, remembered by the piece's length and hash, bounded in tokens.
+pub struct Memo {
+    pieces: LruCache<(usize, u64), Arc<[u32]>>,
+    tokens: usize,
+    max_tokens: usize,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl Memo {
+    pub fn new(max_tokens: usize) -> Self {
+        Self {
+            pieces: LruCache::unbounded(),
+            tokens: 0,
+            max_tokens,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    /// Bytes the memo holds, roughly (ids, keys and the LRU's links).
+    pub fn bytes(&self) -> usize {
+        self.tokens * 4 + self.pieces.len() * 64
+    }
+
+    fn get_or_encode(
+        &mut self,
+        piece: &str,
+        encode: impl FnOnce(&str) -> Result<Vec<u32>, EncodeError>,
+    ) -> Result<Arc<[u32]>, EncodeError> {
+        let key = (piece.len(), text_hash(piece));
+        if let Some(ids) = self.pieces.get(&key) {
+            self.hits += 1;
+            return Ok(ids.clone());
+        }
+        self.misses += 1;
+        let ids: Arc<[u32]> = encode(piece)?.into();
+        if ids.len() <= self.max_tokens {
+            self.tokens += ids.len();
+            self.pieces.put(key, ids.clone());
+            while self.tokens > self.max_tokens {
+                match self.pieces.pop_lru() {
+                    Some((_, old)) => self.tokens -= old.len(),
+                    None => break,
+                }
+            }
+        }
+        Ok(ids)
+    }
+}
+
+fn text_hash(s: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
+/// Encodes `prompt` as the engine would, with the isolation point `iso`.
+pub fn encode(
+    vocab: &Vocab,
+    memo: &mut Memo,
+    prompt: &Prompt,
+    iso: &IsoHint,
+) -> Result<Encoded, EncodeError> {
+    match prompt {
+        Prompt::Messages(messages) => encode_messages(vocab, memo, messages, iso),
+        Prompt::Raw(parts) => encode_raw(vocab, parts, iso),
+    }
+}
+
+fn encode_messages(
+    vocab: &Vocab,
+    memo: &mut Memo,
+    messages: &[Message],
+    iso: &IsoHint,
+) -> Result<Encoded, EncodeError> {
+    let text = match vocab {
+        Vocab::Hf {
+            template: Some(t), ..
+        } => {
+            let pairs: Vec<(&str, &str)> = messages
+                .iter()
+                .map(|m| (m.role.as_str(), m.content.as_str()))
+                .collect();
+            t.render(&pairs)
+                .map_err(|e| EncodeError::Template(e.to_string()))?
+        }
+        _ => plain_render(messages),
+    };
+    let at = iso_offset(&text, messages, iso);
+    match vocab {
+        Vocab::Builtin => Ok(builtin_with_iso(&text, at)),
+        Vocab::Hf {
+            tokenizer, cuts, ..
+        } => encode_cut(tokenizer, cuts, memo, &text, at),
+    }
+}
+
+/// The byte offset of the isolation point in the rendered `text`.
+fn iso_offset(text: &str, messages: &[Message], iso: &IsoHint) -> Option<usize> {
+    match iso {
+        IsoHint::None => None,
+        IsoHint::Marker(m) if m.is_empty() => None,
+        IsoHint::Marker(m) => memmem::find(text.as_bytes(), m.as_bytes()).map(|at| at + m.len()),
+        IsoHint::MessageStart(k) => {
+            // Contents appear in the rendered text in order: find each up to the k-th.
+            let mut from = 0;
+            let mut found = None;
+            for m in messages.get(..=*k)? {
+                let at = from + memmem::find(&text.as_bytes()[from..], m.content.as_bytes())?;
+                from = at + m.content.len();
+                found = Some(at);
+            }
+            found
+        }
+    }
+}
+
+fn builtin_with_iso(text: &str, at: Option<usize>) -> Encoded {
+    let pieces = builtin_pieces(text);
+    let iso = at.map(|at| {
+        let mut end = 0;
+        pieces
+            .iter()
+            .take_while(|p| {
+                end += p.len();
+                end <= at
+            })
+            .count()
+    });
+    Encoded {
+        ids: builtin_encode(text),
+        iso,
+    }
+}
+
+/// Tokenizes `text` piece by piece between the cut tokens, from the memo where it can.
+fn encode_cut(
+    tokenizer: &Tokenizer,
+    cuts: &[(String, u32)],
+    memo: &mut Memo,
+    text: &str,
+    at: Option<usize>,
+) -> Result<Encoded, EncodeError> {
+    let mut ids = Vec::with_capacity(text.len() / 3 + 8);
+    let mut iso = None;
+    let mut start = 0;
+    let mut cx = Pieces {
+        tokenizer,
+        memo,
+        text,
+        at,
+    };
+    while let Some((pos, content, id)) = next_cut(text, start, cuts) {
+        cx.push(&mut ids, &mut iso, start..pos)?;
+        if iso.is_none() && at.is_some_and(|a| a >= pos && a < pos + content.len()) {
+            iso = Some(ids.len());
+        }
+        ids.push(id);
+        start = pos + content.len();
+    }
+    cx.push(&mut ids, &mut iso, start..text.len())?;
+    Ok(Encoded { ids, iso })
+}
+
+/// What [`encode_cut`] tokenizes its pieces with.
+struct Pieces<'a> {
+    tokenizer: &'a Tokenizer,
+    memo: &'a mut Memo,
+    text: &'a str,
+    at: Option<usize>,
+}
+
+impl Pieces<'_> {
+    /// Appends the ids of `text[range]`, and the isolation point when it falls inside it.
+    fn push(
+        &mut self,
+        ids: &mut Vec<u32>,
+        iso: &mut Option<usize>,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), EncodeError> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        let piece = &self.text[range.clone()];
+        // Pieces come in order, so the first one that ends past the point holds it.
+        if let Some(at) = self.at.filter(|&a| iso.is_none() && a < range.end) {
+            let before = tokens_before(self.tokenizer, piece, at.saturating_sub(range.start))?;
+            *iso = Some(ids.len() + before);
+        }
+        let tokenizer = self.tokenizer;
+        let got = self
+            .memo
+            .get_or_encode(piece, |p| hf_encode(tokenizer, p, false))?;
+        ids.extend_from_slice(&got);
+        Ok(())
+    }
+}
+
+/// The earliest cut token at or after `from`.
+fn next_cut<'c>(
+    text: &str,
+    from: usize,
+    cuts: &'c [(String, u32)],
+) -> Option<(usize, &'c str, u32)> {
+    let hay = &text.as_bytes()[from..];
+    cuts.iter()
+        .filter_map(|(c, id)| memmem::find(hay, c.as_bytes()).map(|p| (from + p, c.as_str(), *id)))
+        .min_by_key(|(p, c, _)| (*p, std::cmp::Reverse(c.len())))
+}
+
+/// Tokens of `piece` that end at or before byte `at` (the first token past them holds `at`).
+fn tokens_before(tokenizer: &Tokenizer, piece: &str, at: usize) -> Result<usize, EncodeError> {
+    let enc = tokenizer
+        .inner()
+        .encode(piece, false)
+        .map_err(|e| EncodeError::Tokenizer(e.to_string()))?;
+    Ok(enc.get_offsets().iter().take_while(|o| o.1 <= at).count())
+}
+
+fn hf_encode(tokenizer: &Tokenizer, text: &str, special: bool) -> Result<Vec<u32>, EncodeError> {
+    tokenizer
+        .inner()
+        .encode_fast(text, special)
+        .map(|e| e.get_ids().to_vec())
+        .map_err(|e| EncodeError::Tokenizer(e.to_string()))
+}
+
+/// Completions: text with the tokenizer's special tokens (a BOS where it adds one), ids as they
+/// are; the isolation point in the first text part that holds the marker.
+fn encode_raw(vocab: &Vocab, parts: &[PromptPart], iso: &IsoHint) -> Result<Encoded, EncodeError> {
+    let marker = match iso {
+        IsoHint::Marker(text) if !text.is_empty() => Some(text.as_str()),
+        _ => None,
+    };
+    let from_start = matches!(iso, IsoHint::MessageStart(_));
+    let mut ids = Vec::new();
+    let mut at_tok = None;
+    for part in parts {
+        match part {
+            PromptPart::Tokens(t) => ids.extend_from_slice(t),
+            PromptPart::Text(t) => {
+                let found = marker
+                    .filter(|_| at_tok.is_none())
+                    .and_then(|m| memmem::find(t.as_bytes(), m.as_bytes()).map(|at| at + m.len()));
+                match vocab {
+                    Vocab::Builtin => {
+                        let e = builtin_with_iso(t, found);
+                        at_tok = at_tok.or(e.iso.map(|i| ids.len() + i));
+                        ids.extend(e.ids);
+                    }
+                    Vocab::Hf { tokenizer, .. } => {
+                        if let Some(at) = found {
+                            let enc = tokenizer
+                                .inner()
+                                .encode(t.as_str(), true)
+                                .map_err(|e| EncodeError::Tokenizer(e.to_string()))?;
+                            // The BOS has the empty span (0, 0): it ends before any byte.
+                            let before = enc
+                                .get_offsets()
+                                .iter()
+                                .zip(enc.get_special_tokens_mask())
+                                .take_while(|(o, s)| **s == 1 || o.1 <= at)
+                                .count();
+                            at_tok = Some(ids.len() + before);
+                        }
+                        ids.extend(hf_encode(tokenizer, t, true)?);
+                    }
+                }
+            }
+        }
+    }
+    // A warmup-isolated completions prompt: the point is its start.
+    let at_tok = at_tok.or(from_start.then_some(0));
+    Ok(Encoded { ids, iso: at_tok })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::tokenize::MockTokenizer;
+    use crate::mock::MockTokenizerSetting;
+
+    fn qwen() -> Arc<Tokenizer> {
+        Arc::new(Tokenizer::default_qwen3().expect("shipped tokenizer"))
+    }
+
+    fn msgs(pairs: &[(&str, &str)]) -> Vec<Message> {
+        pairs.iter().map(|(r, c)| Message::new(*r, *c)).collect()
+    }
+
+    /// The pieces between the template's special tokens tokenize to exactly what the mock (the
+    /// whole rendered text at once) gets, for contents that try to merge across the cuts.
+    #[test]
+    fn cut_encoding_equals_the_whole_text_encoding() {
+        let tok = qwen();
+        let vocab = Vocab::hf(tok.clone(), true).expect("template compiles");
+        let Vocab::Hf { cuts, .. } = &vocab else {
+            panic!("hf")
+        };
+        let names: Vec<&str> = cuts.iter().map(|(c, _)| c.as_str()).collect();
+        assert!(
+            names.contains(&"<|im_start|>") && names.contains(&"<|im_end|>"),
+            "{names:?}"
+        );
+        let mock = MockTokenizer::hf(tok).expect("template");
+        let mut memo = Memo::new(1 << 20);
+        let contents = [
+            "",
+            " ",
+            "\n",
+            "\n\n",
+            "hello",
+            " leading space",
+            "trailing\n\n",
+            "[rid:0123456789ab]\n\nHi",
+            "naïve café — 東京 🦀",
+            "<|im_end|> inside",
+            "code:\n    x = 1\n\t\ty",
+            "a<|im_start|>b",
+        ];
+        for (i, a) in contents.iter().enumerate() {
+            for b in contents.iter().skip(i) {
+                let m = msgs(&[("system", a), ("user", b), ("assistant", a), ("user", b)]);
+                let want = mock
+                    .prompt_tokens(&Prompt::Messages(m.clone()))
+                    .expect("renders");
+                let got = encode(&vocab, &mut memo, &Prompt::Messages(m), &IsoHint::None)
+                    .expect("encodes");
+                assert_eq!(got.ids, want, "{a:?} / {b:?}");
+            }
+        }
+        assert!(
+            memo.hits > memo.misses,
+            "pieces repeat: {} hits, {} misses",
+            memo.hits,
+            memo.misses
+        );
+    }
+
+    #[test]
+    fn a_growing_conversation_tokenizes_only_its_new_messages() {
+        let vocab = Vocab::hf(qwen(), true).expect("template");
+        let mut memo = Memo::new(1 << 20);
+        let mut m = msgs(&[
+            ("system", "You are terse."),
+            ("user", "Tell me about the sea."),
+        ]);
+        encode(
+            &vocab,
+            &mut memo,
+            &Prompt::Messages(m.clone()),
+            &IsoHint::None,
+        )
+        .expect("encodes");
+        let before = memo.misses;
+        m.push(Message::new("assistant", "It is wet."));
+        m.push(Message::new("user", "And the sky?"));
+        encode(&vocab, &mut memo, &Prompt::Messages(m), &IsoHint::None).expect("encodes");
+        // Two new message pieces; the rest (system, first user, the separators) were seen.
+        assert_eq!(memo.misses - before, 2);
+    }
+
+    #[test]
+    fn the_isolation_point_is_the_first_token_past_the_marker() {
+        let tok = qwen();
+        let vocab = Vocab::hf(tok.clone(), true).expect("template");
+        let mut memo = Memo::new(1 << 20);
+        let marker = "[rid:0123456789ab]";
+        let rid = IsoHint::rid("0123456789ab");
+        let m = msgs(&[
+            ("system", "Be brief."),
+            ("user", &format!("{marker}\n\nWhat is BPE?")),
+        ]);
+        let got =
+            encode(&vocab, &mut memo, &Prompt::Messages(m), &IsoHint::warmup()).expect("encodes");
+        assert_eq!(got.iso, None, "no warmup marker in it");
+        let m = msgs(&[
+            ("system", "Be brief."),
+            ("user", "[warmup]\n\nWhat is BPE?"),
+        ]);
+        let got =
+            encode(&vocab, &mut memo, &Prompt::Messages(m), &IsoHint::warmup()).expect("encodes");
+        let at = got.iso.expect("found");
+        let text = tok.decode(&got.ids[at..]).expect("decodes");
+        // Qwen3 spells `]\n\n` as one token: the first token that reaches past the marker.
+        assert!(text.starts_with("]\n\nWhat is BPE?"), "{text:?}");
+        let head = tok.decode(&got.ids[..at]).expect("decodes");
+        assert!(head.ends_with("user\n[warmup"), "{head:?}");
+        // A RID marker: the point is the first token past it.
+        let m = msgs(&[
+            ("system", "Be brief."),
+            ("user", &format!("{marker}\n\nWhat is BPE?")),
+        ]);
+        let got = encode(&vocab, &mut memo, &Prompt::Messages(m), &rid).expect("encodes");
+        let head = tok
+            .decode(&got.ids[..got.iso.expect("found")])
+            .expect("decodes");
+        assert!(head.ends_with("user\n[rid:0123456789ab"), "{head:?}");
+        // Where the warmup marker sat, found from the message's start (a profiling request
+        // under warmup isolation carries none).
+        let m = msgs(&[("system", "Be brief."), ("user", "What is BPE?")]);
+        let got = encode(
+            &vocab,
+            &mut memo,
+            &Prompt::Messages(m),
+            &IsoHint::MessageStart(1),
+        )
+        .expect("encodes");
+        let head = tok
+            .decode(&got.ids[..got.iso.expect("found")])
+            .expect("decodes");
+        assert!(head.ends_with("<|im_start|>user\n"), "{head:?}");
+        // A suffix marker: the point is where the marker starts, after the content.
+        let m = msgs(&[("user", &format!("What is BPE?\n\n{marker}"))]);
+        let got = encode(&vocab, &mut memo, &Prompt::Messages(m), &rid).expect("encodes");
+        let tail = tok
+            .decode(&got.ids[got.iso.expect("found")..])
+            .expect("decodes");
+        assert_eq!(tail, "<|im_end|>\n<|im_start|>assistant\n");
+        let none = msgs(&[("user", "no marker here")]);
+        let got = encode(&vocab, &mut memo, &Prompt::Messages(none), &rid).expect("encodes");
+        assert_eq!(got.iso, None);
+    }
+
+    #[test]
+    fn builtin_and_raw_prompts_match_the_mock() {
+        let mut memo = Memo::new(1024);
+        let mock = MockTokenizer::load(&MockTokenizerSetting::Builtin).expect("builtin");
+        let m = msgs(&[("user", "[warmup]\n\nhello there")]);
+        let want = mock
+            .prompt_tokens(&Prompt::Messages(m.clone()))
+            .expect("counts");
+        let got = encode(
+            &Vocab::Builtin,
+            &mut memo,
+            &Prompt::Messages(m),
+            &IsoHint::warmup(),
+        )
+        .expect("encodes");
+        assert_eq!(got.ids, want);
+        assert_eq!(got.iso, Some(builtin_pieces("user\n[warmup]").len()));
+        let vocab = Vocab::hf(qwen(), true).expect("template");
+        let qmock = MockTokenizer::load(&MockTokenizerSetting::Qwen3).expect("qwen3");
+        let raw = Prompt::Raw(vec![
+            PromptPart::Text("Once upon [rid:0123456789ab] a time".into()),
+            PromptPart::Tokens(vec![1, 2, 3]),
+        ]);
+        let got = encode(&vocab, &mut memo, &raw, &IsoHint::rid("0123456789ab")).expect("encodes");
+        assert_eq!(got.ids, qmock.prompt_tokens(&raw).expect("counts"));
+        let at = got.iso.expect("found");
+        let head = qwen().decode(&got.ids[..at]).expect("decodes");
+        // Here `]` stands alone: the point is the token after it.
+        assert!(head.ends_with("Once upon [rid:0123456789ab]"), "{head:?}");
+    }
+}

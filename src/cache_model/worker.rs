@@ -1,0 +1,363 @@
+//! The model's worker thread: takes jobs in forwarding order, and for each parses the body as
+//! the engine does, resolves its session, tokenizes it, serves it against the index, attributes
+//! the hit, checks the session's continuity and hands the prediction to the request's ticket.
+//! Owns the model's state (tokenizer, memo, index, session table); never touches the network
+//! and never blocks a request (it only ever waits for its own queue).
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+
+use lru::LruCache;
+
+use crate::cachebust::{Phase, Shape, Target};
+use crate::config::{ChatTemplateMode, SessionSource};
+use crate::metrics::Metrics;
+use crate::mock::request::{Endpoint, Prompt};
+use crate::mock::MockTokenizerSetting;
+use crate::synth::tokenizer::Tokenizer;
+
+use super::attribution::{self, Breach, Requester};
+use super::index::{chain, BlockIndex, Owner, BYTES_PER_BLOCK};
+use super::tokens::{self, IsoHint, Memo, Vocab};
+use super::{unaccounted, Job, Prediction, SessionHint, Settings, Stats};
+
+/// What the model remembers of a session: the block its next request must share, and whether
+/// its breach was logged.
+struct SessionState {
+    check: Option<(usize, u64)>,
+    logged: bool,
+}
+
+/// Memory one remembered session costs (its key, state and LRU links).
+const BYTES_PER_SESSION: usize = 80;
+
+pub(super) struct Worker {
+    settings: Settings,
+    metrics: Metrics,
+    stats: Arc<Stats>,
+    queued_bytes: Arc<AtomicU64>,
+}
+
+/// The model's state, made on the worker thread (loading a tokenizer takes a moment).
+struct Model {
+    vocab: Vocab,
+    memo: Memo,
+    index: BlockIndex,
+    sessions: LruCache<u64, SessionState>,
+    anonymous: u64,
+}
+
+impl Worker {
+    pub(super) fn new(
+        settings: Settings,
+        metrics: Metrics,
+        stats: Arc<Stats>,
+        queued_bytes: Arc<AtomicU64>,
+    ) -> Self {
+        Self {
+            settings,
+            metrics,
+            stats,
+            queued_bytes,
+        }
+    }
+
+    /// Serves jobs until every sender is gone.
+    pub(super) fn run(self, jobs: Receiver<Job>) {
+        let mut model = match self.load() {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::error!("cache model: {e}; requests are counted as unaccounted");
+                None
+            }
+        };
+        for job in jobs {
+            let size = job.body.len() as u64;
+            match model.as_mut() {
+                Some(m) => self.serve(m, job),
+                None => unaccounted(&self.metrics, &self.stats, "tokenizer_error"),
+            }
+            self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
+            if let Some(m) = &model {
+                self.publish(m);
+            }
+        }
+    }
+
+    fn load(&self) -> Result<Model, String> {
+        let s = &self.settings;
+        let use_template = s.template == ChatTemplateMode::Auto;
+        let tokenizer = match &s.tokenizer {
+            MockTokenizerSetting::Builtin => None,
+            MockTokenizerSetting::Qwen3 => Some(Tokenizer::default_qwen3()),
+            MockTokenizerSetting::Path(p) => Some(Tokenizer::from_path(p)),
+        };
+        let vocab = match tokenizer {
+            None => Vocab::Builtin,
+            Some(t) => {
+                let t = t.map_err(|e| format!("cannot load cache_model.tokenizer: {e}"))?;
+                Vocab::hf(Arc::new(t), use_template).map_err(|e| e.to_string())?
+            }
+        };
+        Ok(Model {
+            vocab,
+            memo: Memo::new(s.memo_tokens),
+            index: BlockIndex::new(s.block_size, s.capacity),
+            sessions: LruCache::new(s.sessions),
+            anonymous: 0,
+        })
+    }
+
+    fn publish(&self, m: &Model) {
+        let s = &self.stats;
+        s.indexed_blocks
+            .store(m.index.len() as u64, Ordering::Relaxed);
+        s.evicted_blocks.store(m.index.evicted(), Ordering::Relaxed);
+        let bytes = m.index.len() * BYTES_PER_BLOCK
+            + m.sessions.len() * BYTES_PER_SESSION
+            + m.memo.bytes()
+            + self.queued_bytes.load(Ordering::Relaxed) as usize;
+        s.memory.store(bytes as u64, Ordering::Relaxed);
+        self.metrics
+            .model_blocks
+            .set(i64::try_from(m.index.len()).unwrap_or(i64::MAX));
+        self.metrics
+            .model_memory
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.metrics
+            .model_queue
+            .set(i64::try_from(self.queued_bytes.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
+    }
+
+    fn serve(&self, m: &mut Model, job: Job) {
+        let endpoint = endpoint(job.shape);
+        let prompt = match crate::mock::openai::parse_request(endpoint, &job.body, "") {
+            Ok(req) => req.prompt,
+            Err(_) => return unaccounted(&self.metrics, &self.stats, "unparseable"),
+        };
+        let iso = iso_hint(&job, &prompt);
+        let encoded = match tokens::encode(&m.vocab, &mut m.memo, &prompt, &iso) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!("cache model: {e}");
+                return unaccounted(&self.metrics, &self.stats, e.reason());
+            }
+        };
+        let (session, source) = match resolve_session(
+            &job.session,
+            job.shape,
+            &job.body,
+            job.user_context_messages,
+        ) {
+            Some((key, source)) => (digest(&key), Some(source)),
+            None => {
+                // No key: a session of its own, never remembered.
+                m.anonymous += 1;
+                (u64::MAX - m.anonymous, None)
+            }
+        };
+        let bs = self.settings.block_size;
+        let hashes = chain(&encoded.ids, bs);
+        let iso_block = encoded.iso.map(|t| t / bs);
+        let (phase, target) = (job.phase, job.target);
+        let hit = m.index.serve(&hashes, encoded.ids.len(), |i| Owner {
+            session,
+            phase,
+            past_iso: iso_block.is_some_and(|b| i >= b),
+        });
+        let me = Requester {
+            session,
+            phase,
+            target,
+            iso_block,
+        };
+        let (reuse, mut breaches) = attribution::attribute(&hit.owners, bs, &me);
+        let collided = source.is_some() && {
+            let check = attribution::continuation_check(&hashes, encoded.ids.len(), bs);
+            match m.sessions.get_mut(&session) {
+                Some(prev) => {
+                    let extends = attribution::extends(&hashes, prev.check);
+                    prev.check = check;
+                    !extends
+                }
+                None => {
+                    m.sessions.put(
+                        session,
+                        SessionState {
+                            check,
+                            logged: false,
+                        },
+                    );
+                    false
+                }
+            }
+        };
+        if collided && attribution::guards_sessions(target) {
+            breaches.push(Breach::SessionCollision);
+        }
+        if !breaches.is_empty() {
+            self.log_breaches(m, session, source, &job, &breaches);
+        }
+        let cached = (hit.owners.len() * bs) as u64;
+        self.count(phase, target, cached, &reuse, &breaches);
+        job.ticket.predict(Prediction {
+            prompt_tokens: encoded.ids.len() as u64,
+            cached,
+            reuse,
+            breaches,
+        });
+    }
+
+    fn count(
+        &self,
+        phase: Phase,
+        target: Target,
+        cached: u64,
+        reuse: &crate::report::Reuse,
+        breaches: &[Breach],
+    ) {
+        let labels = [phase.as_str(), target.as_str()];
+        self.metrics
+            .predicted_cached_tokens
+            .with_label_values(&labels)
+            .inc_by(cached);
+        for (source, n) in [
+            ("same_session", reuse.same_session),
+            ("other_session", reuse.other_session),
+            ("warmup", reuse.warmup),
+        ] {
+            if n > 0 {
+                self.metrics
+                    .reuse_tokens
+                    .with_label_values(&[labels[0], labels[1], source])
+                    .inc_by(n);
+            }
+        }
+        for b in breaches {
+            self.metrics
+                .isolation_breaches
+                .with_label_values(&[labels[0], labels[1], b.as_str()])
+                .inc();
+        }
+    }
+
+    /// One warning per session (the first breach of it), naming the session-key source and the fix.
+    fn log_breaches(
+        &self,
+        m: &mut Model,
+        session: u64,
+        source: Option<&'static str>,
+        job: &Job,
+        breaches: &[Breach],
+    ) {
+        if let Some(s) = m.sessions.get_mut(&session) {
+            if s.logged {
+                return;
+            }
+            s.logged = true;
+        }
+        let source = source.unwrap_or("none (each request its own session)");
+        for b in breaches {
+            let fix = match b {
+                Breach::SessionCollision => "two conversations share this session key, so they share one RID and one cache path: send a distinct x-correlation-id per conversation, or put a finer source first in cache_bust.session_sources",
+                Breach::CrossSession => "another session put these blocks there with the same marker: give each conversation its own explicit RID inputs (x-kvbust-trace-id, x-kvbust-trajectory-index) or session key",
+                Breach::WarmupReuse => "warmup requests put these blocks there unmarked: send warmup with x-kvbust-phase: warmup and without an x-kvbust-target override",
+            };
+            tracing::warn!(
+                kind = b.as_str(),
+                phase = job.phase.as_str(),
+                target = job.target.as_str(),
+                session = format!("{session:016x}"),
+                session_source = source,
+                "isolation breach: {fix}"
+            );
+        }
+    }
+}
+
+fn endpoint(shape: Shape) -> Endpoint {
+    match shape {
+        Shape::Chat => Endpoint::Chat,
+        Shape::Completions => Endpoint::Completions,
+        Shape::Responses => Endpoint::Responses,
+        Shape::Messages => Endpoint::Messages,
+    }
+}
+
+/// Where the request's isolation point is: at the marker kvbust put in (`Job::marker`); for a
+/// profiling request of a `warmup_isolation_*` target (it carries no marker), where the warmup
+/// marker sat.
+fn iso_hint(job: &Job, prompt: &Prompt) -> IsoHint {
+    if let Some(m) = &job.marker {
+        return m.clone();
+    }
+    if !job.target.is_warmup_isolation() {
+        return IsoHint::None;
+    }
+    let Prompt::Messages(messages) = prompt else {
+        return IsoHint::MessageStart(0);
+    };
+    let is_system = |r: &str| r == "system" || r == "developer";
+    if job.target.is_system() && messages.first().is_some_and(|m| is_system(&m.role)) {
+        return IsoHint::MessageStart(0);
+    }
+    messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == "user")
+        .nth(job.user_context_messages)
+        .map_or(IsoHint::None, |(i, _)| IsoHint::MessageStart(i))
+}
+
+/// The session key and the name of the source that gave it: the first configured source with a
+/// value (body sources read from the forwarded body).
+fn resolve_session(
+    hint: &SessionHint,
+    shape: Shape,
+    body: &[u8],
+    user_context: usize,
+) -> Option<(String, &'static str)> {
+    if let Some((key, source)) = &hint.known {
+        return Some((key.clone(), source));
+    }
+    let mut parsed = None;
+    for (source, value) in &hint.sources {
+        let key = match source {
+            SessionSource::XCorrelationId | SessionSource::XSessionId => value.clone(),
+            SessionSource::BodyUser | SessionSource::FirstUserTurn => {
+                let p = parsed.get_or_insert_with(|| crate::cachebust::parse(shape, body).ok());
+                p.as_ref().and_then(|p| match source {
+                    SessionSource::BodyUser => p
+                        .user_field()
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string),
+                    _ => p.first_user_turn_hash(user_context),
+                })
+            }
+        };
+        if let Some(key) = key {
+            return Some((key, source_name(*source)));
+        }
+    }
+    None
+}
+
+/// A session source as a log line names it.
+pub(crate) fn source_name(s: SessionSource) -> &'static str {
+    match s {
+        SessionSource::XCorrelationId => "x_correlation_id",
+        SessionSource::XSessionId => "x_session_id",
+        SessionSource::BodyUser => "body_user",
+        SessionSource::FirstUserTurn => "first_user_turn",
+    }
+}
+
+fn digest(key: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    // Anonymous sessions count down from u64::MAX: keep keyed ones below them.
+    h.finish() >> 1
+}

@@ -1,0 +1,498 @@
+//! The cache model against the built-in mock, whose simulated prefix cache is vLLM's: with the
+//! same tokenizer, template and block size, the model's prediction must equal what the mock
+//! reports, request for request; and the isolation guard must name each kind of breach, and
+//! stay quiet on a correct run.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{self, body_bytes, get, h1, post, send, Harness, HttpClient};
+use kvbust::cachebust::{Phase, Target};
+use kvbust::mock::tokenize::MockTokenizer;
+use kvbust::mock::{Mock, MockConfig, MockTokenizerSetting};
+use kvbust::report::Report;
+
+/// The run's report once every request is counted.
+async fn report(h: &Harness) -> Report {
+    let resp = send(&h1(), get(&h.admin_url("/report?wait=20s"))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    serde_json::from_slice(&body_bytes(resp).await).expect("a report")
+}
+
+/// One conversation as AIPerf sends it: each turn resends the history with the server's
+/// answers, under one `x-correlation-id`; streamed turns ask for usage.
+struct Conversation {
+    session: String,
+    system: Option<String>,
+    turns: Vec<String>,
+}
+
+/// The assistant's text of a chat response, streamed or not.
+fn answer(body: &[u8], stream: bool) -> String {
+    if !stream {
+        let v: Value = serde_json::from_slice(body).expect("JSON");
+        return v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+    }
+    common::sse_data(body)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+async fn run_conversation(
+    client: &HttpClient,
+    h: &Harness,
+    c: &Conversation,
+    extra: &[(&str, &str)],
+) {
+    let mut messages = Vec::new();
+    if let Some(s) = &c.system {
+        messages.push(json!({"role": "system", "content": s}));
+    }
+    for (i, turn) in c.turns.iter().enumerate() {
+        messages.push(json!({"role": "user", "content": turn}));
+        let stream = i % 2 == 1;
+        let mut body = json!({"model": "kvbust-mock", "messages": messages, "max_tokens": 6, "stream": stream});
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let mut headers = vec![("x-correlation-id", c.session.as_str())];
+        headers.extend_from_slice(extra);
+        let req = post(&h.url("/v1/chat/completions"), body.to_string(), &headers);
+        let resp = send(client, req).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{} turn {i}", c.session);
+        let text = answer(&body_bytes(resp).await, stream);
+        messages.push(json!({"role": "assistant", "content": text}));
+    }
+}
+
+fn qwen3_mock(cache_blocks: usize) -> Arc<Mock> {
+    let cfg = MockConfig {
+        cache_blocks,
+        ..common::quick_mock()
+    };
+    let tokenizer = MockTokenizer::load(&MockTokenizerSetting::Qwen3).expect("shipped tokenizer");
+    Mock::new(cfg, Some(tokenizer))
+}
+
+/// A synthesized multi-turn sonnet dataset with a shared system prompt (kvbust's synthesis,
+/// which is AIPerf's): `n` conversations of 3 turns.
+fn sonnet_conversations(n: usize) -> Vec<Conversation> {
+    let params = kvbust::synth::SynthParams {
+        isl: Some(60),
+        osl: Some(6),
+        num_dataset_entries: Some(n),
+        random_seed: Some(11),
+        shared_system_prompt_length: Some(40),
+        session_turns_mean: 3.0,
+        session_turns_stddev: 0.0,
+        ..kvbust::synth::SynthParams::default()
+    };
+    let tokenizer = kvbust::synth::Tokenizer::default_qwen3().expect("shipped tokenizer");
+    let data = kvbust::synth::build_dataset(&params, &tokenizer).expect("a dataset");
+    data.conversations
+        .into_iter()
+        .map(|c| Conversation {
+            session: c.session_id,
+            system: c.system_message,
+            turns: c.turns.into_iter().map(|t| t.text).collect(),
+        })
+        .collect()
+}
+
+/// Every target, both phases, Qwen3 with its chat template and 16-token blocks on both sides,
+/// both caches unbounded: the model predicts exactly what the mock reports, for every request
+/// (no divergent request, equal sums), and a correct AIPerf-style run breaches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predictions_equal_the_mocks_report_under_every_target_and_phase() {
+    let conversations = sonnet_conversations(70);
+    assert!(conversations
+        .iter()
+        .all(|c| c.turns.len() >= 3 && c.system.is_some()));
+    let mut total = 0;
+    let mut hits = 0;
+    for (t, target) in Target::ALL.into_iter().enumerate() {
+        let h = common::start_with(qwen3_mock(10_000_000), |c| {
+            c.cache_model.tokenizer = Some(MockTokenizerSetting::Qwen3);
+            c.cache_bust.target = target;
+        })
+        .await;
+        let client = h1();
+        for (p, phase) in Phase::ALL.into_iter().enumerate() {
+            for c in &conversations[t * 10 + p * 5..t * 10 + p * 5 + 5] {
+                run_conversation(&client, &h, c, &[("x-kvbust-phase", phase.as_str())]).await;
+            }
+        }
+        let r = report(&h).await;
+        assert_eq!(r.rows.len(), 2, "{target}: {:?}", r.rows);
+        for row in &r.rows {
+            let what = format!("{} {}", row.phase, row.target);
+            assert_eq!(row.target, target.as_str());
+            assert_eq!(row.requests, 15, "{what}");
+            assert_eq!(row.accounted_requests, 15, "{what}");
+            assert_eq!(row.divergent_requests, 0, "{what}: {row:?}");
+            assert_eq!(
+                row.cached_tokens.reported,
+                Some(row.cached_tokens.predicted),
+                "{what}"
+            );
+            assert_eq!(
+                row.prompt_tokens.reported,
+                Some(row.prompt_tokens.predicted),
+                "{what}"
+            );
+            assert_eq!(row.breaches.total(), 0, "{what}: {row:?}");
+            let reuse = row.reuse.same_session + row.reuse.other_session + row.reuse.warmup;
+            assert_eq!(reuse, row.cached_tokens.predicted, "{what}");
+            total += row.requests;
+            hits += row.cached_tokens.predicted;
+        }
+        assert_eq!(r.upstream.reports_cached_tokens, Some(true));
+        assert_eq!(r.cache_model.topology, "sidecar");
+        h.shutdown().await;
+    }
+    assert!(total >= 200, "{total} requests");
+    assert!(hits > 0, "later turns reuse earlier ones");
+}
+
+/// With the mock's cache smaller than the model's, the divergent requests are exactly those
+/// where the mock had evicted: the requests whose cached tokens differ from what an unbounded
+/// mock, fed the same prompts directly, reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_smaller_upstream_cache_divergence_counts_its_evictions() {
+    let small = MockConfig {
+        cache_blocks: 24,
+        block_size: 4,
+        ..common::quick_mock()
+    };
+    let h = common::start_with(Mock::new(small, None), |c| c.cache_model.block_size = 4).await;
+    let unbounded = Mock::new(
+        MockConfig {
+            cache_blocks: 1_000_000,
+            block_size: 4,
+            ..common::quick_mock()
+        },
+        None,
+    );
+    let direct = serve_mock(unbounded).await;
+    let client = h1();
+    let mut evicted = 0;
+    for i in 0..40 {
+        // Five conversations' growing prefixes, interleaved: the small cache loses some.
+        let k = i % 5;
+        let text = format!("conversation {k}: ")
+            + &"the quick brown fox jumps over the lazy dog ".repeat(1 + i / 5);
+        let body =
+            json!({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 2})
+                .to_string();
+        let via = common::json(
+            send(
+                &client,
+                post(&h.url("/v1/chat/completions"), body.clone(), &[]),
+            )
+            .await,
+        )
+        .await;
+        let ref_ = common::json(
+            send(
+                &client,
+                post(&format!("http://{direct}/v1/chat/completions"), body, &[]),
+            )
+            .await,
+        )
+        .await;
+        let cached = |v: &Value| {
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .expect("cached")
+        };
+        evicted += u64::from(cached(&via) != cached(&ref_));
+    }
+    let r = report(&h).await;
+    let row = &r.rows[0];
+    assert!(
+        evicted > 0,
+        "the small cache must evict for this test to mean anything"
+    );
+    assert_eq!(row.divergent_requests, evicted, "{row:?}");
+    assert!(row.cached_tokens.reported < Some(row.cached_tokens.predicted));
+    h.shutdown().await;
+}
+
+/// Serves `mock` on port 0 and returns its address.
+async fn serve_mock(mock: Arc<Mock>) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(kvbust::mock::serve(l, mock, std::future::pending::<()>()));
+    addr
+}
+
+fn chat(messages: &[(&str, &str)]) -> String {
+    let m: Vec<Value> = messages
+        .iter()
+        .map(|(r, c)| json!({"role": r, "content": c}))
+        .collect();
+    json!({"model": "m", "messages": m, "max_tokens": 3}).to_string()
+}
+
+const SYSTEM: &str = "You are a patient geography tutor who answers in full sentences.";
+const OPENING: &str = "What is the capital of France, and why did it become the capital?";
+
+async fn breaches(h: &Harness) -> kvbust::report::Breaches {
+    let r = report(h).await;
+    let mut b = kvbust::report::Breaches::default();
+    for row in &r.rows {
+        b.cross_session += row.breaches.cross_session;
+        b.warmup_reuse += row.breaches.warmup_reuse;
+        b.session_collision += row.breaches.session_collision;
+    }
+    b
+}
+
+async fn say(h: &Harness, messages: &[(&str, &str)], headers: &[(&str, &str)]) -> String {
+    let resp = send(
+        &h1(),
+        post(&h.url("/v1/chat/completions"), chat(messages), headers),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    answer(&body_bytes(resp).await, false)
+}
+
+/// Two conversations that open with the same question, keyed by the first-user-turn fallback
+/// under `first_turn_prefix`: one session key, one RID, one cache path: a collision. With a
+/// distinct `x-correlation-id` each: none.
+#[tokio::test]
+async fn two_conversations_under_one_session_key_are_a_collision() {
+    for distinct in [false, true] {
+        let h = common::start_with_mock(small_blocks(), |c| {
+            c.cache_bust.target = Target::FirstTurnPrefix;
+            c.cache_model.block_size = 4;
+        })
+        .await;
+        let ids = |s: &'static str| {
+            if distinct {
+                vec![("x-correlation-id", s)]
+            } else {
+                vec![]
+            }
+        };
+        let a1 = say(&h, &[("system", SYSTEM), ("user", OPENING)], &ids("a")).await;
+        let b1 = say(&h, &[("system", SYSTEM), ("user", OPENING)], &ids("b")).await;
+        say(
+            &h,
+            &[
+                ("system", SYSTEM),
+                ("user", OPENING),
+                ("assistant", &a1),
+                ("user", "Tell me more about its river."),
+            ],
+            &ids("a"),
+        )
+        .await;
+        say(
+            &h,
+            &[
+                ("system", SYSTEM),
+                ("user", OPENING),
+                ("assistant", &b1),
+                ("user", "Now compare it with Berlin, please."),
+            ],
+            &ids("b"),
+        )
+        .await;
+        let b = breaches(&h).await;
+        let want = if distinct { 0 } else { 1 };
+        assert_eq!(
+            (b.session_collision, b.cross_session, b.warmup_reuse),
+            (want, 0, 0),
+            "distinct ids: {distinct}"
+        );
+        let m = common::metrics_text(&h).await;
+        let line = "kvbust_isolation_breaches_total{kind=\"session_collision\",phase=\"profiling\",target=\"first_turn_prefix\"} 1";
+        assert_eq!(m.contains(line), !distinct, "{m}");
+        h.shutdown().await;
+    }
+}
+
+fn small_blocks() -> MockConfig {
+    MockConfig {
+        block_size: 4,
+        ..common::quick_mock()
+    }
+}
+
+/// Two sessions (distinct `x-correlation-id`s) given the same explicit RID inputs share one
+/// marker, so the second reuses the first's blocks past the marker: `cross_session`.
+#[tokio::test]
+async fn the_same_explicit_rid_for_two_sessions_is_a_cross_session_breach() {
+    let h = common::start_with_mock(small_blocks(), |c| {
+        c.cache_bust.target = Target::FirstTurnPrefix;
+        c.cache_model.block_size = 4;
+    })
+    .await;
+    let conv = [("system", SYSTEM), ("user", OPENING)];
+    for session in ["a", "b"] {
+        say(
+            &h,
+            &conv,
+            &[
+                ("x-correlation-id", session),
+                ("x-kvbust-trace-id", "trace-7"),
+            ],
+        )
+        .await;
+    }
+    let b = breaches(&h).await;
+    assert_eq!(
+        (b.cross_session, b.session_collision, b.warmup_reuse),
+        (1, 0, 0)
+    );
+    let r = report(&h).await;
+    assert!(r.rows[0].reuse.other_session > 0);
+    h.shutdown().await;
+}
+
+/// Under `warmup_isolation_first_turn`, a warmup request that went out unmarked (its target
+/// overridden to `none`) leaves blocks a profiling request then reuses past its isolation
+/// point: `warmup_reuse`. Marked properly, the same two requests breach nothing.
+#[tokio::test]
+async fn an_unmarked_warmup_reused_by_profiling_is_a_warmup_reuse_breach() {
+    for unmarked in [true, false] {
+        let h = common::start_with_mock(small_blocks(), |c| {
+            c.cache_bust.target = Target::WarmupIsolationFirstTurn;
+            c.cache_model.block_size = 4;
+        })
+        .await;
+        let conv = [("system", SYSTEM), ("user", OPENING)];
+        let mut warm = vec![("x-kvbust-phase", "warmup"), ("x-correlation-id", "w")];
+        if unmarked {
+            warm.push(("x-kvbust-target", "none"));
+        }
+        say(&h, &conv, &warm).await;
+        say(
+            &h,
+            &conv,
+            &[("x-kvbust-phase", "profiling"), ("x-correlation-id", "p")],
+        )
+        .await;
+        let b = breaches(&h).await;
+        let want = u64::from(unmarked);
+        assert_eq!(
+            (b.warmup_reuse, b.cross_session, b.session_collision),
+            (want, 0, 0),
+            "unmarked: {unmarked}"
+        );
+        let r = report(&h).await;
+        let profiling = r
+            .rows
+            .iter()
+            .find(|r| r.phase == "profiling")
+            .expect("a profiling row");
+        // The system prompt before the isolation point is reused from warmup either way.
+        assert!(profiling.reuse.warmup > 0);
+        h.shutdown().await;
+    }
+}
+
+/// An upstream that reports usage without cached tokens is named: the gauge goes to 0 and the
+/// report says so, with the engine flags.
+#[tokio::test]
+async fn a_silent_upstream_is_named_in_the_report_and_the_gauge() {
+    let upstream = silent_upstream().await;
+    let h = common::start_proxy(&format!("http://{upstream}"), |_| {}).await;
+    for i in 0..kvbust::cache_model::ledger::SILENT_AFTER {
+        say(&h, &[("user", &format!("question {i}"))], &[]).await;
+    }
+    let r = report(&h).await;
+    assert_eq!(r.upstream.reports_cached_tokens, Some(false));
+    let hint = r.upstream.hint.expect("a hint");
+    assert!(
+        hint.contains("--enable-prompt-tokens-details") && hint.contains("--enable-cache-report"),
+        "{hint}"
+    );
+    assert_eq!(r.rows[0].cached_tokens.reported, None);
+    assert_eq!(
+        r.rows[0].prompt_tokens.reported,
+        Some(5 * kvbust::cache_model::ledger::SILENT_AFTER)
+    );
+    let m = common::metrics_text(&h).await;
+    assert!(m.contains("kvbust_upstream_reports_cached_tokens 0"), "{m}");
+    h.shutdown().await;
+}
+
+/// A chat upstream whose usage has no `prompt_tokens_details` (vLLM without
+/// `--enable-prompt-tokens-details`).
+async fn silent_upstream() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        use http_body_util::BodyExt;
+                        let _ = req.into_body().collect().await;
+                        let body = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#;
+                        let mut resp = http::Response::new(http_body_util::Full::new(
+                            Bytes::from_static(body.as_bytes()),
+                        ));
+                        resp.headers_mut().insert(
+                            "content-type",
+                            http::HeaderValue::from_static("application/json"),
+                        );
+                        Ok::<_, std::convert::Infallible>(resp)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// `POST /report/reset` needs the token when one is set, answers with the closed run, and
+/// starts a new one; `GET /report` refuses a bad `wait`.
+#[tokio::test]
+async fn reset_closes_the_run_and_needs_the_token() {
+    let token = "a-long-enough-admin-token-0123456789";
+    let h = common::start(|c| c.admin.token = Some(token.into())).await;
+    say(&h, &[("user", "hello there")], &[]).await;
+    let reset = |auth: Option<&str>| {
+        let mut b = http::Request::post(h.admin_url("/report/reset"));
+        if let Some(a) = auth {
+            b = b.header("authorization", format!("Bearer {a}"));
+        }
+        b.body(http_body_util::Full::new(Bytes::new())).unwrap()
+    };
+    let denied = send(&h1(), reset(None)).await;
+    assert_eq!(denied.status(), StatusCode::UNAUTHORIZED);
+    report(&h).await; // settle first, so the closed run has the request
+    let closed = send(&h1(), reset(Some(token))).await;
+    assert_eq!(closed.status(), StatusCode::OK);
+    let closed: Report = serde_json::from_slice(&body_bytes(closed).await).unwrap();
+    assert_eq!(closed.rows[0].requests, 1);
+    assert!(report(&h).await.rows.is_empty(), "a new run");
+    let bad = send(&h1(), get(&h.admin_url("/report?wait=forever"))).await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    let _ = Duration::ZERO;
+    h.shutdown().await;
+}
