@@ -19,7 +19,7 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
-use crate::proxy::usage::Tokens;
+use crate::usage::Tokens;
 
 /// The target access-log lines carry (as a `tracing` event's target would be written), so they
 /// can be told from other log lines.

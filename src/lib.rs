@@ -25,3 +25,4 @@ pub mod synth;
 pub mod tls;
 pub mod units;
 pub mod upstream;
+pub mod usage;

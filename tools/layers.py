@@ -47,9 +47,10 @@ LAYERS = {
         # Plain types and leaves every layer may use (the buffered-body budget too: the mock
         # inside `kvbust serve` charges the same budget as the proxy).
         ["units", "error", "body", "metrics", "cgroup", "healthcheck", "cachebust", "runtime::budget", "report"],
-        # The synthesis library, the connection plumbing, and the usage counts the access log
-        # writes (a leaf of the pipeline: it reads JSON with cachebust::raw, nothing else).
-        ["synth", "conn", "proxy::usage"],
+        # The synthesis library, the connection plumbing, the usage counts (observer, access log,
+        # cache model) and `proxy::usage` (a leaf of the pipeline: it reads JSON with
+        # cachebust::raw, nothing else).
+        ["synth", "conn", "usage", "proxy::usage"],
         # The mock model server: the configuration embeds its settings (mock::config).
         ["mock"],
         ["config"],

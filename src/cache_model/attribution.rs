@@ -140,6 +140,7 @@ mod tests {
 
     /// (owners, requester session, phase, target, iso block) → (same, other, warmup tokens, breaches)
     #[test]
+    #[allow(clippy::too_many_lines)] // a table of cases, one per line before rustfmt
     fn hits_are_split_by_source_and_breaches_found() {
         type Case = (
             Vec<Owner>,

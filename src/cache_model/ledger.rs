@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::cachebust::{Phase, Target};
 use crate::metrics::Metrics;
-use crate::proxy::usage::Tokens;
 use crate::report::{self, Breaches, Bucket, Pair, Quantiles, Reuse, Row, Timeline};
+use crate::usage::Tokens;
 
 use super::attribution::{self, Breach};
 

@@ -28,8 +28,8 @@ use crate::cachebust::{Phase, Shape, Target};
 use crate::config::{CacheModelConfig, ChatTemplateMode, Config, SessionSource, Topology};
 use crate::metrics::Metrics;
 use crate::mock::MockTokenizerSetting;
-use crate::proxy::usage::Tokens;
 use crate::report;
+use crate::usage::Tokens;
 pub use ledger::{Outcome, Prediction, RunLedger};
 
 /// How a request's session is known, for attribution (the session key of

@@ -2,8 +2,7 @@
 //! `"stream_options":{"include_usage":true}` into the client's bytes, and takes out of the response
 //! exactly what that adds (the usage-only chunk and the `"usage":null` members OpenAI-style servers
 //! put on every other chunk), so the client receives what it asked for. Never touches a request
-//! that already asks for usage, nor any byte it does not have to. Also [`Tokens`], the usage counts
-//! the observer reads out of a response and the access log writes, in one meaning for every API.
+//! that already asks for usage, nor any byte it does not have to.
 
 use std::ops::Range;
 
@@ -215,18 +214,6 @@ fn member_span(b: &[u8], value: Range<usize>) -> Option<Range<usize>> {
 
 fn trim(b: &[u8]) -> &[u8] {
     b.trim_ascii()
-}
-
-/// Prompt, cached and generated tokens, the same meaning for every API.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Tokens {
-    /// Every prompt token the server processed or reused. Anthropic reports the uncached part
-    /// (`input_tokens`) apart from the cache hits and writes, so there it is
-    /// `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`.
-    pub prompt: Option<u64>,
-    /// Prompt tokens served from the prefix cache (Anthropic: `cache_read_input_tokens`).
-    pub cached: Option<u64>,
-    pub completion: Option<u64>,
 }
 
 #[cfg(test)]

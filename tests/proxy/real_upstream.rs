@@ -468,3 +468,71 @@ async fn client_disconnect_frees_the_server_slot_within_a_second() {
     eprintln!("slot idle {:?} after the client hung up", hung_up.elapsed());
     h.shutdown().await;
 }
+
+/// The cache model beside a real engine: `/report` shows the model's prediction next to what
+/// llama.cpp reported. llama.cpp keeps one slot's tokens (a cache per token, not vLLM's blocks)
+/// and counts in SmolLM2's tokens while the model counts in the shipped Qwen3 tokenizer's, so
+/// the two are compared, not required equal: both must see the second session reuse the shared
+/// system prompt, and a session's second turn reuse its first.
+#[tokio::test]
+async fn the_report_shows_the_models_prediction_beside_the_servers_report() {
+    let Some(up) = upstream("the_report_shows_the_models_prediction_beside_the_servers_report")
+    else {
+        return;
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let h = start_proxy(&up, |c| {
+        c.cache_bust.target = Target::FirstTurnPrefix;
+        c.cache_model.tokenizer = Some(kvbust::mock::MockTokenizerSetting::Qwen3);
+        c.cache_model.block_size = 1;
+    })
+    .await;
+    let system = long_system_prompt();
+    let first = "Which tents can I still return, and what does the warranty cover?";
+    let (_, reply) = ask(
+        &h,
+        chat(&system, &[("user", first)], 8, false),
+        &[("x-correlation-id", "report-a")],
+    )
+    .await;
+    let turns = [
+        ("user", first),
+        ("assistant", reply.as_str()),
+        ("user", "And how long does express shipping take?"),
+    ];
+    ask(
+        &h,
+        chat(&system, &turns, 8, false),
+        &[("x-correlation-id", "report-a")],
+    )
+    .await;
+    ask(
+        &h,
+        chat(&system, &[("user", first)], 8, false),
+        &[("x-correlation-id", "report-b")],
+    )
+    .await;
+    let resp = send_within(&h1(), get(&h.admin_url("/report?wait=30s")), LIMIT).await;
+    let report: kvbust::report::Report = serde_json::from_slice(&body_bytes(resp).await).unwrap();
+    let row = &report.rows[0];
+    eprintln!(
+        "llama.cpp vs the cache model: requests {} (accounted {}), prompt tokens reported {:?} \
+         predicted {}, cached tokens reported {:?} predicted {}, reuse {:?}, breaches {:?}",
+        row.requests,
+        row.accounted_requests,
+        row.prompt_tokens.reported,
+        row.prompt_tokens.predicted,
+        row.cached_tokens.reported,
+        row.cached_tokens.predicted,
+        row.reuse,
+        row.breaches
+    );
+    assert_eq!((row.requests, row.accounted_requests), (3, 3), "{row:?}");
+    assert_eq!(report.upstream.reports_cached_tokens.unwrap_or(true), true);
+    let reported = row.cached_tokens.reported.expect("llama.cpp reports cached tokens");
+    // Both saw the second turn reuse the first and the second session reuse the system prompt.
+    assert!(reported >= 250 && row.cached_tokens.predicted >= 250, "{row:?}");
+    assert!(row.reuse.same_session > 0 && row.reuse.other_session > 0, "{row:?}");
+    assert_eq!(row.breaches.total(), 0, "{row:?}");
+    h.shutdown().await;
+}

@@ -15,8 +15,8 @@ pub use wire::{CachedDetails, UsageWire};
 
 use std::time::{Duration, Instant};
 
-use super::usage::Tokens;
 use crate::metrics::Metrics;
+use crate::usage::Tokens;
 
 /// The metric labels of one exchange.
 #[derive(Debug, Clone, Copy)]

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::proxy::usage::Tokens;
+use crate::usage::Tokens;
 
 /// The API whose response is read, from the route label: it decides which events carry content
 /// and how `usage` maps to prompt / cached / completion tokens.
