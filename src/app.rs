@@ -47,7 +47,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             config.synth.cache_dir = default_cache_dir();
             let _flush = init_logging(&config);
             let cgroup = std::path::Path::new(crate::cgroup::CGROUP_ROOT);
-            if let Some(warning) = config.fit_memory_limit(crate::cgroup::memory_limit(cgroup)) {
+            for warning in config.fit_memory_limit(crate::cgroup::memory_limit(cgroup)) {
                 tracing::warn!("{warning}");
             }
             runtime()?.block_on(serve(config))

@@ -1177,33 +1177,44 @@ mod tests {
     #[test]
     fn buffered_bodies_are_fitted_into_half_the_memory_limit() {
         let mut c = Config::default();
-        assert_eq!(c.fit_memory_limit(None), None);
-        assert_eq!(
-            c.fit_memory_limit(Some(4 << 30)),
-            None,
-            "2GiB >= 1GiB: unchanged"
+        assert!(c.fit_memory_limit(None).is_empty());
+        assert!(
+            c.fit_memory_limit(Some(4 << 30)).is_empty(),
+            "2GiB >= 1GiB and 1GiB >= 256MiB: unchanged"
         );
         assert_eq!(c.limits.max_buffered_total, ByteSize(1 << 30));
 
-        let note = c.fit_memory_limit(Some(512 << 20)).unwrap();
+        let notes = c.fit_memory_limit(Some(512 << 20));
+        assert_eq!(notes.len(), 2, "{notes:?}");
         assert_eq!(c.limits.max_buffered_total, ByteSize(256 << 20));
         assert_eq!(c.limits.max_body, ByteSize(64 << 20), "still below");
-        assert!(note.starts_with("limits.max_buffered_total lowered from 1GiB to 256MiB, half the cgroup memory limit (512MiB)"), "{note}");
-        c.validate().unwrap();
-        // GET /config says so, above the lowered value.
-        let shown = c.redacted().to_toml();
+        assert!(notes[0].starts_with("limits.max_buffered_total lowered from 1GiB to 256MiB, half the cgroup memory limit (512MiB)"), "{notes:?}");
+        assert_eq!(c.cache_model.max_memory, ByteSize(128 << 20));
         assert!(
-            shown.starts_with(&format!("# adjusted at start: {note}\n")),
-            "{shown}"
+            notes[1].starts_with("cache_model.max_memory lowered from 256MiB to 128MiB, a quarter"),
+            "{notes:?}"
         );
+        c.validate().unwrap();
+        // GET /config says so, above the lowered values.
+        let shown = c.redacted().to_toml();
+        let head = format!(
+            "# adjusted at start: {}\n# adjusted at start: {}\n",
+            notes[0], notes[1]
+        );
+        assert!(shown.starts_with(&head), "{shown}");
         assert!(shown.contains("max_buffered_total = \"256MiB\""), "{shown}");
 
         // A limit so small that max_body must come down too, so the result stays valid.
         let mut c = Config::default();
-        let note = c.fit_memory_limit(Some(64 << 20)).unwrap();
+        let notes = c.fit_memory_limit(Some(64 << 20));
         assert_eq!(c.limits.max_body, ByteSize(32 << 20));
-        assert!(note.contains("limits.max_body from 64MiB"), "{note}");
+        assert!(notes[0].contains("limits.max_body from 64MiB"), "{notes:?}");
         c.validate().unwrap();
+        // With the model off, its memory is not touched.
+        let mut c = Config::default();
+        c.cache_model.enabled = false;
+        assert_eq!(c.fit_memory_limit(Some(512 << 20)).len(), 1);
+        assert_eq!(c.cache_model.max_memory, ByteSize(256 << 20));
     }
 
     #[test]

@@ -33,14 +33,24 @@ use crate::usage::Tokens;
 pub use ledger::{Outcome, Prediction, RunLedger};
 
 /// How a request's session is known, for attribution (the session key of
-/// `cache_bust.session_sources`, even when explicit RID headers are sent).
+/// `cache_bust.session_sources`, even when explicit RID headers are sent). Keys travel as
+/// digests ([`session_digest`]): a header may be long, and the model needs only its identity.
 #[derive(Debug, Clone, Default)]
 pub struct SessionHint {
     /// A key given outright (a synthesized conversation's), with the source that gave it.
-    pub known: Option<(String, &'static str)>,
-    /// Each configured source, in order, with a header source's value (body sources: `None`,
+    pub known: Option<(u64, &'static str)>,
+    /// Each configured source, in order, with a header source's digest (body sources: `None`,
     /// read by the worker from the body).
-    pub sources: Vec<(SessionSource, Option<String>)>,
+    pub sources: Vec<(SessionSource, Option<u64>)>,
+}
+
+/// A session key's identity in the model. Anonymous sessions (no key) count down from
+/// `u64::MAX`, so keyed ones stay below them.
+pub fn session_digest(key: &str) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish() >> 1
 }
 
 /// One request for the model.

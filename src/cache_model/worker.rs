@@ -4,7 +4,6 @@
 //! Owns the model's state (tokenizer, memo, index, session table); never touches the network
 //! and never blocks a request (it only ever waits for its own queue).
 
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -21,7 +20,7 @@ use crate::synth::tokenizer::Tokenizer;
 use super::attribution::{self, Breach, Requester};
 use super::index::{chain, BlockIndex, Owner, BYTES_PER_BLOCK};
 use super::tokens::{self, IsoHint, Memo, Vocab};
-use super::{unaccounted, Job, Prediction, SessionHint, Settings, Stats};
+use super::{session_digest, unaccounted, Job, Prediction, SessionHint, Settings, Stats};
 
 /// What the model remembers of a session: the block its next request must share, and whether
 /// its breach was logged.
@@ -151,7 +150,7 @@ impl Worker {
             &job.body,
             job.user_context_messages,
         ) {
-            Some((key, source)) => (digest(&key), Some(source)),
+            Some((key, source)) => (key, Some(source)),
             None => {
                 // No key: a session of its own, never remembered.
                 m.anonymous += 1;
@@ -311,21 +310,21 @@ fn iso_hint(job: &Job, prompt: &Prompt) -> IsoHint {
         .map_or(IsoHint::None, |(i, _)| IsoHint::MessageStart(i))
 }
 
-/// The session key and the name of the source that gave it: the first configured source with a
-/// value (body sources read from the forwarded body).
+/// The session key's digest and the name of the source that gave it: the first configured
+/// source with a value (body sources read from the forwarded body).
 fn resolve_session(
     hint: &SessionHint,
     shape: Shape,
     body: &[u8],
     user_context: usize,
-) -> Option<(String, &'static str)> {
-    if let Some((key, source)) = &hint.known {
-        return Some((key.clone(), source));
+) -> Option<(u64, &'static str)> {
+    if let Some((key, source)) = hint.known {
+        return Some((key, source));
     }
     let mut parsed = None;
     for (source, value) in &hint.sources {
         let key = match source {
-            SessionSource::XCorrelationId | SessionSource::XSessionId => value.clone(),
+            SessionSource::XCorrelationId | SessionSource::XSessionId => *value,
             SessionSource::BodyUser | SessionSource::FirstUserTurn => {
                 let p = parsed.get_or_insert_with(|| crate::cachebust::parse(shape, body).ok());
                 p.as_ref().and_then(|p| match source {
@@ -333,8 +332,11 @@ fn resolve_session(
                         .user_field()
                         .map(str::trim)
                         .filter(|s| !s.is_empty())
-                        .map(str::to_string),
-                    _ => p.first_user_turn_hash(user_context),
+                        .map(session_digest),
+                    _ => p
+                        .first_user_turn_hash(user_context)
+                        .as_deref()
+                        .map(session_digest),
                 })
             }
         };
@@ -353,11 +355,4 @@ pub(crate) fn source_name(s: SessionSource) -> &'static str {
         SessionSource::BodyUser => "body_user",
         SessionSource::FirstUserTurn => "first_user_turn",
     }
-}
-
-fn digest(key: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    key.hash(&mut h);
-    // Anonymous sessions count down from u64::MAX: keep keyed ones below them.
-    h.finish() >> 1
 }

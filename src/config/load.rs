@@ -109,13 +109,25 @@ impl Config {
         out
     }
 
-    /// Keeps the request bodies kvbust may buffer within half of `memory_limit` (the cgroup's,
-    /// see [`crate::cgroup::memory_limit`]): a container killed for memory mid-benchmark is worse
-    /// than a 503 for a body over the budget. Lowers `limits.max_buffered_total` (and
-    /// `limits.max_body`, which may not exceed it) when above that, and returns the warning,
+    /// Keeps what kvbust may hold within `memory_limit` (the cgroup's, see
+    /// [`crate::cgroup::memory_limit`]): a container killed for memory mid-benchmark is worse
+    /// than a 503 for a body over the budget, or a request the cache model leaves out. Lowers
+    /// `limits.max_buffered_total` (and `limits.max_body`, which may not exceed it) to half of
+    /// it, and `cache_model.max_memory` to a quarter, when above that; returns each warning,
     /// also kept in `adjustments`.
-    pub fn fit_memory_limit(&mut self, memory_limit: Option<u64>) -> Option<String> {
-        let limit = memory_limit?;
+    pub fn fit_memory_limit(&mut self, memory_limit: Option<u64>) -> Vec<String> {
+        let Some(limit) = memory_limit else {
+            return Vec::new();
+        };
+        let notes: Vec<String> = [self.fit_buffers(limit), self.fit_cache_model(limit)]
+            .into_iter()
+            .flatten()
+            .collect();
+        self.adjustments.extend(notes.iter().cloned());
+        notes
+    }
+
+    fn fit_buffers(&mut self, limit: u64) -> Option<String> {
         let half = limit / 2;
         let l = &mut self.limits;
         if l.max_buffered_total.0 <= half {
@@ -139,7 +151,23 @@ impl Config {
             "; set limits.max_buffered_total to at most half the container's memory limit \
              (or raise the limit) to silence this",
         );
-        self.adjustments.push(note.clone());
+        Some(note)
+    }
+
+    fn fit_cache_model(&mut self, limit: u64) -> Option<String> {
+        let quarter = (limit / 4).max(1 << 20);
+        let m = &mut self.cache_model;
+        if !m.enabled || m.max_memory.0 <= quarter {
+            return None;
+        }
+        let note = format!(
+            "cache_model.max_memory lowered from {} to {}, a quarter of the cgroup memory limit \
+             ({}); set it to at most that (or raise the limit) to silence this",
+            m.max_memory,
+            ByteSize(quarter),
+            ByteSize(limit)
+        );
+        m.max_memory = ByteSize(quarter);
         Some(note)
     }
 }

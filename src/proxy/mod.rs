@@ -832,7 +832,10 @@ fn submit_to_model(
     };
     let cfg = &rt.config;
     let session = crate::cache_model::SessionHint {
-        known: session.map(|k| (k, "synthesized_conversation")),
+        known: session.map(|k| {
+            let digest = crate::cache_model::session_digest(&k);
+            (digest, "synthesized_conversation")
+        }),
         sources: rewrite::session_hint(
             &cfg.cache_bust.session_sources,
             headers,

@@ -443,7 +443,7 @@ pub fn header_session_key(
     Ok(None)
 }
 
-/// Each configured session source with its header's value (body sources: `None`), for the
+/// Each configured session source with its header's digest (body sources: `None`), for the
 /// cache model, which reads the body sources itself off the request path. A header that is not
 /// a usable value counts as absent here: the marking step already refused it when it mattered.
 pub fn session_hint(
@@ -451,10 +451,13 @@ pub fn session_hint(
     headers: &HeaderMap,
     names: &HeaderNames,
     limit: usize,
-) -> Vec<(SessionSource, Option<String>)> {
+) -> Vec<(SessionSource, Option<u64>)> {
     sources
         .iter()
-        .map(|s| (*s, header_source(*s, headers, names, limit).ok().flatten()))
+        .map(|s| {
+            let key = header_source(*s, headers, names, limit).ok().flatten();
+            (*s, key.as_deref().map(crate::cache_model::session_digest))
+        })
         .collect()
 }
 

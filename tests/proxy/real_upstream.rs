@@ -529,10 +529,19 @@ async fn the_report_shows_the_models_prediction_beside_the_servers_report() {
     );
     assert_eq!((row.requests, row.accounted_requests), (3, 3), "{row:?}");
     assert_eq!(report.upstream.reports_cached_tokens.unwrap_or(true), true);
-    let reported = row.cached_tokens.reported.expect("llama.cpp reports cached tokens");
+    let reported = row
+        .cached_tokens
+        .reported
+        .expect("llama.cpp reports cached tokens");
     // Both saw the second turn reuse the first and the second session reuse the system prompt.
-    assert!(reported >= 250 && row.cached_tokens.predicted >= 250, "{row:?}");
-    assert!(row.reuse.same_session > 0 && row.reuse.other_session > 0, "{row:?}");
+    assert!(
+        reported >= 250 && row.cached_tokens.predicted >= 250,
+        "{row:?}"
+    );
+    assert!(
+        row.reuse.same_session > 0 && row.reuse.other_session > 0,
+        "{row:?}"
+    );
     assert_eq!(row.breaches.total(), 0, "{row:?}");
     h.shutdown().await;
 }
