@@ -568,6 +568,8 @@ fn report_renders_every_format_from_the_admin_port() {
 
     // HTML into a file (-o): parsed, and its figures checked against the JSON.
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    // The JSON beside the page, for a person to serve and look at both.
+    std::fs::write(dir.join("kvbust-report.json"), &body).unwrap();
     let path = dir.join("kvbust-report.html");
     let _ = std::fs::remove_file(&path);
     let html = kvbust(

@@ -5,8 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::html::esc;
-use super::{duration, ms, pct};
+use super::{duration, esc, ms, pct};
 use crate::report::{Bucket, Report};
 
 /// The drawing's size (viewBox units) and the plot area inside it.
@@ -321,8 +320,10 @@ fn chart(r: &Report, id: &str, kinds: &[Kind], label: &str) -> String {
                 .iter()
                 .flat_map(|s| s.points.iter().map(|p| p.1))
                 .fold(0.0, f64::max);
-            let step = nice_step(if max > 0.0 { max } else { 100.0 }, 5.0);
-            let top = (max / step).ceil().max(1.0) * step;
+            // Without samples, an axis of 0..100 ms rather than a lone tick.
+            let basis = if max > 0.0 { max } else { 100.0 };
+            let step = nice_step(basis, 5.0);
+            let top = (basis / step).ceil().max(1.0) * step;
             (top, step, &tick_label, "mean TTFT (ms)")
         } else {
             (
@@ -443,5 +444,11 @@ mod tests {
         assert!(svg.contains("data-points=\"0\""));
         assert!(svg.contains("no data in this run yet"));
         assert!(svg.contains(">0%</text>"));
+        let svg = ttft(&fixtures::empty());
+        assert_eq!(
+            svg.matches("class=\"tick y\"").count(),
+            6,
+            "0 to 100 ms by 20: {svg}"
+        );
     }
 }

@@ -6,24 +6,9 @@
 use std::fmt::Write as _;
 
 use super::chart;
+use super::esc;
 use super::sheet::{Col, Sheet, Tone};
 use crate::report::Report;
-
-/// Text safe in HTML content and in double-quoted attributes.
-pub(crate) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 const STYLE: &str = "
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#111827;background:#fff;margin:24px auto;max-width:1200px;padding:0 16px;line-height:1.4}
@@ -37,10 +22,12 @@ ul.notes li{padding:6px 10px;margin:4px 0;border-left:4px solid #9ca3af;backgrou
 ul.notes li.warn{border-color:#d97706;background:#fffbeb}
 ul.notes li.bad{border-color:#dc2626;background:#fef2f2}
 .scroll{overflow-x:auto}
-table{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums;white-space:nowrap}
-th,td{padding:4px 8px;border-bottom:1px solid #e5e7eb}
-thead th{background:#f3f4f6;font-weight:600}
+table{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums}
+th,td{padding:4px 6px;border-bottom:1px solid #e5e7eb}
+td{white-space:nowrap}
+thead th{background:#f3f4f6;font-weight:600;vertical-align:bottom}
 thead tr.groups th{border-bottom:none;color:#374151}
+thead tr.groups th:not(:empty){border-bottom:1px solid #d1d5db}
 th.num,td.num{text-align:right}
 th.name,td.name{text-align:left}
 td.missing{color:#9ca3af}
@@ -105,11 +92,12 @@ fn tone_class(t: Tone) -> &'static str {
 }
 
 fn notes(out: &mut String, sheet: &Sheet) {
-    if sheet.notes.is_empty() {
+    if sheet.notes.iter().all(|n| n.key == "empty") {
         return;
     }
     out.push_str("<ul class=\"notes\" id=\"notes\">");
-    for n in &sheet.notes {
+    // An empty run is said where the rows would be.
+    for n in sheet.notes.iter().filter(|n| n.key != "empty") {
         let _ = write!(
             out,
             "<li class=\"note{}\" data-note=\"{}\">{}</li>",
@@ -238,6 +226,12 @@ mod tests {
         assert!(page.contains("data-col=\"hit_reported\">-</td>"));
         let page = super::page(&fixtures::empty());
         assert!(page.contains("id=\"no-rows\""));
+        assert_eq!(
+            page.matches("No generation requests in this run yet")
+                .count(),
+            1
+        );
+        assert!(!page.contains("id=\"notes\""), "nothing else to note");
         assert!(!page.contains("id=\"report-rows\""));
         assert_eq!(page.matches("no data in this run yet").count(), 2);
     }

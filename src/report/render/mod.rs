@@ -115,6 +115,22 @@ pub fn json(report: &Report) -> String {
     s
 }
 
+/// Text safe in HTML content and in double-quoted attributes.
+pub(crate) fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// `1234567` -> `1,234,567`.
 pub(crate) fn int(n: u64) -> String {
     let digits = n.to_string();

@@ -359,7 +359,7 @@ mod tests {
     use super::*;
     use crate::report::render::fixtures;
 
-    fn cell<'a>(line: &'a Line, col: Col) -> &'a Cell {
+    fn cell(line: &Line, col: Col) -> &Cell {
         let i = Col::ALL.iter().position(|c| *c == col).unwrap();
         &line.cells[i]
     }

@@ -98,10 +98,14 @@ fn widths(sheet: &Sheet) -> Vec<usize> {
         .collect();
     for (a, b, group) in spans() {
         let have: usize = w[a..=b].iter().sum::<usize>() + GAP.len() * (b - a);
-        // A run's heading gets a dash and a space either side.
-        let need = width(group) + 4;
+        // A heading over several columns gets a dash and a space either side.
+        let need = width(group) + if a < b { 4 } else { 0 };
         if !group.is_empty() && have < need {
-            w[b] += need - have;
+            // Shared out over the run, the first columns taking the remainder.
+            let (extra, n) = (need - have, b - a + 1);
+            for (k, col) in w[a..=b].iter_mut().enumerate() {
+                *col += extra / n + usize::from(k < extra % n);
+            }
         }
     }
     w
@@ -114,6 +118,8 @@ fn grid(sheet: &Sheet, colour: Colour, paint: &dyn Fn(Tone, &str) -> String) -> 
         let span: usize = w[a..=b].iter().sum::<usize>() + GAP.len() * (b - a);
         groups.push(if group.is_empty() {
             " ".repeat(span)
+        } else if a == b {
+            pad(group, span, Col::ALL[a].numeric())
         } else {
             let label = format!(" {group} ");
             let dashes = span - width(&label);
