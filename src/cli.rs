@@ -37,10 +37,13 @@ pub enum Command {
     /// Exit 0 when the admin port answers 200 on /readyz (or --path), 1 otherwise: a probe for
     /// container images without curl. Finds the port from the same configuration as `serve`.
     Healthcheck(HealthcheckArgs),
-    /// Print the run report from a running kvbust's admin port (GET /report): per phase and
-    /// target, requests, prompt tokens, cached tokens reported and predicted, hit rates, reuse by
-    /// source, isolation breaches and TTFT; as a table, JSON, markdown, or one HTML page with
-    /// charts. Finds the port from the same configuration as `serve` unless --admin says.
+    /// Print the run report from a running kvbust's admin port (GET /report).
+    ///
+    /// Per phase and target: requests, prompt tokens, cached tokens reported and predicted, hit
+    /// rates, reuse by source, isolation breaches and TTFT; as a table, JSON, markdown, or one
+    /// HTML page with charts of hit rate and TTFT over time. Finds the admin port from the same
+    /// configuration as `serve` unless --admin names it. Exit 1 when it cannot be reached or
+    /// answers no kvbust report.
     Report(ReportArgs),
     /// Print a shell completion script, e.g. `kvbust completions bash > ~/.local/share/bash-completion/completions/kvbust`.
     Completions(CompletionsArgs),
