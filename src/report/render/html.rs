@@ -71,12 +71,15 @@ pub(crate) fn page(report: &Report) -> String {
         out,
         "<h2>Hit rate per phase over time</h2>\n{}\n\
          <h2>Mean time to first token per phase over time</h2>\n{}\n\
-         <footer>One point per {}-second bucket. Predicted: kvbust's model of the upstream's \
-         prefix cache; reported: the upstream's usage. Generated {} by kvbust report.</footer>\n\
-         </body></html>\n",
+         <footer>{}Predicted: kvbust's model of the upstream's prefix cache; reported: the \
+         upstream's usage. Generated {} by kvbust report.</footer>\n</body></html>\n",
         chart::hit_rate(report),
         chart::ttft(report),
-        report.timeline.bucket_s,
+        if report.timeline.buckets.is_empty() {
+            String::new()
+        } else {
+            format!("One point per {}-second bucket. ", report.timeline.bucket_s)
+        },
         esc(&report.run.generated_at)
     );
     out
