@@ -11,7 +11,9 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::cachebust::{build_marker, digest, DigestInputs, Phase, Target};
-use crate::cli::{Cli, Command, ConfigCommand, ConfigFlags, HealthcheckArgs, MarkerArgs, MockArgs};
+use crate::cli::{
+    Cli, Command, ConfigCommand, ConfigFlags, HealthcheckArgs, MarkerArgs, MockArgs, ReportArgs,
+};
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::runtime::SharedState;
@@ -98,6 +100,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             Ok(())
         }
         Command::Healthcheck(args) => healthcheck(&args),
+        Command::Report(args) => report(&args),
         Command::Completions(args) => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -122,6 +125,58 @@ fn healthcheck(args: &HealthcheckArgs) -> Result<(), AppError> {
         .map_err(|e| AppError::Other(e.into()))?;
     println!("{line}");
     Ok(())
+}
+
+/// `kvbust report`: fetch `GET /report` from the admin port, render it, print or write it.
+fn report(args: &ReportArgs) -> Result<(), AppError> {
+    use crate::admin_client::ReportUrl;
+    use crate::report::render::{self, Colour, Format};
+    use std::io::{IsTerminal, Write};
+    let timeout = crate::units::duration::parse_or_explain(&args.timeout)
+        .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
+    let url = match &args.admin {
+        Some(admin) => {
+            ReportUrl::parse(admin).map_err(|e| AppError::Usage(format!("--admin {e}")))?
+        }
+        None => ReportUrl::of_listener(load(&args.flags)?.admin.addr),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| AppError::Other(anyhow::anyhow!("cannot start the async runtime: {e}")))?;
+    let fetched = rt
+        .block_on(crate::admin_client::fetch(&url, timeout))
+        .map_err(|e| AppError::Other(e.into()))?;
+    // Colour for a person at a terminal only (and not when NO_COLOR asks otherwise).
+    let colour = if args.output.is_none()
+        && args.format == Format::Table
+        && std::io::stdout().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+    {
+        Colour::Ansi
+    } else {
+        Colour::Never
+    };
+    let text = match args.format {
+        // The JSON as the admin port sent it, indented (not what this kvbust parsed of it).
+        Format::Json => render::pretty_json(&fetched.json),
+        f => render::render(&fetched.report, f, colour),
+    };
+    match &args.output {
+        Some(path) => std::fs::write(path, &text).map_err(|e| {
+            AppError::Other(anyhow::anyhow!(
+                "-o {}: cannot write the report: {e}",
+                path.display()
+            ))
+        }),
+        None => match std::io::stdout().lock().write_all(text.as_bytes()) {
+            // A reader that stopped early (`| head`) is not a failure.
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(AppError::Other(
+                anyhow::anyhow!("cannot write the report to standard output: {e}"),
+            )),
+            _ => Ok(()),
+        },
+    }
 }
 
 fn env_snapshot() -> Vec<(String, String)> {

@@ -1,5 +1,5 @@
 //! Command-line definitions (clap): `serve`, `mock`, `synth`, `marker`, `config check|show`,
-//! `healthcheck`.
+//! `healthcheck`, `report`.
 //! Only describes flags; never does work.
 
 use std::net::SocketAddr;
@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::CliOverrides;
+use crate::report::render::Format;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,6 +37,14 @@ pub enum Command {
     /// Exit 0 when the admin port answers 200 on /readyz (or --path), 1 otherwise: a probe for
     /// container images without curl. Finds the port from the same configuration as `serve`.
     Healthcheck(HealthcheckArgs),
+    /// Print the run report from a running kvbust's admin port (GET /report).
+    ///
+    /// Per phase and target: requests, prompt tokens, cached tokens reported and predicted, hit
+    /// rates, reuse by source, isolation breaches and TTFT; as a table, JSON, markdown, or one
+    /// HTML page with charts of hit rate and TTFT over time. Finds the admin port from the same
+    /// configuration as `serve` unless --admin names it. Exit 1 when it cannot be reached or
+    /// answers no kvbust report.
+    Report(ReportArgs),
     /// Print a shell completion script, e.g. `kvbust completions bash > ~/.local/share/bash-completion/completions/kvbust`.
     Completions(CompletionsArgs),
 }
@@ -56,6 +65,25 @@ pub struct HealthcheckArgs {
     pub path: String,
     /// Give up after this long, e.g. "2s".
     #[arg(long, default_value = "2s", value_name = "DURATION")]
+    pub timeout: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub flags: ConfigFlags,
+    /// The admin port's URL, e.g. http://127.0.0.1:9090 or 127.0.0.1:9090 (default: admin.addr
+    /// from the configuration, a wildcard address read as loopback).
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+    /// How to print the report.
+    #[arg(long, value_enum, default_value_t = Format::Table, value_name = "FORMAT")]
+    pub format: Format,
+    /// Write the report to FILE instead of standard output (never coloured).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Give up on the admin port after this long, e.g. "10s".
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
     pub timeout: String,
 }
 
@@ -220,6 +248,44 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn report_flags_parse_and_bad_ones_are_refused() {
+        let cli = Cli::try_parse_from([
+            "kvbust",
+            "report",
+            "--admin",
+            "http://127.0.0.1:9",
+            "--format",
+            "html",
+            "-o",
+            "r.html",
+        ])
+        .unwrap();
+        let Command::Report(args) = cli.command else {
+            panic!("not report");
+        };
+        assert_eq!(args.format, Format::Html);
+        assert_eq!(args.admin.as_deref(), Some("http://127.0.0.1:9"));
+        assert_eq!(args.output, Some(PathBuf::from("r.html")));
+        let Command::Report(args) = Cli::try_parse_from(["kvbust", "report"]).unwrap().command
+        else {
+            panic!("not report");
+        };
+        assert_eq!((args.format, args.admin), (Format::Table, None));
+        let err = Cli::try_parse_from(["kvbust", "report", "--format", "pdf"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let text = err.to_string();
+        for f in ["table", "json", "markdown", "html"] {
+            assert!(text.contains(f), "{text}");
+        }
+        let help = help(&["report"]);
+        assert!(
+            help.contains("--admin <URL>") && help.contains("-o, --output <FILE>"),
+            "{help}"
+        );
+        assert!(help.contains("self-contained"), "{help}");
     }
 
     #[test]

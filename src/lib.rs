@@ -4,6 +4,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod admin_client;
 pub mod app;
 pub mod body;
 pub mod cache_model;

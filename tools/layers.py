@@ -63,8 +63,9 @@ LAYERS = {
         ["runtime"],
         # The request pipeline and the admin port.
         ["proxy", "admin"],
-        # The edges: serving, the command lines (synthesis's too), and the entry points.
-        ["server", "cli", "synth::cli", "synth::bench"],
+        # The edges: serving, the command lines (synthesis's too), the admin port's client
+        # (`kvbust report`), and the entry points.
+        ["server", "cli", "synth::cli", "synth::bench", "admin_client"],
         ["app", ""],
     ],
 }

@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod render;
+
 /// The report's schema version: bumped when a field changes meaning or goes away.
 pub const SCHEMA: u32 = 1;
 
@@ -130,6 +132,41 @@ pub struct Breaches {
 impl Breaches {
     pub fn total(&self) -> u64 {
         self.cross_session + self.warmup_reuse + self.session_collision
+    }
+}
+
+/// `part / whole`, `None` when `whole` is 0 (no tokens: no rate, rather than 0 %).
+fn rate(part: u64, whole: u64) -> Option<f64> {
+    (whole > 0).then(|| part as f64 / whole as f64)
+}
+
+impl Row {
+    /// Predicted cached / prompt tokens as the model counted them (0..=1).
+    pub fn predicted_hit_rate(&self) -> Option<f64> {
+        rate(self.cached_tokens.predicted, self.prompt_tokens.predicted)
+    }
+
+    /// Reported cached / reported prompt tokens (0..=1); `None` when the upstream reported no
+    /// cached tokens for the row. Without reported prompt tokens, the model's count stands in.
+    pub fn reported_hit_rate(&self) -> Option<f64> {
+        let cached = self.cached_tokens.reported?;
+        let prompt = self
+            .prompt_tokens
+            .reported
+            .unwrap_or(self.prompt_tokens.predicted);
+        rate(cached, prompt)
+    }
+}
+
+impl Bucket {
+    /// Predicted cached / prompt tokens in the bucket (0..=1).
+    pub fn predicted_hit_rate(&self) -> Option<f64> {
+        rate(self.predicted_cached, self.prompt_tokens)
+    }
+
+    /// Reported cached / prompt tokens of the requests whose usage said (0..=1).
+    pub fn reported_hit_rate(&self) -> Option<f64> {
+        rate(self.reported_cached?, self.reported_prompt_tokens?)
     }
 }
 

@@ -20,7 +20,15 @@ fn completions_print_a_script_for_the_shell() {
     assert_eq!(out.status.code(), Some(0));
     let script = String::from_utf8(out.stdout).unwrap();
     assert!(script.contains("complete -F _kvbust"), "{script}");
-    for sub in ["serve", "mock", "synth", "marker", "config", "healthcheck"] {
+    for sub in [
+        "serve",
+        "mock",
+        "synth",
+        "marker",
+        "config",
+        "healthcheck",
+        "report",
+    ] {
         assert!(script.contains(sub), "{sub}");
     }
     let out = kvbust(&["completions", "zsh"]);

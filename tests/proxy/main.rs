@@ -21,5 +21,6 @@ mod mock_server;
 mod monitoring;
 mod proxy;
 mod real_upstream;
+mod report_cli;
 mod startup;
 mod upstream_health;

@@ -528,7 +528,7 @@ async fn the_report_shows_the_models_prediction_beside_the_servers_report() {
         row.breaches
     );
     assert_eq!((row.requests, row.accounted_requests), (3, 3), "{row:?}");
-    assert_eq!(report.upstream.reports_cached_tokens.unwrap_or(true), true);
+    assert_ne!(report.upstream.reports_cached_tokens, Some(false));
     let reported = row
         .cached_tokens
         .reported

@@ -1,0 +1,272 @@
+//! The report as aligned plain text: what a person reads in a terminal at the end of a benchmark,
+//! and what the server logs once on SIGTERM. ANSI colour only when the caller asks for it (the
+//! command line does on a terminal); never decides that itself.
+
+use super::sheet::{Col, Sheet, Tone};
+use super::Colour;
+use crate::report::Report;
+
+/// Columns are this far apart.
+const GAP: &str = "  ";
+
+/// The report as plain aligned text, no colour: for logs, files and pipes.
+pub fn table(report: &Report) -> String {
+    table_with(report, Colour::Never)
+}
+
+/// The report as aligned text, coloured when `colour` says so (widths ignore the codes).
+pub fn table_with(report: &Report, colour: Colour) -> String {
+    let sheet = Sheet::of(report);
+    let paint = |tone: Tone, text: &str| -> String {
+        let code = match (colour, tone) {
+            (Colour::Never, _) | (_, Tone::Plain) => return text.to_string(),
+            (Colour::Ansi, Tone::Missing) => "2",
+            (Colour::Ansi, Tone::Warn) => "33",
+            (Colour::Ansi, Tone::Bad) => "1;31",
+        };
+        format!("\x1b[{code}m{text}\x1b[0m")
+    };
+    let mut out = String::new();
+    out.push_str(&bold(colour, "kvbust run report"));
+    out.push('\n');
+    let label_w = sheet.facts.iter().map(|f| f.label.len()).max().unwrap_or(0);
+    for f in &sheet.facts {
+        out.push_str(&format!("  {:<label_w$}  {}\n", f.label, f.text));
+    }
+    if !sheet.lines.is_empty() {
+        out.push('\n');
+        out.push_str(&grid(&sheet, colour, &paint));
+    }
+    if !sheet.notes.is_empty() {
+        out.push('\n');
+    }
+    for n in &sheet.notes {
+        let mark = if n.tone == Tone::Plain { " " } else { "!" };
+        out.push_str(&paint(n.tone, &format!("{mark} {}", n.text)));
+        out.push('\n');
+    }
+    out
+}
+
+fn bold(colour: Colour, text: &str) -> String {
+    match colour {
+        Colour::Never => text.to_string(),
+        Colour::Ansi => format!("\x1b[1m{text}\x1b[0m"),
+    }
+}
+
+fn width(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// Pads `text` to `w` (right-aligned for numbers), then paints it, so codes never shift columns.
+fn pad(text: &str, w: usize, right: bool) -> String {
+    if right {
+        format!("{text:>w$}")
+    } else {
+        format!("{text:<w$}")
+    }
+}
+
+/// Runs of adjacent columns under one heading: (first column, last column, heading).
+fn spans() -> Vec<(usize, usize, &'static str)> {
+    let mut out: Vec<(usize, usize, &'static str)> = Vec::new();
+    for (i, c) in Col::ALL.iter().enumerate() {
+        let (group, _) = c.heading();
+        match out.last_mut() {
+            Some(last) if !group.is_empty() && last.2 == group => last.1 = i,
+            _ => out.push((i, i, group)),
+        }
+    }
+    out
+}
+
+/// Column widths: the widest of the heading and the cells, widened so a run's heading fits.
+fn widths(sheet: &Sheet) -> Vec<usize> {
+    let mut w: Vec<usize> = Col::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            sheet
+                .lines
+                .iter()
+                .map(|l| width(&l.cells[i].text))
+                .chain([width(c.heading().1)])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for (a, b, group) in spans() {
+        let have: usize = w[a..=b].iter().sum::<usize>() + GAP.len() * (b - a);
+        // A heading over several columns gets a dash and a space either side.
+        let need = width(group) + if a < b { 4 } else { 0 };
+        if !group.is_empty() && have < need {
+            // Shared out over the run, the first columns taking the remainder.
+            let (extra, n) = (need - have, b - a + 1);
+            for (k, col) in w[a..=b].iter_mut().enumerate() {
+                *col += extra / n + usize::from(k < extra % n);
+            }
+        }
+    }
+    w
+}
+
+fn grid(sheet: &Sheet, colour: Colour, paint: &dyn Fn(Tone, &str) -> String) -> String {
+    let w = widths(sheet);
+    let mut groups = Vec::new();
+    for (a, b, group) in spans() {
+        let span: usize = w[a..=b].iter().sum::<usize>() + GAP.len() * (b - a);
+        groups.push(if group.is_empty() {
+            " ".repeat(span)
+        } else if a == b {
+            pad(group, span, Col::ALL[a].numeric())
+        } else {
+            let label = format!(" {group} ");
+            let dashes = span - width(&label);
+            let left = dashes / 2;
+            format!("{}{label}{}", "-".repeat(left), "-".repeat(dashes - left))
+        });
+    }
+    let names: Vec<String> = Col::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, c)| bold(colour, &pad(c.heading().1, w[i], c.numeric())))
+        .collect();
+    let mut out = String::new();
+    for row in [groups.join(GAP), names.join(GAP)] {
+        out.push_str(row.trim_end());
+        out.push('\n');
+    }
+    for line in &sheet.lines {
+        let cells: Vec<String> = Col::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let cell = &line.cells[i];
+                paint(cell.tone, &pad(&cell.text, w[i], c.numeric()))
+            })
+            .collect();
+        out.push_str(cells.join(GAP).trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::render::{fixtures, int, pct};
+
+    /// The data lines of a plain table: those after the two heading lines of the grid.
+    fn data_lines(text: &str, rows: usize) -> Vec<&str> {
+        let lines: Vec<&str> = text.lines().collect();
+        let head = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with("phase"))
+            .expect("a heading line");
+        lines[head + 1..head + 1 + rows].to_vec()
+    }
+
+    /// The byte offset where the `k`-th whitespace-separated field of `line` ends.
+    fn field_end(line: &str, k: usize) -> usize {
+        let mut fields = 0;
+        let mut in_field = false;
+        for (i, c) in line.char_indices() {
+            if c.is_whitespace() && in_field {
+                if fields == k + 1 {
+                    return i;
+                }
+                in_field = false;
+            } else if !c.is_whitespace() && !in_field {
+                fields += 1;
+                in_field = true;
+            }
+        }
+        line.len()
+    }
+
+    #[test]
+    fn one_aligned_line_per_row_with_its_figures() {
+        let r = fixtures::two_phases();
+        let text = table(&r);
+        assert!(!text.contains('\x1b'), "no colour unless asked");
+        let head = text.lines().find(|l| l.starts_with("phase")).unwrap();
+        let lines = data_lines(&text, r.rows.len());
+        for (line, row) in lines.iter().zip(&r.rows) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(fields.len(), Col::ALL.len(), "{line}");
+            assert_eq!(fields[0], row.phase);
+            assert_eq!(fields[1], row.target);
+            assert_eq!(
+                fields[2],
+                format!("{}/{}", int(row.accounted_requests), int(row.requests))
+            );
+            assert_eq!(fields[5], int(row.cached_tokens.reported.unwrap()));
+            assert_eq!(fields[8], pct(row.predicted_hit_rate().unwrap()));
+            assert_eq!(fields[12], row.breaches.total().to_string());
+            // Right-aligned numbers end where their heading ends.
+            assert_eq!(field_end(line, 8), head.rfind("predicted").unwrap() + 9);
+        }
+        // Every data line is as wide as the heading (the last column is right-aligned).
+        for line in &lines {
+            assert_eq!(line.len(), head.len(), "{line}\n{head}");
+        }
+        assert!(text.contains("- hit rate -"), "{text}");
+        assert!(text.contains("! isolation breached in profiling × first_turn_prefix"));
+        assert!(text.contains("! 12 requests unaccounted"));
+        assert!(text.contains(r.cache_model.note.as_deref().unwrap()));
+        assert!(text.contains("benchmark     bench-7f3a"), "{text}");
+        assert!(text.contains("1h 02m 03s"));
+    }
+
+    #[test]
+    fn colour_only_when_asked_and_only_around_cells() {
+        let r = fixtures::two_phases();
+        let plain = table(&r);
+        let coloured = table_with(&r, Colour::Ansi);
+        assert!(coloured.contains("\x1b[1;31m"), "breaches in red");
+        // Without its codes, the coloured table is the plain one.
+        let mut stripped = String::new();
+        let mut rest = coloured.as_str();
+        while let Some(i) = rest.find('\x1b') {
+            stripped.push_str(&rest[..i]);
+            let end = rest[i..].find('m').unwrap();
+            rest = &rest[i + end + 1..];
+        }
+        stripped.push_str(rest);
+        assert_eq!(stripped, plain);
+    }
+
+    #[test]
+    fn a_silent_upstream_gets_dashes_and_the_hint() {
+        let r = fixtures::silent_upstream();
+        let text = table(&r);
+        for line in data_lines(&text, 2) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(fields[3], "-", "prompt reported: {line}");
+            assert_eq!(fields[5], "-", "cached reported: {line}");
+            assert_eq!(fields[7], "-", "hit reported: {line}");
+        }
+        assert!(text.contains("! the upstream does not report cached tokens"));
+        assert!(text.contains("--enable-prompt-tokens-details"));
+    }
+
+    #[test]
+    fn an_empty_run_has_no_grid() {
+        let text = table(&fixtures::empty());
+        assert!(!text.contains("phase"), "{text}");
+        assert!(text.contains("no generation requests in this run yet"));
+        assert!(text.contains("not yet known whether it reports cached tokens"));
+    }
+
+    #[test]
+    fn one_phase_only() {
+        let r = fixtures::one_phase();
+        let text = table(&r);
+        let lines = data_lines(&text, 1);
+        assert!(lines[0].starts_with("profiling  system_prefix"), "{text}");
+        let after: Vec<&str> = text.lines().skip_while(|l| *l != lines[0]).collect();
+        assert!(after.get(1).is_none_or(|l| l.is_empty()), "one row: {text}");
+        assert!(!text.contains('!'), "nothing to warn about: {text}");
+    }
+}
