@@ -83,6 +83,19 @@ impl ReportUrl {
         Ok(ReportUrl { uri, dial })
     }
 
+    /// The same report, asked to wait up to `wait` for requests still open (in flight, or
+    /// queued for the cache model) to be counted first (`GET /report?wait=`): a report taken
+    /// the moment a benchmark ends then has all of it.
+    pub fn waiting(&self, wait: Duration) -> ReportUrl {
+        let path = format!("{}?wait={}ms", self.uri.path(), wait.as_millis());
+        let mut parts = self.uri.clone().into_parts();
+        parts.path_and_query = path.parse().ok();
+        ReportUrl {
+            uri: Uri::from_parts(parts).unwrap_or_else(|_| self.uri.clone()),
+            dial: self.dial.clone(),
+        }
+    }
+
     /// The report of an admin port listening on `addr` (a wildcard address is reached on
     /// loopback, as `kvbust healthcheck` does).
     pub fn of_listener(addr: SocketAddr) -> ReportUrl {

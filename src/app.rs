@@ -140,6 +140,8 @@ fn report(args: &ReportArgs) -> Result<(), AppError> {
         }
         None => ReportUrl::of_listener(load(&args.flags)?.admin.addr),
     };
+    // Half the time for the requests still open to be counted, half for the answer.
+    let url = url.waiting(timeout / 2);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

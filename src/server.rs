@@ -167,6 +167,18 @@ pub async fn run(
     };
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Where to point clients and probes (with port 0, the only place to learn the ports).
+    let admin_addr = listeners
+        .admin
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    tracing::info!(
+        data = %listeners.data.local_addr(),
+        admin = %admin_addr,
+        cache_model = rt.cache_model.enabled(),
+        "listening"
+    );
     let workers = start_workers(&parts, listeners.data, &stop_tx, &stop_rx).await?;
 
     // The upstream health probe (readiness): one task here, not one per worker, with a client
@@ -191,6 +203,7 @@ pub async fn run(
     if let Some(w) = tls_watch {
         w.abort();
     }
+    log_report(&rt).await;
     let _ = admin_stop_tx.send(());
     let _ = admin_task.await;
     tracing::info!("stopped");
@@ -320,6 +333,23 @@ fn spawn_worker(
         })
         .map_err(ServerError::Listener)?;
     Ok((started_rx, done_rx))
+}
+
+/// Logs the run's report table once, when the run saw a generation request: what a person
+/// reads at the end of a benchmark, in the log of a container that is going away. Waits a
+/// moment for the cache model to count the last requests.
+async fn log_report(rt: &SharedState) {
+    rt.cache_model
+        .settle(std::time::Duration::from_secs(2))
+        .await;
+    let report = rt.cache_model.report();
+    if report.rows.is_empty() {
+        return;
+    }
+    tracing::info!(
+        "the run's report (GET /report, kvbust report):\n{}",
+        crate::report::render::table(&report)
+    );
 }
 
 /// Turns readiness 503, tells every worker to stop accepting and waits for them to drain;

@@ -95,27 +95,57 @@ pub fn attribute(owners: &[Owner], block_size: usize, me: &Requester) -> (Reuse,
     (reuse, breaches)
 }
 
-/// The one block of a session's last prompt that a request of the session must share to extend
-/// it: the last full block that ends at least two tokens before that prompt's end (the tokens
-/// at the very end of a prompt may tokenize differently once more text follows them), as its
-/// index and chain hash. Chain hashes cover the whole prefix, so one block stands for all.
-pub fn continuation_check(
-    hashes: &[u64],
-    n_tokens: usize,
-    block_size: usize,
-) -> Option<(usize, u64)> {
-    let full = n_tokens.saturating_sub(2) / block_size.max(1);
-    let i = full.checked_sub(1)?;
-    hashes.get(i).map(|h| (i, *h))
+/// What a request must share with its session's last prompt to extend it: that prompt's tokens
+/// up to two before its end (the tokens at the very end of a prompt may tokenize differently
+/// once more text follows them), held as the chain hash of the last full block within them
+/// (chain hashes cover the whole prefix, so one block stands for all before it) and a hash of
+/// the tokens after that block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Continuation {
+    /// Tokens that must be shared.
+    len: usize,
+    /// Full blocks within them, and the last one's chain hash.
+    blocks: usize,
+    block_hash: Option<u64>,
+    /// The hash of the tokens past those blocks, up to `len`.
+    tail: u64,
 }
 
-/// Whether a request whose blocks hash to `hashes` extends the previous request that left
-/// `check` ([`continuation_check`]).
-pub fn extends(hashes: &[u64], check: Option<(usize, u64)>) -> bool {
-    match check {
-        None => true,
-        Some((i, h)) => hashes.get(i) == Some(&h),
+fn tail_hash(ids: &[u32]) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    ids.hash(&mut h);
+    h.finish()
+}
+
+/// The continuation a prompt of `ids` (whose full blocks hash to `hashes`) leaves for the next
+/// request of its session; `None` for a prompt of two tokens or fewer.
+pub fn continuation(ids: &[u32], hashes: &[u64], block_size: usize) -> Option<Continuation> {
+    let len = ids.len().checked_sub(2).filter(|&l| l > 0)?;
+    let bs = block_size.max(1);
+    let blocks = (len / bs).min(hashes.len());
+    Some(Continuation {
+        len,
+        blocks,
+        block_hash: blocks.checked_sub(1).map(|i| hashes[i]),
+        tail: tail_hash(&ids[blocks * bs..len]),
+    })
+}
+
+/// Whether a request of `ids` (full blocks hashing to `hashes`) extends the previous request
+/// that left `prev`.
+pub fn extends(ids: &[u32], hashes: &[u64], block_size: usize, prev: Option<Continuation>) -> bool {
+    let Some(c) = prev else {
+        return true;
+    };
+    if ids.len() < c.len {
+        return false;
     }
+    let head = match c.block_hash {
+        Some(h) => hashes.get(c.blocks - 1) == Some(&h),
+        None => true,
+    };
+    head && tail_hash(&ids[c.blocks * block_size.max(1)..c.len]) == c.tail
 }
 
 /// Whether `target` promises session isolation that a collision breaks (the RID targets).
@@ -272,24 +302,41 @@ mod tests {
 
     #[test]
     fn a_session_must_extend_its_previous_prompt() {
-        let prev = [10, 11, 12, 13];
-        // 4 full blocks of 4 and 2 tokens more: the check is the last block ending 2 before the end.
-        let check = continuation_check(&prev, 18, 4);
-        assert_eq!(check, Some((3, 13)));
-        assert!(extends(&[10, 11, 12, 13, 14, 15], check));
+        let bs = 4;
+        let hashed = |ids: &[u32]| crate::mock::prefix_cache::chain(ids, bs);
+        let prev: Vec<u32> = (0..18).collect();
+        let c = continuation(&prev, &hashed(&prev), bs);
+        let ok = |ids: &[u32]| extends(ids, &hashed(ids), bs, c);
+        let longer: Vec<u32> = (0..30).collect();
+        assert!(ok(&longer));
+        assert!(ok(&prev), "the same prompt again");
+        // The last two tokens may change (they may tokenize differently with more after them).
+        let mut retok = prev.clone();
+        retok[16] = 99;
+        retok[17] = 98;
+        assert!(ok(&retok));
+        // A change anywhere before them is another conversation: in a full block ...
+        let mut early = longer.clone();
+        early[5] = 77;
+        assert!(!ok(&early));
+        // ... or in the partial block after the last full one (tokens 16..18 of 18 - 2 = 16: none
+        // here; use a prompt whose check ends inside a block).
+        let prev: Vec<u32> = (0..15).collect(); // checks 13 tokens: 3 blocks + 1 token
+        let c = continuation(&prev, &hashed(&prev), bs);
+        let mut late = prev.clone();
+        late[12] = 55;
         assert!(
-            !extends(&[10, 11, 12, 99, 14], check),
-            "diverged inside the last prompt"
+            !extends(&late, &hashed(&late), bs, c),
+            "diverged after the last full block"
         );
-        assert!(!extends(&[10, 11], check), "shorter than the last prompt");
-        // Exactly 4 blocks: the last block ends at the prompt's end, so block 2 is checked.
-        assert_eq!(continuation_check(&prev, 16, 4), Some((2, 12)));
-        assert_eq!(
-            continuation_check(&prev, 5, 4),
-            None,
-            "under two blocks: nothing to check"
+        assert!(extends(&prev, &hashed(&prev), bs, c));
+        let short: Vec<u32> = (0..10).collect();
+        assert!(
+            !extends(&short, &hashed(&short), bs, c),
+            "shorter than the last prompt"
         );
-        assert!(extends(&[], None));
+        assert_eq!(continuation(&[1, 2], &[], bs), None, "nothing to check");
+        assert!(extends(&[], &[], bs, None));
         assert!(guards_sessions(Target::FirstTurnPrefix));
         assert!(!guards_sessions(Target::None));
         assert!(!guards_sessions(Target::WarmupIsolationSystem));

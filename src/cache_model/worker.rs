@@ -25,7 +25,7 @@ use super::{session_digest, unaccounted, Job, Prediction, SessionHint, Settings,
 /// What the model remembers of a session: the block its next request must share, and whether
 /// its breach was logged.
 struct SessionState {
-    check: Option<(usize, u64)>,
+    check: Option<attribution::Continuation>,
     logged: bool,
 }
 
@@ -174,10 +174,10 @@ impl Worker {
         };
         let (reuse, mut breaches) = attribution::attribute(&hit.owners, bs, &me);
         let collided = source.is_some() && {
-            let check = attribution::continuation_check(&hashes, encoded.ids.len(), bs);
+            let check = attribution::continuation(&encoded.ids, &hashes, bs);
             match m.sessions.get_mut(&session) {
                 Some(prev) => {
-                    let extends = attribution::extends(&hashes, prev.check);
+                    let extends = attribution::extends(&encoded.ids, &hashes, bs, prev.check);
                     prev.check = check;
                     !extends
                 }

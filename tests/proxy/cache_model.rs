@@ -496,3 +496,115 @@ async fn reset_closes_the_run_and_needs_the_token() {
     let _ = Duration::ZERO;
     h.shutdown().await;
 }
+
+/// The binary as a user runs it (built-in mock, Qwen3 on both sides): a session collision is
+/// logged once for the session, naming the session-key source and the fix, and SIGTERM logs
+/// the run's report table.
+#[test]
+#[allow(clippy::disallowed_methods)] // the child must not inherit the test's KVBUST_* variables
+fn the_binary_logs_a_breach_and_the_report_table_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut p = Command::new(env!("CARGO_BIN_EXE_kvbust"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("KVBUST_") {
+            p.env_remove(k);
+        }
+    }
+    let mut child = p
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--cache-bust", "first_turn_prefix"])
+        .env("KVBUST_LOG__ACCESS", "false")
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("kvbust starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut log = String::new();
+    let (data, admin) = loop {
+        let mut line = String::new();
+        assert!(
+            lines.read_line(&mut line).expect("reads") > 0,
+            "exited: {log}"
+        );
+        log.push_str(&line);
+        if line.contains("listening") {
+            let addr = |key: &str| {
+                let at = line.find(&format!("{key}=")).expect("an address") + key.len() + 1;
+                line[at..]
+                    .split_whitespace()
+                    .next()
+                    .expect("an address")
+                    .to_string()
+            };
+            break (addr("data"), addr("admin"));
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = h1();
+        let url = format!("http://{data}/v1/chat/completions");
+        let ask = |messages: Vec<(&'static str, String)>| {
+            let m: Vec<Value> = messages
+                .iter()
+                .map(|(r, c)| json!({"role": r, "content": c}))
+                .collect();
+            let body = json!({"model": "kvbust-mock", "messages": m, "max_tokens": 4}).to_string();
+            send(&client, post(&url, body, &[]))
+        };
+        let mut replies = Vec::new();
+        for _ in 0..2 {
+            let resp = ask(vec![("system", SYSTEM.into()), ("user", OPENING.into())]).await;
+            replies.push(answer(&body_bytes(resp).await, false));
+        }
+        for (reply, next) in replies.iter().zip([
+            "Tell me more about its river.",
+            "Now compare it with Berlin.",
+        ]) {
+            let resp = ask(vec![
+                ("system", SYSTEM.into()),
+                ("user", OPENING.into()),
+                ("assistant", reply.clone()),
+                ("user", next.into()),
+            ])
+            .await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            body_bytes(resp).await;
+        }
+        send(&client, get(&format!("http://{admin}/report?wait=20s"))).await;
+    });
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert!(killed.expect("kill runs").success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut lines, &mut rest).expect("reads");
+    log.push_str(&rest);
+    assert!(child.wait().expect("exits").success(), "{log}");
+    let breaches: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("isolation breach"))
+        .collect();
+    assert_eq!(breaches.len(), 1, "one line for the session: {log}");
+    for want in ["session_collision", "first_user_turn", "x-correlation-id"] {
+        assert!(breaches[0].contains(want), "{want}: {}", breaches[0]);
+    }
+    let at = log
+        .find("the run's report")
+        .unwrap_or_else(|| panic!("no report table: {log}"));
+    let table = &log[at..];
+    assert!(
+        table.contains("profiling") && table.contains("first_turn_prefix"),
+        "{table}"
+    );
+}
