@@ -18,6 +18,7 @@ mod fuzz_regressions;
 mod hardening_synth;
 mod mock_server;
 mod monitoring;
+mod probe;
 mod proxy;
 mod real_upstream;
 mod startup;
