@@ -22,4 +22,5 @@ mod probe;
 mod proxy;
 mod real_upstream;
 mod startup;
+mod stream_usage;
 mod upstream_health;
