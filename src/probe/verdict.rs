@@ -22,8 +22,8 @@ pub struct Prompts {
 }
 
 /// The prompts for one probe run. `nonce` opens both (16 digits, so its token count does not
-/// vary between runs on one tokenizer): a run never hits what an earlier run left in the cache,
-/// so the first request is cold.
+/// vary between runs on one tokenizer): what an earlier run left in the cache matches the first
+/// request in no more than the chat template's opening tokens.
 pub fn prompts(nonce: u64) -> Prompts {
     let head = format!(
         "kvbust probe {:016}. Answer with one word.\n",
@@ -222,7 +222,7 @@ pub fn render(f: &Findings) -> String {
     let _ = writeln!(out, "upstream    {}", f.upstream);
     let _ = writeln!(out, "models      {}", f.models.join(", "));
     let _ = writeln!(out, "model       {}", f.model);
-    let labels = ["1 (cold)        ", "2 (same prompt) ", "3 (first half)  "];
+    let labels = ["1 (new prompt)  ", "2 (same prompt) ", "3 (first half)  "];
     for (label, o) in labels.iter().zip(&f.observations) {
         let cached = o
             .cached
@@ -434,7 +434,7 @@ mod tests {
         assert!(text.contains("models      a, b\n"), "{text}");
         assert!(
             text.contains(
-                "request 1 (cold)        prompt_tokens   2041  cached_tokens not reported\n"
+                "request 1 (new prompt)  prompt_tokens   2041  cached_tokens not reported\n"
             ),
             "{text}"
         );
