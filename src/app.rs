@@ -12,7 +12,8 @@ use tokio::net::TcpListener;
 
 use crate::cachebust::{build_marker, digest, DigestInputs, Phase, Target};
 use crate::cli::{
-    Cli, Command, ConfigCommand, ConfigFlags, HealthcheckArgs, MarkerArgs, MockArgs, ReportArgs,
+    Cli, Command, ConfigCommand, ConfigFlags, HealthcheckArgs, MarkerArgs, MockArgs, ProbeArgs,
+    ReportArgs,
 };
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
@@ -101,6 +102,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
         }
         Command::Healthcheck(args) => healthcheck(&args),
         Command::Report(args) => report(&args),
+        Command::Probe(args) => probe(&args),
         Command::Completions(args) => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -178,6 +180,33 @@ fn report(args: &ReportArgs) -> Result<(), AppError> {
             )),
             _ => Ok(()),
         },
+    }
+}
+
+/// `kvbust probe`: prints the findings; a verdict other than "on and reported" is exit 1.
+fn probe(args: &ProbeArgs) -> Result<(), AppError> {
+    use crate::probe::{ProbeError, Verdict};
+    let timeout = crate::units::duration::parse_or_explain(&args.timeout)
+        .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
+    let opts = crate::probe::Options {
+        upstream: args.upstream.clone(),
+        model: args.model.clone(),
+        timeout,
+        nonce: rand::random(),
+    };
+    let findings = runtime()?
+        .block_on(crate::probe::run(&opts))
+        .map_err(|e| match e {
+            ProbeError::Usage(m) => AppError::Usage(m),
+            ProbeError::Failed(m) => AppError::Other(anyhow::anyhow!(m)),
+        })?;
+    print!("{}", crate::probe::verdict::render(&findings));
+    if Verdict::of(&findings.observations).is_success() {
+        Ok(())
+    } else {
+        Err(AppError::Other(anyhow::anyhow!(
+            "probe: prefix caching is off or not reported (see the verdict above)"
+        )))
     }
 }
 

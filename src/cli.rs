@@ -1,5 +1,5 @@
 //! Command-line definitions (clap): `serve`, `mock`, `synth`, `marker`, `config check|show`,
-//! `healthcheck`, `report`.
+//! `healthcheck`, `report`, `probe`.
 //! Only describes flags; never does work.
 
 use std::net::SocketAddr;
@@ -45,6 +45,12 @@ pub enum Command {
     /// configuration as `serve` unless --admin names it. Exit 1 when it cannot be reached or
     /// answers no kvbust report.
     Report(ReportArgs),
+    /// Tell whether an upstream's prefix cache is on and reported: lists /v1/models, sends a
+    /// ~2k-token chat prompt twice and a third sharing only its first half, and prints each
+    /// answer's prompt and cached tokens, the block size they imply, and the engine flag to add
+    /// when nothing is reported. Exit 0: on and reported; 1: off, not reported, or unreachable;
+    /// 2: usage error (a --model the server does not serve, a bad --upstream).
+    Probe(ProbeArgs),
     /// Print a shell completion script, e.g. `kvbust completions bash > ~/.local/share/bash-completion/completions/kvbust`.
     Completions(CompletionsArgs),
 }
@@ -54,6 +60,20 @@ pub struct CompletionsArgs {
     /// The shell to complete in.
     #[arg(value_name = "SHELL")]
     pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// The model server's root, e.g. http://127.0.0.1:8000 (not the /v1 base URL).
+    #[arg(long, value_name = "URL")]
+    pub upstream: String,
+    /// The model to ask (one /v1/models lists); default: the first it lists.
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// Give up on one request after this long, e.g. "300s" (a cold 2k-token prompt on a CPU
+    /// server takes tens of seconds).
+    #[arg(long, default_value = "300s", value_name = "DURATION")]
+    pub timeout: String,
 }
 
 #[derive(Debug, Args)]

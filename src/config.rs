@@ -431,8 +431,9 @@ pub struct ObserveConfig {
     pub max_usage_scan: ByteSize,
     /// Add `stream_options.include_usage` to chat and completions streams that do not ask for
     /// it, count the usage, and remove the usage chunk (and the `"usage":null` members) from
-    /// what the client receives. Such requests' bodies are then buffered (up to
-    /// `limits.max_body`) and parsed.
+    /// what the client receives. On by default: otherwise such streams (the OpenAI SDK's
+    /// default) are never measured. Such requests' bodies are then buffered (up to
+    /// `limits.max_body`) and parsed (its cost: benches/README.md).
     pub request_usage: bool,
 }
 
@@ -440,7 +441,7 @@ impl Default for ObserveConfig {
     fn default() -> Self {
         Self {
             max_usage_scan: ByteSize(1 << 20),
-            request_usage: false,
+            request_usage: true,
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod health;
 pub mod healthcheck;
 pub mod metrics;
 pub mod mock;
+pub mod probe;
 pub mod proxy;
 pub mod report;
 pub mod runtime;

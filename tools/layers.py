@@ -61,8 +61,9 @@ LAYERS = {
         ["cache_model"],
         # The run-time state the pipeline and the admin port share.
         ["runtime"],
-        # The request pipeline and the admin port.
-        ["proxy", "admin"],
+        # The request pipeline and the admin port; `kvbust probe`, a client of the upstream
+        # transport that reads synthesis's corpus.
+        ["proxy", "admin", "probe"],
         # The edges: serving, the command lines (synthesis's too), the admin port's client
         # (`kvbust report`), and the entry points.
         ["server", "cli", "synth::cli", "synth::bench", "admin_client"],

@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 /// Guard for one request: a cold prefill of a few hundred tokens takes seconds on 2 cores.
 const LIMIT: Duration = Duration::from_secs(180);
 
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The real server's URL, or a loud note on stderr (written past the test harness's capture)
 /// that this test did not run.
