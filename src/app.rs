@@ -61,25 +61,9 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             if args.corpus_cache_dir.is_none() {
                 args.corpus_cache_dir = default_cache_dir();
             }
-            crate::synth::cli::run_then_exit(&args).map_err(|e| {
-                // A request the output format cannot carry is a configuration error (exit 64);
-                // flag mistakes and bad trace input are usage errors (exit 2); everything else is
-                // a failure.
-                let e = match e.downcast::<ConfigError>() {
-                    Ok(c) => return AppError::Config(c),
-                    Err(e) => e,
-                };
-                match e.downcast_ref::<crate::synth::SynthError>() {
-                    Some(
-                        crate::synth::SynthError::InvalidParams(_)
-                        | crate::synth::SynthError::TokenizerMissing { .. }
-                        | crate::synth::SynthError::Trace(_)
-                        | crate::synth::SynthError::Agentic(_),
-                    ) => AppError::Usage(format!("{e:#}")),
-                    _ => AppError::Other(e),
-                }
-            })
+            crate::synth::cli::run_then_exit(&args).map_err(synth_error)
         }
+        Command::AnalyzeTrace(args) => crate::synth::cli::run_analyze(&args).map_err(synth_error),
         Command::Marker(args) => marker(&args),
         Command::Config(ConfigCommand::Check(flags)) => {
             let c = load(&flags)?;
@@ -104,6 +88,25 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             clap_complete::generate(args.shell, &mut cmd, "kvbust", &mut std::io::stdout());
             Ok(())
         }
+    }
+}
+
+/// The exit code of a synthesis command's error: a request the output format cannot carry is a
+/// configuration error (exit 64); flag mistakes and bad trace input are usage errors (exit 2);
+/// everything else is a failure.
+fn synth_error(e: anyhow::Error) -> AppError {
+    let e = match e.downcast::<ConfigError>() {
+        Ok(c) => return AppError::Config(c),
+        Err(e) => e,
+    };
+    match e.downcast_ref::<crate::synth::SynthError>() {
+        Some(
+            crate::synth::SynthError::InvalidParams(_)
+            | crate::synth::SynthError::TokenizerMissing { .. }
+            | crate::synth::SynthError::Trace(_)
+            | crate::synth::SynthError::Agentic(_),
+        ) => AppError::Usage(format!("{e:#}")),
+        _ => AppError::Other(e),
     }
 }
 

@@ -25,5 +25,6 @@ mod prompts;
 mod proxy;
 mod reencode;
 mod rng;
+mod trace_tools;
 mod tracelab;
 mod traces;
