@@ -57,12 +57,18 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             let _flush = init_logging(&config);
             runtime()?.block_on(mock(config, args.listen))
         }
-        Command::Synth(mut args) => {
-            if args.corpus_cache_dir.is_none() {
-                args.corpus_cache_dir = default_cache_dir();
+        Command::Synth(cmd) => match cmd.tool {
+            Some(crate::synth::cli::SynthTool::AgenticCode(a)) => {
+                crate::synth::cli::run_agentic_code(&a).map_err(synth_error)
             }
-            crate::synth::cli::run_then_exit(&args).map_err(synth_error)
-        }
+            None => {
+                let mut args = cmd.args;
+                if args.corpus_cache_dir.is_none() {
+                    args.corpus_cache_dir = default_cache_dir();
+                }
+                crate::synth::cli::run_then_exit(&args).map_err(synth_error)
+            }
+        },
         Command::AnalyzeTrace(args) => crate::synth::cli::run_analyze(&args).map_err(synth_error),
         Command::Marker(args) => marker(&args),
         Command::Config(ConfigCommand::Check(flags)) => {

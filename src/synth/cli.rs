@@ -23,6 +23,7 @@ use crate::synth::corpus::sonnet::SHAKESPEARE;
 use crate::synth::corpus::PromptCorpus;
 use crate::synth::corpus::RandomCorpusStyle;
 use crate::synth::corpus::TokenCorpus;
+use crate::synth::dataset::agentic_code::{self, DistributionConfig};
 use crate::synth::dataset::composer::build_dataset_with;
 use crate::synth::dataset::export::{self, Answers, ChatOptions};
 use crate::synth::dataset::marker::CacheBustTarget;
@@ -837,4 +838,139 @@ pub fn analyze_report(stats: &analyze::AnalysisStats) -> String {
     }
     out.push('\n');
     out
+}
+
+/// `kvbust synth`: a dataset from the flags, or one of the synthesis tools.
+#[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct SynthCommand {
+    #[command(subcommand)]
+    pub tool: Option<SynthTool>,
+    #[command(flatten)]
+    pub args: SynthArgs,
+}
+
+/// The subcommands of `kvbust synth`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum SynthTool {
+    /// Synthetic agentic-coding sessions as a mooncake trace, byte for byte what
+    /// `aiperf synthesize agentic-code` writes (dataset.jsonl, plus manifest.json and
+    /// quality.json beside it).
+    AgenticCode(AgenticCodeArgs),
+}
+
+/// Flags of `kvbust synth agentic-code` (AIPerf's `aiperf synthesize agentic-code`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgenticCodeArgs {
+    /// Number of sessions to generate (restart continuations come on top).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1000,
+        allow_hyphen_values = true
+    )]
+    pub num_sessions: i64,
+    /// Random seed (numpy's default_rng).
+    #[arg(long, value_name = "N", default_value_t = 42)]
+    pub seed: u64,
+    /// Context limit: overrides the config's max_prompt_tokens.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub max_isl: Option<i64>,
+    /// Output bound: overrides the config's generation_length.max.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub max_osl: Option<i64>,
+    /// Distribution config JSON, or a previous run's manifest.json; `default` is AIPerf's
+    /// bundled configs/default.json. Without it: AIPerf's SessionDistributionConfig defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The dataset.jsonl to write; manifest.json and quality.json go into its folder.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+/// AIPerf's bundled `configs/default.json` (`--config default`).
+const BUNDLED_DEFAULT_CONFIG: &str = include_str!("../../assets/agentic-code/default.json");
+
+/// The config `--config` names (and its manifest name), with the CLI overrides applied.
+fn agentic_config(args: &AgenticCodeArgs) -> anyhow::Result<(DistributionConfig, String)> {
+    let bad_config = |path: &Path, message: String| crate::config::ConfigError {
+        key: "--config".into(),
+        message: format!("{}: {message}", path.display()),
+    };
+    let (cfg, name) = match &args.config {
+        None => (DistributionConfig::default(), "default".to_owned()),
+        Some(p) if p.as_os_str() == "default" && !p.is_file() => (
+            DistributionConfig::from_json(BUNDLED_DEFAULT_CONFIG).map_err(|m| bad_config(p, m))?,
+            "default".to_owned(),
+        ),
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                SynthError::InvalidParams(format!(
+                    "--config {}: cannot read it ({e}); pass a config JSON, a manifest.json, \
+                     or `default`",
+                    p.display()
+                ))
+            })?;
+            let cfg = DistributionConfig::from_json(&text).map_err(|m| bad_config(p, m))?;
+            let stem = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (cfg, stem)
+        }
+    };
+    let cfg = cfg
+        .with_overrides(args.max_isl, args.max_osl)
+        .map_err(|m| SynthError::InvalidParams(format!("--max-isl/--max-osl: {m}")))?;
+    Ok((cfg, name))
+}
+
+/// Runs `kvbust synth agentic-code`: all three files are written, or none.
+pub fn run_agentic_code(args: &AgenticCodeArgs) -> anyhow::Result<()> {
+    if args.num_sessions < 1 {
+        return Err(SynthError::InvalidParams(format!(
+            "--num-sessions is {}, and must be at least 1",
+            args.num_sessions
+        ))
+        .into());
+    }
+    for (v, flag) in [(args.max_isl, "--max-isl"), (args.max_osl, "--max-osl")] {
+        if v.is_some_and(|v| v < 1) {
+            return Err(SynthError::InvalidParams(format!("{flag} must be at least 1")).into());
+        }
+    }
+    check_output_folder(&args.output, "-o/--output")?;
+    let (cfg, name) = agentic_config(args)?;
+    let generated = agentic_code::generate(&cfg, args.seed, args.num_sessions as usize, &name)
+        .map_err(|m| SynthError::InvalidParams(format!("agentic-code: {m}")))?;
+    let folder = args
+        .output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let manifest = folder.join("manifest.json");
+    let quality = folder.join("quality.json");
+    write_output(Some(&args.output), |w| {
+        Ok(w.write_all(&generated.dataset_jsonl)?)
+    })?;
+    let rest = write_output(Some(&manifest), |w| {
+        Ok(w.write_all(generated.manifest_json.as_bytes())?)
+    })
+    .and_then(|()| {
+        write_output(Some(&quality), |w| {
+            Ok(w.write_all(generated.quality_json.as_bytes())?)
+        })
+    });
+    if let Err(e) = rest {
+        let _ = std::fs::remove_file(&args.output);
+        let _ = std::fs::remove_file(&manifest);
+        return Err(e);
+    }
+    eprintln!(
+        "kvbust synth agentic-code: {} sessions, {} rows -> {} (+ manifest.json, quality.json)",
+        generated.sessions,
+        generated.rows,
+        args.output.display()
+    );
+    Ok(())
 }

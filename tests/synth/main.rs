@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agentic_code;
 mod agentic_common;
 mod synth_common;
 
