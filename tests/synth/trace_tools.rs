@@ -302,3 +302,34 @@ fn a_bailian_trace_with_every_multiplier_keeps_float_timestamps() {
     }
     assert_eq!(turns, 14);
 }
+
+/// In a configuration file the same bounds give exit 64 naming the key, as does a model list
+/// for a dataset whose requests all get one model.
+#[test]
+fn config_check_refuses_bad_multipliers_and_model_lists() {
+    for (dataset, says) in [
+        (
+            "input_file = \"t.jsonl\"\nsynthesis_speedup_ratio = -1.0",
+            "synth.dataset.synthesis_speedup_ratio",
+        ),
+        (
+            "input_file = \"t.jsonl\"\nsynthesis_prefix_root_multiplier = 0",
+            "synthesis_prefix_root_multiplier",
+        ),
+        ("isl = 10\nmodel = \"a,b\"", "must be one model name"),
+    ] {
+        let cfg = scratch("bad-config.toml");
+        std::fs::write(&cfg, format!("[synth.dataset]\n{dataset}\n")).unwrap();
+        let o = kvbust()
+            .args(["config", "check", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(64), "{dataset}: {err}");
+        assert!(
+            err.contains("synth.dataset") && err.contains(says),
+            "{dataset}: {err}"
+        );
+    }
+}

@@ -403,7 +403,25 @@ impl SynthParams {
         if let Some(r) = self.range_ratio {
             self.validate_range_ratio(r)?;
         }
-        Ok(())
+        self.validate_single_model(None)
+    }
+
+    /// `--model` / `model` names every request's model, except for the agentic traces, whose
+    /// trace models map onto a comma-separated list: elsewhere a list cannot apply (AIPerf would
+    /// pick among its names per request), so it is refused rather than ignored.
+    fn validate_single_model(&self, kind: Option<TraceKind>) -> Result<(), SynthError> {
+        let agentic = kind.is_some_and(TraceKind::is_agentic);
+        match &self.model {
+            Some(m) if !agentic && (m.contains(',') || m.trim().is_empty()) => {
+                Err(SynthError::InvalidParams(format!(
+                    "--model (synth.dataset.model) {m:?} must be one model name for {}: every \
+                     request is sent with it (a comma-separated list maps weka_trace and \
+                     tracelab models only)",
+                    kind.map_or("a synthetic dataset".to_owned(), |k| k.to_string())
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// `--random-range-ratio` needs fixed `--isl` and `--osl` and a ratio the style accepts.
@@ -469,6 +487,7 @@ impl SynthParams {
                 )));
             }
         }
+        self.validate_single_model(Some(kind))?;
         if !matches!(kind, TraceKind::MooncakeTrace | TraceKind::BailianTrace) {
             if let Some((_, flag)) = self.multiplier_flags().iter().find(|(set, _)| *set) {
                 return Err(SynthError::InvalidParams(format!(
@@ -483,6 +502,9 @@ impl SynthParams {
     /// The rules for a trace (`--input-file`): AIPerf's corpus rule, and no synthetic-only flag.
     fn validate_trace(&self) -> Result<(), SynthError> {
         self.validate_multipliers()?;
+        if let Some(kind) = self.custom_dataset_type {
+            self.validate_single_model(Some(kind))?;
+        }
         if let Some(c) = self
             .prompt_corpus
             .filter(|c| !matches!(c, PromptCorpus::Sonnet | PromptCorpus::Coding))
@@ -558,6 +580,39 @@ mod tests {
         assert_eq!(e, PromptCorpus::CodingExact);
         let err = serde_json::from_str::<PromptCorpus>("\"poetry\"").unwrap_err();
         assert!(err.to_string().contains("unknown prompt corpus"), "{err}");
+    }
+
+    #[test]
+    fn a_model_list_is_refused_where_it_cannot_apply() {
+        let list = SynthParams {
+            model: Some("a,b".into()),
+            ..SynthParams::default()
+        };
+        let e = list.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("must be one model name for a synthetic dataset"),
+            "{e}"
+        );
+        let trace = SynthParams {
+            input_file: Some("t.jsonl".into()),
+            custom_dataset_type: Some(TraceKind::BurstGptTrace),
+            ..list.clone()
+        };
+        assert!(trace
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("burst_gpt_trace"));
+        let weka = SynthParams {
+            custom_dataset_type: Some(TraceKind::WekaTrace),
+            ..trace
+        };
+        weka.validate().unwrap();
+        let one = SynthParams {
+            model: Some("claude-opus".into()),
+            ..SynthParams::default()
+        };
+        one.validate().unwrap();
     }
 
     #[test]
