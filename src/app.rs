@@ -60,29 +60,19 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             let _flush = init_logging(&config);
             runtime()?.block_on(mock(config, args.listen))
         }
-        Command::Synth(mut args) => {
-            if args.corpus_cache_dir.is_none() {
-                args.corpus_cache_dir = default_cache_dir();
+        Command::Synth(cmd) => match cmd.tool {
+            Some(crate::synth::cli::SynthTool::AgenticCode(a)) => {
+                crate::synth::cli::run_agentic_code(&a).map_err(synth_error)
             }
-            crate::synth::cli::run_then_exit(&args).map_err(|e| {
-                // A request the output format cannot carry is a configuration error (exit 64);
-                // flag mistakes and bad trace input are usage errors (exit 2); everything else is
-                // a failure.
-                let e = match e.downcast::<ConfigError>() {
-                    Ok(c) => return AppError::Config(c),
-                    Err(e) => e,
-                };
-                match e.downcast_ref::<crate::synth::SynthError>() {
-                    Some(
-                        crate::synth::SynthError::InvalidParams(_)
-                        | crate::synth::SynthError::TokenizerMissing { .. }
-                        | crate::synth::SynthError::Trace(_)
-                        | crate::synth::SynthError::Agentic(_),
-                    ) => AppError::Usage(format!("{e:#}")),
-                    _ => AppError::Other(e),
+            None => {
+                let mut args = cmd.args;
+                if args.corpus_cache_dir.is_none() {
+                    args.corpus_cache_dir = default_cache_dir();
                 }
-            })
-        }
+                crate::synth::cli::run_then_exit(&args).map_err(synth_error)
+            }
+        },
+        Command::AnalyzeTrace(args) => crate::synth::cli::run_analyze(&args).map_err(synth_error),
         Command::Marker(args) => marker(&args),
         Command::Config(ConfigCommand::Check(flags)) => {
             let c = load(&flags)?;
@@ -109,6 +99,25 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             clap_complete::generate(args.shell, &mut cmd, "kvbust", &mut std::io::stdout());
             Ok(())
         }
+    }
+}
+
+/// The exit code of a synthesis command's error: a request the output format cannot carry is a
+/// configuration error (exit 64); flag mistakes and bad trace input are usage errors (exit 2);
+/// everything else is a failure.
+fn synth_error(e: anyhow::Error) -> AppError {
+    let e = match e.downcast::<ConfigError>() {
+        Ok(c) => return AppError::Config(c),
+        Err(e) => e,
+    };
+    match e.downcast_ref::<crate::synth::SynthError>() {
+        Some(
+            crate::synth::SynthError::InvalidParams(_)
+            | crate::synth::SynthError::TokenizerMissing { .. }
+            | crate::synth::SynthError::Trace(_)
+            | crate::synth::SynthError::Agentic(_),
+        ) => AppError::Usage(format!("{e:#}")),
+        _ => AppError::Other(e),
     }
 }
 

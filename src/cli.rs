@@ -28,7 +28,10 @@ pub enum Command {
     /// Run only the built-in mock model server.
     Mock(MockArgs),
     /// Write a synthetic dataset (JSONL) from the corpora, byte-identical to AIPerf 0.13.0's.
-    Synth(Box<crate::synth::cli::SynthArgs>),
+    Synth(Box<crate::synth::cli::SynthCommand>),
+    /// Print a trace's ISL/OSL/context-length distributions and theoretical (infinite-cache)
+    /// hit rates, as `aiperf analyze-trace` does; `--output-file` writes them as its JSON.
+    AnalyzeTrace(crate::synth::cli::AnalyzeArgs),
     /// Print the cache-bust marker for the given digest inputs.
     Marker(MarkerArgs),
     /// Validate or print the effective configuration.

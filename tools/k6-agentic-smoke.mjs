@@ -1,11 +1,14 @@
 // Runs deploy/load/k6-agentic.js under Node (20+) with minimal stand-ins for k6's modules, for a
 // machine without k6: each "VU" runs one iteration at once, every exchange is logged, and the
-// run fails (exit 1) on a failed check, a conversation not followed to its last turn, or a
-// joining turn sent before the children of the branches it waits for had finished.
+// run fails (exit 1) on a failed check, a conversation not followed to its last turn, a
+// joining turn sent before the children of the branches it waits for had finished (or announced
+// with a delay: AIPerf sends joins without one), or a spawned child sent before its dispatch
+// offset (`offsets_ms`, times DELAY_SCALE) had passed since its spawning turn completed. It prints
+// each child's start and each join's send time relative to what they wait for.
 //   kvbust serve --config agentic.toml        # [synth.dataset] input_file = "traces/", weka_trace
 //   KVBUST=http://127.0.0.1:8080 ROOTS=3 MAX_DELAY_MS=30 node tools/k6-agentic-smoke.mjs
 // Not a k6 replacement: no load shaping, metrics or scenarios; it checks the script's logic.
-import { readFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 
 const script = process.argv[2] || fileURLToPath(new URL('../deploy/load/k6-agentic.js', import.meta.url));
@@ -33,7 +36,7 @@ globalThis.__k6 = {
         t0, t1: Date.now(), status: r.status,
         conv: headers['X-Kvbust-Synth-Conversation'], turn: headers['X-Kvbust-Synth-Turn'],
         spawn: headers['X-Kvbust-Synth-Spawn'], after: headers['X-Kvbust-Synth-Next-After'],
-        next: headers['X-Kvbust-Synth-Next-Turn'],
+        next: headers['X-Kvbust-Synth-Next-Turn'], delay: headers['X-Kvbust-Synth-Next-Delay-Ms'],
       });
       return { status: r.status, headers, body: text };
     },
@@ -65,29 +68,48 @@ for (const e of log) {
   byConv.get(key).push(e);
 }
 const children = new Map();
+const scale = parseFloat(process.env.DELAY_SCALE || '1');
 for (const e of log) {
   for (const entry of (e.spawn || '').split(';')) {
-    const [head] = entry.trim().split(' ');
+    const [head, ...words] = entry.trim().split(' ');
     if (!head) continue;
     const eq = head.indexOf('=');
     const kids = head.slice(eq + 1).split(',').filter(Boolean);
     children.set(`${e.tree}/${head.slice(0, eq)}`, kids.map((c) => `${e.tree}/${c}`));
+    const offsets = (words.find((w) => w.startsWith('offsets_ms=')) || 'offsets_ms=')
+      .slice('offsets_ms='.length).split(',').filter(Boolean).map(Number);
+    kids.forEach((c, i) => {
+      const first = (byConv.get(`${e.tree}/${c}`) || [])[0];
+      if (!first) return;
+      const want = (offsets[i] || 0) * scale;
+      const got = first.t0 - e.t1;
+      console.log(`${e.tree}/${c}: started ${got} ms after its spawning turn (offset ${want} ms)`);
+      // Timers never fire early; 1 ms for the clock's granularity.
+      if (got < want - 1) failures.push(`${e.tree}/${c} started ${got} ms after its spawn, before its ${want} ms offset`);
+    });
   }
 }
 for (const [conv, turns] of byConv) {
   if (turns[turns.length - 1].next !== 'none') failures.push(`${conv} not followed to its last turn`);
   turns.forEach((e, i) => {
-    for (const branch of (e.after || '').split(',').filter(Boolean)) {
+    const joins = (e.after || '').split(',').filter(Boolean);
+    if (joins.length && e.delay !== '0') failures.push(`${conv} turn ${i + 1} joins with a delay of ${e.delay} ms`);
+    let ready = e.t1;
+    for (const branch of joins) {
       const kids = children.get(`${e.tree}/${branch}`);
       if (!kids) failures.push(`${conv} waits for ${branch}, which no turn spawned`);
       for (const child of kids || []) {
         const end = Math.max(...(byConv.get(child) || []).map((x) => x.t1));
+        ready = Math.max(ready, end);
         if (!(turns[i + 1] && turns[i + 1].t0 >= end)) failures.push(`${conv} turn ${i + 1} sent before ${child} finished`);
       }
     }
+    if (joins.length && turns[i + 1]) console.log(`${conv} turn ${i + 1}: joined ${turns[i + 1].t0 - ready} ms after its last prerequisite completed`);
   });
   console.log(`${conv}: turns ${turns.map((e) => e.turn).join(',')}`);
 }
+// SMOKE_LOG=FILE: every exchange as JSON (tree, conv, turn, t0, t1 in ms, ...), for a test.
+if (process.env.SMOKE_LOG) writeFileSync(process.env.SMOKE_LOG, JSON.stringify(log));
 console.log(`${log.length} requests, ${byConv.size} conversations, ${failures.length} failures`);
 for (const f of failures) console.log(`FAIL ${f}`);
 process.exit(failures.length ? 1 : 0);

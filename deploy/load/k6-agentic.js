@@ -22,18 +22,22 @@
 //     hands a new session the next ROOT conversation, round-robin, never a child;
 //   - sends the conversation's turns in order; after each response it reads
 //       x-kvbust-synth-spawn        branches this turn starts: `branch=child,child start_ms=T
-//                                   [background]`, `; `-separated. Their children start right
-//                                   away (AIPerf's dispatch "post"), in start_ms order, each as
-//                                   its own session naming its conversation with
-//                                   x-kvbust-synth-conversation (and following its own turns
-//                                   the same way);
+//                                   offsets_ms=o,o [background]`, `; `-separated. Child i starts
+//                                   o_i ms after this response ends (AIPerf's dispatch offset:
+//                                   its first request's time minus the branch start; scaled by
+//                                   DELAY_SCALE, never capped by MAX_DELAY_MS, as AIPerf's delay
+//                                   cap does not shorten it), each as its own session naming its
+//                                   conversation with x-kvbust-synth-conversation (and following
+//                                   its own turns the same way);
 //       x-kvbust-synth-next-turn    the next turn's index, or `none`: the conversation is done;
 //       x-kvbust-synth-next-after   branch ids whose children must all finish before the next
 //                                   turn (SPAWN_JOIN); background branches are never listed, so
 //                                   they are not waited for;
 //       x-kvbust-synth-next-delay-ms  the trace's end-to-start delay before the next turn,
-//                                   counted from this response's end (alongside the join wait),
-//                                   scaled by DELAY_SCALE and capped at MAX_DELAY_MS;
+//                                   counted from this response's end, scaled by DELAY_SCALE and
+//                                   capped at MAX_DELAY_MS; 0 for a joining turn, which goes out
+//                                   as soon as its branches' children complete (AIPerf's join
+//                                   rule: the recorded delay is not waited);
 //   - ends the iteration when the root and every child it started (background ones too) are done.
 //
 // Environment: KVBUST (base URL, default http://127.0.0.1:8080), ROOTS (VUs, 1), ITERATIONS
@@ -102,7 +106,7 @@ function list(v) {
   return (v || '').split(',').map((s) => s.trim()).filter((s) => s.length > 0);
 }
 
-/** x-kvbust-synth-spawn: `branch=c1,c2 start_ms=T [background]; ...`. */
+/** x-kvbust-synth-spawn: `branch=c1,c2 start_ms=T offsets_ms=o1,o2 [background]; ...`. */
 function parseSpawn(v) {
   const out = [];
   for (const entry of (v || '').split(';')) {
@@ -110,14 +114,20 @@ function parseSpawn(v) {
     if (words.length === 0) continue;
     const eq = words[0].indexOf('=');
     if (eq < 0) continue;
-    const branch = { id: words[0].slice(0, eq), children: list(words[0].slice(eq + 1)), startMs: 0, background: false };
+    const branch = { id: words[0].slice(0, eq), children: list(words[0].slice(eq + 1)), startMs: 0, offsetsMs: [], background: false };
     for (const w of words.slice(1)) {
       if (w === 'background') branch.background = true;
       else if (w.startsWith('start_ms=')) branch.startMs = parseFloat(w.slice('start_ms='.length)) || 0;
+      else if (w.startsWith('offsets_ms=')) branch.offsetsMs = list(w.slice('offsets_ms='.length)).map((o) => parseFloat(o) || 0);
     }
     out.push(branch);
   }
   return out.sort((a, b) => a.startMs - b.startMs);
+}
+
+/** A child's dispatch offset: scaled, not capped (AIPerf's delay cap does not shorten it). */
+function offsetMs(ms) {
+  return Math.max(0, (ms || 0) * DELAY_SCALE);
 }
 
 function sleepMs(ms) {
@@ -162,11 +172,11 @@ async function session(tree, conversation) {
       return;
     }
     turns.add(1, { kind });
-    // Children start once the spawning turn has completed, in their start timestamps' order.
+    // Children start their offsets after the spawning turn has completed.
     for (const branch of parseSpawn(header(res, H.spawn))) {
-      const started = branch.children.map((child) => {
+      const started = branch.children.map((child, i) => {
         children.add(1);
-        return session(tree, child);
+        return sleepMs(offsetMs(branch.offsetsMs[i])).then(() => session(tree, child));
       });
       const all = Promise.all(started);
       tree.branches[branch.id] = all;
@@ -175,7 +185,8 @@ async function session(tree, conversation) {
     const next = header(res, H.nextTurn);
     if (next === undefined || next === 'none') return;
     expect = parseInt(next, 10);
-    // The delay runs from this response's end, alongside the wait for the joined branches.
+    // The delay runs from this response's end, alongside the wait for the joined branches
+    // (kvbust sends 0 for a joining turn: it goes out when they complete).
     const joins = list(header(res, H.nextAfter)).map((b) => tree.branches[b] || Promise.resolve());
     await Promise.all([sleepMs(delayMs(header(res, H.nextDelay))), ...joins]);
   }

@@ -108,7 +108,9 @@ pub struct Served {
     /// The conversation id, percent-encoded.
     pub conversation: String,
     pub turn: usize,
-    /// The branches the turn starts after it completes; `None` when it starts none.
+    /// The branches the turn starts after it completes (`branch=child,… start_ms=T
+    /// offsets_ms=o,… [background]`, `; `-separated; child i starts `o_i` ms after the turn
+    /// completes); `None` when it starts none.
     pub spawn: Option<String>,
     /// The conversation's next turn; `None` after the last.
     pub next: Option<Next>,
@@ -119,7 +121,8 @@ pub struct Served {
 pub struct Next {
     pub turn: usize,
     /// Milliseconds to wait after the served turn's response completes (the trace's end-to-start
-    /// `delay`; `0` when it has none).
+    /// `delay`; `0` when it has none, and for a turn that joins branches, which goes out when
+    /// they complete).
     pub delay_ms: String,
     /// Branch ids (percent-encoded, comma-separated) whose children must all complete first;
     /// `None` when it waits for none.
@@ -135,9 +138,16 @@ impl Served {
     }
 }
 
+/// A child's dispatch offset (AIPerf's `_child_dispatch_offset_ms`): its first turn's timestamp
+/// minus the branch start, never negative; 0 when the child has no timestamp.
+fn dispatch_offset(branch_start_ms: f64, child_first_ms: Option<f64>) -> f64 {
+    child_first_ms.map_or(0.0, |t| (t - branch_start_ms).max(0.0))
+}
+
 /// The header values for turn `k` of `conv` (any conversation: outside an agent tree there are
-/// no branches and no prerequisites).
-pub fn served(conv: &Conversation, k: usize) -> Served {
+/// no branches and no prerequisites). `first_ms` gives a child conversation's first-turn
+/// timestamp (ms) by id, for the children's dispatch offsets.
+pub fn served(conv: &Conversation, k: usize, first_ms: &dyn Fn(&str) -> Option<f64>) -> Served {
     let branches = conv
         .agentic
         .as_ref()
@@ -162,6 +172,14 @@ pub fn served(conv: &Conversation, k: usize) -> Served {
             let mut entry = format!("{}={}", encode_id(id), children.join(","));
             if let Some(b) = branch {
                 let _ = write!(entry, " start_ms={}", millis(b.start_timestamp_ms));
+                let offsets: Vec<String> = b
+                    .child_conversation_ids
+                    .iter()
+                    .map(|c| millis(dispatch_offset(b.start_timestamp_ms, first_ms(c))))
+                    .collect();
+                if !offsets.is_empty() {
+                    let _ = write!(entry, " offsets_ms={}", offsets.join(","));
+                }
                 if b.is_background {
                     entry.push_str(" background");
                 }
@@ -175,9 +193,15 @@ pub fn served(conv: &Conversation, k: usize) -> Served {
             .as_ref()
             .map(|i| i.prerequisites.iter().map(|b| encode_id(b)).collect())
             .unwrap_or_default();
+        // A joining turn goes out as soon as its branches complete: AIPerf fires such joins
+        // without their recorded delay (`_resolve_think_ms`).
+        let delay = match after.is_empty() {
+            true => t.delay.as_ref().and_then(|d| d.as_f64()).unwrap_or(0.0),
+            false => 0.0,
+        };
         Next {
             turn: k + 1,
-            delay_ms: millis(t.delay.as_ref().and_then(|d| d.as_f64()).unwrap_or(0.0)),
+            delay_ms: millis(delay),
             after: (!after.is_empty()).then(|| after.join(",")),
         }
     });
@@ -243,24 +267,32 @@ mod tests {
     #[test]
     fn a_turn_tells_its_branches_and_what_the_next_turn_waits_for() {
         let c = root();
+        // t::fa:000 starts 2,510 ms into its branch; t::fa 1 before it (clamped to 0); the
+        // background child has no timestamp.
+        let first = |id: &str| match id {
+            "t::fa:000" => Some(5873.0),
+            "t::fa 1" => Some(3000.0),
+            _ => None,
+        };
         assert_eq!(
-            served(&c, 0),
+            served(&c, 0, &first),
             Served {
                 conversation: "t:root".into(),
                 turn: 0,
                 spawn: Some(
-                    "t:b0=t::fa:000,t::fa%201 start_ms=3363; \
-                     t%3Bb1=t::aux:002 start_ms=16242.999999999998 background"
+                    "t:b0=t::fa:000,t::fa%201 start_ms=3363 offsets_ms=2510,0; \
+                     t%3Bb1=t::aux:002 start_ms=16242.999999999998 offsets_ms=0 background"
                         .into()
                 ),
+                // The join ignores its recorded delay (12243 ms).
                 next: Some(Next {
                     turn: 1,
-                    delay_ms: "12243".into(),
+                    delay_ms: "0".into(),
                     after: Some("t:b0".into()),
                 }),
             }
         );
-        let s = served(&c, 1);
+        let s = served(&c, 1, &first);
         assert_eq!((s.spawn.clone(), s.next_turn()), (None, "2".to_owned()));
         assert_eq!(
             s.next,
@@ -270,7 +302,7 @@ mod tests {
                 after: None
             })
         );
-        let s = served(&c, 2);
+        let s = served(&c, 2, &first);
         assert_eq!((s.next.clone(), s.next_turn()), (None, "none".to_owned()));
         // A plain multi-turn conversation: no topology, delay 0 when the turn has none.
         let plain = Conversation {
@@ -280,7 +312,7 @@ mod tests {
             turns: vec![turn(None, None), turn(None, None)],
             agentic: None,
         };
-        let s = served(&plain, 0);
+        let s = served(&plain, 0, &first);
         assert_eq!(s.spawn, None);
         assert_eq!(s.next.unwrap().delay_ms, "0");
     }

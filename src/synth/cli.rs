@@ -23,13 +23,16 @@ use crate::synth::corpus::sonnet::SHAKESPEARE;
 use crate::synth::corpus::PromptCorpus;
 use crate::synth::corpus::RandomCorpusStyle;
 use crate::synth::corpus::TokenCorpus;
+use crate::synth::dataset::agentic_code::{self, DistributionConfig};
 use crate::synth::dataset::composer::build_dataset_with;
 use crate::synth::dataset::export::{self, Answers, ChatOptions};
 use crate::synth::dataset::marker::CacheBustTarget;
 use crate::synth::dataset::params::{RangeRatio, SynthParams};
+use crate::synth::dataset::trace::agentic::{self, burst, schema};
+use crate::synth::dataset::trace::{self, analyze, record};
 use crate::synth::dataset::trace_kind::{BlockTerminator, TraceKind};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
-use crate::synth::error::SynthError;
+use crate::synth::error::{SynthError, TraceError};
 use crate::synth::tokenizer::Tokenizer;
 
 /// What the output file holds.
@@ -164,6 +167,47 @@ pub struct SynthArgs {
     /// Caps trace requests' max_tokens (weka: top-level requests, not subagents', as AIPerf).
     #[arg(long, value_name = "N")]
     pub synthesis_max_osl: Option<u64>,
+    /// mooncake_trace, bailian_trace: divide timestamps by this (2 replays twice as fast).
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 1.0,
+        allow_hyphen_values = true
+    )]
+    pub synthesis_speedup_ratio: f64,
+    /// mooncake_trace, bailian_trace: stretch (or cut) the shared hash-id prefixes by this.
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 1.0,
+        allow_hyphen_values = true
+    )]
+    pub synthesis_prefix_len_multiplier: f64,
+    /// mooncake_trace, bailian_trace: spread the requests over this many independent prefix
+    /// trees (seeded draws, as AIPerf).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        allow_hyphen_values = true
+    )]
+    pub synthesis_prefix_root_multiplier: i64,
+    /// mooncake_trace, bailian_trace: scale the unique (non-shared) prompt lengths by this.
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 1.0,
+        allow_hyphen_values = true
+    )]
+    pub synthesis_prompt_len_multiplier: f64,
+    /// mooncake_trace, bailian_trace: scale output lengths by this.
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 1.0,
+        allow_hyphen_values = true
+    )]
+    pub synthesis_output_len_multiplier: f64,
     /// weka_trace, tracelab: drop traces whose peak input + max_tokens exceeds the model's context.
     #[arg(long, value_name = "N")]
     pub max_context_length: Option<u64>,
@@ -243,6 +287,11 @@ impl SynthArgs {
             trace_block_terminator: self.trace_block_terminator,
             synthesis_max_isl: self.synthesis_max_isl,
             synthesis_max_osl: self.synthesis_max_osl,
+            synthesis_speedup_ratio: self.synthesis_speedup_ratio,
+            synthesis_prefix_len_multiplier: self.synthesis_prefix_len_multiplier,
+            synthesis_prefix_root_multiplier: self.synthesis_prefix_root_multiplier,
+            synthesis_prompt_len_multiplier: self.synthesis_prompt_len_multiplier,
+            synthesis_output_len_multiplier: self.synthesis_output_len_multiplier,
             max_context_length: self.max_context_length,
             inter_turn_delay_cap_seconds: self.inter_turn_delay_cap_seconds,
             trace_idle_gap_cap_seconds: self.trace_idle_gap_cap_seconds,
@@ -596,4 +645,332 @@ fn warn_sharegpt_lengths(
 enum Job {
     Bench(BenchParams),
     Aiperf(Box<SynthParams>),
+}
+
+/// Flags of `kvbust analyze-trace` (AIPerf's `aiperf analyze-trace`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AnalyzeArgs {
+    /// The trace: a mooncake_trace or bailian_trace JSONL file (read exactly as AIPerf's
+    /// analyzer reads it), or any other type kvbust replays (weka_trace, tracelab,
+    /// burst_gpt_trace: their requests in file order).
+    #[arg(value_name = "TRACE")]
+    pub input_file: PathBuf,
+    /// Tokens per hash-id block (AIPerf's default 512; for weka_trace the trace's declared
+    /// block size, for tracelab 64).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u64>,
+    /// Also write the statistics as JSON (AIPerf's `--output-file` object) to this file; its
+    /// folder must exist.
+    #[arg(long, value_name = "FILE")]
+    pub output_file: Option<PathBuf>,
+    /// The trace's type (default: detected as `kvbust synth --input-file` detects it).
+    #[arg(long, value_name = "TYPE")]
+    pub custom_dataset_type: Option<TraceKind>,
+}
+
+/// The analyzer's rows for `path` and the block size they are counted at.
+fn analysis_rows(args: &AnalyzeArgs) -> Result<(Vec<analyze::Row>, u64), SynthError> {
+    let path = args.input_file.as_path();
+    let kind = trace::detect_kind(path, args.custom_dataset_type)?;
+    let io = |source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let from_sources = |sources: Vec<crate::synth::dataset::trace::agentic::weka::Source>| {
+        let declared = sources.first().map(|s| s.trace.block_size.max(1) as u64);
+        let rows = sources
+            .iter()
+            .flat_map(|s| s.trace.requests.iter())
+            .flat_map(|e| match e {
+                schema::Entry::Request(r) => vec![r],
+                schema::Entry::Subagent(s) => s.requests.iter().collect(),
+            })
+            .map(|r| analyze::Row {
+                input_length: r.input_length,
+                output_length: r.output_length,
+                hash_ids: r.hash_ids.clone(),
+            })
+            .collect::<Vec<_>>();
+        (rows, declared)
+    };
+    let (rows, default_block) = match kind {
+        TraceKind::MooncakeTrace | TraceKind::BailianTrace => {
+            let bytes = trace::read_maybe_gzip(path).map_err(io)?;
+            let text = String::from_utf8(bytes).map_err(|_| TraceError::File {
+                path: path.to_path_buf(),
+                message: "is not valid UTF-8".into(),
+            })?;
+            (analyze::rows_from_jsonl(path, &text)?, 512)
+        }
+        TraceKind::BurstGptTrace => {
+            let bytes = trace::read_maybe_gzip(path).map_err(io)?;
+            let rows = burst::entries(path, &bytes, None)?
+                .into_iter()
+                .map(|e| analyze::Row {
+                    input_length: match e.input {
+                        record::Input::Length(n) => n,
+                        _ => 0,
+                    },
+                    output_length: e.output_length.unwrap_or(0),
+                    hash_ids: Vec::new(),
+                })
+                .collect();
+            (rows, 512)
+        }
+        TraceKind::WekaTrace => {
+            let (rows, declared) =
+                from_sources(agentic::read_weka(path).map_err(SynthError::from)?);
+            (rows, declared.unwrap_or(64))
+        }
+        TraceKind::Tracelab => {
+            let block = args.block_size.unwrap_or(64).max(1) as usize;
+            let (rows, _) = from_sources(agentic::tracelab::read(path, block)?);
+            (rows, 64)
+        }
+    };
+    Ok((rows, args.block_size.unwrap_or(default_block)))
+}
+
+/// Runs `kvbust analyze-trace`: the report on standard output, the JSON to `--output-file`.
+pub fn run_analyze(args: &AnalyzeArgs) -> anyhow::Result<()> {
+    if args.block_size == Some(0) {
+        return Err(SynthError::invalid("--block-size must be at least 1").into());
+    }
+    if let Some(out) = &args.output_file {
+        check_output_folder(out, "--output-file")?;
+    }
+    let (rows, block_size) = analysis_rows(args)?;
+    let stats = analyze::analyze(&rows, block_size);
+    print!("{}", analyze_report(&stats));
+    if let Some(out) = &args.output_file {
+        write_output(Some(out), |w| {
+            w.write_all(stats.to_json_pretty().as_bytes())?;
+            Ok(())
+        })?;
+        println!("Analysis report saved to {}", out.display());
+    }
+    Ok(())
+}
+
+/// Refuses an output path whose folder does not exist (nothing is created).
+fn check_output_folder(path: &Path, flag: &str) -> Result<(), SynthError> {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if parent.is_dir() {
+        Ok(())
+    } else {
+        Err(SynthError::InvalidParams(format!(
+            "{flag} {}: the folder {} does not exist; create it first or pick another path",
+            path.display(),
+            parent.display()
+        )))
+    }
+}
+
+/// Python's `f"{x:,.2f}"`.
+fn thousands(x: f64) -> String {
+    let s = format!("{:.2}", x.abs());
+    let (int, frac) = s.split_once('.').unwrap_or((&s, "00"));
+    let mut grouped = String::new();
+    for (i, c) in int.chars().enumerate() {
+        if i > 0 && (int.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    let sign = if x < 0.0 && s.bytes().any(|b| (b'1'..=b'9').contains(&b)) {
+        "-"
+    } else {
+        ""
+    };
+    format!("{sign}{grouped}.{frac}")
+}
+
+/// The terminal report AIPerf prints: the counts, then one row per distribution.
+pub fn analyze_report(stats: &analyze::AnalysisStats) -> String {
+    let mut out = format!(
+        "\nTrace Analysis Report\nTotal requests:   {}\nUnique prefixes:  {}\nPrefix groups:    \
+         {}\n\n",
+        thousands(stats.total_requests as f64).trim_end_matches(".00"),
+        thousands(stats.unique_prefixes as f64).trim_end_matches(".00"),
+        thousands(stats.num_prefix_groups as f64).trim_end_matches(".00"),
+    );
+    let header = [
+        "Metric", "Mean", "Std Dev", "Min", "P25", "Median", "P75", "Max",
+    ];
+    let metrics = [
+        ("Input Length", stats.isl_stats),
+        ("Context Length", stats.context_length_stats),
+        ("Unique Prompt Length", stats.unique_prompt_length_stats),
+        ("Output Length", stats.osl_stats),
+        ("Theoretical Hit Rates", stats.hit_rate_stats),
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| (*s).to_owned()).collect()];
+    for (name, m) in metrics {
+        let mut row = vec![name.to_owned()];
+        match m {
+            Some(m) => {
+                row.extend([m.mean, m.std_dev, m.min, m.p25, m.median, m.p75, m.max].map(thousands))
+            }
+            None => row.extend(std::iter::repeat_n("N/A".to_owned(), 7)),
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    out.push_str("Trace Statistics\n");
+    for (i, row) in rows.iter().enumerate() {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:>w$}"))
+            .collect();
+        out.push_str(cells.join(" | ").trim_end());
+        out.push('\n');
+        if i == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            out.push_str(&rule.join("-+-"));
+            out.push('\n');
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// `kvbust synth`: a dataset from the flags, or one of the synthesis tools.
+#[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct SynthCommand {
+    #[command(subcommand)]
+    pub tool: Option<SynthTool>,
+    #[command(flatten)]
+    pub args: SynthArgs,
+}
+
+/// The subcommands of `kvbust synth`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum SynthTool {
+    /// Synthetic agentic-coding sessions as a mooncake trace, byte for byte what
+    /// `aiperf synthesize agentic-code` writes (dataset.jsonl, plus manifest.json and
+    /// quality.json beside it).
+    AgenticCode(AgenticCodeArgs),
+}
+
+/// Flags of `kvbust synth agentic-code` (AIPerf's `aiperf synthesize agentic-code`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgenticCodeArgs {
+    /// Number of sessions to generate (restart continuations come on top).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1000,
+        allow_hyphen_values = true
+    )]
+    pub num_sessions: i64,
+    /// Random seed (numpy's default_rng).
+    #[arg(long, value_name = "N", default_value_t = 42)]
+    pub seed: u64,
+    /// Context limit: overrides the config's max_prompt_tokens.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub max_isl: Option<i64>,
+    /// Output bound: overrides the config's generation_length.max.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub max_osl: Option<i64>,
+    /// Distribution config JSON, or a previous run's manifest.json; `default` is AIPerf's
+    /// bundled configs/default.json. Without it: AIPerf's SessionDistributionConfig defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The dataset.jsonl to write; manifest.json and quality.json go into its folder.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+/// AIPerf's bundled `configs/default.json` (`--config default`).
+const BUNDLED_DEFAULT_CONFIG: &str = include_str!("../../assets/agentic-code/default.json");
+
+/// The config `--config` names (and its manifest name), with the CLI overrides applied.
+fn agentic_config(args: &AgenticCodeArgs) -> anyhow::Result<(DistributionConfig, String)> {
+    let bad_config = |path: &Path, message: String| crate::config::ConfigError {
+        key: "--config".into(),
+        message: format!("{}: {message}", path.display()),
+    };
+    let (cfg, name) = match &args.config {
+        None => (DistributionConfig::default(), "default".to_owned()),
+        Some(p) if p.as_os_str() == "default" && !p.is_file() => (
+            DistributionConfig::from_json(BUNDLED_DEFAULT_CONFIG).map_err(|m| bad_config(p, m))?,
+            "default".to_owned(),
+        ),
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                SynthError::InvalidParams(format!(
+                    "--config {}: cannot read it ({e}); pass a config JSON, a manifest.json, \
+                     or `default`",
+                    p.display()
+                ))
+            })?;
+            let cfg = DistributionConfig::from_json(&text).map_err(|m| bad_config(p, m))?;
+            let stem = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (cfg, stem)
+        }
+    };
+    let cfg = cfg
+        .with_overrides(args.max_isl, args.max_osl)
+        .map_err(|m| SynthError::InvalidParams(format!("--max-isl/--max-osl: {m}")))?;
+    Ok((cfg, name))
+}
+
+/// Runs `kvbust synth agentic-code`: all three files are written, or none.
+pub fn run_agentic_code(args: &AgenticCodeArgs) -> anyhow::Result<()> {
+    if args.num_sessions < 1 {
+        return Err(SynthError::InvalidParams(format!(
+            "--num-sessions is {}, and must be at least 1",
+            args.num_sessions
+        ))
+        .into());
+    }
+    for (v, flag) in [(args.max_isl, "--max-isl"), (args.max_osl, "--max-osl")] {
+        if v.is_some_and(|v| v < 1) {
+            return Err(SynthError::InvalidParams(format!("{flag} must be at least 1")).into());
+        }
+    }
+    check_output_folder(&args.output, "-o/--output")?;
+    let (cfg, name) = agentic_config(args)?;
+    let generated = agentic_code::generate(&cfg, args.seed, args.num_sessions as usize, &name)
+        .map_err(|m| SynthError::InvalidParams(format!("agentic-code: {m}")))?;
+    let folder = args
+        .output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let manifest = folder.join("manifest.json");
+    let quality = folder.join("quality.json");
+    write_output(Some(&args.output), |w| {
+        Ok(w.write_all(&generated.dataset_jsonl)?)
+    })?;
+    let rest = write_output(Some(&manifest), |w| {
+        Ok(w.write_all(generated.manifest_json.as_bytes())?)
+    })
+    .and_then(|()| {
+        write_output(Some(&quality), |w| {
+            Ok(w.write_all(generated.quality_json.as_bytes())?)
+        })
+    });
+    if let Err(e) = rest {
+        let _ = std::fs::remove_file(&args.output);
+        let _ = std::fs::remove_file(&manifest);
+        return Err(e);
+    }
+    eprintln!(
+        "kvbust synth agentic-code: {} sessions, {} rows -> {} (+ manifest.json, quality.json)",
+        generated.sessions,
+        generated.rows,
+        args.output.display()
+    );
+    Ok(())
 }

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agentic_code;
 mod agentic_common;
 mod synth_common;
 
@@ -25,5 +26,6 @@ mod prompts;
 mod proxy;
 mod reencode;
 mod rng;
+mod trace_tools;
 mod tracelab;
 mod traces;

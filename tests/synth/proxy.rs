@@ -509,9 +509,12 @@ async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
         [
             some("trace-d"),
             some("0"),
-            some("trace-d:flatspawn:0=trace-d::fa:000 start_ms=3363"),
+            // The child's first request is at the branch start: offset 0.
+            some("trace-d:flatspawn:0=trace-d::fa:000 start_ms=3363 offsets_ms=0"),
             some("1"),
-            some("12243"),
+            // The joining turn goes out when its branch completes, without its recorded
+            // 12,243 ms delay (AIPerf's join rule).
+            some("0"),
             some("trace-d:flatspawn:0"),
             some("1827.0"),
         ]
@@ -613,7 +616,7 @@ async fn agentic_turns_send_their_whole_context_and_tell_the_topology() {
         [
             some("trace-d"),
             some("2"),
-            some("trace-d:flatspawn:1=trace-d::fa:001 start_ms=24850 background"),
+            some("trace-d:flatspawn:1=trace-d::fa:001 start_ms=24850 offsets_ms=0 background"),
             some("3"),
             some("5838"),
             None,
@@ -744,4 +747,225 @@ async fn new_sessions_get_roots_and_unknown_conversations_are_400() {
     }
     assert_eq!(h.mock.recorder().requests_total(), before);
     h.shutdown().await;
+}
+
+/// A spawning turn tells each child's dispatch offset (AIPerf's `_child_dispatch_offset_ms`: the
+/// child's first request minus the branch start), and the joining turn after it carries no
+/// delay: trace-b's agent_002 children start 2,497, 3,120 and 4,555 ms after its turn 1
+/// completes (AIPerf, replaying the same dataset, started them at +2.51, +3.14 and +4.56 s).
+#[tokio::test]
+async fn spawned_children_carry_aiperfs_dispatch_offsets() {
+    let p = agentic_params("weka_subagents", 7);
+    let h = start(|c| c.synth.dataset = Some(p.clone())).await;
+    let client = h1();
+    let url = h.url("/v1/chat/completions");
+    let ask = || {
+        post(
+            &url,
+            CLIENT_BODY,
+            &[("x-kvbust-synth", "1"), ("x-correlation-id", "offsets")],
+        )
+    };
+    let resp = send(&client, ask()).await;
+    assert_eq!(
+        header(&resp, "x-kvbust-synth-conversation"),
+        Some("trace-b")
+    );
+    // The flat agent starts at its branch start; the next turn keeps its recorded delay.
+    assert_eq!(
+        header(&resp, "x-kvbust-synth-spawn"),
+        Some("trace-b:flatspawn:0=trace-b::fa:000 start_ms=13386 offsets_ms=0 background")
+    );
+    assert_eq!(header(&resp, "x-kvbust-synth-next-delay-ms"), Some("6768"));
+    body_bytes(resp).await;
+    let resp = send(&client, ask()).await;
+    let spawn = header(&resp, "x-kvbust-synth-spawn").unwrap().to_owned();
+    assert_eq!(
+        spawn,
+        "trace-b:spawn:agent_002=trace-b::sa:agent_002,trace-b::sa:agent_002:aux:000,\
+         trace-b::sa:agent_002:aux:001 start_ms=16366 offsets_ms=2497,3120,4555"
+    );
+    let offsets: Vec<f64> = spawn
+        .rsplit_once("offsets_ms=")
+        .unwrap()
+        .1
+        .split(',')
+        .map(|o| o.parse().unwrap())
+        .collect();
+    for (ours, aiperf) in offsets.iter().zip([2510.0, 3140.0, 4560.0]) {
+        assert!(
+            (aiperf - ours) >= 0.0 && (aiperf - ours) < 25.0,
+            "{ours} vs {aiperf}"
+        );
+    }
+    // Turn 2 joins the branch: it goes out when the children complete (its recorded delay,
+    // 9,247 ms, is not waited).
+    assert_eq!(
+        header(&resp, "x-kvbust-synth-next-after"),
+        Some("trace-b:spawn:agent_002")
+    );
+    assert_eq!(header(&resp, "x-kvbust-synth-next-delay-ms"), Some("0"));
+    body_bytes(resp).await;
+    h.shutdown().await;
+}
+
+/// The Weka cases of agentic_traces.json replayed through the proxy (the mock upstream records
+/// every request) by `tools/k6-agentic-smoke.mjs`, the Node runner of `deploy/load/k6-agentic.js`,
+/// with delays scaled by 1/50: AIPerf's orchestrator rules computed here from the dataset hold
+/// for every request — a child's first request goes out no earlier than its dispatch offset
+/// (first request minus branch start) after its spawning turn completed, and a joining turn
+/// after every child of the branches it waits for completed (its recorded delay not waited:
+/// the smoke runner also fails on a join announced with one). Orders of events only, no upper
+/// bounds on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_k6_script_follows_aiperfs_schedule_for_the_weka_cases() {
+    const SCALE: f64 = 0.02;
+    for (case, seed) in [
+        ("weka_main_only", 42),
+        ("weka_subagents", 7),
+        ("weka_compaction", 3),
+        ("weka_fanout", 11),
+    ] {
+        let p = agentic_params(case, seed);
+        let ds = build_dataset(&p, tokenizer()).unwrap();
+        let h = start(|c| c.synth.dataset = Some(p.clone())).await;
+        let log_path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("smoke-{case}-{}.json", std::process::id()));
+        let base = h.url("");
+        let roots = ds
+            .conversations
+            .iter()
+            .filter(|c| c.agentic.as_ref().is_none_or(|t| t.is_root))
+            .count();
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/k6-agentic-smoke.mjs");
+        let log = log_path.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("node")
+                .arg(script)
+                .env("KVBUST", base)
+                .env("ROOTS", roots.to_string())
+                .env("DELAY_SCALE", SCALE.to_string())
+                .env("MAX_DELAY_MS", "100")
+                .env("SMOKE_LOG", &log)
+                .output()
+                .expect("node (20+) runs the k6 smoke client")
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{case}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let log: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(&log_path).unwrap()).unwrap();
+        assert_eq!(
+            h.mock.recorder().requests_total() as usize,
+            log.len(),
+            "{case}: every request reached the upstream"
+        );
+        // Every conversation of every tree, each turn once, in order.
+        let turns: usize = ds.conversations.iter().map(|c| c.turns.len()).sum();
+        assert_eq!(log.len(), turns, "{case}: {stdout}");
+        check_schedule(case, &ds, &log, SCALE);
+        h.shutdown().await;
+    }
+}
+
+/// AIPerf's rules over the smoke runner's log (one tree per root: trees are not mixed).
+fn check_schedule(case: &str, ds: &Dataset, log: &[Value], scale: f64) {
+    let at = |conv: &str, turn: usize| -> &Value {
+        log.iter()
+            .find(|e| {
+                e["conv"] == conv && e["turn"].as_str().and_then(|s| s.parse().ok()) == Some(turn)
+            })
+            .unwrap_or_else(|| panic!("{case}: {conv} turn {turn} was not sent"))
+    };
+    let t = |e: &Value, k: &str| e[k].as_f64().unwrap();
+    let end_of = |conv: &str| -> f64 {
+        let n = conversation(ds, conv).turns.len();
+        t(at(conv, n - 1), "t1")
+    };
+    for conv in &ds.conversations {
+        let Some(topo) = conv.agentic.as_ref() else {
+            continue;
+        };
+        for (k, turn) in conv.turns.iter().enumerate() {
+            let Some(info) = turn.agentic.as_ref() else {
+                continue;
+            };
+            for b in topo
+                .branches
+                .iter()
+                .filter(|b| info.branch_ids.contains(&b.branch_id))
+            {
+                let spawned_end = t(at(&conv.session_id, k), "t1");
+                for child in &b.child_conversation_ids {
+                    let first = conversation(ds, child).turns[0]
+                        .timestamp
+                        .as_ref()
+                        .and_then(|n| n.as_f64());
+                    let offset = first.map_or(0.0, |f| (f - b.start_timestamp_ms).max(0.0));
+                    let started = t(at(child, 0), "t0") - spawned_end;
+                    assert!(
+                        started >= offset * scale - 1.0,
+                        "{case}: {child} started {started} ms after its spawn, before its \
+                         {} ms offset",
+                        offset * scale
+                    );
+                }
+            }
+            if !info.prerequisites.is_empty() {
+                let sent = t(at(&conv.session_id, k), "t0");
+                for b in topo
+                    .branches
+                    .iter()
+                    .filter(|b| info.prerequisites.contains(&b.branch_id))
+                {
+                    for child in &b.child_conversation_ids {
+                        assert!(
+                            sent >= end_of(child),
+                            "{case}: {} turn {k} sent before {child} completed",
+                            conv.session_id
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `[synth.dataset] model` names the model of every synthesized request of a non-agentic
+/// dataset too (a hash-id trace here), as AIPerf's `--model` does: the client's is replaced.
+#[tokio::test]
+async fn the_dataset_model_reaches_the_upstream_for_every_dataset_type() {
+    let trace = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("proxy-model-{}.jsonl", std::process::id()));
+    std::fs::write(&trace, "{\"input_length\": 20, \"output_length\": 3}\n").unwrap();
+    let p = SynthParams {
+        input_file: Some(trace.clone()),
+        random_seed: Some(3),
+        model: Some("claude-opus".into()),
+        ..SynthParams::default()
+    };
+    let h = start(|c| c.synth.dataset = Some(p.clone())).await;
+    let resp = send(
+        &h1(),
+        post(
+            &h.url("/v1/chat/completions"),
+            CLIENT_BODY,
+            &[("x-kvbust-synth", "1")],
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    body_bytes(resp).await;
+    let got = h.mock.recorder().requests().pop().unwrap();
+    let v: Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(v["model"], "claude-opus");
+    assert_eq!(v["max_tokens"], 3);
+    h.shutdown().await;
+    std::fs::remove_file(&trace).unwrap();
 }

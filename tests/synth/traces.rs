@@ -40,7 +40,7 @@ fn scratch(name: &str) -> PathBuf {
 /// Python's `json.dumps(obj)` of an object given as (pretty-printed) JSON text: the same
 /// tokens with `", "` and `": "` separators. The vectors were written by `json.dump`, so
 /// strings and numbers are already in Python's spelling.
-fn python_dumps(raw: &str) -> String {
+pub(crate) fn python_dumps(raw: &str) -> String {
     let mut out = String::with_capacity(raw.len());
     let mut in_str = false;
     let mut escaped = false;

@@ -92,6 +92,36 @@ struct Built {
 }
 
 impl Built {
+    /// The first-turn timestamps (ms) of the children the branches of `conv`'s turn `k` start
+    /// (for their dispatch offsets); empty for a turn that starts none.
+    fn children_first_ms(&self, conv: &Conversation, k: usize) -> Vec<(String, Option<f64>)> {
+        let spawned = conv
+            .turns
+            .get(k)
+            .and_then(|t| t.agentic.as_ref())
+            .map(|i| &i.branch_ids[..])
+            .unwrap_or(&[]);
+        let Some(topology) = conv.agentic.as_ref().filter(|_| !spawned.is_empty()) else {
+            return Vec::new();
+        };
+        topology
+            .branches
+            .iter()
+            .filter(|b| spawned.contains(&b.branch_id))
+            .flat_map(|b| &b.child_conversation_ids)
+            .map(|id| {
+                let first = self
+                    .ids
+                    .get(id)
+                    .and_then(|&i| self.convs.get(i))
+                    .and_then(|c| c.turns.first())
+                    .and_then(|t| t.timestamp.as_ref())
+                    .and_then(serde_json::Number::as_f64);
+                (id.clone(), first)
+            })
+            .collect()
+    }
+
     fn new(dataset: Dataset) -> Built {
         let raw_items = raw_items(&dataset);
         let convs: Vec<Arc<Conversation>> =
@@ -408,7 +438,7 @@ impl Synthesizer {
         let built = self.built().await?;
         // Hashed before the lock, which every synthesised request takes.
         let session = session.map(KeyDigest::of);
-        let (conv, k, raw_items) = {
+        let (conv, k, raw_items, children_first_ms) = {
             let mut b = built.lock().unwrap_or_else(|p| p.into_inner());
             let (ci, k) = b.take_turn(session, named)?;
             let raw_items = b.raw_items.get(ci).and_then(|c| c.get(k)).cloned();
@@ -417,7 +447,8 @@ impl Synthesizer {
                 .get(ci)
                 .cloned()
                 .ok_or_else(|| internal("a conversation outside the dataset"))?;
-            (conv, k, raw_items.flatten())
+            let first = b.children_first_ms(&conv, k);
+            (conv, k, raw_items.flatten(), first)
         };
         let turn = conv.turns.get(k);
         let agentic = turn.and_then(|t| t.agentic.as_deref());
@@ -443,7 +474,11 @@ impl Synthesizer {
             messages,
             items,
             max_tokens: turn.and_then(|t| t.max_tokens),
-            model: agentic.and_then(|i| i.model.as_deref()),
+            // An agentic turn's own (mapped) model; any other turn the dataset's `model`, as
+            // AIPerf's --model names every request's model (validation refuses a list there).
+            model: agentic
+                .and_then(|i| i.model.as_deref())
+                .or_else(|| self.cfg.dataset.as_ref().and_then(|d| d.model.as_deref())),
         };
         let trace_timestamp = turn
             .and_then(|t| t.timestamp.as_ref())
@@ -455,7 +490,12 @@ impl Synthesizer {
             user_context_messages: ctx,
             session_id: conv.session_id.clone(),
             trace_timestamp,
-            served: topology::served(&conv, k),
+            served: topology::served(&conv, k, &|id| {
+                children_first_ms
+                    .iter()
+                    .find(|(c, _)| c == id)
+                    .and_then(|(_, t)| *t)
+            }),
         })
     }
 

@@ -2,6 +2,7 @@
 //! that builds them (parameters, composer, cache-bust marker, exports, trace replay).
 //! This file owns the data shapes and serialisation; must never generate content.
 
+pub mod agentic_code;
 pub mod composer;
 pub mod export;
 pub mod marker;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use crate::synth::corpus::PromptCorpus;
 use crate::synth::corpus::RandomCorpusStyle;
 use crate::synth::dataset::marker::CacheBustTarget;
+use crate::synth::dataset::trace::synthesize::Multipliers;
 use crate::synth::dataset::trace_kind::{corpus_refusal, BlockTerminator, TraceKind};
 use crate::synth::error::SynthError;
 
@@ -99,6 +100,16 @@ pub struct SynthParams {
     pub synthesis_max_isl: Option<u64>,
     /// `--synthesis-max-osl`: caps trace requests' `max_tokens` (weka: top-level requests).
     pub synthesis_max_osl: Option<u64>,
+    /// `--synthesis-speedup-ratio`: trace timestamps are divided by it (mooncake, bailian).
+    pub synthesis_speedup_ratio: f64,
+    /// `--synthesis-prefix-len-multiplier`: shared prefixes are stretched or cut by it.
+    pub synthesis_prefix_len_multiplier: f64,
+    /// `--synthesis-prefix-root-multiplier`: requests are spread over this many prefix trees.
+    pub synthesis_prefix_root_multiplier: i64,
+    /// `--synthesis-prompt-len-multiplier`: the unique (non-shared) prompt lengths scale by it.
+    pub synthesis_prompt_len_multiplier: f64,
+    /// `--synthesis-output-len-multiplier`: output lengths scale by it.
+    pub synthesis_output_len_multiplier: f64,
     /// `--max-context-length`: weka traces whose peak input + output exceeds it are dropped.
     pub max_context_length: Option<u64>,
     /// `--inter-turn-delay-cap-seconds`: weka delays are clamped to this.
@@ -181,6 +192,11 @@ impl Default for SynthParams {
             trace_block_terminator: BlockTerminator::Aiperf,
             synthesis_max_isl: None,
             synthesis_max_osl: None,
+            synthesis_speedup_ratio: 1.0,
+            synthesis_prefix_len_multiplier: 1.0,
+            synthesis_prefix_root_multiplier: 1,
+            synthesis_prompt_len_multiplier: 1.0,
+            synthesis_output_len_multiplier: 1.0,
             max_context_length: None,
             inter_turn_delay_cap_seconds: None,
             trace_idle_gap_cap_seconds: None,
@@ -207,6 +223,64 @@ impl SynthParams {
         self.num_prefix_prompts > 0
     }
 
+    /// The `--synthesis-*` multipliers (checked by [`SynthParams::validate`]).
+    pub fn multipliers(&self) -> Multipliers {
+        Multipliers {
+            speedup_ratio: self.synthesis_speedup_ratio,
+            prefix_len: self.synthesis_prefix_len_multiplier,
+            prefix_root: self.synthesis_prefix_root_multiplier.max(1) as u64,
+            prompt_len: self.synthesis_prompt_len_multiplier,
+            output_len: self.synthesis_output_len_multiplier,
+        }
+    }
+
+    /// AIPerf's `SynthesisConfig` bounds: every ratio a finite number, above 0 (the output
+    /// multiplier: 0 or more), the prefix-root multiplier a whole number of at least 1.
+    fn validate_multipliers(&self) -> Result<(), SynthError> {
+        let ratios = [
+            (
+                self.synthesis_speedup_ratio,
+                "--synthesis-speedup-ratio",
+                false,
+            ),
+            (
+                self.synthesis_prefix_len_multiplier,
+                "--synthesis-prefix-len-multiplier",
+                false,
+            ),
+            (
+                self.synthesis_prompt_len_multiplier,
+                "--synthesis-prompt-len-multiplier",
+                false,
+            ),
+            (
+                self.synthesis_output_len_multiplier,
+                "--synthesis-output-len-multiplier",
+                true,
+            ),
+        ];
+        for (v, flag, zero_ok) in ratios {
+            let ok = v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0));
+            if !ok {
+                let bound = if zero_ok { "0 or more" } else { "above 0" };
+                return Err(SynthError::InvalidParams(format!(
+                    "{flag} (synth.dataset.{}) is {v}, and must be a finite number {bound} \
+                     (1 leaves the trace as it is)",
+                    flag.trim_start_matches("--").replace('-', "_")
+                )));
+            }
+        }
+        if self.synthesis_prefix_root_multiplier < 1 {
+            return Err(SynthError::InvalidParams(format!(
+                "--synthesis-prefix-root-multiplier (synth.dataset.\
+                 synthesis_prefix_root_multiplier) is {}, and must be a whole number of at least \
+                 1 (1 keeps one prefix tree)",
+                self.synthesis_prefix_root_multiplier
+            )));
+        }
+        Ok(())
+    }
+
     /// The flags only a trace reads, and whether each is set.
     /// The flags only the agentic (Weka-reconstructed) trace types read, and whether each is set.
     fn weka_only_flags(&self) -> [(bool, &'static str); 5] {
@@ -225,12 +299,39 @@ impl SynthParams {
         ]
     }
 
+    /// The multiplier flags and whether each is set (not 1).
+    fn multiplier_flags(&self) -> [(bool, &'static str); 5] {
+        [
+            (
+                self.synthesis_speedup_ratio != 1.0,
+                "--synthesis-speedup-ratio",
+            ),
+            (
+                self.synthesis_prefix_len_multiplier != 1.0,
+                "--synthesis-prefix-len-multiplier",
+            ),
+            (
+                self.synthesis_prefix_root_multiplier != 1,
+                "--synthesis-prefix-root-multiplier",
+            ),
+            (
+                self.synthesis_prompt_len_multiplier != 1.0,
+                "--synthesis-prompt-len-multiplier",
+            ),
+            (
+                self.synthesis_output_len_multiplier != 1.0,
+                "--synthesis-output-len-multiplier",
+            ),
+        ]
+    }
+
     fn trace_only_flags(&self) -> Vec<(bool, &'static str)> {
         let mut flags = vec![
             (self.custom_dataset_type.is_some(), "--custom-dataset-type"),
             (self.synthesis_max_isl.is_some(), "--synthesis-max-isl"),
             (self.synthesis_max_osl.is_some(), "--synthesis-max-osl"),
         ];
+        flags.extend(self.multiplier_flags());
         flags.extend(self.weka_only_flags());
         flags.extend([
             (self.isl_block_size.is_some(), "--isl-block-size"),
@@ -302,7 +403,25 @@ impl SynthParams {
         if let Some(r) = self.range_ratio {
             self.validate_range_ratio(r)?;
         }
-        Ok(())
+        self.validate_single_model(None)
+    }
+
+    /// `--model` / `model` names every request's model, except for the agentic traces, whose
+    /// trace models map onto a comma-separated list: elsewhere a list cannot apply (AIPerf would
+    /// pick among its names per request), so it is refused rather than ignored.
+    fn validate_single_model(&self, kind: Option<TraceKind>) -> Result<(), SynthError> {
+        let agentic = kind.is_some_and(TraceKind::is_agentic);
+        match &self.model {
+            Some(m) if !agentic && (m.contains(',') || m.trim().is_empty()) => {
+                Err(SynthError::InvalidParams(format!(
+                    "--model (synth.dataset.model) {m:?} must be one model name for {}: every \
+                     request is sent with it (a comma-separated list maps weka_trace and \
+                     tracelab models only)",
+                    kind.map_or("a synthetic dataset".to_owned(), |k| k.to_string())
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// `--random-range-ratio` needs fixed `--isl` and `--osl` and a ratio the style accepts.
@@ -368,19 +487,24 @@ impl SynthParams {
                 )));
             }
         }
-        if matches!(kind, TraceKind::MooncakeTrace | TraceKind::BailianTrace)
-            && (self.synthesis_max_isl.is_some() || self.synthesis_max_osl.is_some())
-        {
-            return Err(SynthError::InvalidParams(format!(
-                "--synthesis-max-isl/--synthesis-max-osl are read for weka_trace, tracelab and \
-                 burst_gpt_trace input in kvbust, and this input is {kind}"
-            )));
+        self.validate_single_model(Some(kind))?;
+        if !matches!(kind, TraceKind::MooncakeTrace | TraceKind::BailianTrace) {
+            if let Some((_, flag)) = self.multiplier_flags().iter().find(|(set, _)| *set) {
+                return Err(SynthError::InvalidParams(format!(
+                    "{flag} reshapes hash-id traces (mooncake_trace, bailian_trace), and this \
+                     input is {kind}; drop it"
+                )));
+            }
         }
         Ok(())
     }
 
     /// The rules for a trace (`--input-file`): AIPerf's corpus rule, and no synthetic-only flag.
     fn validate_trace(&self) -> Result<(), SynthError> {
+        self.validate_multipliers()?;
+        if let Some(kind) = self.custom_dataset_type {
+            self.validate_single_model(Some(kind))?;
+        }
         if let Some(c) = self
             .prompt_corpus
             .filter(|c| !matches!(c, PromptCorpus::Sonnet | PromptCorpus::Coding))
@@ -456,6 +580,73 @@ mod tests {
         assert_eq!(e, PromptCorpus::CodingExact);
         let err = serde_json::from_str::<PromptCorpus>("\"poetry\"").unwrap_err();
         assert!(err.to_string().contains("unknown prompt corpus"), "{err}");
+    }
+
+    #[test]
+    fn a_model_list_is_refused_where_it_cannot_apply() {
+        let list = SynthParams {
+            model: Some("a,b".into()),
+            ..SynthParams::default()
+        };
+        let e = list.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("must be one model name for a synthetic dataset"),
+            "{e}"
+        );
+        let trace = SynthParams {
+            input_file: Some("t.jsonl".into()),
+            custom_dataset_type: Some(TraceKind::BurstGptTrace),
+            ..list.clone()
+        };
+        assert!(trace
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("burst_gpt_trace"));
+        let weka = SynthParams {
+            custom_dataset_type: Some(TraceKind::WekaTrace),
+            ..trace
+        };
+        weka.validate().unwrap();
+        let one = SynthParams {
+            model: Some("claude-opus".into()),
+            ..SynthParams::default()
+        };
+        one.validate().unwrap();
+    }
+
+    #[test]
+    fn multiplier_keys_read_from_a_config_file_and_are_checked() {
+        let p: SynthParams = toml::from_str(
+            r#"
+            input_file = "trace.jsonl"
+            synthesis_speedup_ratio = 2.0
+            synthesis_prefix_root_multiplier = 3
+            "#,
+        )
+        .unwrap();
+        p.validate().unwrap();
+        p.validate_trace_kind(TraceKind::BailianTrace).unwrap();
+        assert_eq!(p.multipliers().prefix_root, 3);
+        let e = p.validate_trace_kind(TraceKind::WekaTrace).unwrap_err();
+        assert!(
+            e.to_string().contains("--synthesis-speedup-ratio reshapes"),
+            "{e}"
+        );
+        let bad = SynthParams {
+            synthesis_prompt_len_multiplier: f64::NAN,
+            ..p.clone()
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("--synthesis-prompt-len-multiplier (synth.dataset.synthesis_prompt_len_multiplier) is NaN"),
+            "{e}"
+        );
+        let bad = SynthParams {
+            synthesis_prefix_root_multiplier: 0,
+            ..p
+        };
+        assert!(bad.validate().is_err());
     }
 
     #[test]

@@ -4,9 +4,11 @@
 
 pub mod cpython;
 pub mod derive;
+pub mod numpy_dist;
 pub mod numpy_legacy;
 pub mod numpy_pcg64;
 pub mod uuid;
+pub mod ziggurat_tables;
 
 pub use cpython::PyRandom;
 pub use derive::{derive_seed, DerivedRng, GeneratorRngs};

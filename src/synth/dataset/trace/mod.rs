@@ -4,7 +4,9 @@
 //! and never draws from a stream AIPerf does not draw from.
 
 pub mod agentic;
+pub mod analyze;
 pub mod record;
+pub mod synthesize;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -196,6 +198,13 @@ pub struct TraceParams {
     pub osl_stddev: f64,
     /// `--system-prompt`, given to every conversation.
     pub system_prompt: Option<String>,
+    /// The `--synthesis-*` multipliers (AIPerf's Synthesizer runs when one is not 1).
+    pub multipliers: synthesize::Multipliers,
+    /// `--synthesis-max-isl`: lines with a longer `input_length` are skipped (before the
+    /// Synthesizer, which also clamps its new lengths to it).
+    pub max_isl: Option<i64>,
+    /// `--synthesis-max-osl`: output lengths are capped to it after the Synthesizer.
+    pub max_osl: Option<i64>,
 }
 
 /// Where prompt content comes from: AIPerf's `PromptGenerator` for sonnet (and, once ported,
@@ -415,10 +424,54 @@ pub fn build(
     if block_size == 0 {
         return Err(SynthError::invalid("--isl-block-size must be at least 1"));
     }
-    let entries = file.entries(kind)?;
+    let mut entries = file.entries(kind)?;
+    if let Some(max) = params.max_isl {
+        // AIPerf's `_filter_and_cap_trace`, before sessions are formed (mooncake's session
+        // counter only counts the lines kept).
+        entries.retain(|e| !matches!(e.input, Input::Length(n) if n > max));
+    }
     build_entries(
         file, kind, entries, params, tokenizer, content, root_seed, block_size,
     )
+}
+
+/// AIPerf's synthesis step of `load_dataset`: the Synthesizer when a multiplier is set, then
+/// the `--synthesis-max-osl` cap.
+fn reshape(
+    file: &TraceFile,
+    kind: TraceKind,
+    sessions: &mut [(String, Vec<Entry>)],
+    params: &TraceParams,
+    root_seed: u64,
+    block_size: usize,
+) -> Result<(), TraceError> {
+    if params.multipliers.is_active() {
+        let mut rng = DerivedRng::derive(root_seed, synthesize::RNG_STREAM).py;
+        let limits = (params.max_isl, params.max_osl);
+        synthesize::synthesize(
+            sessions,
+            kind,
+            &params.multipliers,
+            block_size,
+            limits,
+            &mut rng,
+        )
+        .map_err(|e| {
+            file.line_error(
+                e.line,
+                format!(
+                    "field `input_length` {} is shorter than the line's shared prefix blocks                      ({} tokens at --isl-block-size {block_size}), so the synthesis multipliers                      cannot split it into prefix and prompt (AIPerf refuses it too); fix the                      line or check --isl-block-size",
+                    e.input_length, e.prefix_tokens
+                ),
+            )
+        })?;
+    }
+    if let Some(cap) = params.max_osl {
+        for e in sessions.iter_mut().flat_map(|(_, es)| es.iter_mut()) {
+            e.output_length = e.output_length.map(|n| n.min(cap));
+        }
+    }
+    Ok(())
 }
 
 /// [`build`] for entries already read (a BurstGPT CSV's rows, say), in `file`'s hash-id scope.
@@ -433,7 +486,8 @@ pub fn build_entries(
     root_seed: u64,
     block_size: usize,
 ) -> Result<Dataset, SynthError> {
-    let sessions = group(kind, entries, params.random_seed.is_some());
+    let mut sessions = group(kind, entries, params.random_seed.is_some());
+    reshape(file, kind, &mut sessions, params, root_seed, block_size)?;
     if kind == TraceKind::MooncakeTrace {
         for (sid, entries) in &sessions {
             check_session(file, sid, entries)?;
@@ -642,6 +696,9 @@ fn build_kind(
         osl: params.osl,
         osl_stddev: params.osl_stddev,
         system_prompt: params.system_prompt.clone(),
+        multipliers: params.multipliers(),
+        max_isl: params.synthesis_max_isl.map(|m| m as i64),
+        max_osl: params.synthesis_max_osl.map(|m| m as i64),
     };
     match kind {
         TraceKind::WekaTrace => {
