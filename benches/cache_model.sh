@@ -136,7 +136,7 @@ print(f"| wall time, requests/s | {run['seconds']:.1f} s, {req / run['seconds']:
 print(f"| prompt tokens modelled (predicted cached) | {tok} ({cached}, {100 * cached / max(tok, 1):.1f}%) |")
 print(f"| kvbust CPU | {cpu:.2f} s |")
 print(f"| cache model thread CPU | {model:.2f} s: **{100 * model / max(cpu, 1e-9):.1f}%** of kvbust's |")
-print(f"| model throughput | **{tok / max(model, 1e-9) / 1e6:.2f} M tokens per CPU-second** ({tok / max(model, 1e-9) / max(req, 1) * 0 + tok / max(req,1):.0f} tokens a request) |")
+print(f"| model throughput | **{tok / max(model, 1e-9) / 1e6:.2f} M tokens per CPU-second** ({tok / max(acc, 1):.0f} tokens an accounted request; the thread's CPU includes loading the tokenizer) |")
 print(f"| kvbust RSS after | {int(sys.argv[7]) // 1024} MiB; model memory gauge in the report: {r['cache_model']['indexed_blocks']} blocks indexed |")
 PY
 echo

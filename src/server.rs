@@ -144,6 +144,7 @@ pub async fn run(
         config.limits.max_body.as_u64(),
     );
     start_synth(&synth, &rt);
+    rt.cache_model.start();
     let workers = listeners.data.sockets.len();
     let caps = crate::conn::ConnCaps::new(
         config.listen.max_connections,

@@ -275,6 +275,15 @@ impl CacheModel {
         }))
     }
 
+    /// Starts the worker (it loads the tokenizer on its own thread) so that it is ready before
+    /// the first requests, not a second after them with its queue full; `kvbust serve` calls
+    /// it at start. Without it the first request starts the worker.
+    pub fn start(&self) {
+        if self.facts.enabled {
+            self.queue.get_or_init(|| self.start_worker());
+        }
+    }
+
     /// Hands `job` to the worker; when the queue is full, counts it as unaccounted instead.
     /// Never blocks.
     pub fn submit(&self, job: Job) {
