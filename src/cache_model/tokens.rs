@@ -13,7 +13,7 @@ use lru::LruCache;
 use memchr::memmem;
 
 use crate::mock::request::{Message, Prompt, PromptPart};
-use crate::mock::tokenize::{builtin_encode, builtin_pieces, plain_render};
+use crate::mock::tokenize::{builtin_encode, builtin_pieces, plain_render, render_chat};
 use crate::synth::tokenizer::chat_template::ChatTemplate;
 use crate::synth::tokenizer::Tokenizer;
 
@@ -210,14 +210,7 @@ fn encode_messages(
     let text = match vocab {
         Vocab::Hf {
             template: Some(t), ..
-        } => {
-            let pairs: Vec<(&str, &str)> = messages
-                .iter()
-                .map(|m| (m.role.as_str(), m.content.as_str()))
-                .collect();
-            t.render(&pairs)
-                .map_err(|e| EncodeError::Template(e.to_string()))?
-        }
+        } => render_chat(t, messages).map_err(|e| EncodeError::Template(e.to_string()))?,
         _ => plain_render(messages),
     };
     let at = iso_offset(&text, messages, iso);

@@ -491,13 +491,8 @@ fn validate_cache_model(c: &CacheModelConfig) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if let Some(crate::mock::MockTokenizerSetting::Path(p)) = &c.tokenizer {
-        let ok = if p.is_dir() {
-            p.join("tokenizer.json").is_file()
-        } else {
-            p.is_file()
-        };
-        if !ok {
+    if let Some(t @ crate::mock::MockTokenizerSetting::Path(p)) = &c.tokenizer {
+        if !t.exists() {
             return Err(ConfigError::new(
                 "cache_model.tokenizer",
                 format!(

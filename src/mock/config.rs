@@ -34,6 +34,18 @@ impl fmt::Display for MockTokenizerSetting {
     }
 }
 
+impl MockTokenizerSetting {
+    /// Whether a path setting names a `tokenizer.json` file or a folder holding one (the
+    /// built-in settings always exist).
+    pub fn exists(&self) -> bool {
+        match self {
+            MockTokenizerSetting::Path(p) if p.is_dir() => p.join("tokenizer.json").is_file(),
+            MockTokenizerSetting::Path(p) => p.is_file(),
+            _ => true,
+        }
+    }
+}
+
 impl From<&str> for MockTokenizerSetting {
     fn from(s: &str) -> Self {
         match s {
@@ -150,12 +162,7 @@ impl MockConfig {
             ));
         }
         if let MockTokenizerSetting::Path(p) = &self.tokenizer {
-            let ok = if p.is_dir() {
-                p.join("tokenizer.json").is_file()
-            } else {
-                p.is_file()
-            };
-            if !ok {
+            if !self.tokenizer.exists() {
                 return Err(format!(
                     "mock.tokenizer {} is neither a tokenizer.json file nor a folder holding one; use \"qwen3\", \"builtin\" or a valid path",
                     p.display()

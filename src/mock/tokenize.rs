@@ -58,6 +58,16 @@ pub fn plain_render(messages: &[Message]) -> String {
     text
 }
 
+/// `messages` rendered through `template`, as the engine renders a chat prompt (the mock and the
+/// cache model render alike, so they count alike).
+pub fn render_chat(template: &ChatTemplate, messages: &[Message]) -> Result<String, SynthError> {
+    let pairs: Vec<(&str, &str)> = messages
+        .iter()
+        .map(|m| (m.role.as_str(), m.content.as_str()))
+        .collect();
+    template.render(&pairs)
+}
+
 impl MockTokenizer {
     /// `tokenizer` with its chat template compiled (an invalid template is an error).
     pub fn hf(tokenizer: Arc<Tokenizer>) -> Result<Self, SynthError> {
@@ -107,18 +117,12 @@ impl MockTokenizer {
                 let text = match self {
                     MockTokenizer::Hf {
                         template: Some(t), ..
-                    } => {
-                        let pairs: Vec<(&str, &str)> = messages
-                            .iter()
-                            .map(|m| (m.role.as_str(), m.content.as_str()))
-                            .collect();
-                        t.render(&pairs).map_err(|e| {
-                            ApiError::bad_request(
-                                "chat_template_error",
-                                format!("the chat template could not render these messages: {e}"),
-                            )
-                        })?
-                    }
+                    } => render_chat(t, messages).map_err(|e| {
+                        ApiError::bad_request(
+                            "chat_template_error",
+                            format!("the chat template could not render these messages: {e}"),
+                        )
+                    })?,
                     _ => plain_render(messages),
                 };
                 Ok(self.encode_inner(&text, false))
