@@ -410,6 +410,8 @@ impl Worker {
         let graceful = GracefulShutdown::new();
         let mut conns = JoinSet::new();
         let timeouts = self.timeouts;
+        // Each connection's own copy: one that has not sent a byte when draining begins is closed.
+        let conn_stop = stop.clone();
         let stopped = async {
             let _ = stop.wait_for(|s| *s).await;
         };
@@ -445,7 +447,7 @@ impl Worker {
                 builders.clone(),
                 self.tls.as_ref().map(|t| t.acceptor()),
                 timeouts,
-                graceful.watcher(),
+                (graceful.watcher(), conn_stop.clone()),
                 (activity.clone(), slot),
             ));
             self.table.insert(id, activity, abort);
@@ -566,14 +568,23 @@ async fn serve_connection(
     builders: Arc<DataBuilders>,
     tls: Option<TlsAcceptor>,
     timeouts: ConnTimeouts,
-    watcher: hyper_util::server::graceful::Watcher,
+    (watcher, stop): (
+        hyper_util::server::graceful::Watcher,
+        tokio::sync::watch::Receiver<bool>,
+    ),
     (activity, _slot): (Arc<Activity>, Slot),
 ) {
     let per_client = proxy.max_upstream_per_client();
     let client = Arc::new(Downstream::new(peer, tls.is_some(), activity, per_client));
     let accepted = tokio::time::Instant::now();
+    // Until hyper has the connection, the graceful watcher cannot end it: a connection still
+    // silent (or mid-handshake) when draining begins is closed here, not held until its
+    // first-request deadline.
     let sniffed = match tls {
-        None => sniff(&stream, timeouts.first_request).await,
+        None => tokio::select! {
+            sniffed = sniff(&stream, timeouts.first_request) => sniffed,
+            () = draining(stop.clone()) => return,
+        },
         Some(_) => None,
     };
     // Below TLS, so a stalled handshake is timed out like a silent connection.
@@ -598,7 +609,11 @@ async fn serve_connection(
         // connection's task as well (memory per idle stream, issue 21 item 5).
         Some(acceptor) => {
             let served = Box::pin(async move {
-                match acceptor.accept(stream).await {
+                let handshake = tokio::select! {
+                    done = acceptor.accept(stream) => done,
+                    () = draining(stop) => return None,
+                };
+                match handshake {
                     Ok(s) => Some(
                         watcher
                             .watch(
@@ -624,6 +639,11 @@ async fn serve_connection(
     if let Err(e) = result {
         tracing::debug!(%peer, "connection ended with an error: {e}");
     }
+}
+
+/// Resolves once the worker's `stop` turns true (or its sender is gone).
+async fn draining(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).

@@ -115,9 +115,16 @@ async fn out_of_descriptors_the_accept_loops_back_off_and_recover() {
     drop(fillers);
     let Ok(resp) = tokio::time::timeout(Duration::from_secs(20), healthz_on(&mut admin)).await
     else {
+        // Which failed: the pending connection alone, or accepting at all?
+        let fresh = tokio::time::timeout(Duration::from_secs(5), healthz(h.admin_addr)).await;
         panic!(
-            "not served 20 s after recovery; server task ended: {}",
-            h.server_ended()
+            "the pending connection was not served 20 s after recovery; server task ended: {}; \
+             a new connection: {:?}",
+            h.server_ended(),
+            fresh.map(|r| String::from_utf8_lossy(&r)
+                .lines()
+                .next()
+                .map(str::to_owned))
         );
     };
     assert!(

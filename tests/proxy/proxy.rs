@@ -229,6 +229,30 @@ async fn shutdown_cuts_streams_that_outlive_the_grace_period() {
 }
 
 #[tokio::test]
+async fn shutdown_closes_a_connection_that_never_sent_a_byte() {
+    // A grace shorter than the first-request deadline: waiting on the silent connection would
+    // end in the grace running out and the connection counted as closed by force.
+    let mut h = start(|c| {
+        c.listen.workers = 1;
+        c.listen.header_read_timeout = Duration::from_secs(120);
+        c.shutdown.grace = Duration::from_secs(20);
+    })
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(h.proxy_addr).await.unwrap();
+    // One worker accepts in order: once a later connection is answered, the silent one is open.
+    let resp = chat(&h1(), &h, chat_body("hi", false, 1)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    drop(resp);
+    let report = h.begin_shutdown().await.unwrap();
+    assert_eq!(report.aborted_connections, 0);
+    let mut buf = [0u8; 16];
+    let n = tokio::io::AsyncReadExt::read(&mut silent, &mut buf)
+        .await
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without a response");
+}
+
+#[tokio::test]
 async fn upstream_down_is_a_502_json_error() {
     let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dead_addr = dead.local_addr().unwrap();
