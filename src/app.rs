@@ -73,6 +73,25 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             }
         },
         Command::AnalyzeTrace(args) => crate::synth::cli::run_analyze(&args).map_err(synth_error),
+        Command::Trace(crate::cli::TraceCommand::Merge(args)) => {
+            let m = crate::capture::merge::merge(&args.inputs, &args.output)
+                .map_err(AppError::Usage)?;
+            eprintln!(
+                "merged {} file(s): {} rows, {} distinct block ids, {} sessions -> {}",
+                m.files,
+                m.rows,
+                m.distinct_ids,
+                m.sessions,
+                args.output.display()
+            );
+            if m.unkeyed && m.files > 1 {
+                eprintln!(
+                    "note: the files carry no key, so a block shared across files gets one id per \
+                     file; set capture.key_file on every replica to keep that sharing"
+                );
+            }
+            Ok(())
+        }
         Command::Marker(args) => marker(&args),
         Command::Config(ConfigCommand::Check(flags)) => {
             let c = load(&flags)?;

@@ -1,5 +1,5 @@
 //! Command-line definitions (clap): `serve`, `mock`, `synth`, `marker`, `config check|show`,
-//! `healthcheck`, `report`, `probe`.
+//! `healthcheck`, `report`, `probe`, `trace merge`.
 //! Only describes flags; never does work.
 
 use std::net::SocketAddr;
@@ -32,6 +32,9 @@ pub enum Command {
     /// Print a trace's ISL/OSL/context-length distributions and theoretical (infinite-cache)
     /// hit rates, as `aiperf analyze-trace` does; `--output-file` writes them as its JSON.
     AnalyzeTrace(crate::synth::cli::AnalyzeArgs),
+    /// Tools for hash-id traces kvbust captured (`[capture]`).
+    #[command(subcommand)]
+    Trace(TraceCommand),
     /// Print the cache-bust marker for the given digest inputs.
     Marker(MarkerArgs),
     /// Validate or print the effective configuration.
@@ -56,6 +59,24 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Print a shell completion script, e.g. `kvbust completions bash > ~/.local/share/bash-completion/completions/kvbust`.
     Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TraceCommand {
+    /// Merge the captures of several replicas into one trace: rows by time (rebased to the
+    /// earliest file's start), keyed ids made dense, sessions renamed. Refuses files captured
+    /// under different keys or block sizes. Exit 2 on unreadable or mismatched input.
+    Merge(MergeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// Capture files (`capture-*.jsonl`, each with its `.meta.json` beside it).
+    #[arg(required = true, value_name = "FILE")]
+    pub inputs: Vec<PathBuf>,
+    /// The merged trace (its `.meta.json` is written beside it).
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    pub output: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -37,6 +37,7 @@ pub struct Config {
     pub mock: MockConfig,
     pub synth: SynthConfig,
     pub cache_model: CacheModelConfig,
+    pub capture: CaptureConfig,
     pub headers: HeaderNames,
     pub log: LogConfig,
     /// Changes kvbust made to the loaded values at start (e.g. [`Config::fit_memory_limit`]),
@@ -486,6 +487,49 @@ impl Default for CacheModelConfig {
             max_memory: ByteSize(256 << 20),
             queue: 1024,
             topology: Topology::Auto,
+        }
+    }
+}
+
+/// `[capture]`: a replayable hash-id trace (mooncake rows) of the traffic kvbust forwards,
+/// written by the cache model's worker from the tokens it already has (`crate::capture`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureConfig {
+    /// Write traces (off by default).
+    pub enabled: bool,
+    /// Where finished files go (made at start when missing).
+    pub dir: PathBuf,
+    /// Tokens per hash id (mooncake's 512).
+    pub block_size: usize,
+    /// `none`: each message's text tokenized on its own, no role or template, so the trace
+    /// replays through AIPerf's and kvbust's synthesis; `auto`: the whole prompt through the
+    /// tokenizer's chat template (sessions are then not split into turns).
+    pub chat_template: ChatTemplateMode,
+    /// A file is finished and a new one started after this long…
+    #[serde(with = "crate::units::duration")]
+    pub rotate: Duration,
+    /// …or after this many rows.
+    pub rotate_rows: u64,
+    /// A block seen by this many distinct sessions or fewer in a file gets a fresh id in each
+    /// of them (1: every shared block keeps its id).
+    pub min_sessions_per_shared_block: usize,
+    /// A secret (at least 16 bytes): ids become keyed hashes, comparable across replicas with
+    /// the same key, and `kvbust trace merge` makes them dense.
+    pub key_file: Option<PathBuf>,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            dir: PathBuf::from("kvbust-captures"),
+            block_size: 512,
+            chat_template: ChatTemplateMode::None,
+            rotate: Duration::from_secs(3600),
+            rotate_rows: 100_000,
+            min_sessions_per_shared_block: 1,
+            key_file: None,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod app;
 pub mod body;
 pub mod cache_model;
 pub mod cachebust;
+pub mod capture;
 pub mod cgroup;
 pub mod cli;
 pub mod config;

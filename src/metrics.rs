@@ -63,6 +63,9 @@ pub struct Families {
     pub connections: IntGaugeVec,
     pub shed: IntCounter,
     pub model_unaccounted: IntCounterVec,
+    pub capture_rows: IntCounter,
+    pub capture_dropped: IntCounterVec,
+    pub capture_files: IntCounter,
     pub predicted_cached_tokens: IntCounterVec,
     pub reuse_tokens: IntCounterVec,
     pub isolation_breaches: IntCounterVec,
@@ -189,6 +192,21 @@ const CONNECTIONS: Def = Def {
 const SHED: Def = Def {
     name: "shed_total",
     help: "Client connections closed because listen.max_connections was reached: the oldest with no request in flight, or the new one when every connection was busy.",
+    labels: &[],
+};
+const CAPTURE_ROWS: Def = Def {
+    name: "capture_rows_total",
+    help: "Rows written to capture traces ([capture]).",
+    labels: &[],
+};
+const CAPTURE_DROPPED: Def = Def {
+    name: "capture_dropped_total",
+    help: "Generation requests left out of the capture, by reason (failed: a non-2xx answer or none; cancelled: the response did not end normally; unaccounted: the cache model could not take the request; late: its row came after 65,536 newer ones; io_error: the file could not be written).",
+    labels: &["reason"],
+};
+const CAPTURE_FILES: Def = Def {
+    name: "capture_files_total",
+    help: "Capture files finished and renamed into capture.dir.",
     labels: &[],
 };
 const MODEL_UNACCOUNTED: Def = Def {
@@ -349,6 +367,9 @@ impl Metrics {
             },
             shed: counter(&r, &SHED),
             model_unaccounted: counter_vec(&r, &MODEL_UNACCOUNTED),
+            capture_rows: counter(&r, &CAPTURE_ROWS),
+            capture_dropped: counter_vec(&r, &CAPTURE_DROPPED),
+            capture_files: counter(&r, &CAPTURE_FILES),
             predicted_cached_tokens: counter_vec(&r, &PREDICTED_CACHED),
             reuse_tokens: counter_vec(&r, &REUSE_TOKENS),
             isolation_breaches: counter_vec(&r, &ISOLATION_BREACHES),

@@ -205,6 +205,7 @@ pub async fn run(
         w.abort();
     }
     log_report(&rt).await;
+    rt.cache_model.finish_capture().await;
     let _ = admin_stop_tx.send(());
     let _ = admin_task.await;
     tracing::info!("stopped");

@@ -51,6 +51,8 @@ LAYERS = {
         # cache model) and `proxy::usage` (a leaf of the pipeline: it reads JSON with
         # cachebust::raw, nothing else).
         ["synth", "conn", "usage", "proxy::usage"],
+        # Capture's files, ids and merge: rows in, files out (the cache model feeds it).
+        ["capture"],
         # The mock model server: the configuration embeds its settings (mock::config).
         ["mock"],
         ["config"],

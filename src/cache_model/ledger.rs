@@ -42,6 +42,9 @@ pub struct Outcome {
     pub ttft: Option<Duration>,
     /// A 2xx response whose body ended normally.
     pub complete: bool,
+    /// Streamed events that carried generated content (the output length when the server
+    /// reported no usage).
+    pub content_events: u64,
 }
 
 /// One finished request.
@@ -54,6 +57,8 @@ pub struct Record {
     pub benchmark_id: Option<String>,
     pub prediction: Option<Prediction>,
     pub outcome: Option<Outcome>,
+    /// The request's capture row, waiting for its response.
+    pub capture: Option<crate::capture::Pending>,
 }
 
 /// Time to first token in log buckets 4% wide from 10 µs: about 460 counters cover 10 minutes.
@@ -512,7 +517,9 @@ mod tests {
                 cached,
                 ..Prediction::default()
             }),
+            capture: None,
             outcome: reported.map(|(p, c)| Outcome {
+                content_events: 0,
                 tokens: Tokens {
                     prompt: Some(p),
                     cached: c,

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::cachebust::{Phase, Shape, Target};
+use crate::capture::{self, Capture};
 use crate::config::{CacheModelConfig, ChatTemplateMode, Config, SessionSource, Topology};
 use crate::metrics::Metrics;
 use crate::mock::MockTokenizerSetting;
@@ -67,6 +68,16 @@ pub struct Job {
     pub user_context_messages: usize,
     pub session: SessionHint,
     pub ticket: Ticket,
+    /// The body as the workload sent it (after synthesis, before the marker), when capture is
+    /// on and the marker changed it; `None`: `body` is that body.
+    pub workload: Option<Bytes>,
+}
+
+impl Job {
+    /// Bytes the job holds in the queue.
+    pub fn bytes(&self) -> u64 {
+        (self.body.len() + self.workload.as_ref().map_or(0, Bytes::len)) as u64
+    }
 }
 
 /// Where a request's prediction and its response's outcome meet: whichever side lets go of
@@ -79,11 +90,26 @@ struct TicketInner {
     ledger: Arc<RunLedger>,
     record: Mutex<ledger::Record>,
     open: Arc<OpenTickets>,
+    capture: Option<Arc<Capture>>,
 }
 
 impl Drop for TicketInner {
     fn drop(&mut self) {
-        let record = std::mem::take(self.record.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut record = std::mem::take(self.record.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if let (Some(c), Some(pending)) = (&self.capture, record.capture.take()) {
+            let output = match &record.outcome {
+                Some(o) if o.complete => Ok(o.tokens.completion.unwrap_or(o.content_events)),
+                Some(_) => Err(capture::Left::Cancelled),
+                None => Err(capture::Left::Failed),
+            };
+            let end = Instant::now();
+            c.finished(capture::Done {
+                pending,
+                at: record.at.unwrap_or(end),
+                end,
+                output,
+            });
+        }
         self.ledger.record(record);
         self.open.close();
     }
@@ -120,15 +146,21 @@ impl Ticket {
         self.with(|r| r.prediction = Some(p));
     }
 
-    /// The response's usage and time to first token.
-    pub fn outcome(&self, tokens: Tokens, ttft: Option<Duration>, complete: bool) {
+    /// The response's usage, time to first token and content events.
+    pub fn outcome(&self, tokens: Tokens, ttft: Option<Duration>, complete: bool, events: u64) {
         self.with(|r| {
             r.outcome = Some(Outcome {
                 tokens,
                 ttft,
                 complete,
+                content_events: events,
             })
         });
+    }
+
+    /// The request's capture row (written when the response ends).
+    pub fn capture(&self, row: capture::Pending) {
+        self.with(|r| r.capture = Some(row));
     }
 }
 
@@ -146,6 +178,8 @@ struct Facts {
 /// Counters the worker keeps for the report (read at any time).
 #[derive(Default)]
 pub(crate) struct Stats {
+    /// Capture is on: a request the model cannot take is a row lost too.
+    capturing: bool,
     indexed_blocks: AtomicU64,
     evicted_blocks: AtomicU64,
     memory: AtomicU64,
@@ -180,6 +214,9 @@ pub struct CacheModel {
     /// Bytes of bodies the queue may hold: a quarter of `max_memory`.
     queue_budget: u64,
     open: Arc<OpenTickets>,
+    /// `[capture]`'s settings when it is on; the writer, once started.
+    capture_settings: Option<capture::Settings>,
+    capture: OnceLock<Option<Arc<Capture>>>,
 }
 
 impl CacheModel {
@@ -209,6 +246,7 @@ impl CacheModel {
             sessions: NonZeroUsize::new(config.cache_bust.ledger_capacity.max(1))
                 .unwrap_or(NonZeroUsize::MIN),
         };
+        let capture_settings = capture_settings(config, &tokenizer);
         Self {
             facts: Facts {
                 enabled: c.enabled,
@@ -222,7 +260,12 @@ impl CacheModel {
             settings,
             ledger: Arc::new(RunLedger::new(metrics.clone(), benchmark_id)),
             metrics,
-            stats: Arc::new(Stats::default()),
+            stats: Arc::new(Stats {
+                capturing: capture_settings.is_some(),
+                ..Stats::default()
+            }),
+            capture_settings,
+            capture: OnceLock::new(),
             queue: OnceLock::new(),
             queue_len: c.queue,
             queued_bytes: Arc::new(AtomicU64::new(0)),
@@ -248,6 +291,12 @@ impl CacheModel {
         }
     }
 
+    /// Whether requests are captured (`[capture]`): the model then also needs the body as the
+    /// workload sent it, before the marker.
+    pub fn capturing(&self) -> bool {
+        self.capture_settings.is_some()
+    }
+
     /// Whether request bodies are handed to the model.
     pub fn enabled(&self) -> bool {
         self.facts.enabled
@@ -262,6 +311,7 @@ impl CacheModel {
         benchmark_id: Option<String>,
     ) -> Ticket {
         Ticket(Arc::new(TicketInner {
+            capture: self.capture.get().cloned().flatten(),
             open: self.open.open(),
             ledger: self.ledger.clone(),
             record: Mutex::new(ledger::Record {
@@ -271,6 +321,7 @@ impl CacheModel {
                 benchmark_id,
                 prediction: None,
                 outcome: None,
+                capture: None,
             }),
         }))
     }
@@ -284,13 +335,36 @@ impl CacheModel {
         }
     }
 
+    /// The capture writer, started with the worker when `[capture]` is on.
+    fn capture(&self) -> Option<Arc<Capture>> {
+        self.capture
+            .get_or_init(|| {
+                let settings = self.capture_settings.clone()?;
+                match Capture::start(settings, self.metrics.clone()) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        tracing::error!("{e}; capture is off");
+                        None
+                    }
+                }
+            })
+            .clone()
+    }
+
+    /// Finishes the open capture file (at shutdown, once every request has ended).
+    pub async fn finish_capture(&self) {
+        if let Some(c) = self.capture.get().cloned().flatten() {
+            let _ = tokio::task::spawn_blocking(move || c.finish()).await;
+        }
+    }
+
     /// Hands `job` to the worker; when the queue is full, counts it as unaccounted instead.
     /// Never blocks.
     pub fn submit(&self, job: Job) {
         if !self.facts.enabled {
             return;
         }
-        let size = job.body.len() as u64;
+        let size = job.bytes();
         let queued = self.queued_bytes.fetch_add(size, Ordering::AcqRel) + size;
         if queued > self.queue_budget {
             self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
@@ -326,6 +400,7 @@ impl CacheModel {
             self.metrics.clone(),
             self.stats.clone(),
             self.queued_bytes.clone(),
+            self.capture(),
         );
         let spawned = std::thread::Builder::new()
             .name("kvbust-cache-model".into())
@@ -391,6 +466,47 @@ pub(crate) fn unaccounted(metrics: &Metrics, stats: &Stats, reason: &'static str
         .unwrap_or_else(|p| p.into_inner())
         .entry(reason)
         .or_default() += 1;
+    if stats.capturing {
+        metrics
+            .capture_dropped
+            .with_label_values(&["unaccounted"])
+            .inc();
+    }
+}
+
+/// `[capture]` resolved, when it is on (the key was checked by the configuration's validation;
+/// a key that went missing since is an error logged here, and capture stays off).
+fn capture_settings(
+    config: &Config,
+    tokenizer: &MockTokenizerSetting,
+) -> Option<capture::Settings> {
+    let c = &config.capture;
+    if !c.enabled || !config.cache_model.enabled {
+        return None;
+    }
+    let key = match &c.key_file {
+        Some(p) => match capture::Key::load(p) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                tracing::error!("capture.key_file: {e}; capture is off");
+                return None;
+            }
+        },
+        None => None,
+    };
+    Some(capture::Settings {
+        dir: c.dir.clone(),
+        block_size: c.block_size.max(1),
+        rendering: match c.chat_template {
+            ChatTemplateMode::None => capture::Rendering::Contents,
+            ChatTemplateMode::Auto => capture::Rendering::AsModel,
+        },
+        rotate: c.rotate,
+        rotate_rows: c.rotate_rows.max(1),
+        min_sessions: c.min_sessions_per_shared_block.max(1),
+        key,
+        tokenizer: tokenizer.to_string(),
+    })
 }
 
 /// `cache_model.topology`, with `auto` decided: one engine on this host (or the built-in mock)

@@ -222,6 +222,27 @@ fn encode_messages(
     }
 }
 
+/// The messages' texts, each tokenized on its own (no role, no template, no special tokens),
+/// one after another: what `capture.chat_template = "none"` records, so that a single-message
+/// prompt counts exactly as its text does when synthesis replays it. From the memo where it can.
+pub fn encode_contents<'m>(
+    vocab: &Vocab,
+    memo: &mut Memo,
+    messages: impl IntoIterator<Item = &'m Message>,
+) -> Result<Vec<u32>, EncodeError> {
+    let mut ids = Vec::new();
+    for m in messages {
+        match vocab {
+            Vocab::Builtin => ids.extend(builtin_encode(&m.content)),
+            Vocab::Hf { tokenizer, .. } => {
+                let got = memo.get_or_encode(&m.content, |p| hf_encode(tokenizer, p, false))?;
+                ids.extend_from_slice(&got);
+            }
+        }
+    }
+    Ok(ids)
+}
+
 /// The byte offset of the isolation point in the rendered `text`.
 fn iso_offset(text: &str, messages: &[Message], iso: &IsoHint) -> Option<usize> {
     match iso {

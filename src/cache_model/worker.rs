@@ -17,6 +17,9 @@ use crate::mock::request::{Endpoint, Prompt};
 use crate::mock::MockTokenizerSetting;
 use crate::synth::tokenizer::Tokenizer;
 
+use crate::capture::turns::{Seen, Turns};
+use crate::capture::{self, Capture, Rendering};
+
 use super::attribution::{self, Breach, Requester};
 use super::index::{chain, BlockIndex, Owner, BYTES_PER_BLOCK};
 use super::tokens::{self, IsoHint, Memo, Vocab};
@@ -37,6 +40,7 @@ pub(super) struct Worker {
     metrics: Metrics,
     stats: Arc<Stats>,
     queued_bytes: Arc<AtomicU64>,
+    capture: Option<Arc<Capture>>,
 }
 
 /// The model's state, made on the worker thread (loading a tokenizer takes a moment).
@@ -46,6 +50,9 @@ struct Model {
     index: BlockIndex,
     sessions: LruCache<u64, SessionState>,
     anonymous: u64,
+    /// Capture's view of each session's turns, and the next row's number.
+    turns: Turns,
+    seq: u64,
 }
 
 impl Worker {
@@ -54,12 +61,14 @@ impl Worker {
         metrics: Metrics,
         stats: Arc<Stats>,
         queued_bytes: Arc<AtomicU64>,
+        capture: Option<Arc<Capture>>,
     ) -> Self {
         Self {
             settings,
             metrics,
             stats,
             queued_bytes,
+            capture,
         }
     }
 
@@ -73,7 +82,7 @@ impl Worker {
             }
         };
         for job in jobs {
-            let size = job.body.len() as u64;
+            let size = job.bytes();
             match model.as_mut() {
                 Some(m) => self.serve(m, job),
                 None => unaccounted(&self.metrics, &self.stats, "tokenizer_error"),
@@ -106,6 +115,8 @@ impl Worker {
             index: BlockIndex::new(s.block_size, s.capacity),
             sessions: LruCache::new(s.sessions),
             anonymous: 0,
+            turns: Turns::new(s.sessions),
+            seq: 0,
         })
     }
 
@@ -199,6 +210,19 @@ impl Worker {
         if !breaches.is_empty() {
             self.log_breaches(m, session, source, &job, &breaches);
         }
+        if let Some(c) = &self.capture {
+            let keyed = source.is_some().then_some(session);
+            match capture_row(m, c, &job, &prompt, &encoded.ids, keyed) {
+                Ok(row) => job.ticket.capture(row),
+                Err(e) => {
+                    tracing::debug!("capture: {e}");
+                    self.metrics
+                        .capture_dropped
+                        .with_label_values(&["unaccounted"])
+                        .inc();
+                }
+            }
+        }
         let cached = (hit.owners.len() * bs) as u64;
         self.count(phase, target, cached, &reuse, &breaches);
         job.ticket.predict(Prediction {
@@ -274,6 +298,54 @@ impl Worker {
             );
         }
     }
+}
+
+/// The capture row of `job`: the workload's prompt (before kvbust's marker) as capture counts
+/// it, reusing the model's ids where they are the same tokens, then its block hashes.
+fn capture_row(
+    m: &mut Model,
+    c: &Capture,
+    job: &Job,
+    prompt: &Prompt,
+    model_ids: &[u32],
+    session: Option<u64>,
+) -> Result<capture::Pending, String> {
+    let parsed;
+    let workload = match &job.workload {
+        Some(body) => {
+            parsed = crate::mock::openai::parse_request(endpoint(job.shape), body, "")
+                .map_err(|_| "the body before the marker does not parse".to_string())?
+                .prompt;
+            &parsed
+        }
+        None => prompt,
+    };
+    let (ids, session, follows) = match (c.settings.rendering, workload) {
+        (Rendering::Contents, Prompt::Messages(ms)) => {
+            let seen: Vec<Seen> = ms.iter().map(|x| Seen::new(&x.role, &x.content)).collect();
+            let plan = m.turns.plan(session, &seen);
+            let picked = plan.messages.iter().map(|&i| &ms[i]);
+            let ids = tokens::encode_contents(&m.vocab, &mut m.memo, picked)
+                .map_err(|e| e.to_string())?;
+            (ids, plan.session, plan.follows)
+        }
+        // The model's own tokens, when nothing was changed in between.
+        _ if job.workload.is_none() => (model_ids.to_vec(), None, false),
+        _ => {
+            let e = tokens::encode(&m.vocab, &mut m.memo, workload, &IsoHint::None)
+                .map_err(|e| e.to_string())?;
+            (e.ids, None, false)
+        }
+    };
+    let seq = m.seq;
+    m.seq += 1;
+    Ok(capture::Pending {
+        seq,
+        input_length: ids.len() as u64,
+        blocks: capture::ids::chain(&ids, c.settings.block_size, c.settings.key.as_ref()),
+        session,
+        follows,
+    })
 }
 
 fn endpoint(shape: Shape) -> Endpoint {

@@ -32,6 +32,7 @@ impl Config {
         validate_synth_target(self.cache_bust.target, &self.synth)?;
         validate_admin(&self.admin)?;
         validate_cache_model(&self.cache_model)?;
+        validate_capture(&self.capture, &self.cache_model)?;
         if self.cache_bust.ledger == LedgerMode::Stateless && self.cache_bust.benchmark_id.is_none()
         {
             return Err(ConfigError::new(
@@ -461,6 +462,50 @@ fn validate_authority(a: &str, u: &UpstreamConfig) -> Result<(), ConfigError> {
 /// Parses a phase/target in the CLI layer with the same rules as config.
 pub fn parse_target(s: &str) -> Result<Target, String> {
     s.parse::<Target>().map_err(|e| e.to_string())
+}
+
+/// `[capture]`: it rides on the cache model's worker, sizes that make sense, a key that exists.
+/// The folder is made (and so checked) when `kvbust serve` starts the writer.
+fn validate_capture(c: &CaptureConfig, model: &CacheModelConfig) -> Result<(), ConfigError> {
+    if !c.enabled {
+        return Ok(());
+    }
+    if !model.enabled {
+        return Err(ConfigError::new(
+            "capture.enabled",
+            "capture tokenizes with the cache model's worker: set cache_model.enabled = true \
+             (or capture.enabled = false)",
+        ));
+    }
+    if !(1..=1 << 20).contains(&c.block_size) {
+        return Err(ConfigError::new(
+            "capture.block_size",
+            format!(
+                "{} is not a block size: mooncake's is 512; use 1 to 1048576",
+                c.block_size
+            ),
+        ));
+    }
+    if c.rotate_rows == 0 || c.rotate.is_zero() {
+        return Err(ConfigError::new(
+            if c.rotate_rows == 0 {
+                "capture.rotate_rows"
+            } else {
+                "capture.rotate"
+            },
+            "must be above 0 (defaults: rotate = \"1h\", rotate_rows = 100000)",
+        ));
+    }
+    if c.min_sessions_per_shared_block == 0 {
+        return Err(ConfigError::new(
+            "capture.min_sessions_per_shared_block",
+            "must be at least 1 (1 keeps every shared block's id)",
+        ));
+    }
+    if let Some(path) = &c.key_file {
+        crate::capture::Key::load(path).map_err(|e| ConfigError::new("capture.key_file", e))?;
+    }
+    Ok(())
 }
 
 /// `[cache_model]`: sizes that make sense, a tokenizer that exists.

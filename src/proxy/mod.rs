@@ -775,7 +775,10 @@ async fn body_steps(
             changed = true;
         }
     }
+    // Capture records the workload, not kvbust's busting: the body before its marker.
+    let mut workload = None;
     if work.decision.needs_body() {
+        let before = (work.model && rt.cache_model.capturing()).then(|| bytes.clone());
         let (d, shape, session) = (&work.decision, work.shape, session.as_deref());
         let out = rewrite::apply_laid_out(
             d,
@@ -787,6 +790,7 @@ async fn body_steps(
         )?;
         ex.rid = out.rid;
         if let Some(b) = out.body {
+            workload = before;
             bytes = b;
             changed = true;
             // The body it was built from is gone: only the marked one is held now.
@@ -794,7 +798,7 @@ async fn body_steps(
         }
     }
     if work.model {
-        submit_to_model(rt, work, headers, &bytes, session, ex);
+        submit_to_model(rt, work, headers, (&bytes, workload), session, ex);
     }
     if work.usage {
         let added = match &layout {
@@ -816,7 +820,7 @@ fn submit_to_model(
     rt: &SharedState,
     work: &BodyWork,
     headers: &http::HeaderMap,
-    bytes: &Bytes,
+    (bytes, workload): (&Bytes, Option<Bytes>),
     session: Option<String>,
     ex: &Exchange,
 ) {
@@ -852,6 +856,7 @@ fn submit_to_model(
         user_context_messages: d.user_context_messages,
         session,
         ticket,
+        workload,
     });
 }
 

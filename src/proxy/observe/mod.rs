@@ -46,6 +46,8 @@ pub struct Observer {
     usage: Option<Box<UsageWire>>,
     /// SSE data events seen (`[DONE]` included).
     events: u64,
+    /// SSE events that carried generated content.
+    content_events: u64,
     /// Response body bytes passed to the client.
     bytes_out: u64,
     ended: bool,
@@ -113,6 +115,7 @@ impl Observer {
             last_content: None,
             usage: None,
             events: 0,
+            content_events: 0,
             bytes_out: 0,
             ended: false,
             aborted: None,
@@ -135,7 +138,7 @@ impl Observer {
     fn hand_in(&mut self, complete: bool) {
         if let Some(t) = self.ticket.take() {
             let ttft = self.first_content.map(|at| at - self.start);
-            t.outcome(self.tokens(), ttft, complete);
+            t.outcome(self.tokens(), ttft, complete, self.content_events);
         }
     }
 
@@ -207,6 +210,7 @@ impl Observer {
             return;
         };
         if event.has_content(self.api) {
+            self.content_events += 1;
             match self.last_content {
                 None => {
                     self.first_content = Some(now);

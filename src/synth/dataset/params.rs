@@ -505,10 +505,16 @@ impl SynthParams {
         if let Some(kind) = self.custom_dataset_type {
             self.validate_single_model(Some(kind))?;
         }
-        if let Some(c) = self
-            .prompt_corpus
-            .filter(|c| !matches!(c, PromptCorpus::Sonnet | PromptCorpus::Coding))
-        {
+        // coding-exact: kvbust's extension for hash-id traces (mooncake, bailian) only.
+        let hash_id_trace = matches!(
+            self.custom_dataset_type,
+            None | Some(TraceKind::MooncakeTrace | TraceKind::BailianTrace)
+        );
+        if let Some(c) = self.prompt_corpus.filter(|c| match c {
+            PromptCorpus::Sonnet | PromptCorpus::Coding => false,
+            PromptCorpus::CodingExact => !hash_id_trace,
+            PromptCorpus::Random => true,
+        }) {
             return Err(SynthError::InvalidParams(corpus_refusal(c)));
         }
         for (v, flag) in [

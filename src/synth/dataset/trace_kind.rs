@@ -135,8 +135,9 @@ pub fn corpus_refusal(corpus: PromptCorpus) -> String {
             Use --prompt-corpus sonnet, or drop --input-file for a synthetic dataset"
             .into(),
         PromptCorpus::Coding => String::new(),
-        PromptCorpus::CodingExact => "--prompt-corpus coding-exact is kvbust's own corpus and \
-            AIPerf has no trace equivalent to match. Use --prompt-corpus sonnet"
+        PromptCorpus::CodingExact => "--prompt-corpus coding-exact is kvbust's own token-exact \
+            corpus, for the hash-id traces (mooncake_trace, bailian_trace) only; the agentic and \
+            BurstGPT types replay with AIPerf's corpora. Use --prompt-corpus coding or sonnet"
             .into(),
     }
 }

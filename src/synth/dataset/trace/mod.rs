@@ -295,6 +295,78 @@ impl TraceContent for CodingContent<'_> {
     }
 }
 
+/// kvbust's token-exact content for hash-id traces (`--prompt-corpus coding-exact`, a kvbust
+/// extension AIPerf cannot reproduce): blocks are cut, as AIPerf cuts them, from the tokens of
+/// kvbust's coding corpus that are whole words (a space and ASCII letters, one token each).
+/// Such tokens are each one pre-token of the tokenizer, so any run of them decodes to text that
+/// re-encodes to exactly the same ids, blocks joined included: a replayed trace tokenizes back
+/// to its own blocks, which is what a capture round trip needs.
+pub struct ExactContent<'t> {
+    corpus: TokenCorpus,
+    tokenizer: &'t Tokenizer,
+    rng: DerivedRng,
+    seed: u64,
+}
+
+impl<'t> ExactContent<'t> {
+    /// The content for `root_seed`, from `coding` (kvbust's coding corpus for that seed).
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        coding: &[u32],
+        root_seed: u64,
+    ) -> Result<Self, SynthError> {
+        let mut verdict: HashMap<u32, bool> = HashMap::new();
+        let mut words = Vec::new();
+        for &id in coding {
+            let keep = match verdict.get(&id) {
+                Some(k) => *k,
+                None => {
+                    let text = tokenizer.decode(&[id])?;
+                    let letters = text.strip_prefix(' ').unwrap_or("");
+                    let k = letters.len() >= 2
+                        && letters.bytes().all(|b| b.is_ascii_alphabetic())
+                        && tokenizer.encode(&text)? == [id];
+                    verdict.insert(id, k);
+                    k
+                }
+            };
+            if keep {
+                words.push(id);
+            }
+        }
+        if words.is_empty() {
+            return Err(SynthError::invalid(
+                "--prompt-corpus coding-exact: this tokenizer has no single-token words to build \
+                 exact blocks from; use --prompt-corpus sonnet",
+            ));
+        }
+        let rng = DerivedRng::derive(root_seed, "kvbust.trace.exact");
+        Ok(Self {
+            corpus: TokenCorpus::from_parts(words, Vec::new()),
+            tokenizer,
+            seed: rng.seed,
+            rng,
+        })
+    }
+}
+
+impl TraceContent for ExactContent<'_> {
+    fn block_corpus(&self) -> TokenCorpus {
+        self.corpus.clone()
+    }
+    fn corpus_seed(&self) -> u64 {
+        self.seed
+    }
+    fn sample_tokens(&mut self, n: usize) -> Vec<u32> {
+        let start = self.rng.py.randrange(self.corpus.len() as u64) as usize;
+        hash_blocks::window(self.corpus.tokens(), start, n)
+    }
+    fn plain_prompt(&mut self, input_length: i64) -> Result<String, SynthError> {
+        let ids = self.sample_tokens(input_length.max(1) as usize);
+        self.tokenizer.decode(&ids)
+    }
+}
+
 /// Groups entries into sessions in AIPerf's order: mooncake by `session_id` (or a fresh id per
 /// line), bailian by the root of each `parent_chat_id` chain, sorted by `turn`.
 fn group(kind: TraceKind, entries: Vec<Entry>, seeded: bool) -> Vec<(String, Vec<Entry>)> {
@@ -673,6 +745,13 @@ pub fn build_from_params(
         PromptCorpus::Coding => {
             let pool = CodingPool::build_cached(root_seed, tokenizer, cache_dir)?;
             let mut content = CodingContent::new(tokenizer, Arc::new(pool));
+            build_kind(path, kind, params, tokenizer, &mut content, root_seed)
+        }
+        PromptCorpus::CodingExact if !kind.is_agentic() && kind != TraceKind::BurstGptTrace => {
+            let coding = crate::synth::corpus::kvbust_coding::CodingCorpus::for_root_seed_cached(
+                root_seed, tokenizer, cache_dir,
+            )?;
+            let mut content = ExactContent::new(tokenizer, coding.tokens(), root_seed)?;
             build_kind(path, kind, params, tokenizer, &mut content, root_seed)
         }
         // Checked by SynthParams::validate; kept for callers that skip it.
