@@ -122,6 +122,13 @@ impl Harness {
         format!("http://{}{}", self.admin_addr, path)
     }
 
+    /// Waits until every request so far is counted by the cache model (`GET /report?wait=`):
+    /// its response ended and the model took it.
+    pub async fn settle_report(&self) {
+        let resp = send(&h1(), get(&self.admin_url("/report?wait=20s"))).await;
+        assert_eq!(resp.status(), http::StatusCode::OK);
+    }
+
     /// Whether the server task has already ended (returned an error or panicked, while running).
     pub fn server_ended(&self) -> bool {
         self.task.as_ref().is_none_or(|t| t.is_finished())

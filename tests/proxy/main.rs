@@ -13,6 +13,7 @@ mod common;
 mod cache_model;
 mod cachebust_proxy;
 mod cachebust_vectors;
+mod capture;
 mod cli;
 mod deploy;
 mod fuzz_regressions;

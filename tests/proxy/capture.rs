@@ -1,0 +1,294 @@
+//! Capture (`[capture]`) through the running proxy and the built-in mock: rows in forwarding
+//! order with the workload's lengths (before kvbust's marker), sessions split into turns,
+//! failures left out and counted, no byte of a prompt in any file, rare blocks split per
+//! session, and `kvbust trace merge` across replicas with one key (refused with two).
+
+use std::path::{Path, PathBuf};
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{self, body_bytes, h1, metrics_text, post, send, Harness};
+use kvbust::cachebust::Target;
+use kvbust::config::{Config, SessionSource};
+use kvbust::mock::tokenize::builtin_encode;
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvbust-capture-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Capture on, into `dir`, blocks of 4 built-in tokens, sessions from `x-correlation-id` only.
+fn capturing(c: &mut Config, dir: &Path) {
+    c.capture.enabled = true;
+    c.capture.dir = dir.to_path_buf();
+    c.capture.block_size = 4;
+    c.cache_bust.session_sources = vec![SessionSource::XCorrelationId];
+}
+
+async fn say(h: &Harness, session: Option<&str>, messages: Value) -> String {
+    let body = json!({"model": "m", "messages": messages, "max_tokens": 3}).to_string();
+    let headers: Vec<(&str, &str)> = session
+        .map(|s| ("x-correlation-id", s))
+        .into_iter()
+        .collect();
+    let resp = send(&h1(), post(&h.url("/v1/chat/completions"), body, &headers)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let v: Value = serde_json::from_slice(&body_bytes(resp).await).unwrap();
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The finished traces in `dir` (with their metadata), after checking nothing half-written
+/// is left.
+fn finished(dir: &Path) -> Vec<(PathBuf, Vec<Value>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        assert!(!name.starts_with('.'), "left behind: {name}");
+        if name.ends_with(".jsonl") {
+            assert!(
+                kvbust::capture::file::meta_path(&p).exists(),
+                "{name} has its metadata"
+            );
+            let rows = std::fs::read_to_string(&p)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            out.push((p, rows));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn n(text: &str) -> u64 {
+    builtin_encode(text).len() as u64
+}
+
+#[tokio::test]
+async fn rows_hold_the_workload_in_forwarding_order_and_no_prompt_text() {
+    let dir = fresh_dir("rows");
+    let h = common::start(|c| {
+        capturing(c, &dir);
+        // A marker in the first user turn: the capture must not see it.
+        c.cache_bust.target = Target::FirstTurnPrefix;
+    })
+    .await;
+    let canary = "CANARY-7f3a9 the quick brown fox jumps over the lazy dog";
+    let system = "You are a careful assistant who answers in one short line.";
+    let (q1, q2) = ("What is a prefix cache?", "And what evicts from it?");
+    say(&h, None, json!([{"role": "user", "content": canary}])).await;
+    let a1 = say(
+        &h,
+        Some("conv-1"),
+        json!([{"role": "system", "content": system}, {"role": "user", "content": q1}]),
+    )
+    .await;
+    say(
+        &h,
+        Some("conv-1"),
+        json!([
+            {"role": "system", "content": system},
+            {"role": "user", "content": q1},
+            {"role": "assistant", "content": a1},
+            {"role": "user", "content": q2}
+        ]),
+    )
+    .await;
+    say(
+        &h,
+        Some("conv-2"),
+        json!([{"role": "system", "content": system}, {"role": "user", "content": q2}]),
+    )
+    .await;
+    // A stream the client abandons after its first event: left out, counted.
+    let stream = json!({"model": "m", "messages": [{"role": "user", "content": "long"}],
+        "max_tokens": 1000, "stream": true})
+    .to_string();
+    let resp = send(
+        &h1(),
+        post(
+            &h.url("/v1/chat/completions"),
+            stream,
+            &[("x-mock-inter-token", "20ms")],
+        ),
+    )
+    .await;
+    let mut body = resp.into_body();
+    http_body_util::BodyExt::frame(&mut body)
+        .await
+        .unwrap()
+        .unwrap();
+    drop(body);
+    h.settle_report().await;
+    let m = metrics_text(&h).await;
+    h.shutdown().await;
+
+    let files = finished(&dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let (path, rows) = &files[0];
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    // 1: no session; its own prompt's tokens, without the marker kvbust added.
+    assert_eq!(rows[0]["input_length"], n(canary));
+    assert_eq!(rows[0]["output_length"], 3);
+    assert!(rows[0].get("session_id").is_none());
+    assert_eq!(rows[0]["timestamp"], 0);
+    assert_eq!(
+        rows[0]["hash_ids"].as_array().unwrap().len() as u64,
+        n(canary).div_ceil(4)
+    );
+    // 2 and 3: one session; the second turn holds only the client's new message.
+    assert_eq!(rows[1]["input_length"], n(system) + n(q1));
+    assert!(rows[1].get("timestamp").is_some() && rows[1].get("delay").is_none());
+    assert_eq!(rows[2]["input_length"], n(q2));
+    assert!(rows[2].get("delay").is_some() && rows[2].get("timestamp").is_none());
+    assert_eq!(rows[1]["session_id"], rows[2]["session_id"]);
+    // 4: another session, sharing the system prompt's leading blocks with 2.
+    assert_ne!(rows[3]["session_id"], rows[1]["session_id"]);
+    assert_eq!(rows[3]["hash_ids"][0], rows[1]["hash_ids"][0]);
+    assert!(!rows[1]["session_id"].as_str().unwrap().contains("conv"));
+    // Not a byte of any prompt, in the trace or its metadata.
+    for p in [path.clone(), kvbust::capture::file::meta_path(path)] {
+        let text = std::fs::read_to_string(&p).unwrap();
+        for needle in [
+            "CANARY",
+            "quick brown",
+            "careful assistant",
+            "prefix cache",
+            "conv-1",
+        ] {
+            assert!(!text.contains(needle), "{needle} in {}", p.display());
+        }
+    }
+    assert!(m.contains("kvbust_capture_rows_total 4"), "{m}");
+    assert!(
+        m.contains("kvbust_capture_dropped_total{reason=\"cancelled\"} 1"),
+        "{m}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn rare_blocks_are_split_per_session_and_common_ones_kept() {
+    let dir = fresh_dir("rare");
+    let h = common::start(|c| {
+        capturing(c, &dir);
+        c.capture.min_sessions_per_shared_block = 2;
+    })
+    .await;
+    let system = "Shared system prompt that every session sends first.";
+    let doc = "A private document that exactly two users pasted in.";
+    for (s, tail) in [
+        ("a", doc),
+        ("b", doc),
+        ("c", "Something else entirely, asked alone."),
+    ] {
+        say(
+            &h,
+            Some(s),
+            json!([{"role": "system", "content": system}, {"role": "user", "content": tail}]),
+        )
+        .await;
+    }
+    h.settle_report().await;
+    h.shutdown().await;
+    let files = finished(&dir);
+    let rows = &files[0].1;
+    let ids = |i: usize| -> Vec<u64> {
+        rows[i]["hash_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect()
+    };
+    let (a, b, c) = (ids(0), ids(1), ids(2));
+    let full_system_blocks = (n(system) / 4) as usize;
+    assert!(full_system_blocks >= 2);
+    // The system prompt's blocks: three sessions, more than k = 2: one id each.
+    assert_eq!(a[..full_system_blocks], b[..full_system_blocks]);
+    assert_eq!(a[..full_system_blocks], c[..full_system_blocks]);
+    // The document's blocks: one pair of sessions: two ids each.
+    let last = a.len() - 1;
+    assert!(a.len() == b.len() && last > full_system_blocks);
+    assert_ne!(a[last], b[last]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One replica's capture of `tail` after a shared prefix, under `key`.
+async fn replica(name: &str, key: &Path, tail: &str) -> PathBuf {
+    let dir = fresh_dir(name);
+    let key = key.to_path_buf();
+    let h = common::start(|c| {
+        capturing(c, &dir);
+        c.capture.key_file = Some(key);
+    })
+    .await;
+    let content = format!("The common opening every replica sees. {tail}");
+    say(&h, None, json!([{"role": "user", "content": content}])).await;
+    h.settle_report().await;
+    h.shutdown().await;
+    let files = finished(&dir);
+    assert_eq!(files.len(), 1);
+    files[0].0.clone()
+}
+
+#[tokio::test]
+async fn replicas_with_one_key_merge_into_one_id_space_and_two_keys_are_refused() {
+    let keys = fresh_dir("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    let (k1, k2) = (keys.join("one.key"), keys.join("two.key"));
+    std::fs::write(&k1, "0123456789abcdef-first-key\n").unwrap();
+    std::fs::write(&k2, "fedcba9876543210-other-key\n").unwrap();
+    let a = replica("replica-a", &k1, "Then replica A's own question.").await;
+    let b = replica("replica-b", &k1, "Then B asks something different.").await;
+    let other = replica("replica-c", &k2, "Then replica A's own question.").await;
+
+    let out = keys.join("merged.jsonl");
+    let m = kvbust::capture::merge::merge(&[a.clone(), b.clone()], &out).unwrap();
+    assert_eq!((m.files, m.rows), (2, 2));
+    let rows: Vec<Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // The shared opening's first block: one dense id in both; the tails differ.
+    assert_eq!(rows[0]["hash_ids"][0], 0);
+    assert_eq!(rows[1]["hash_ids"][0], 0);
+    let last = |r: &Value| r["hash_ids"].as_array().unwrap().last().cloned();
+    assert_ne!(last(&rows[0]), last(&rows[1]));
+    let max = rows
+        .iter()
+        .flat_map(|r| r["hash_ids"].as_array().unwrap().clone())
+        .map(|v| v.as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(max + 1, m.distinct_ids, "dense ids");
+
+    // Two keys: refused, naming both files; the CLI exits 2.
+    let err = kvbust::capture::merge::merge(&[a.clone(), other.clone()], &out).unwrap_err();
+    assert!(
+        err.contains(a.to_str().unwrap()) && err.contains(other.to_str().unwrap()),
+        "{err}"
+    );
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_kvbust"))
+        .args(["trace", "merge"])
+        .arg(&a)
+        .arg(&other)
+        .arg("-o")
+        .arg(keys.join("refused.jsonl"))
+        .output()
+        .unwrap();
+    assert_eq!(cli.status.code(), Some(2), "{cli:?}");
+    assert!(!keys.join("refused.jsonl").exists());
+    for p in [a, b, other] {
+        let _ = std::fs::remove_dir_all(p.parent().unwrap());
+    }
+    let _ = std::fs::remove_dir_all(&keys);
+}
