@@ -4,6 +4,7 @@
 //! session, and `kvbust trace merge` across replicas with one key (refused with two).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::{json, Value};
@@ -291,4 +292,153 @@ async fn replicas_with_one_key_merge_into_one_id_space_and_two_keys_are_refused(
         let _ = std::fs::remove_dir_all(p.parent().unwrap());
     }
     let _ = std::fs::remove_dir_all(&keys);
+}
+
+fn kvbust(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kvbust"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Whether `a`'s ids map one to one onto `b`'s, row for row.
+fn one_to_one(a: &[Value], b: &[Value]) -> bool {
+    let (mut ab, mut ba) = (
+        std::collections::HashMap::new(),
+        std::collections::HashMap::new(),
+    );
+    a.iter().zip(b).all(|(x, y)| {
+        let (xs, ys) = (x["hash_ids"].as_array(), y["hash_ids"].as_array());
+        xs.map(Vec::len) == ys.map(Vec::len)
+            && xs
+                .into_iter()
+                .flatten()
+                .zip(ys.into_iter().flatten())
+                .all(|(p, q)| {
+                    let (p, q) = (p.as_u64().unwrap(), q.as_u64().unwrap());
+                    *ab.entry(p).or_insert(q) == q && *ba.entry(q).or_insert(p) == p
+                })
+    })
+}
+
+/// A mooncake trace synthesized with kvbust's token-exact corpus, replayed through `kvbust
+/// serve` on its schedule with capture on at the trace's block size, comes back as itself:
+/// lengths and sessions row for row, ids up to a renaming, times within the tolerance; and
+/// `kvbust synth` reads the capture back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_exact_trace_round_trips_through_capture() {
+    let dir = fresh_dir("roundtrip");
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    let original = [
+        json!({"timestamp": 0, "input_length": 70, "output_length": 5, "hash_ids": [1, 2, 3]}),
+        json!({"timestamp": 150, "input_length": 96, "output_length": 4, "hash_ids": [1, 2, 4]}),
+        json!({"timestamp": 300, "input_length": 40, "output_length": 3, "hash_ids": [5, 6]}),
+        json!({"session_id": "x", "timestamp": 450, "input_length": 64, "output_length": 3, "hash_ids": [1, 7]}),
+        json!({"session_id": "x", "delay": 100, "input_length": 32, "output_length": 2, "hash_ids": [8]}),
+    ];
+    let text: String = original.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(&trace, text).unwrap();
+    let bodies = dir.join("bodies.jsonl");
+    let synth = |input: &Path, out: &Path| {
+        kvbust(&[
+            "synth",
+            "--input-file",
+            input.to_str().unwrap(),
+            "--custom-dataset-type",
+            "mooncake_trace",
+            "--prompt-corpus",
+            "coding-exact",
+            "--isl-block-size",
+            "32",
+            "--random-seed",
+            "7",
+            "--format",
+            "openai-chat",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+    };
+    let made = synth(&trace, &bodies);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let bodies: Vec<String> = std::fs::read_to_string(&bodies)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(bodies.len(), original.len());
+
+    let cap = dir.join("captured");
+    let h = common::start(|c| {
+        capturing(c, &cap);
+        c.capture.block_size = 32;
+        c.cache_model.tokenizer = Some(kvbust::mock::MockTokenizerSetting::Qwen3);
+    })
+    .await;
+    let start = tokio::time::Instant::now();
+    let mut prev_end = start;
+    for (row, body) in original.iter().zip(&bodies) {
+        // On the trace's schedule: a timestamp from the start, a delay after the previous turn.
+        let at = match (row.get("timestamp"), row.get("delay")) {
+            (Some(t), _) => start + Duration::from_millis(t.as_u64().unwrap()),
+            (_, Some(d)) => prev_end + Duration::from_millis(d.as_u64().unwrap()),
+            _ => unreachable!(),
+        };
+        tokio::time::sleep_until(at).await;
+        let headers: Vec<(&str, &str)> = row["session_id"]
+            .as_str()
+            .map(|s| ("x-correlation-id", s))
+            .into_iter()
+            .collect();
+        let resp = send(
+            &h1(),
+            post(&h.url("/v1/chat/completions"), body.clone(), &headers),
+        )
+        .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        body_bytes(resp).await;
+        prev_end = tokio::time::Instant::now();
+    }
+    h.settle_report().await;
+    h.shutdown().await;
+    let files = finished(&cap);
+    let (path, got) = &files[0];
+    assert_eq!(got.len(), original.len(), "{got:?}");
+    for (o, g) in original.iter().zip(got) {
+        assert_eq!(o["input_length"], g["input_length"], "{o} / {g}");
+        assert_eq!(o["output_length"], g["output_length"], "{o} / {g}");
+        assert_eq!(o.get("session_id").is_some(), g.get("session_id").is_some());
+        assert_eq!(o.get("delay").is_some(), g.get("delay").is_some());
+        // Schedule: the test sends on time; 250 ms covers a loaded CI machine's lag.
+        for field in ["timestamp", "delay"] {
+            if let (Some(a), Some(b)) = (o.get(field), g.get(field)) {
+                let (a, b) = (a.as_i64().unwrap(), b.as_i64().unwrap());
+                assert!((a - b).abs() <= 250, "{field}: {a} vs {b}");
+            }
+        }
+    }
+    assert!(one_to_one(&original, got), "ids map one to one: {got:?}");
+
+    // The capture is itself a trace kvbust synth replays.
+    let again = dir.join("again.jsonl");
+    let made = synth(path, &again);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    assert_eq!(jsonl(&again).len(), original.len());
+    let _ = std::fs::remove_dir_all(&dir);
 }
