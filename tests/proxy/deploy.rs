@@ -522,7 +522,12 @@ fn check_kvbust_container(
             var.starts_with("KVBUST_"),
             "{ctx}: env {var} is not read by kvbust"
         );
-        let value = if let Some(v) = e["value"].as_str() {
+        let value = if var == "KVBUST_CAPTURE__KEY_FILE" {
+            // Mounted from the user's Secret (components/capture): a stand-in key here.
+            let key = scratch.join("capture.key");
+            std::fs::write(&key, "a-stand-in-capture-key-of-32-bytes").unwrap();
+            key.to_string_lossy().into_owned()
+        } else if let Some(v) = e["value"].as_str() {
             v.to_string()
         } else if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
             let (n, k) = (r["name"].as_str().unwrap(), r["key"].as_str().unwrap());
@@ -855,6 +860,43 @@ fn check_monitors(docs: &[Value], others: &[Value], seen: &mut Seen) {
     }
 }
 
+/// The capture component: capture on, its folder on the claim it ships, the key from a Secret,
+/// and files kvbust's group can write.
+fn check_capture(docs: &[Value]) {
+    let pod = pods(docs).into_iter().next().expect("the capture overlay has a workload");
+    let (kv, _) = pod
+        .containers()
+        .find(|(c, _)| is_kvbust(c))
+        .expect("kvbust in the capture overlay");
+    let env: BTreeMap<String, String> = list(&kv["env"])
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+        .collect();
+    assert_eq!(env["KVBUST_CAPTURE__ENABLED"], "true");
+    let mount = |path: &str| {
+        list(&kv["volumeMounts"])
+            .iter()
+            .find(|m| m["mountPath"] == path)
+            .and_then(|m| m["name"].as_str())
+            .unwrap_or_else(|| panic!("nothing mounted at {path}"))
+            .to_string()
+    };
+    let volume = |name: &str| {
+        list(&pod.spec["volumes"])
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no volume {name}"))
+            .clone()
+    };
+    let dir = volume(&mount(&env["KVBUST_CAPTURE__DIR"]));
+    let claim = dir["persistentVolumeClaim"]["claimName"].as_str().unwrap();
+    find(docs, "PersistentVolumeClaim", claim);
+    let key_dir = Path::new(&env["KVBUST_CAPTURE__KEY_FILE"]).parent().unwrap();
+    let key = volume(&mount(key_dir.to_str().unwrap()));
+    assert_eq!(key["secret"]["secretName"], "kvbust-capture-key");
+    assert_eq!(pod.spec["securityContext"]["fsGroup"], 65532);
+}
+
 #[tokio::test]
 async fn rendered_manifests_name_only_what_kvbust_has() {
     let mut rendered = BTreeMap::new();
@@ -870,7 +912,13 @@ async fn rendered_manifests_name_only_what_kvbust_has() {
     }
     assert_eq!(
         rendered.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["gateway", "monitoring", "sidecar-sglang", "sidecar-vllm"]
+        [
+            "gateway",
+            "monitoring",
+            "sidecar-sglang",
+            "sidecar-vllm",
+            "sidecar-vllm-capture"
+        ]
     );
     let mut seen = Seen::default();
     let mut workloads = Vec::new();
@@ -882,7 +930,8 @@ async fn rendered_manifests_name_only_what_kvbust_has() {
         workloads.extend(docs.iter().cloned());
     }
     check_monitors(&rendered["monitoring"], &workloads, &mut seen);
-    assert_eq!(seen.kvbust_containers, 3, "one kvbust per workload overlay");
+    assert_eq!(seen.kvbust_containers, 4, "one kvbust per workload overlay");
+    check_capture(&rendered["sidecar-vllm-capture"]);
     assert_eq!(
         (seen.dashboards, seen.rules),
         (1, 1),
