@@ -863,14 +863,22 @@ fn check_monitors(docs: &[Value], others: &[Value], seen: &mut Seen) {
 /// The capture component: capture on, its folder on the claim it ships, the key from a Secret,
 /// and files kvbust's group can write.
 fn check_capture(docs: &[Value]) {
-    let pod = pods(docs).into_iter().next().expect("the capture overlay has a workload");
+    let pod = pods(docs)
+        .into_iter()
+        .next()
+        .expect("the capture overlay has a workload");
     let (kv, _) = pod
         .containers()
         .find(|(c, _)| is_kvbust(c))
         .expect("kvbust in the capture overlay");
     let env: BTreeMap<String, String> = list(&kv["env"])
         .iter()
-        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
         .collect();
     assert_eq!(env["KVBUST_CAPTURE__ENABLED"], "true");
     let mount = |path: &str| {
@@ -891,7 +899,9 @@ fn check_capture(docs: &[Value]) {
     let dir = volume(&mount(&env["KVBUST_CAPTURE__DIR"]));
     let claim = dir["persistentVolumeClaim"]["claimName"].as_str().unwrap();
     find(docs, "PersistentVolumeClaim", claim);
-    let key_dir = Path::new(&env["KVBUST_CAPTURE__KEY_FILE"]).parent().unwrap();
+    let key_dir = Path::new(&env["KVBUST_CAPTURE__KEY_FILE"])
+        .parent()
+        .unwrap();
     let key = volume(&mount(key_dir.to_str().unwrap()));
     assert_eq!(key["secret"]["secretName"], "kvbust-capture-key");
     assert_eq!(pod.spec["securityContext"]["fsGroup"], 65532);
