@@ -9,6 +9,9 @@
 //! loadgen fixed    URL BODY_FILE REQUESTS CONNECTIONS   # exactly REQUESTS POSTs, as wrk sends them
 //! ```
 //!
+//! In `fixed`, each `@SEQ@` in the body becomes the request's number (distinct prompts, for the
+//! capture benchmark); a body without it is sent as it is.
+//!
 //! `fixed` is for instruction counts (`valgrind --tool=callgrind` on the proxy): a run of a known
 //! number of requests, where wrk only runs for a time.
 // Run by hand: a failed expect is this tool's error report (Cargo.toml denies it in the library).
@@ -346,15 +349,22 @@ async fn fixed(uri: Uri, body: Vec<u8>, n: usize, conns: usize) {
     for c in 0..conns.max(1) {
         let share = n / conns.max(1) + usize::from(c < n % conns.max(1));
         let (uri, body) = (uri.clone(), body.clone());
+        let numbered = body.windows(5).any(|w| w == b"@SEQ@");
         tasks.push(tokio::spawn(async move {
             let mut send = connect(&uri).await;
             let mut ok = 0usize;
-            for _ in 0..share {
+            for i in 0..share {
                 send.ready().await.expect("connection stays open");
+                let body = if numbered {
+                    let text = String::from_utf8_lossy(&body).replace("@SEQ@", &format!("{c}-{i}"));
+                    Bytes::from(text)
+                } else {
+                    body.clone()
+                };
                 let req = Request::post(uri.path())
                     .header("host", uri.authority().expect("authority").as_str())
                     .header("content-type", "application/json")
-                    .body(Full::new(body.clone()))
+                    .body(Full::new(body))
                     .expect("a valid request");
                 let resp = send.send_request(req).await.expect("a response");
                 ok += usize::from(resp.status().is_success());
