@@ -866,6 +866,55 @@ mod tests {
     }
 
     #[test]
+    fn capture_settings_are_checked_at_start_naming_the_key() {
+        let dir = std::env::temp_dir().join(format!("kvbust-capcfg-{}", std::process::id()));
+        let key = dir.join("short.key");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&key, "too short\n").unwrap();
+        let d = dir.join("traces").to_string_lossy().into_owned();
+        let k = key.to_string_lossy().into_owned();
+        let err = |pairs: &[(&str, &str)]| {
+            let mut all = vec![
+                ("KVBUST_CAPTURE__ENABLED", "true"),
+                ("KVBUST_CAPTURE__DIR", d.as_str()),
+            ];
+            all.extend_from_slice(pairs);
+            Config::load(None, &env(&all), &CliOverrides::default())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        for (pairs, key_named) in [
+            (
+                &[("KVBUST_CACHE_MODEL__ENABLED", "false")][..],
+                "capture.enabled",
+            ),
+            (
+                &[("KVBUST_CAPTURE__KEY_FILE", k.as_str())][..],
+                "capture.key_file",
+            ),
+            (
+                &[("KVBUST_CAPTURE__BLOCK_SIZE", "0")][..],
+                "capture.block_size",
+            ),
+            (
+                &[("KVBUST_CAPTURE__ROTATE_ROWS", "0")][..],
+                "capture.rotate_rows",
+            ),
+            (
+                &[("KVBUST_CAPTURE__MIN_SESSIONS_PER_SHARED_BLOCK", "0")][..],
+                "capture.min_sessions_per_shared_block",
+            ),
+        ] {
+            let e = err(pairs).expect_err("refused");
+            assert!(e.contains(key_named), "{e}");
+        }
+        // Valid: the folder is made.
+        err(&[]).unwrap();
+        assert!(dir.join("traces").is_dir());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn layers_file_then_env_then_cli() {
         let dir = std::env::temp_dir().join(format!("kvbust-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -90,13 +90,16 @@ struct TicketInner {
     ledger: Arc<RunLedger>,
     record: Mutex<ledger::Record>,
     open: Arc<OpenTickets>,
-    capture: Option<Arc<Capture>>,
+    /// The writer, looked up when the ticket is counted (a ticket made before the writer
+    /// started still hands its row in).
+    capture: Arc<OnceLock<Option<Arc<Capture>>>>,
 }
 
 impl Drop for TicketInner {
     fn drop(&mut self) {
         let mut record = std::mem::take(self.record.get_mut().unwrap_or_else(|p| p.into_inner()));
-        if let (Some(c), Some(pending)) = (&self.capture, record.capture.take()) {
+        let capture = self.capture.get().cloned().flatten();
+        if let (Some(c), Some(pending)) = (capture, record.capture.take()) {
             let output = match &record.outcome {
                 Some(o) if o.complete => Ok(o.tokens.completion.unwrap_or(o.content_events)),
                 Some(_) => Err(capture::Left::Cancelled),
@@ -216,7 +219,7 @@ pub struct CacheModel {
     open: Arc<OpenTickets>,
     /// `[capture]`'s settings when it is on; the writer, once started.
     capture_settings: Option<capture::Settings>,
-    capture: OnceLock<Option<Arc<Capture>>>,
+    capture: Arc<OnceLock<Option<Arc<Capture>>>>,
 }
 
 impl CacheModel {
@@ -265,7 +268,7 @@ impl CacheModel {
                 ..Stats::default()
             }),
             capture_settings,
-            capture: OnceLock::new(),
+            capture: Arc::default(),
             queue: OnceLock::new(),
             queue_len: c.queue,
             queued_bytes: Arc::new(AtomicU64::new(0)),
@@ -311,7 +314,7 @@ impl CacheModel {
         benchmark_id: Option<String>,
     ) -> Ticket {
         Ticket(Arc::new(TicketInner {
-            capture: self.capture.get().cloned().flatten(),
+            capture: self.capture.clone(),
             open: self.open.open(),
             ledger: self.ledger.clone(),
             record: Mutex::new(ledger::Record {

@@ -464,8 +464,8 @@ pub fn parse_target(s: &str) -> Result<Target, String> {
     s.parse::<Target>().map_err(|e| e.to_string())
 }
 
-/// `[capture]`: it rides on the cache model's worker, sizes that make sense, a key that exists.
-/// The folder is made (and so checked) when `kvbust serve` starts the writer.
+/// `[capture]`: it rides on the cache model's worker, sizes that make sense, a key that exists,
+/// and a folder that exists or can be made (it is made here, so `config check` makes it too).
 fn validate_capture(c: &CaptureConfig, model: &CacheModelConfig) -> Result<(), ConfigError> {
     if !c.enabled {
         return Ok(());
@@ -505,6 +505,15 @@ fn validate_capture(c: &CaptureConfig, model: &CacheModelConfig) -> Result<(), C
     if let Some(path) = &c.key_file {
         crate::capture::Key::load(path).map_err(|e| ConfigError::new("capture.key_file", e))?;
     }
+    std::fs::create_dir_all(&c.dir).map_err(|e| {
+        ConfigError::new(
+            "capture.dir",
+            format!(
+                "cannot create {}: {e}; point it at a writable folder (a volume in a container)",
+                c.dir.display()
+            ),
+        )
+    })?;
     Ok(())
 }
 
