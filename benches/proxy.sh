@@ -45,6 +45,7 @@ P_KV_MOCK=$((BASE + 8))          # kvbust -> mock
 P_KV_IDLE=$((BASE + 10))         # kvbust -> mock, for the RSS figures
 P_FLOOR=$((BASE + 16))           # the floor proxy -> upstream
 P_KV_NOMODEL=$((BASE + 18))      # kvbust target none, cache model off -> upstream
+P_KV_CAPTURE=$((BASE + 22))      # kvbust target none, capture on -> upstream
 
 PIDS=()
 cleanup() {
@@ -112,6 +113,9 @@ kvbust "$P_KV_FTP" $((P_KV_FTP + 1)) "$P_UP" first_turn_prefix
 # The cache model (on by default) costs a body collection and a queue hand-off per request on
 # the request path, and its worker thread's CPU beside it: the same kvbust with it off.
 KVBUST_CACHE_MODEL__ENABLED=false kvbust "$P_KV_NOMODEL" $((P_KV_NOMODEL + 1)) "$P_UP" none
+# Capture ([capture]) rides on the model's worker: its rows, their ordering and files beside it.
+KVBUST_CAPTURE__ENABLED=true KVBUST_CAPTURE__DIR="$WORK/captures" \
+    kvbust "$P_KV_CAPTURE" $((P_KV_CAPTURE + 1)) "$P_UP" none
 "$FLOOR" 127.0.0.1:"$P_FLOOR" 127.0.0.1:"$P_UP" >"$WORK/floor.log" 2>&1 &
 PIDS+=($!)
 wait_port "$P_FLOOR"
@@ -125,7 +129,7 @@ for p in $P_UP $P_NGINX $P_NGINX_MOCK; do wait_port "$p"; done
 KV_NONE_PID=$(cat "$WORK/kvbust-$P_KV_NONE.kpid")
 RSS_IDLE=n/a
 # BENCH_BASELINE=/path/to/older/kvbust adds a row for that build (target none), same run.
-NONSTREAM_PATHS="direct:$P_UP nginx:$P_NGINX floor:$P_FLOOR kvbust-none:$P_KV_NONE kvbust-none-nomodel:$P_KV_NOMODEL kvbust-ftp:$P_KV_FTP"
+NONSTREAM_PATHS="direct:$P_UP nginx:$P_NGINX floor:$P_FLOOR kvbust-none:$P_KV_NONE kvbust-none-nomodel:$P_KV_NOMODEL kvbust-none-capture:$P_KV_CAPTURE kvbust-ftp:$P_KV_FTP"
 if [ -n "${BENCH_BASELINE:-}" ]; then
     P_BASELINE=$((BASE + 20))
     RUST_LOG=warn "$BENCH_BASELINE" serve --listen 127.0.0.1:$P_BASELINE --admin-listen 127.0.0.1:$((P_BASELINE + 1)) \
