@@ -184,45 +184,20 @@ impl Worker {
             iso_block,
         };
         let (reuse, mut breaches) = attribution::attribute(&hit.owners, bs, &me);
-        let collided = source.is_some() && {
-            let check = attribution::continuation(&encoded.ids, &hashes, bs);
-            match m.sessions.get_mut(&session) {
-                Some(prev) => {
-                    let extends = attribution::extends(&encoded.ids, &hashes, bs, prev.check);
-                    prev.check = check;
-                    !extends
-                }
-                None => {
-                    m.sessions.put(
-                        session,
-                        SessionState {
-                            check,
-                            logged: false,
-                        },
-                    );
-                    false
-                }
-            }
-        };
+        let collided = source.is_some() && collided(m, session, &encoded.ids, &hashes, bs);
         if collided && attribution::guards_sessions(target) {
             breaches.push(Breach::SessionCollision);
         }
         if !breaches.is_empty() {
             self.log_breaches(m, session, source, &job, &breaches);
         }
-        if let Some(c) = &self.capture {
-            let keyed = source.is_some().then_some(session);
-            match capture_row(m, c, &job, &prompt, &encoded.ids, keyed) {
-                Ok(row) => job.ticket.capture(row),
-                Err(e) => {
-                    tracing::debug!("capture: {e}");
-                    self.metrics
-                        .capture_dropped
-                        .with_label_values(&["unaccounted"])
-                        .inc();
-                }
-            }
-        }
+        self.capture(
+            m,
+            &job,
+            &prompt,
+            &encoded.ids,
+            source.is_some().then_some(session),
+        );
         let cached = (hit.owners.len() * bs) as u64;
         self.count(phase, target, cached, &reuse, &breaches);
         job.ticket.predict(Prediction {
@@ -231,6 +206,30 @@ impl Worker {
             reuse,
             breaches,
         });
+    }
+
+    /// Hands the request's capture row to its ticket, when capture is on.
+    fn capture(
+        &self,
+        m: &mut Model,
+        job: &Job,
+        prompt: &Prompt,
+        ids: &[u32],
+        session: Option<u64>,
+    ) {
+        let Some(c) = &self.capture else {
+            return;
+        };
+        match capture_row(m, c, job, prompt, ids, session) {
+            Ok(row) => job.ticket.capture(row),
+            Err(e) => {
+                tracing::debug!("capture: {e}");
+                self.metrics
+                    .capture_dropped
+                    .with_label_values(&["unaccounted"])
+                    .inc();
+            }
+        }
     }
 
     fn count(
@@ -346,6 +345,29 @@ fn capture_row(
         session,
         follows,
     })
+}
+
+/// Whether `session`'s request does not extend the session's previous one (two conversations
+/// under one key); remembers this request as the session's last.
+fn collided(m: &mut Model, session: u64, ids: &[u32], hashes: &[u64], bs: usize) -> bool {
+    let check = attribution::continuation(ids, hashes, bs);
+    match m.sessions.get_mut(&session) {
+        Some(prev) => {
+            let extends = attribution::extends(ids, hashes, bs, prev.check);
+            prev.check = check;
+            !extends
+        }
+        None => {
+            m.sessions.put(
+                session,
+                SessionState {
+                    check,
+                    logged: false,
+                },
+            );
+            false
+        }
+    }
 }
 
 fn endpoint(shape: Shape) -> Endpoint {

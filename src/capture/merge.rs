@@ -116,25 +116,10 @@ fn check_alike(files: &[Loaded]) -> Result<(), String> {
     Ok(())
 }
 
-/// Merges `inputs` into `out` (and `out`'s metadata beside it).
-pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Merged, String> {
-    if inputs.is_empty() {
-        return Err("name at least one capture file".into());
-    }
-    let files = inputs
-        .iter()
-        .map(|p| load(p))
-        .collect::<Result<Vec<_>, _>>()?;
-    check_alike(&files)?;
-    let keyed = files[0].meta.key.is_some();
-    let base = files
-        .iter()
-        .map(|f| f.meta.start_unix_ms)
-        .min()
-        .unwrap_or(0);
-    // (time in ms since `base`, file, line): a later turn sorts right after its session's
-    // previous row in its own file.
-    let mut order: Vec<(u64, usize, usize)> = Vec::new();
+/// Every row as (ms since `base`, file, line), sorted: a later turn (a `delay` row) sorts right
+/// after its session's previous row in its own file.
+fn schedule(files: &[Loaded], base: u64) -> Vec<(u64, usize, usize)> {
+    let mut order = Vec::new();
     for (fi, f) in files.iter().enumerate() {
         let offset = f.meta.start_unix_ms - base;
         let mut last: HashMap<&str, u64> = HashMap::new();
@@ -151,6 +136,26 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Merged, String> {
         }
     }
     order.sort();
+    order
+}
+
+/// Merges `inputs` into `out` (and `out`'s metadata beside it).
+pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Merged, String> {
+    if inputs.is_empty() {
+        return Err("name at least one capture file".into());
+    }
+    let files = inputs
+        .iter()
+        .map(|p| load(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_alike(&files)?;
+    let keyed = files[0].meta.key.is_some();
+    let base = files
+        .iter()
+        .map(|f| f.meta.start_unix_ms)
+        .min()
+        .unwrap_or(0);
+    let order = schedule(&files, base);
     let mut ids: HashMap<(usize, u64), u64> = HashMap::new();
     let mut sessions: HashMap<(usize, String), u64> = HashMap::new();
     let tmp = out.with_file_name(format!(
