@@ -96,18 +96,36 @@ fn huge_lengths_are_refused_before_they_are_built() {
         refused(
             "tracelab 4e9",
             &r,
-            &["rounds.jsonl:1", "input_tokens_total", "ceiling of 10000000"],
+            &[
+                "rounds.jsonl:1",
+                "input_tokens_total",
+                "ceiling of 10000000",
+            ],
         );
     }
     // Mooncake: input_length 512,000,000 with 10^6 hash ids (2.5 GB in the decoder before).
     let ids: Vec<u32> = (0..1_000_000).collect();
     let line = json!({"input_length": 512_000_000, "output_length": 10, "hash_ids": ids});
-    let r = synth("mooncake-512m", "t.jsonl", format!("{line}\n").as_bytes(), &[]);
-    refused("mooncake 512M", &r, &["t.jsonl:1:", "`input_length`", "ceiling"]);
+    let r = synth(
+        "mooncake-512m",
+        "t.jsonl",
+        format!("{line}\n").as_bytes(),
+        &[],
+    );
+    refused(
+        "mooncake 512M",
+        &r,
+        &["t.jsonl:1:", "`input_length`", "ceiling"],
+    );
     // Bailian and an output length, the same.
-    let line = "{\"chat_id\": 1, \"timestamp\": 1, \"input_length\": 5, \"output_length\": 20000000}\n";
+    let line =
+        "{\"chat_id\": 1, \"timestamp\": 1, \"input_length\": 5, \"output_length\": 20000000}\n";
     let r = synth("bailian-osl", "b.jsonl", line.as_bytes(), &[]);
-    refused("bailian osl", &r, &["b.jsonl:1:", "`output_length`", "ceiling"]);
+    refused(
+        "bailian osl",
+        &r,
+        &["b.jsonl:1:", "`output_length`", "ceiling"],
+    );
     // Weka `in` past the ceiling (and 10^12, issue item 11).
     for n in [10_000_001u64, 1_000_000_000_000] {
         let r = synth("weka-in", "w.json", weka(json!({"in": n})).as_bytes(), &[]);
@@ -137,7 +155,11 @@ fn bombs_and_huge_records_are_refused_while_streaming() {
         &bomb,
         &["--custom-dataset-type", "weka_trace"],
     );
-    refused("weka bomb", &r, &["bomb.json.gz:1:", "expands more than 200-fold"]);
+    refused(
+        "weka bomb",
+        &r,
+        &["bomb.json.gz:1:", "expands more than 200-fold"],
+    );
     // A plain line past the record cap, after a good one: refused at its line.
     let mut text = b"{\"text_input\": \"hi\"}\n\n".to_vec();
     text.extend_from_slice(&line[..(65 << 20)]);
@@ -146,7 +168,11 @@ fn bombs_and_huge_records_are_refused_while_streaming() {
     // A gzip file of blank lines (a bomb with nothing in it).
     let blank = gzip(&vec![b'\n'; 64 << 20]);
     let r = synth("gz-blank", "blank.jsonl.gz", &blank, &[]);
-    refused("blank bomb", &r, &["blank.jsonl.gz", "expands more than 200-fold"]);
+    refused(
+        "blank bomb",
+        &r,
+        &["blank.jsonl.gz", "expands more than 200-fold"],
+    );
 }
 
 #[test]

@@ -27,7 +27,7 @@ mod prompts;
 mod proxy;
 mod reencode;
 mod rng;
+mod trace_fuzz;
 mod trace_tools;
 mod tracelab;
-mod trace_fuzz;
 mod traces;

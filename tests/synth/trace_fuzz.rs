@@ -183,8 +183,7 @@ fn asked_tokens(path: &Path, kind: TraceKind) -> Option<i64> {
             })))
         }
         TraceKind::BurstGptTrace => {
-            let entries =
-                burst::entries(path, TraceReader::open(path).ok()?, None, false).ok()?;
+            let entries = burst::entries(path, TraceReader::open(path).ok()?, None, false).ok()?;
             Some(sum(&mut entries.iter().map(|e| match e.input {
                 Input::Length(n) => n.saturating_add(e.output_length.unwrap_or(0)),
                 _ => 0,
@@ -236,22 +235,26 @@ fn exercise(path: &Path, tokenizer: &Tokenizer) {
     }
 }
 
-/// Runs `exercise` on `bytes` written to `path`; on a panic, keeps the input as a finding.
-fn check(path: &Path, bytes: &[u8], tokenizer: &Tokenizer, what: &str) {
+/// Runs `exercise` on `bytes` written to `path`; on a panic, keeps the input as a finding and
+/// returns where.
+fn check(path: &Path, bytes: &[u8], tokenizer: &Tokenizer, what: &str) -> Option<String> {
     std::fs::write(path, bytes).unwrap();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         exercise(path, tokenizer);
     }));
-    if outcome.is_err() {
+    outcome.is_err().then(|| {
         let keep = std::env::temp_dir().join(format!(
-            "kvbust-fuzz-finding-{}",
+            "kvbust-fuzz-finding-{}-{}",
+            what.replace([' ', '/'], "_"),
             path.file_name().unwrap().to_string_lossy()
         ));
         std::fs::write(&keep, bytes).unwrap();
-        panic!("{what}: the trace loaders panicked; input kept at {}", keep.display());
-    }
+        format!("{what}: input kept at {}", keep.display())
+    })
 }
 
+// The knob of a long run (a test reads no other configuration), not a library input.
+#[allow(clippy::disallowed_methods)]
 fn iterations() -> u64 {
     std::env::var("KVBUST_TRACE_FUZZ_ITERS")
         .ok()
@@ -264,6 +267,7 @@ fn trace_loaders_survive_mutated_input() {
     let tokenizer = Tokenizer::default_qwen3().unwrap();
     let dir = fresh_scratch("trace_fuzz", "run");
     let iters = iterations();
+    let mut found = Vec::new();
     for (k, (name, text)) in seeds().into_iter().enumerate() {
         for gz in [false, true] {
             let file = if gz {
@@ -273,17 +277,32 @@ fn trace_loaders_survive_mutated_input() {
             };
             let path = dir.join(&file);
             // The unmutated seed loads as its own type.
-            let bytes = if gz { gzip(text.as_bytes()) } else { text.clone().into_bytes() };
-            check(&path, &bytes, &tokenizer, &file);
+            let bytes = if gz {
+                gzip(text.as_bytes())
+            } else {
+                text.clone().into_bytes()
+            };
+            found.extend(check(&path, &bytes, &tokenizer, &file));
             assert_eq!(detect_kind(&path, None).unwrap(), KINDS[k], "{file}");
             for i in 0..iters {
-                let mut rng = rand_pcg::Pcg64::seed_from_u64((k as u64) << 40 | u64::from(gz) << 32 | i);
+                let mut rng =
+                    rand_pcg::Pcg64::seed_from_u64((k as u64) << 40 | u64::from(gz) << 32 | i);
                 let m = mutate(&mut rng, text.as_bytes());
                 let bytes = if gz { gzip(&m) } else { m };
-                check(&path, &bytes, &tokenizer, &format!("{file} iteration {i}"));
+                found.extend(check(
+                    &path,
+                    &bytes,
+                    &tokenizer,
+                    &format!("{file} iteration {i}"),
+                ));
             }
         }
     }
+    assert!(
+        found.is_empty(),
+        "the trace loaders panicked on:\n{}",
+        found.join("\n")
+    );
 }
 
 fn findings() -> PathBuf {
@@ -301,7 +320,11 @@ fn fuzz_findings_replay() {
             continue;
         }
         let path = dir.join(src.file_name().unwrap());
-        check(&path, &std::fs::read(&src).unwrap(), &tokenizer, &src.display().to_string());
+        let what = src.display().to_string();
+        assert_eq!(
+            check(&path, &std::fs::read(&src).unwrap(), &tokenizer, &what),
+            None
+        );
         n += 1;
     }
     assert!(n > 0, "no findings to replay in {}", findings().display());

@@ -367,8 +367,8 @@ pub fn top_level_keys(bytes: &[u8]) -> Vec<String> {
                     break;
                 };
                 if depth == 1 && expect_key {
-                    if let Ok(Ok(k)) = std::str::from_utf8(&bytes[i..=end])
-                        .map(serde_json::from_str::<String>)
+                    if let Ok(Ok(k)) =
+                        std::str::from_utf8(&bytes[i..=end]).map(serde_json::from_str::<String>)
                     {
                         keys.push(k);
                     }
@@ -463,8 +463,7 @@ mod tests {
     use std::io::Write;
 
     fn reader(bytes: Vec<u8>, limits: Limits) -> TraceReader {
-        TraceReader::from_read(Path::new("t.jsonl"), std::io::Cursor::new(bytes), limits)
-            .unwrap()
+        TraceReader::from_read(Path::new("t.jsonl"), std::io::Cursor::new(bytes), limits).unwrap()
     }
 
     fn lines(bytes: &[u8]) -> Vec<(usize, String)> {
@@ -493,7 +492,10 @@ mod tests {
         assert_eq!(got, want);
         let mut r = reader(b"{}\n\xff\n".to_vec(), Limits::default());
         r.next_line().unwrap();
-        assert_eq!(r.next_line().unwrap_err().to_string(), "t.jsonl:2: is not valid UTF-8");
+        assert_eq!(
+            r.next_line().unwrap_err().to_string(),
+            "t.jsonl:2: is not valid UTF-8"
+        );
     }
 
     #[test]
@@ -536,7 +538,9 @@ mod tests {
             ..Limits::default()
         };
         assert_eq!(
-            reader(b"0123456789".to_vec(), limits).read_document().unwrap(),
+            reader(b"0123456789".to_vec(), limits)
+                .read_document()
+                .unwrap(),
             Some(b"0123456789".to_vec())
         );
         assert_eq!(

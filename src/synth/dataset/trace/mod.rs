@@ -433,10 +433,7 @@ fn reshape(
         })?;
         // The multipliers scale lengths that were within the ceiling when read.
         for e in sessions.iter().flat_map(|(_, es)| es.iter()) {
-            let lengths = [
-                ("input_length", Some(&e.input)),
-                ("output_length", None),
-            ];
+            let lengths = [("input_length", Some(&e.input)), ("output_length", None)];
             for (field, input) in lengths {
                 let n = match input {
                     Some(Input::Length(n)) => *n,
@@ -725,13 +722,12 @@ fn build_kind(
             };
             let text = input::TraceReader::open(path)?;
             let max_isl = params.synthesis_max_isl.map(|m| m as i64);
-            let entries =
-                crate::synth::dataset::trace::agentic::burst::entries(
-                    path,
-                    text,
-                    max_isl,
-                    params.strict,
-                )?;
+            let entries = crate::synth::dataset::trace::agentic::burst::entries(
+                path,
+                text,
+                max_isl,
+                params.strict,
+            )?;
             let mut ds = build_entries(
                 &file, kind, entries, &trace, tokenizer, content, root_seed, 512,
             )?;

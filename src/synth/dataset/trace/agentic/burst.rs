@@ -47,14 +47,27 @@ impl<R: Read> Read for RecordCap<R> {
     }
 }
 
-/// Why a row is dropped: the column and what is wrong with it.
+/// A row as read: kept (seconds, request and response tokens), or dropped as AIPerf drops it
+/// (why).
+enum Row {
+    Kept(f64, i64, i64),
+    Dropped(String),
+}
+
+/// A field past one of kvbust's bounds (column, why): an error, not a dropped row.
+type Refusal = (&'static str, String);
+
+/// The row's three columns.
 fn row_fields(
     rec: &csv::StringRecord,
     (ts, request, response): (usize, usize, usize),
-) -> Result<Result<(f64, i64, i64), String>, (&'static str, String)> {
+) -> Result<Row, Refusal> {
     let cell = |i: usize| rec.get(i).unwrap_or("").trim();
     let Ok(t) = cell(ts).parse::<f64>() else {
-        return Ok(Err(format!("Timestamp {:?} is not a number", short(cell(ts)))));
+        return Ok(Row::Dropped(format!(
+            "Timestamp {:?} is not a number",
+            short(cell(ts))
+        )));
     };
     if let Some(why) = input::bad_seconds(t) {
         return Err(("Timestamp", why));
@@ -66,20 +79,25 @@ fn row_fields(
     {
         let text = cell(i);
         match text.parse::<i64>() {
-            Ok(n) if n < 0 => return Ok(Err(format!("{name} is {n}, a negative count"))),
+            Ok(n) if n < 0 => return Ok(Row::Dropped(format!("{name} is {n}, a negative count"))),
             Ok(n) => counts[k] = n,
             // Digits too many for an i64: an integer to Python (AIPerf keeps the row), far
             // over the ceiling.
             Err(_) if is_integer(text) => {
                 return Err((name, format!("is {}, {}", short(text), ceiling_text())))
             }
-            Err(_) => return Ok(Err(format!("{name} {:?} is not an integer", short(text)))),
+            Err(_) => {
+                return Ok(Row::Dropped(format!(
+                    "{name} {:?} is not an integer",
+                    short(text)
+                )))
+            }
         }
         if let Some(why) = input::over_ceiling(counts[k]) {
             return Err((name, why));
         }
     }
-    Ok(Ok((t, counts[0], counts[1])))
+    Ok(Row::Kept(t, counts[0], counts[1]))
 }
 
 fn is_integer(s: &str) -> bool {
@@ -174,8 +192,8 @@ pub fn entries(
         let line = rec.position().map_or(0, |p| p.line() as usize);
         last_line = line;
         let (t, i, o) = match row_fields(&rec, cols) {
-            Ok(Ok(row)) => row,
-            Ok(Err(why)) => {
+            Ok(Row::Kept(t, i, o)) => (t, i, o),
+            Ok(Row::Dropped(why)) => {
                 dropped.push((line, why));
                 continue;
             }
@@ -208,7 +226,11 @@ pub fn entries(
 
 /// One warning for every dropped row (AIPerf drops them silently), or with `--strict` an error
 /// naming the first.
-fn report_dropped(path: &Path, dropped: &[(usize, String)], strict: bool) -> Result<(), TraceError> {
+fn report_dropped(
+    path: &Path,
+    dropped: &[(usize, String)],
+    strict: bool,
+) -> Result<(), TraceError> {
     let Some((line, why)) = dropped.first() else {
         return Ok(());
     };
@@ -260,8 +282,13 @@ mod tests {
             .map(|e| (e.line, e.timestamp.as_ref().unwrap().to_string()))
             .collect();
         assert_eq!(rows, [(2, "3000.0".to_owned()), (5, "6000.0".to_owned())]);
-        let err = entries(Path::new("b.csv"), reader("Timestamp,Model\n1,x\n"), None, false)
-            .unwrap_err();
+        let err = entries(
+            Path::new("b.csv"),
+            reader("Timestamp,Model\n1,x\n"),
+            None,
+            false,
+        )
+        .unwrap_err();
         assert!(
             err.to_string()
                 .contains("missing [\"Request tokens\", \"Response tokens\"]"),

@@ -1041,11 +1041,7 @@ impl Converter<'_> {
 /// Reads a TraceLab file and converts it as AIPerf's `tracelab` loader does: one Weka trace per
 /// root session (children nested as subagent entries), then the children that could not be
 /// nested as traces of their own, at `block_size` tokens per synthesized block id.
-pub fn read(
-    path: &Path,
-    block_size: usize,
-    strict: bool,
-) -> Result<Vec<weka::Source>, SynthError> {
+pub fn read(path: &Path, block_size: usize, strict: bool) -> Result<Vec<weka::Source>, SynthError> {
     let origin = Origin { path };
     let sessions = read_sessions(path, &origin, strict)?;
     if sessions.is_empty() {
