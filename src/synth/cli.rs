@@ -531,6 +531,7 @@ fn init_warnings() {
         .with_max_level(tracing::Level::WARN)
         .without_time()
         .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 

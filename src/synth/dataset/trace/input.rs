@@ -451,7 +451,7 @@ pub fn over_ceiling(n: i64) -> Option<String> {
 pub fn bad_seconds(x: f64) -> Option<String> {
     (!x.is_finite() || x.abs() > MAX_TRACE_SECONDS).then(|| {
         format!(
-            "is {x}, beyond kvbust's bound of ±{MAX_TRACE_SECONDS:e} seconds for a trace time \
+            "is {x:?}, beyond kvbust's bound of ±{MAX_TRACE_SECONDS:e} seconds for a trace time \
              (AIPerf accepts any float; a larger one loses its milliseconds or becomes infinite)"
         )
     })

@@ -138,7 +138,8 @@ fn columns(path: &Path, headers: &csv::StringRecord) -> Result<(usize, usize, us
         path: path.to_path_buf(),
         line: 1,
         message: format!(
-            "burst_gpt_trace needs the columns {REQUIRED:?}; missing {missing:?} (columns              present: {:?})",
+            "burst_gpt_trace needs the columns {REQUIRED:?}; missing {missing:?} (columns \
+             present: {:?})",
             headers.iter().collect::<Vec<_>>()
         ),
     })
@@ -239,7 +240,8 @@ fn report_dropped(
             path: path.to_path_buf(),
             line: *line,
             message: format!(
-                "{why}; --strict refuses dropped rows ({} row(s) of this file would be dropped,                  as AIPerf drops them); fix them, or leave out --strict to skip them",
+                "{why}; --strict refuses dropped rows ({} row(s) of this file would be dropped, \
+                 as AIPerf drops them); fix them, or leave out --strict to skip them",
                 dropped.len()
             ),
         });
@@ -250,7 +252,8 @@ fn report_dropped(
         .map(|(l, w)| format!("line {l}: {w}"))
         .collect();
     tracing::warn!(
-        "{}: dropped {} BurstGPT row(s) whose Timestamp, Request tokens or Response tokens do          not parse (AIPerf drops them too; --strict makes this an error): {}{}",
+        "{}: dropped {} BurstGPT row(s) whose Timestamp, Request tokens or Response tokens do \
+         not parse (AIPerf drops them too; --strict makes this an error): {}{}",
         path.display(),
         dropped.len(),
         listed.join("; "),
