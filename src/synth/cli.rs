@@ -29,10 +29,11 @@ use crate::synth::dataset::export::{self, Answers, ChatOptions};
 use crate::synth::dataset::marker::CacheBustTarget;
 use crate::synth::dataset::params::{RangeRatio, SynthParams};
 use crate::synth::dataset::trace::agentic::{self, burst, schema};
+use crate::synth::dataset::trace::input::TraceReader;
 use crate::synth::dataset::trace::{self, analyze, record};
 use crate::synth::dataset::trace_kind::{BlockTerminator, TraceKind};
 use crate::synth::dataset::{Conversation, Dataset, Turn};
-use crate::synth::error::{SynthError, TraceError};
+use crate::synth::error::SynthError;
 use crate::synth::tokenizer::Tokenizer;
 
 /// What the output file holds.
@@ -225,6 +226,10 @@ pub struct SynthArgs {
     /// `tool_calls` entry on the assistant turn before (AIPerf's WEKA_TOOL_SHAPED_MESSAGES).
     #[arg(long)]
     pub tool_shaped_messages: bool,
+    /// Trace input: a row AIPerf's loader drops (a BurstGPT row whose numbers do not parse, a
+    /// TraceLab row with no session_id) is an error (exit 2) instead of a warning.
+    #[arg(long)]
+    pub strict: bool,
     /// What starts each trace block. `aiperf` (default, byte-exact): the tokenizer's BOS, else
     /// its EOS (`<|im_end|>` for Qwen3). `none` (kvbust extension): corpus tokens only — use it
     /// when the server parses special-token text in user content, which would otherwise see an
@@ -298,6 +303,7 @@ impl SynthArgs {
             use_think_time_only: self.use_think_time_only,
             tool_shaped_messages: self.tool_shaped_messages,
             model: self.model.clone(),
+            strict: self.strict,
         }
     }
 
@@ -517,7 +523,20 @@ pub fn run_then_exit(args: &SynthArgs) -> anyhow::Result<()> {
     run_with(args, true)
 }
 
+/// The loaders' warnings (dropped trace rows, say) on stderr: `kvbust synth` sets up no server
+/// logging, and they would otherwise be lost. A subscriber already set (tests) stays.
+fn init_warnings() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .without_time()
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
 fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
+    init_warnings();
     let started = Instant::now();
     // Check every flag before any expensive work or touching the output file.
     let job = match args.bench_compat {
@@ -672,10 +691,6 @@ pub struct AnalyzeArgs {
 fn analysis_rows(args: &AnalyzeArgs) -> Result<(Vec<analyze::Row>, u64), SynthError> {
     let path = args.input_file.as_path();
     let kind = trace::detect_kind(path, args.custom_dataset_type)?;
-    let io = |source| TraceError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
     let from_sources = |sources: Vec<crate::synth::dataset::trace::agentic::weka::Source>| {
         let declared = sources.first().map(|s| s.trace.block_size.max(1) as u64);
         let rows = sources
@@ -695,16 +710,11 @@ fn analysis_rows(args: &AnalyzeArgs) -> Result<(Vec<analyze::Row>, u64), SynthEr
     };
     let (rows, default_block) = match kind {
         TraceKind::MooncakeTrace | TraceKind::BailianTrace => {
-            let bytes = trace::read_maybe_gzip(path).map_err(io)?;
-            let text = String::from_utf8(bytes).map_err(|_| TraceError::File {
-                path: path.to_path_buf(),
-                message: "is not valid UTF-8".into(),
-            })?;
-            (analyze::rows_from_jsonl(path, &text)?, 512)
+            let lines = trace::read_lines(TraceReader::open(path)?)?;
+            (analyze::rows_from_lines(path, &lines)?, 512)
         }
         TraceKind::BurstGptTrace => {
-            let bytes = trace::read_maybe_gzip(path).map_err(io)?;
-            let rows = burst::entries(path, &bytes, None)?
+            let rows = burst::entries(path, TraceReader::open(path)?, None, false)?
                 .into_iter()
                 .map(|e| analyze::Row {
                     input_length: match e.input {
@@ -724,7 +734,7 @@ fn analysis_rows(args: &AnalyzeArgs) -> Result<(Vec<analyze::Row>, u64), SynthEr
         }
         TraceKind::Tracelab => {
             let block = args.block_size.unwrap_or(64).max(1) as usize;
-            let (rows, _) = from_sources(agentic::tracelab::read(path, block)?);
+            let (rows, _) = from_sources(agentic::tracelab::read(path, block, false)?);
             (rows, 64)
         }
     };
@@ -733,6 +743,7 @@ fn analysis_rows(args: &AnalyzeArgs) -> Result<(Vec<analyze::Row>, u64), SynthEr
 
 /// Runs `kvbust analyze-trace`: the report on standard output, the JSON to `--output-file`.
 pub fn run_analyze(args: &AnalyzeArgs) -> anyhow::Result<()> {
+    init_warnings();
     if args.block_size == Some(0) {
         return Err(SynthError::invalid("--block-size must be at least 1").into());
     }

@@ -124,6 +124,9 @@ pub struct SynthParams {
     pub tool_shaped_messages: bool,
     /// `--model`: weka trace models map onto these names (comma-separated; main model first).
     pub model: Option<String>,
+    /// `--strict`: a trace row AIPerf would drop (a BurstGPT row that does not parse, a TraceLab
+    /// row with no `session_id`) is an error instead of a warning.
+    pub strict: bool,
 }
 
 impl serde::Serialize for RangeRatio {
@@ -203,6 +206,7 @@ impl Default for SynthParams {
             use_think_time_only: false,
             tool_shaped_messages: false,
             model: None,
+            strict: false,
         }
     }
 }

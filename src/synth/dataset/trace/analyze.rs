@@ -232,15 +232,22 @@ struct Line {
 /// these keys), read as AIPerf's analyzer reads them: every non-blank line is a JSON object,
 /// other keys ignored.
 pub fn rows_from_jsonl(path: &Path, text: &str) -> Result<Vec<Row>, TraceError> {
+    let lines: Vec<(usize, String)> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim().to_owned()))
+        .filter(|(_, l)| !l.is_empty())
+        .collect();
+    rows_from_lines(path, &lines)
+}
+
+/// [`rows_from_jsonl`] on lines already split (non-blank, trimmed, numbered).
+pub fn rows_from_lines(path: &Path, lines: &[(usize, String)]) -> Result<Vec<Row>, TraceError> {
     let mut rows = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
+    for (i, line) in lines {
         let parsed: Line = serde_json::from_str(line).map_err(|e| TraceError::Line {
             path: path.to_path_buf(),
-            line: i + 1,
+            line: *i,
             message: format!(
                 "is not a trace object with integer `input_length`, `output_length` and a \
                  `hash_ids` list of integers: {e}"

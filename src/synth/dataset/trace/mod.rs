@@ -5,6 +5,7 @@
 
 pub mod agentic;
 pub mod analyze;
+pub mod input;
 pub mod record;
 pub mod synthesize;
 
@@ -32,26 +33,6 @@ use record::{Entry, Input};
 /// Hash-id sequences decoded together (bounds the token sequences held at once).
 const DECODE_BATCH: usize = 512;
 
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
-fn gunzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut out)?;
-    Ok(out)
-}
-
-/// A file's bytes, gunzipped when they start with the gzip magic (AIPerf opens `.gz` traces
-/// the same way).
-pub fn read_maybe_gzip(path: &Path) -> std::io::Result<Vec<u8>> {
-    let bytes = std::fs::read(path)?;
-    if bytes.starts_with(&GZIP_MAGIC) {
-        gunzip(&bytes)
-    } else {
-        Ok(bytes)
-    }
-}
-
 /// A trace file as read from disk: its bytes decide the hash-id scope.
 #[derive(Debug, Clone)]
 pub struct TraceFile {
@@ -62,54 +43,39 @@ pub struct TraceFile {
     pub lines: Vec<(usize, String)>,
 }
 
+/// Every non-blank line of `reader`, each within the record cap.
+pub fn read_lines(mut reader: input::TraceReader) -> Result<Vec<(usize, String)>, TraceError> {
+    let mut lines = Vec::new();
+    while let Some(l) = reader.next_line()? {
+        lines.push(l);
+    }
+    Ok(lines)
+}
+
 impl TraceFile {
-    /// Reads `path`: UTF-8, universal newlines, blank lines skipped.
+    /// Reads `path` as a stream (gunzipped when it is gzip): UTF-8, universal newlines, blank
+    /// lines skipped, each line within [`input::MAX_RECORD_BYTES`].
     pub fn read(path: &Path) -> Result<Self, TraceError> {
-        let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+        let lines = read_lines(input::TraceReader::open(path)?)?;
+        Ok(TraceFile {
             path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_bytes(path, &bytes)
+            // AIPerf hashes the file as it is on disk (compressed, for a .gz).
+            trace_id: input::trace_id_of(path)?,
+            lines,
+        })
     }
 
     /// The same from bytes already in memory (`path` is used for messages only).
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self, TraceError> {
-        // AIPerf hashes the file as it is on disk (compressed, for a .gz).
-        let trace_id = hash_blocks::trace_id(bytes);
-        let unzipped;
-        let bytes = if bytes.starts_with(&GZIP_MAGIC) {
-            unzipped = gunzip(bytes).map_err(|e| TraceError::File {
-                path: path.to_path_buf(),
-                message: format!("is gzip-compressed but does not decompress: {e}"),
-            })?;
-            &unzipped[..]
-        } else {
-            bytes
-        };
-        let text = std::str::from_utf8(bytes).map_err(|e| {
-            let line = 1 + bytes[..e.valid_up_to()]
-                .iter()
-                .filter(|&&b| b == b'\n')
-                .count();
-            TraceError::Line {
-                path: path.to_path_buf(),
-                line,
-                message: "is not valid UTF-8".into(),
-            }
-        })?;
-        let text = text.replace("\r\n", "\n").replace('\r', "\n");
-        let lines = text
-            .split('\n')
-            .enumerate()
-            .filter_map(|(i, l)| {
-                let t = l.trim();
-                (!t.is_empty()).then(|| (i + 1, t.to_owned()))
-            })
-            .collect();
+        let reader = input::TraceReader::from_read(
+            path,
+            std::io::Cursor::new(bytes.to_vec()),
+            input::Limits::default(),
+        )?;
         Ok(TraceFile {
             path: path.to_path_buf(),
-            trace_id,
-            lines,
+            trace_id: hash_blocks::trace_id(bytes),
+            lines: read_lines(reader)?,
         })
     }
 
@@ -537,6 +503,26 @@ fn reshape(
                 ),
             )
         })?;
+        // The multipliers scale lengths that were within the ceiling when read.
+        for e in sessions.iter().flat_map(|(_, es)| es.iter()) {
+            let lengths = [("input_length", Some(&e.input)), ("output_length", None)];
+            for (field, input) in lengths {
+                let n = match input {
+                    Some(Input::Length(n)) => *n,
+                    Some(_) => continue,
+                    None => e.output_length.unwrap_or(0),
+                };
+                if let Some(why) = input::over_ceiling(n) {
+                    return Err(file.line_error(
+                        e.line,
+                        format!(
+                            "field `{field}` after the --synthesis-* multipliers {why}; lower \
+                             the multipliers or pass --synthesis-max-isl/--synthesis-max-osl"
+                        ),
+                    ));
+                }
+            }
+        }
     }
     if let Some(cap) = params.max_osl {
         for e in sessions.iter_mut().flat_map(|(_, es)| es.iter_mut()) {
@@ -688,27 +674,48 @@ fn conversations(
 /// The type of the input at `path`: `--custom-dataset-type` when given, else detected as
 /// AIPerf's loaders' `can_load` would (a directory or a Weka JSON is `weka_trace`, a first row
 /// with TraceLab's keys `tracelab`, a CSV with BurstGPT's columns `burst_gpt_trace`, else
-/// mooncake or bailian from the first line).
+/// mooncake or bailian from the first line), from the first [`input::DETECT_BYTES`] of the
+/// file only.
 pub fn detect_kind(path: &Path, given: Option<TraceKind>) -> Result<TraceKind, SynthError> {
     if let Some(k) = given {
         return Ok(k);
     }
-    if path.is_dir() || crate::synth::dataset::trace::agentic::looks_like_weka(path) {
+    if path.is_dir() {
         return Ok(TraceKind::WekaTrace);
     }
-    let bytes = read_maybe_gzip(path).map_err(|source| TraceError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let prefix = input::detect_prefix(path)?;
+    let whole = prefix.len() < input::DETECT_BYTES;
+    Ok(kind_of_prefix(path, &prefix, whole)?)
+}
+
+/// The type the first bytes of a file say (`whole`: they are the whole file).
+fn kind_of_prefix(path: &Path, prefix: &[u8], whole: bool) -> Result<TraceKind, TraceError> {
+    let keys = input::top_level_keys(prefix);
+    if agentic::weka_keys(&keys) {
+        return Ok(TraceKind::WekaTrace);
+    }
     // AIPerf's tracelab `can_load`: the first row holds TraceLab's distinctive keys, which no
     // mooncake or bailian line can (their loaders refuse the extra fields).
-    if crate::synth::dataset::trace::agentic::tracelab::looks_like_tracelab(&bytes) {
+    if agentic::tracelab::tracelab_keys(&keys) {
         return Ok(TraceKind::Tracelab);
     }
-    if crate::synth::dataset::trace::agentic::burst::looks_like_burst(&bytes) {
+    let first = input::first_line(prefix, whole);
+    if first.is_some_and(|(_, l)| agentic::burst::looks_like_burst(l.as_bytes())) {
         return Ok(TraceKind::BurstGptTrace);
     }
-    Ok(TraceFile::from_bytes(path, &bytes)?.detect(None)?)
+    let file = TraceFile {
+        path: path.to_path_buf(),
+        trace_id: String::new(),
+        lines: first.map(|(n, l)| (n, l.to_owned())).into_iter().collect(),
+    };
+    match first {
+        Some(_) => file.detect(None),
+        None if whole => file.detect(None),
+        // A first line longer than the prefix: read it as the type its keys resemble, whose
+        // loader then reads it (within the record cap) and names what is wrong.
+        None if keys.iter().any(|k| k == "chat_id") => Ok(TraceKind::BailianTrace),
+        None => Ok(TraceKind::MooncakeTrace),
+    }
 }
 
 /// The corpus a trace is built from: `--prompt-corpus` when given, else the type's AIPerf
@@ -787,26 +794,19 @@ fn build_kind(
             crate::synth::dataset::trace::agentic::build_tracelab(path, params, tokenizer, content)
         }
         TraceKind::BurstGptTrace => {
-            let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
             let file = TraceFile {
                 path: path.to_path_buf(),
-                trace_id: hash_blocks::trace_id(&bytes),
+                trace_id: input::trace_id_of(path)?,
                 lines: Vec::new(),
             };
-            let text = if bytes.starts_with(&GZIP_MAGIC) {
-                gunzip(&bytes).map_err(|source| TraceError::Io {
-                    path: path.to_path_buf(),
-                    source,
-                })?
-            } else {
-                bytes
-            };
+            let text = input::TraceReader::open(path)?;
             let max_isl = params.synthesis_max_isl.map(|m| m as i64);
-            let entries =
-                crate::synth::dataset::trace::agentic::burst::entries(path, &text, max_isl)?;
+            let entries = crate::synth::dataset::trace::agentic::burst::entries(
+                path,
+                text,
+                max_isl,
+                params.strict,
+            )?;
             let mut ds = build_entries(
                 &file, kind, entries, &trace, tokenizer, content, root_seed, 512,
             )?;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 use serde_json::{Number, Value};
 
+use crate::synth::dataset::trace::input::over_ceiling;
 use crate::synth::dataset::trace_kind::TraceKind;
 use crate::synth::dataset::RawJson;
 
@@ -202,7 +203,7 @@ pub fn parse(kind: TraceKind, line: usize, text: &str) -> Result<Entry, FieldErr
 
 fn mooncake(line: usize, f: &Fields) -> Result<Entry, FieldError> {
     check_type(f)?;
-    let input_length = int_field(f, "input_length")?;
+    let input_length = within_ceiling("input_length", int_field(f, "input_length")?)?;
     let text_input = str_field(f, "text_input")?;
     let messages = raw_field(f, "messages");
     let payload = raw_field(f, "payload");
@@ -326,7 +327,15 @@ fn output_length(n: Option<i64>) -> Result<Option<i64>, FieldError> {
             "output_length",
             format!("is {n}, but it must be at least 1 (AIPerf refuses max_tokens below 1)"),
         )),
-        other => Ok(other),
+        other => within_ceiling("output_length", other),
+    }
+}
+
+/// A token count within kvbust's per-request ceiling (AIPerf's models take any integer).
+fn within_ceiling(key: &str, n: Option<i64>) -> Result<Option<i64>, FieldError> {
+    match n.and_then(over_ceiling) {
+        Some(why) => Err(bad(key, why)),
+        None => Ok(n),
     }
 }
 
@@ -344,7 +353,10 @@ fn bailian(line: usize, f: &Fields) -> Result<Entry, FieldError> {
         .map(|s| s * 1000.0)
         .and_then(Number::from_f64)
         .ok_or_else(|| bad("timestamp", "must be a finite number of seconds"))?;
-    let input_length = required(int_field(f, "input_length")?, "input_length")?;
+    let input_length = required(
+        within_ceiling("input_length", int_field(f, "input_length")?)?,
+        "input_length",
+    )?;
     let output_length = output_length(Some(required(
         int_field(f, "output_length")?,
         "output_length",

@@ -2,13 +2,20 @@
 //! `Request tokens` synthesized input and `Response tokens` output at `Timestamp` seconds.
 //! Owns reading the CSV into trace entries; the prompts come from the trace replay.
 
+use std::cell::Cell;
+use std::io::Read;
 use std::path::Path;
+use std::rc::Rc;
 
+use crate::synth::dataset::trace::input::{self, TraceReader};
 use crate::synth::dataset::trace::record::{Entry, Input};
 use crate::synth::error::TraceError;
 
 /// The columns AIPerf requires (others are ignored).
 const REQUIRED: [&str; 3] = ["Timestamp", "Request tokens", "Response tokens"];
+
+/// Dropped rows listed by line in the warning (the count covers them all).
+const LISTED: usize = 10;
 
 /// Whether `bytes` start with a header holding the three BurstGPT columns.
 pub fn looks_like_burst(bytes: &[u8]) -> bool {
@@ -17,55 +24,181 @@ pub fn looks_like_burst(bytes: &[u8]) -> bool {
         .is_ok_and(|h| REQUIRED.iter().all(|c| h.iter().any(|x| x == *c)))
 }
 
+/// Refuses a CSV record longer than the record cap while it is being read (the CSV reader
+/// would otherwise hold a 500 MB field whole): `since` counts the bytes handed out since the
+/// last complete record, and the reader resets it after each one.
+struct RecordCap<R> {
+    inner: R,
+    since: Rc<Cell<u64>>,
+    cap: u64,
+}
+
+impl<R: Read> Read for RecordCap<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.since.set(self.since.get() + n as u64);
+        if self.since.get() > self.cap {
+            return Err(input::Refused::io(format!(
+                "a CSV record is longer than {} MiB, kvbust's cap on one trace record",
+                self.cap >> 20
+            )));
+        }
+        Ok(n)
+    }
+}
+
+/// A row as read: kept (seconds, request and response tokens), or dropped as AIPerf drops it
+/// (why).
+enum Row {
+    Kept(f64, i64, i64),
+    Dropped(String),
+}
+
+/// A field past one of kvbust's bounds (column, why): an error, not a dropped row.
+type Refusal = (&'static str, String);
+
+/// The row's three columns.
+fn row_fields(
+    rec: &csv::StringRecord,
+    (ts, request, response): (usize, usize, usize),
+) -> Result<Row, Refusal> {
+    let cell = |i: usize| rec.get(i).unwrap_or("").trim();
+    let Ok(t) = cell(ts).parse::<f64>() else {
+        return Ok(Row::Dropped(format!(
+            "Timestamp {:?} is not a number",
+            short(cell(ts))
+        )));
+    };
+    if let Some(why) = input::bad_seconds(t) {
+        return Err(("Timestamp", why));
+    }
+    let mut counts = [0i64; 2];
+    for (k, (i, name)) in [(request, REQUIRED[1]), (response, REQUIRED[2])]
+        .into_iter()
+        .enumerate()
+    {
+        let text = cell(i);
+        match text.parse::<i64>() {
+            Ok(n) if n < 0 => return Ok(Row::Dropped(format!("{name} is {n}, a negative count"))),
+            Ok(n) => counts[k] = n,
+            // Digits too many for an i64: an integer to Python (AIPerf keeps the row), far
+            // over the ceiling.
+            Err(_) if is_integer(text) => {
+                return Err((name, format!("is {}, {}", short(text), ceiling_text())))
+            }
+            Err(_) => {
+                return Ok(Row::Dropped(format!(
+                    "{name} {:?} is not an integer",
+                    short(text)
+                )))
+            }
+        }
+        if let Some(why) = input::over_ceiling(counts[k]) {
+            return Err((name, why));
+        }
+    }
+    Ok(Row::Kept(t, counts[0], counts[1]))
+}
+
+fn is_integer(s: &str) -> bool {
+    let d = s.strip_prefix(['+', '-']).unwrap_or(s);
+    !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn ceiling_text() -> String {
+    format!(
+        "above kvbust's ceiling of {} tokens per request",
+        input::MAX_REQUEST_TOKENS
+    )
+}
+
+/// A cell cut for a message.
+fn short(s: &str) -> String {
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s.to_owned()
+    }
+}
+
+/// The header's required columns, or the error naming the missing ones.
+fn columns(path: &Path, headers: &csv::StringRecord) -> Result<(usize, usize, usize), TraceError> {
+    let col = |name: &str| headers.iter().position(|h| h == name);
+    if let (Some(ts), Some(input), Some(output)) =
+        (col(REQUIRED[0]), col(REQUIRED[1]), col(REQUIRED[2]))
+    {
+        return Ok((ts, input, output));
+    }
+    let missing: Vec<&str> = REQUIRED
+        .iter()
+        .copied()
+        .filter(|c| col(c).is_none())
+        .collect();
+    Err(TraceError::Line {
+        path: path.to_path_buf(),
+        line: 1,
+        message: format!(
+            "burst_gpt_trace needs the columns {REQUIRED:?}; missing {missing:?} (columns \
+             present: {:?})",
+            headers.iter().collect::<Vec<_>>()
+        ),
+    })
+}
+
 /// The rows as trace entries (timestamps in ms). Rows AIPerf skips (a field that does not
-/// parse) are skipped too, each with a warning naming its line; negative counts are skipped
-/// the same way.
-pub fn entries(path: &Path, bytes: &[u8], max_isl: Option<i64>) -> Result<Vec<Entry>, TraceError> {
+/// parse) are skipped too, negative counts the same way, and all of them are counted in one
+/// warning naming their lines; with `strict` the first one is an error instead. A count over
+/// [`input::MAX_REQUEST_TOKENS`] or a time past [`input::MAX_TRACE_SECONDS`] is an error.
+pub fn entries(
+    path: &Path,
+    reader: TraceReader,
+    max_isl: Option<i64>,
+    strict: bool,
+) -> Result<Vec<Entry>, TraceError> {
     let fail = |line: usize, message: String| TraceError::Line {
         path: path.to_path_buf(),
         line,
         message,
     };
-    let mut r = csv::ReaderBuilder::new().flexible(true).from_reader(bytes);
+    let since = Rc::new(Cell::new(0));
+    let capped = RecordCap {
+        cap: reader.limits().max_record as u64,
+        inner: reader.into_stream(),
+        since: Rc::clone(&since),
+    };
+    let mut r = csv::ReaderBuilder::new().flexible(true).from_reader(capped);
     let headers = r
         .headers()
         .map_err(|e| fail(1, format!("is not a CSV header: {e}")))?
         .clone();
-    let col = |name: &str| headers.iter().position(|h| h == name);
-    let (Some(ts), Some(input), Some(output)) =
-        (col(REQUIRED[0]), col(REQUIRED[1]), col(REQUIRED[2]))
-    else {
-        let missing: Vec<&str> = REQUIRED
-            .iter()
-            .copied()
-            .filter(|c| col(c).is_none())
-            .collect();
-        return Err(fail(
-            1,
-            format!(
-                "burst_gpt_trace needs the columns {REQUIRED:?}; missing {missing:?} (columns \
-                 present: {:?})",
-                headers.iter().collect::<Vec<_>>()
-            ),
-        ));
-    };
+    let cols = columns(path, &headers)?;
     let mut out = Vec::new();
-    let mut skipped = Vec::new();
-    for rec in r.records() {
-        let rec = rec.map_err(|e| {
-            let line = e.position().map_or(0, |p| p.line() as usize);
-            fail(line, format!("is not valid CSV: {e}"))
-        })?;
+    let mut dropped: Vec<(usize, String)> = Vec::new();
+    let mut rec = csv::StringRecord::new();
+    let mut last_line = 1;
+    loop {
+        since.set(0);
+        match r.read_record(&mut rec) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                let line = e.position().map_or(last_line + 1, |p| p.line() as usize);
+                let message = match e.kind() {
+                    csv::ErrorKind::Io(io) => io.to_string(),
+                    _ => format!("is not valid CSV: {e}"),
+                };
+                return Err(fail(line, message));
+            }
+        }
         let line = rec.position().map_or(0, |p| p.line() as usize);
-        let parsed = (|| {
-            let t: f64 = rec.get(ts)?.trim().parse().ok()?;
-            let i: i64 = rec.get(input)?.trim().parse().ok()?;
-            let o: i64 = rec.get(output)?.trim().parse().ok()?;
-            (i >= 0 && o >= 0).then_some((t, i, o))
-        })();
-        let Some((t, i, o)) = parsed else {
-            skipped.push(line);
-            continue;
+        last_line = line;
+        let (t, i, o) = match row_fields(&rec, cols) {
+            Ok(Row::Kept(t, i, o)) => (t, i, o),
+            Ok(Row::Dropped(why)) => {
+                dropped.push((line, why));
+                continue;
+            }
+            Err((field, why)) => return Err(fail(line, format!("field `{field}` {why}"))),
         };
         if max_isl.is_some_and(|m| i > m) {
             continue;
@@ -82,15 +215,7 @@ pub fn entries(path: &Path, bytes: &[u8], max_isl: Option<i64>) -> Result<Vec<En
             extra: None,
         });
     }
-    if !skipped.is_empty() {
-        tracing::warn!(
-            file = %path.display(),
-            rows = skipped.len(),
-            lines = ?&skipped[..skipped.len().min(10)],
-            "skipped BurstGPT rows whose Timestamp, Request tokens or Response tokens do not \
-             parse (AIPerf skips them too)"
-        );
-    }
+    report_dropped(path, &dropped, strict)?;
     if out.is_empty() {
         return Err(TraceError::Empty {
             path: path.to_path_buf(),
@@ -100,21 +225,73 @@ pub fn entries(path: &Path, bytes: &[u8], max_isl: Option<i64>) -> Result<Vec<En
     Ok(out)
 }
 
+/// One warning for every dropped row (AIPerf drops them silently), or with `--strict` an error
+/// naming the first.
+fn report_dropped(
+    path: &Path,
+    dropped: &[(usize, String)],
+    strict: bool,
+) -> Result<(), TraceError> {
+    let Some((line, why)) = dropped.first() else {
+        return Ok(());
+    };
+    if strict {
+        return Err(TraceError::Line {
+            path: path.to_path_buf(),
+            line: *line,
+            message: format!(
+                "{why}; --strict refuses dropped rows ({} row(s) of this file would be dropped, \
+                 as AIPerf drops them); fix them, or leave out --strict to skip them",
+                dropped.len()
+            ),
+        });
+    }
+    let listed: Vec<String> = dropped
+        .iter()
+        .take(LISTED)
+        .map(|(l, w)| format!("line {l}: {w}"))
+        .collect();
+    tracing::warn!(
+        "{}: dropped {} BurstGPT row(s) whose Timestamp, Request tokens or Response tokens do \
+         not parse (AIPerf drops them too; --strict makes this an error): {}{}",
+        path.display(),
+        dropped.len(),
+        listed.join("; "),
+        if dropped.len() > LISTED { "; …" } else { "" }
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn reader(text: &str) -> TraceReader {
+        TraceReader::from_read(
+            Path::new("b.csv"),
+            std::io::Cursor::new(text.as_bytes().to_vec()),
+            input::Limits::default(),
+        )
+        .unwrap()
+    }
 
     #[test]
     fn rows_become_entries_and_bad_rows_are_skipped() {
         let csv = "Timestamp,Model,Request tokens,Response tokens\n3,GPT-4,10,5\nx,GPT-4,1,1\n4.5,\"A, B\",7,-1\n6,ChatGPT,8,2\n";
         assert!(looks_like_burst(csv.as_bytes()));
-        let e = entries(Path::new("b.csv"), csv.as_bytes(), None).unwrap();
+        let e = entries(Path::new("b.csv"), reader(csv), None, false).unwrap();
         let rows: Vec<(usize, String)> = e
             .iter()
             .map(|e| (e.line, e.timestamp.as_ref().unwrap().to_string()))
             .collect();
         assert_eq!(rows, [(2, "3000.0".to_owned()), (5, "6000.0".to_owned())]);
-        let err = entries(Path::new("b.csv"), b"Timestamp,Model\n1,x\n", None).unwrap_err();
+        let err = entries(
+            Path::new("b.csv"),
+            reader("Timestamp,Model\n1,x\n"),
+            None,
+            false,
+        )
+        .unwrap_err();
         assert!(
             err.to_string()
                 .contains("missing [\"Request tokens\", \"Response tokens\"]"),

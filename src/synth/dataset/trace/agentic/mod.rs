@@ -18,7 +18,8 @@ use serde::Serialize;
 
 pub use recon::Message;
 
-use crate::synth::error::AgenticError;
+use crate::synth::dataset::trace::input::{self, TraceReader};
+use crate::synth::error::{AgenticError, SynthError};
 
 /// Where a conversation sits in the agent tree, in AIPerf's `Conversation` field names.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -131,6 +132,7 @@ impl Serialize for TurnInfo {
 
 /// Reads Weka traces: a `.json` file, a directory of them (sorted by name, as AIPerf globs
 /// `*.json`), or a JSON-lines file with one trace per line (a SemiAnalysis cc-traces export).
+/// Read as streams: a whole-file document, and each line, within the record cap.
 pub fn read_weka(path: &Path) -> Result<Vec<weka::Source>, AgenticError> {
     let io = |source| AgenticError::Io {
         path: path.to_path_buf(),
@@ -153,45 +155,49 @@ pub fn read_weka(path: &Path) -> Result<Vec<weka::Source>, AgenticError> {
         }
         return files.iter().map(|f| read_one(f)).collect();
     }
-    let bytes = crate::synth::dataset::trace::read_maybe_gzip(path).map_err(io)?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| AgenticError::Input {
-        origin: path.display().to_string(),
-        trace_id: None,
-        path: String::new(),
-        message: format!("is not valid UTF-8 ({e})"),
-    })?;
     let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase());
     let jsonl = name.is_some_and(|n| n.ends_with(".jsonl") || n.ends_with(".jsonl.gz"));
     // One object spanning the file, or one trace per line (what `datasets`' `to_json` writes).
     if !jsonl {
-        match serde_json::from_str::<serde_json::Value>(text) {
-            Ok(v) => return Ok(vec![source(path.display().to_string(), &v)?]),
-            Err(e) if text.lines().filter(|l| !l.trim().is_empty()).count() < 2 => {
-                return Err(AgenticError::Input {
-                    origin: path.display().to_string(),
-                    trace_id: None,
-                    path: String::new(),
-                    message: format!("invalid JSON: {e}"),
-                })
-            }
-            Err(_) => {}
-        }
-    }
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            let origin = format!("{}:{}", path.display(), i + 1);
-            let mut v = serde_json::from_str(l).map_err(|e| AgenticError::Input {
-                origin: origin.clone(),
+        let doc = TraceReader::open(path)
+            .and_then(|mut r| r.read_document())
+            .map_err(SynthError::from)?;
+        // Longer than one record: only lines can be read, each within the cap.
+        if let Some(bytes) = doc {
+            let text = std::str::from_utf8(&bytes).map_err(|e| AgenticError::Input {
+                origin: path.display().to_string(),
                 trace_id: None,
                 path: String::new(),
-                message: format!("invalid JSON: {e}"),
+                message: format!("is not valid UTF-8 ({e})"),
             })?;
-            strip_nulls(&mut v);
-            source(origin, &v)
-        })
-        .collect()
+            match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(v) => return Ok(vec![source(path.display().to_string(), &v)?]),
+                Err(e) if text.lines().filter(|l| !l.trim().is_empty()).count() < 2 => {
+                    return Err(AgenticError::Input {
+                        origin: path.display().to_string(),
+                        trace_id: None,
+                        path: String::new(),
+                        message: format!("invalid JSON: {e}"),
+                    })
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    let mut reader = TraceReader::open(path).map_err(SynthError::from)?;
+    let mut out = Vec::new();
+    while let Some((line, text)) = reader.next_line().map_err(SynthError::from)? {
+        let origin = format!("{}:{line}", path.display());
+        let mut v = serde_json::from_str(&text).map_err(|e| AgenticError::Input {
+            origin: origin.clone(),
+            trace_id: None,
+            path: String::new(),
+            message: format!("invalid JSON: {e}"),
+        })?;
+        strip_nulls(&mut v);
+        out.push(source(origin, &v)?);
+    }
+    Ok(out)
 }
 
 /// Drops null members, recursively. A dataset export stores every row with the union of
@@ -209,11 +215,19 @@ fn strip_nulls(v: &mut serde_json::Value) {
 }
 
 fn read_one(file: &Path) -> Result<weka::Source, AgenticError> {
-    let bytes = std::fs::read(file).map_err(|source| AgenticError::Io {
-        path: file.to_path_buf(),
-        source,
-    })?;
     let origin = file.display().to_string();
+    let bytes = TraceReader::open(file)
+        .and_then(|mut r| r.read_document())
+        .map_err(SynthError::from)?
+        .ok_or_else(|| AgenticError::Input {
+            origin: origin.clone(),
+            trace_id: None,
+            path: String::new(),
+            message: format!(
+                "is longer than {} MiB, kvbust's cap on one trace record",
+                input::MAX_RECORD_BYTES >> 20
+            ),
+        })?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| AgenticError::Input {
         origin: origin.clone(),
         trace_id: None,
@@ -235,43 +249,14 @@ fn source(origin: String, v: &serde_json::Value) -> Result<weka::Source, Agentic
     }
 }
 
-/// Whether `path` looks like Weka input: AIPerf's `can_load` (the first `*.json` of a
-/// directory, or the file itself, validates against the schema), kvbust also accepting the
-/// JSON-lines export and any object with Weka's `id`, `block_size` and `requests` members (so
-/// a broken trace gets the Weka schema's error, not another type's).
-pub fn looks_like_weka(path: &Path) -> bool {
-    let weka_shaped = |v: &serde_json::Value| {
-        schema::parse(v).is_ok()
-            || ["id", "block_size", "requests"]
-                .iter()
-                .all(|k| v.get(k).is_some())
-    };
-    let probe = |f: &Path| -> bool {
-        let Ok(bytes) = crate::synth::dataset::trace::read_maybe_gzip(f) else {
-            return false;
-        };
-        let first_line = |b: &[u8]| -> Option<serde_json::Value> {
-            let text = std::str::from_utf8(b).ok()?;
-            let mut v = serde_json::from_str(text.lines().find(|l| !l.trim().is_empty())?).ok()?;
-            strip_nulls(&mut v);
-            Some(v)
-        };
-        serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .or_else(|| first_line(&bytes))
-            .is_some_and(|v| weka_shaped(&v))
-    };
-    if path.is_dir() {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .collect();
-        files.sort();
-        return files.first().is_some_and(|f| probe(f));
-    }
-    probe(path)
+/// Whether the top-level keys of a file's first object (see [`input::top_level_keys`]) are
+/// Weka's: AIPerf's `can_load` validates the object against the schema, which needs `id`,
+/// `block_size` and `requests`; kvbust takes any object with those three (so a broken trace
+/// gets the Weka schema's error, not another type's), from a bounded prefix.
+pub fn weka_keys(keys: &[String]) -> bool {
+    ["id", "block_size", "requests"]
+        .iter()
+        .all(|k| keys.iter().any(|x| x == k))
 }
 
 /// The dataset AIPerf 0.13.0 builds for `--input-file PATH --custom-dataset-type weka_trace`,
@@ -315,7 +300,7 @@ pub fn build_tracelab(
     let block_size = params
         .isl_block_size
         .unwrap_or(tracelab::DEFAULT_BLOCK_SIZE);
-    let sources = tracelab::read(path, block_size)?;
+    let sources = tracelab::read(path, block_size, params.strict)?;
     reconstruct(sources, Some(block_size), params, tokenizer, content)
 }
 

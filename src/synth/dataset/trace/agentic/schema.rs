@@ -4,6 +4,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::synth::dataset::trace::input::{bad_seconds, over_ceiling};
+
 /// One normal (`"n"`) or streaming (`"s"`) API call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -214,7 +216,22 @@ fn non_negative(x: i64, path: &str, what: &str) -> R<i64> {
     if x < 0 {
         return err(path, format!("is {x}, but {what} cannot be negative"));
     }
+    if let Some(why) = over_ceiling(x) {
+        return err(path, why);
+    }
     Ok(x)
+}
+
+/// A time in seconds within kvbust's bound (AIPerf's `float` fields take any value).
+fn seconds(x: f64, path: &str) -> R<f64> {
+    match bad_seconds(x) {
+        Some(why) => err(path, why),
+        None => Ok(x),
+    }
+}
+
+fn opt_seconds(x: Option<f64>, path: &str) -> R<Option<f64>> {
+    x.map(|x| seconds(x, path)).transpose()
 }
 
 const REQUEST_FIELDS: &[&str] = &[
@@ -308,15 +325,15 @@ fn request(v: &Value, path: &str, streaming: bool) -> R<Request> {
         None => String::new(),
     };
     Ok(Request {
-        t: f.float("t")?,
+        t: seconds(f.float("t")?, &join(path, "t"))?,
         model: f.string("model")?,
         input_length: length(&f, "in", "input_length")?,
         output_length: length(&f, "out", "output_length")?,
         hash_ids,
         input_types: f.strings("input_types")?,
         stop,
-        api_time: f.opt_float("api_time")?,
-        think_time: f.opt_float("think_time")?,
+        api_time: opt_seconds(f.opt_float("api_time")?, &join(path, "api_time"))?,
+        think_time: opt_seconds(f.opt_float("think_time")?, &join(path, "think_time"))?,
     })
 }
 
@@ -370,7 +387,7 @@ fn subagent(v: &Value, path: &str) -> R<Subagent> {
         .map(|(i, r)| inner_request(r, &format!("{rp}[{i}]")))
         .collect::<R<_>>()?;
     Ok(Subagent {
-        t: f.float("t")?,
+        t: seconds(f.float("t")?, &join(path, "t"))?,
         agent_id: f.string("agent_id")?,
         duration_ms: f.opt_int("duration_ms")?,
         requests,

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use super::schema::{Entry, Request, Subagent, WekaTrace};
 use super::{weka, AgenticError};
-use crate::synth::dataset::trace::TraceFile;
+use crate::synth::dataset::trace::input::{self, TraceReader};
 use crate::synth::dataset::trace_kind::TraceKind;
 use crate::synth::error::SynthError;
 
@@ -38,19 +38,81 @@ const DETECT_KEYS: [&str; 6] = [
     "timing_events",
 ];
 
-/// Whether `bytes` (already gunzipped) look like TraceLab: AIPerf's `can_load` on the first
-/// non-blank line (an object holding every detection key).
+/// Whether the top-level keys of a file's first object are TraceLab's (AIPerf's `can_load`
+/// on the first row: an object holding every detection key).
+pub fn tracelab_keys(keys: &[String]) -> bool {
+    DETECT_KEYS.iter().all(|k| keys.iter().any(|x| x == k))
+}
+
+/// Whether `bytes` (already gunzipped) look like TraceLab: the detection keys on the first
+/// row.
 pub fn looks_like_tracelab(bytes: &[u8]) -> bool {
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        return false;
+    tracelab_keys(&input::top_level_keys(bytes))
+}
+
+/// The token counts of a row AIPerf reads with `int(row.get(k) or 0)` (output and reasoning
+/// tokens add up to one request's output).
+const TOKEN_FIELDS: [&str; 4] = [
+    "input_tokens_total",
+    "prefix_tokens",
+    "output_tokens",
+    "reasoning_output_tokens",
+];
+
+/// The highest `round_index` kvbust orders exactly: it compares them as f64, which holds every
+/// integer up to 2^53 (AIPerf's Python ints have no bound).
+const MAX_ROUND_INDEX: f64 = 9_007_199_254_740_992.0;
+
+/// kvbust's range checks on a row, stricter than AIPerf (whose loader reads these with `int()`
+/// and no bound, and never reads `newly_append_tokens`): every token count within
+/// [`input::MAX_REQUEST_TOKENS`], `newly_append_tokens` a count (0 or more), a numeric
+/// `round_index` a whole number in 0..=2^53.
+fn check_row(obj: &Map<String, Value>) -> Result<(), FieldError> {
+    let count = |key: &str| -> Result<i64, FieldError> {
+        match obj.get(key) {
+            Some(v) if truthy(v) => py_int(v).map_err(|m| (key.to_owned(), m)),
+            _ => Ok(0),
+        }
     };
-    let Some(first) = text.lines().map(str::trim).find(|l| !l.is_empty()) else {
-        return false;
-    };
-    match serde_json::from_str::<Value>(first) {
-        Ok(Value::Object(m)) => DETECT_KEYS.iter().all(|k| m.contains_key(*k)),
-        _ => false,
+    let mut output = 0i64;
+    for key in TOKEN_FIELDS {
+        let n = count(key)?;
+        if let Some(why) = input::over_ceiling(n) {
+            return Err((key.to_owned(), why));
+        }
+        if key != "input_tokens_total" && key != "prefix_tokens" {
+            output = output.saturating_add(n);
+        }
     }
+    if let Some(why) = input::over_ceiling(output) {
+        return Err((
+            "output_tokens".into(),
+            format!("plus reasoning_output_tokens {why}"),
+        ));
+    }
+    let appended = count("newly_append_tokens")?;
+    if appended < 0 {
+        return Err((
+            "newly_append_tokens".into(),
+            format!("is {appended}, but a token count cannot be negative"),
+        ));
+    }
+    if let Some(why) = input::over_ceiling(appended) {
+        return Err(("newly_append_tokens".into(), why));
+    }
+    if let Some(Value::Number(n)) = obj.get("round_index") {
+        let x = n.as_f64().unwrap_or(f64::INFINITY);
+        if !(0.0..=MAX_ROUND_INDEX).contains(&x) || x.fract() != 0.0 {
+            return Err((
+                "round_index".into(),
+                format!(
+                    "is {n}; kvbust orders rounds by a whole round_index from 0 to 2^53 (AIPerf \
+                     sorts any number)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A bad field of a row: (JSON path inside the row, why).
@@ -450,23 +512,24 @@ fn round_of(line: usize, obj: Map<String, Value>) -> Result<Round, FieldError> {
 }
 
 /// Every row with a `session_id`, grouped by it in order of first appearance (rows keep file
-/// order). Rows that are not objects, or have no `session_id`, are skipped as AIPerf skips them.
-fn read_sessions(path: &Path, origin: &Origin) -> Result<Vec<Session>, SynthError> {
-    let bytes = std::fs::read(path).map_err(|source| AgenticError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let file = TraceFile::from_bytes(path, &bytes)?;
+/// order). Rows that are not objects, or have no `session_id`, are skipped as AIPerf skips them,
+/// and counted in one warning (with `strict`, the first is an error).
+fn read_sessions(path: &Path, origin: &Origin, strict: bool) -> Result<Vec<Session>, SynthError> {
+    let mut reader = TraceReader::open(path)?;
     let mut sessions: Vec<Session> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
-    for (line, text) in &file.lines {
-        let v: Value = serde_json::from_str(text).map_err(|e| AgenticError::Input {
+    let mut dropped: Vec<usize> = Vec::new();
+    while let Some((line, text)) = reader.next_line()? {
+        let v: Value = serde_json::from_str(&text).map_err(|e| AgenticError::Input {
             origin: format!("{}:{line}", path.display()),
             trace_id: None,
             path: String::new(),
             message: format!("invalid JSON in a TraceLab row: {e}"),
         })?;
-        let Value::Object(obj) = v else { continue };
+        let Value::Object(obj) = v else {
+            dropped.push(line);
+            continue;
+        };
         let sid = match obj.get("session_id") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             Some(v) if truthy(v) => {
@@ -478,9 +541,13 @@ fn read_sessions(path: &Path, origin: &Origin) -> Result<Vec<Session>, SynthErro
                 }
                 .into())
             }
-            _ => continue,
+            _ => {
+                dropped.push(line);
+                continue;
+            }
         };
-        let round = round_of(*line, obj).map_err(|e| origin.at(*line, &sid, e))?;
+        check_row(&obj).map_err(|e| origin.at(line, &sid, e))?;
+        let round = round_of(line, obj).map_err(|e| origin.at(line, &sid, e))?;
         let k = *index.entry(sid.clone()).or_insert_with(|| {
             sessions.push(Session {
                 id: sid,
@@ -490,7 +557,38 @@ fn read_sessions(path: &Path, origin: &Origin) -> Result<Vec<Session>, SynthErro
         });
         sessions[k].rows.push(round);
     }
+    report_dropped(origin, &dropped, strict)?;
     Ok(sessions)
+}
+
+/// One warning for the rows skipped for having no `session_id` (AIPerf skips them silently),
+/// or with `--strict` an error naming the first.
+fn report_dropped(origin: &Origin, dropped: &[usize], strict: bool) -> Result<(), AgenticError> {
+    let Some(first) = dropped.first() else {
+        return Ok(());
+    };
+    if strict {
+        return Err(AgenticError::Input {
+            origin: format!("{}:{first}", origin.path.display()),
+            trace_id: None,
+            path: "session_id".into(),
+            message: format!(
+                "is missing (or the row is not an object); --strict refuses dropped rows ({} \
+                 row(s) of this file would be dropped, as AIPerf drops them)",
+                dropped.len()
+            ),
+        });
+    }
+    let lines: Vec<String> = dropped.iter().take(10).map(usize::to_string).collect();
+    tracing::warn!(
+        "{}: dropped {} TraceLab row(s) that are not objects or have no session_id (AIPerf drops \
+         them too; --strict makes this an error): lines {}{}",
+        origin.path.display(),
+        dropped.len(),
+        lines.join(", "),
+        if dropped.len() > 10 { ", …" } else { "" }
+    );
+    Ok(())
 }
 
 /// A recovered parent → child link: where the window starts and how long the spawn took. (The
@@ -943,9 +1041,9 @@ impl Converter<'_> {
 /// Reads a TraceLab file and converts it as AIPerf's `tracelab` loader does: one Weka trace per
 /// root session (children nested as subagent entries), then the children that could not be
 /// nested as traces of their own, at `block_size` tokens per synthesized block id.
-pub fn read(path: &Path, block_size: usize) -> Result<Vec<weka::Source>, SynthError> {
+pub fn read(path: &Path, block_size: usize, strict: bool) -> Result<Vec<weka::Source>, SynthError> {
     let origin = Origin { path };
-    let sessions = read_sessions(path, &origin)?;
+    let sessions = read_sessions(path, &origin, strict)?;
     if sessions.is_empty() {
         return Err(origin
             .file(
