@@ -150,6 +150,10 @@ pub struct AdminConfig {
     /// Serve a non-loopback admin address without a token. Off: such a start is refused, since
     /// anyone who reaches the port could flip the phase of a running benchmark.
     pub allow_unauthenticated: bool,
+    /// Connections open at once on the admin port; past it the oldest with no request in flight
+    /// is closed for the new one (all busy: the new one is closed). Reserved from the open-file
+    /// limit before the data port's and the upstream's shares.
+    pub max_connections: usize,
 }
 
 impl Default for AdminConfig {
@@ -158,6 +162,7 @@ impl Default for AdminConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 9090)),
             token: None,
             allow_unauthenticated: false,
+            max_connections: 64,
         }
     }
 }

@@ -62,6 +62,7 @@ pub struct Families {
     pub buffered_limit: IntGauge,
     pub connections: IntGaugeVec,
     pub shed: IntCounter,
+    pub admin_shed: IntCounter,
     pub model_unaccounted: IntCounterVec,
     pub predicted_cached_tokens: IntCounterVec,
     pub reuse_tokens: IntCounterVec,
@@ -189,6 +190,11 @@ const CONNECTIONS: Def = Def {
 const SHED: Def = Def {
     name: "shed_total",
     help: "Client connections closed because listen.max_connections was reached: the oldest with no request in flight, or the new one when every connection was busy.",
+    labels: &[],
+};
+const ADMIN_SHED: Def = Def {
+    name: "admin_shed_total",
+    help: "Admin-port connections closed because admin.max_connections was reached: the oldest with no request in flight, or the new one when every connection was busy.",
     labels: &[],
 };
 const MODEL_UNACCOUNTED: Def = Def {
@@ -348,6 +354,7 @@ impl Metrics {
                 g
             },
             shed: counter(&r, &SHED),
+            admin_shed: counter(&r, &ADMIN_SHED),
             model_unaccounted: counter_vec(&r, &MODEL_UNACCOUNTED),
             predicted_cached_tokens: counter_vec(&r, &PREDICTED_CACHED),
             reuse_tokens: counter_vec(&r, &REUSE_TOKENS),

@@ -146,17 +146,7 @@ pub async fn run(
     start_synth(&synth, &rt);
     rt.cache_model.start();
     let workers = listeners.data.sockets.len();
-    let caps = crate::conn::ConnCaps::new(
-        config.listen.max_connections,
-        config.upstream.max_connections_per_worker,
-        workers,
-        crate::conn::fd_limit(),
-    );
-    tracing::info!(
-        max_connections = caps.clients,
-        upstream_connections_per_worker = caps.upstream_per_worker,
-        "connection caps (listen.max_connections, upstream.max_connections_per_worker; 0: from the open-file limit)"
-    );
+    let caps = conn_caps(&config, workers);
     let parts = WorkerParts {
         rt: rt.clone(),
         upstream,
@@ -194,9 +184,14 @@ pub async fn run(
     );
 
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let admin_task = tokio::spawn(admin::serve(listeners.admin, rt.clone(), async {
-        let _ = admin_stop_rx.await;
-    }));
+    let admin_task = tokio::spawn(admin::serve(
+        listeners.admin,
+        rt.clone(),
+        parts.caps.admin,
+        async {
+            let _ = admin_stop_rx.await;
+        },
+    ));
 
     shutdown.await;
 
@@ -209,6 +204,40 @@ pub async fn run(
     let _ = admin_task.await;
     tracing::info!("stopped");
     Ok(report)
+}
+
+/// The connection caps of this run, from the configuration and the open-file limit (logged, and
+/// a warning when configured caps had to be lowered to fit the limit).
+fn conn_caps(config: &Config, workers: usize) -> crate::conn::ConnCaps {
+    let fds = crate::conn::fd_limit();
+    let caps = crate::conn::ConnCaps::new(crate::conn::CapsInput {
+        max_connections: config.listen.max_connections,
+        per_worker: config.upstream.max_connections_per_worker,
+        workers,
+        admin: config.admin.max_connections,
+        // The built-in mock runs in this process: it holds the other end of each upstream connection.
+        fds_per_upstream: if matches!(config.upstream_url(), Ok(None)) {
+            2
+        } else {
+            1
+        },
+        fds,
+    });
+    tracing::info!(
+        max_connections = caps.clients,
+        upstream_connections_per_worker = caps.upstream_per_worker,
+        admin_connections = caps.admin,
+        "connection caps (listen.max_connections, upstream.max_connections_per_worker; 0: from the open-file limit)"
+    );
+    if caps.clamped {
+        tracing::warn!(
+            open_file_limit = fds,
+            max_connections = caps.clients,
+            upstream_connections_per_worker = caps.upstream_per_worker,
+            "listen.max_connections and upstream.max_connections_per_worker need more descriptors than the open-file limit leaves after admin.max_connections and a reserve of 64: lowered to fit; raise `ulimit -n` or lower them"
+        );
+    }
+    caps
 }
 
 /// What every data worker is built from, set up once by `run`.

@@ -727,6 +727,36 @@ async fn past_max_connections_the_oldest_silent_connection_is_shed() {
     h.shutdown().await;
 }
 
+/// Issue 34 item 1: the admin port holds at most `admin.max_connections`; past it a new client
+/// is served and the oldest admin connection that has sent nothing is closed for it, so silent
+/// connections cannot take every descriptor. Counted in `kvbust_admin_shed_total`.
+#[tokio::test]
+async fn past_admin_max_connections_the_oldest_silent_admin_connection_is_shed() {
+    let h = start(|c| c.admin.max_connections = 4).await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(TcpStream::connect(h.admin_addr).await.unwrap());
+    }
+    // A fifth, a scrape: served, and the oldest silent connection closed for it (connections
+    // are accepted in the order they were made, so the four are in the table first).
+    let m = metrics_text(&h).await;
+    assert!(m.contains("kvbust_admin_shed_total 1\n"), "{m}");
+    let (got, _) = read_until_closed(&mut silent[0]).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    // The younger ones are still open and served.
+    for s in &mut silent[1..] {
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+    }
+    // The data port's count is its own.
+    assert!(m.contains("kvbust_shed_total 0\n"), "{m}");
+    h.shutdown().await;
+}
+
 /// An HTTP/1.1 upstream that counts the connections it accepts and answers each request once
 /// it has read the whole body.
 async fn counting_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {

@@ -302,7 +302,20 @@ fn validate_synth_target(target: Target, s: &SynthConfig) -> Result<(), ConfigEr
 
 /// An admin port reachable from other hosts needs a token (or an explicit opt-out); a token is
 /// long enough and not a placeholder.
+/// The most `admin.max_connections` may be: the admin port serves probes and scrapers.
+const MAX_ADMIN_CONNECTIONS: usize = 4096;
+
 fn validate_admin(a: &AdminConfig) -> Result<(), ConfigError> {
+    if !(1..=MAX_ADMIN_CONNECTIONS).contains(&a.max_connections) {
+        return Err(ConfigError::new(
+            "admin.max_connections",
+            format!(
+                "is {}: set 1 to {MAX_ADMIN_CONNECTIONS} (default 64; probes and scrapers need a \
+                 few, and each is a descriptor taken from the data port's share)",
+                a.max_connections
+            ),
+        ));
+    }
     if a.token.as_deref() == Some("") {
         return Err(ConfigError::new(
             "admin.token",
