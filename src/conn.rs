@@ -648,7 +648,11 @@ where
         match Pin::new(&mut this.body).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.armed = false;
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+                // Marked as the client's, so an upstream exchange that fails on it is not
+                // blamed on the upstream ([`client_fault_in`]).
+                Poll::Ready(frame.map(|f| {
+                    f.map_err(|e| -> Self::Error { Box::new(ClientBodyFailed(e.into())) })
+                }))
             }
             Poll::Pending => {
                 let limits = this.limits;
@@ -688,6 +692,41 @@ where
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
     }
+}
+
+/// A request body's own failure as it came from the client (bad chunked framing, fewer bytes
+/// than its `content-length`, the connection cut), passed on inside whatever carried the body.
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body failed")]
+pub struct ClientBodyFailed(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+
+/// The client's fault in `err`, if `err` (or any error it wraps) is a request body that timed
+/// out ([`BodyReadTimeout`]) or failed ([`ClientBodyFailed`]): a client that went away
+/// (end of file before the body's length, a reset) is `ClientDisconnect`, bad framing is
+/// `ClientBody`; both are 400s counted with `source="client"`.
+pub fn client_fault_in(
+    err: &(dyn std::error::Error + 'static),
+) -> Option<crate::error::ProxyError> {
+    use crate::error::{causes, error_chain, ProxyError};
+    if let Some(t) = body_timeout_in(err) {
+        return Some(t.into());
+    }
+    let failed = causes(err).find(|e| e.is::<ClientBodyFailed>())?;
+    let inner = failed.source().unwrap_or(failed);
+    let gone = causes(inner).any(|e| {
+        e.downcast_ref::<io::Error>().is_some_and(|io| {
+            use io::ErrorKind::*;
+            matches!(
+                io.kind(),
+                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+            )
+        })
+    });
+    let detail = error_chain(inner);
+    Some(match gone {
+        true => ProxyError::ClientDisconnect(detail),
+        false => ProxyError::ClientBody(detail),
+    })
 }
 
 /// The timeout that failed a request body, if `err` (or any error it wraps) is a

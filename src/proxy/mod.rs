@@ -373,6 +373,13 @@ impl Proxy {
         ex: &mut Exchange,
     ) -> Result<Response<Body>, ProxyError> {
         let (mut parts, body) = req.into_parts();
+        if parts.method == http::Method::CONNECT {
+            // A tunnel request: forwarded, the upstream would see `CONNECT /` and the client a
+            // connection that ends with no status. Answered here, never sent on.
+            return Err(ProxyError::MethodNotAllowed {
+                method: parts.method.to_string(),
+            });
+        }
         // Plain HTTP/1.1 upstream: the client connection's own upstream connection, or for an
         // HTTP/2 client's stream one from the worker's pool; else the pooled client.
         let keep = self
@@ -437,7 +444,12 @@ impl Proxy {
                 format!("{} works on /v1/chat/completions only", cfg.headers.synth),
             ));
         }
-        let conversation = synth_conversation(&parts.headers, synth, &cfg.headers)?;
+        let conversation = synth_conversation(
+            &parts.headers,
+            synth,
+            &cfg.headers,
+            cfg.limits.control_header_len(),
+        )?;
         let work = BodyWork {
             shape,
             decision,
@@ -684,9 +696,11 @@ fn synth_conversation(
     headers: &http::HeaderMap,
     synth: bool,
     names: &crate::config::HeaderNames,
+    limit: usize,
 ) -> Result<Option<String>, ProxyError> {
     let name = names.synth_conversation.as_str();
-    let Some(v) = headers.get(name) else {
+    // Held to limits.max_control_header like every other control header (400 header_too_long).
+    let Some(v) = rewrite::header(headers, name, limit)? else {
         return Ok(None);
     };
     if !synth {
@@ -892,9 +906,9 @@ async fn collect_limited(
     let mut joined: Option<bytes::BytesMut> = None;
     let mut total = 0u64;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| match crate::conn::body_timeout_in(e.as_ref()) {
-            Some(t) => t.into(),
-            None => ProxyError::ClientBody(crate::error::error_chain(e.as_ref())),
+        let frame = frame.map_err(|e| {
+            crate::conn::client_fault_in(e.as_ref())
+                .unwrap_or_else(|| ProxyError::ClientBody(crate::error::error_chain(e.as_ref())))
         })?;
         let Ok(data) = frame.into_data() else {
             continue;

@@ -16,6 +16,7 @@ mod cachebust_vectors;
 mod cli;
 mod deploy;
 mod fuzz_regressions;
+mod hardening_server;
 mod hardening_synth;
 mod mock_server;
 mod monitoring;
