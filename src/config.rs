@@ -218,9 +218,14 @@ pub struct UpstreamConfig {
     /// stream to an HTTP/1.1 upstream needs its own while its request and response are under
     /// way; through the pooled client, TLS or HTTP/2 upstreams, it bounds the streams in flight
     /// the same way); a stream past it waits up to `connect_timeout`, then 503. 0: as many as
-    /// `listen.http2_max_concurrent_streams`, so a client that keeps to the streams it was
-    /// granted never waits on this bound.
+    /// `listen.http2_max_concurrent_streams`. The default, 64, is what one client connection
+    /// has in flight in practice (a benchmark spreads its concurrency over connections), not
+    /// the stream limit.
     pub max_connections_per_client: usize,
+    /// Upstream connections the requests of one source address (all its client connections,
+    /// HTTP/1.1 and HTTP/2, on every worker) may hold at once; a request past it waits up to
+    /// `connect_timeout`, then 503. 0: no bound per source (the per-worker bound still holds).
+    pub max_connections_per_source: usize,
     /// `Host` (HTTP/1.1) and `:authority` (HTTP/2) sent upstream instead of the URL's authority;
     /// connections still go to the URL's address, and SNI stays `tls.server_name` or the URL's
     /// host. For an upstream reached by IP or a port-forward that routes by virtual host.
@@ -257,7 +262,8 @@ impl Default for UpstreamConfig {
             pool_idle_timeout: Duration::from_secs(4),
             pool_max_idle_per_host: 256,
             max_connections_per_worker: 0,
-            max_connections_per_client: 0,
+            max_connections_per_client: 64,
+            max_connections_per_source: 1024,
             authority: None,
             health_probe: true,
             health_path: None,
@@ -1153,6 +1159,31 @@ mod tests {
         c.upstream.url = Some("ftp://u:s3cret@h:1".into());
         let e = c.validate().unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn connection_bounds_of_issue_34_are_validated_naming_the_key() {
+        let mut c = Config::default();
+        assert_eq!(c.admin.max_connections, 64);
+        assert_eq!(c.upstream.max_connections_per_client, 64);
+        assert_eq!(c.upstream.max_connections_per_source, 1024);
+        c.admin.max_connections = 0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("admin.max_connections") && e.contains("set 1 to 4096"),
+            "{e}"
+        );
+        c.admin.max_connections = 8;
+        c.upstream.max_connections_per_source = 16;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("upstream.max_connections_per_source")
+                && e.contains("below upstream.max_connections_per_client (64)"),
+            "{e}"
+        );
+        c.upstream.max_connections_per_client = 16;
+        c.validate()
+            .expect("a source bound equal to the client bound is fine");
     }
 
     #[test]

@@ -155,6 +155,9 @@ pub async fn run(
         synth,
         caps,
         workers,
+        sources: crate::upstream::pool::SourceSlots::new(
+            config.upstream.max_connections_per_source,
+        ),
     };
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -249,6 +252,8 @@ struct WorkerParts {
     synth: Arc<Synthesizer>,
     caps: crate::conn::ConnCaps,
     workers: usize,
+    /// Each source address's upstream slots, shared by every worker.
+    sources: Arc<crate::upstream::pool::SourceSlots>,
 }
 
 impl WorkerParts {
@@ -263,6 +268,7 @@ impl WorkerParts {
             client,
             self.synth.clone(),
             self.caps.upstream_per_worker,
+            self.sources.clone(),
         );
         let table = ConnTable::new(self.caps.clients_per_worker(self.workers));
         self.rt
@@ -604,7 +610,14 @@ async fn serve_connection(
     (activity, _slot): (Arc<Activity>, Slot),
 ) {
     let per_client = proxy.max_upstream_per_client();
-    let client = Arc::new(Downstream::new(peer, tls.is_some(), activity, per_client));
+    let source = proxy.source_slots(peer.ip());
+    let client = Arc::new(Downstream::new(
+        peer,
+        tls.is_some(),
+        activity,
+        per_client,
+        source,
+    ));
     let accepted = tokio::time::Instant::now();
     // Until hyper has the connection, the graceful watcher cannot end it: a connection still
     // silent (or mid-handshake) when draining begins is closed here, not held until its

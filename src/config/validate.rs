@@ -383,6 +383,17 @@ fn validate_http2(l: &ListenConfig) -> Result<(), ConfigError> {
 /// The `[upstream]` checks beyond the URL's syntax: the base path trap, the authority override
 /// and the health probe.
 fn validate_upstream(u: &UpstreamConfig, url: Option<&UpstreamUrl>) -> Result<(), ConfigError> {
+    let (client, source) = (u.max_connections_per_client, u.max_connections_per_source);
+    if source > 0 && client > source {
+        return Err(ConfigError::new(
+            "upstream.max_connections_per_source",
+            format!(
+                "is {source}, below upstream.max_connections_per_client ({client}): one client \
+                 connection could never use its share; raise max_connections_per_source to at \
+                 least {client} or lower max_connections_per_client"
+            ),
+        ));
+    }
     if let Some(url) = url {
         url.check_base_path()?;
     }
