@@ -146,7 +146,13 @@ impl Entry {
         let request_id = match headers.get(&X_REQUEST_ID) {
             // A copy, not a clone: see `Entry::path`.
             Some(v) if is_usable_request_id(v.as_bytes()) => {
-                HeaderValue::from_bytes(v.as_bytes()).unwrap_or_else(|_| new_request_id())
+                let kept =
+                    HeaderValue::from_bytes(v.as_bytes()).unwrap_or_else(|_| new_request_id());
+                // Only the id that was checked goes on: `insert` drops any second value.
+                if headers.get_all(&X_REQUEST_ID).iter().nth(1).is_some() {
+                    headers.insert(X_REQUEST_ID, kept.clone());
+                }
+                kept
             }
             given => {
                 let v = new_request_id();

@@ -16,7 +16,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::cachebust::Phase;
-use crate::conn::{Activity, BodyTimeout, TimedIo};
+use crate::conn::{Activity, Admit, BodyTimeout, ConnTable, TimedIo};
 use crate::error::{error_body, json_response};
 use crate::runtime::SharedState;
 
@@ -24,10 +24,15 @@ type AdminBody = Full<Bytes>;
 
 /// Serves the admin port until `shutdown` resolves. Connections are held to the same deadlines
 /// as the data port's (`listen.header_read_timeout`, `listen.idle_timeout`): a client that opens
-/// the port and sends nothing must not hold a socket forever.
+/// the port and sends nothing must not hold a socket forever. At most `cap` connections
+/// (`admin.max_connections`) are open at once, shed as on the data port: past it the oldest with
+/// no request in flight is closed for the new one, or the new one when every one is busy, so
+/// a flood of silent connections cannot take the descriptors the data port, the upstream pool
+/// and the health probe need.
 pub async fn serve(
     listener: TcpListener,
     rt: Arc<SharedState>,
+    cap: usize,
     shutdown: impl Future<Output = ()>,
 ) {
     let graceful = GracefulShutdown::new();
@@ -37,14 +42,36 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(None); // `TimedIo` does it, as on the data port
     let timeouts = rt.config.listen.conn_timeouts();
-    crate::conn::accept_loop(&listener, "admin", shutdown, |stream, _peer| {
+    let table = ConnTable::new(cap);
+    let mut warned = false;
+    crate::conn::accept_loop(&listener, "admin", shutdown, |stream, peer| {
+        let admit = table.admit();
+        if admit != Admit::Room {
+            rt.metrics.admin_shed.inc();
+            let what = match admit {
+                Admit::Full => "every connection is busy: closing the new one",
+                _ => "closed the oldest connection with no request in flight",
+            };
+            if warned {
+                tracing::debug!(%peer, "admin.max_connections reached; {what}");
+            } else {
+                warned = true;
+                tracing::warn!(%peer, "admin.max_connections reached; {what} (counted in kvbust_admin_shed_total; logged once)");
+            }
+            if admit == Admit::Full {
+                return false;
+            }
+        }
         let activity = Arc::new(Activity::default());
-        let stream = TimedIo::new(stream, activity.clone(), timeouts);
+        let slot = table.slot();
+        let id = slot.id();
+        let io = TimedIo::new(stream, activity.clone(), timeouts);
         let rt = rt.clone();
+        let requests = activity.clone();
         let service = service_fn(move |req| {
             let rt = rt.clone();
             // Admin responses are small and whole: the request ends with the handler.
-            let guard = activity.begin();
+            let guard = requests.begin();
             async move {
                 let resp = handle(req, &rt).await;
                 drop(guard);
@@ -52,13 +79,17 @@ pub async fn serve(
             }
         });
         let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection(TokioIo::new(io), service)
             .into_owned();
         let fut = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = fut.await;
+        table.insert_spawned(id, activity, || {
+            tokio::spawn(async move {
+                let _slot = slot;
+                let _ = fut.await;
+            })
+            .abort_handle()
         });
-        false
+        admit == Admit::Shed
     })
     .await;
     // Admin calls are short; a second is plenty.

@@ -151,6 +151,10 @@ pub struct AdminConfig {
     /// Serve a non-loopback admin address without a token. Off: such a start is refused, since
     /// anyone who reaches the port could flip the phase of a running benchmark.
     pub allow_unauthenticated: bool,
+    /// Connections open at once on the admin port; past it the oldest with no request in flight
+    /// is closed for the new one (all busy: the new one is closed). Reserved from the open-file
+    /// limit before the data port's and the upstream's shares.
+    pub max_connections: usize,
 }
 
 impl Default for AdminConfig {
@@ -159,6 +163,7 @@ impl Default for AdminConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 9090)),
             token: None,
             allow_unauthenticated: false,
+            max_connections: 64,
         }
     }
 }
@@ -214,9 +219,14 @@ pub struct UpstreamConfig {
     /// stream to an HTTP/1.1 upstream needs its own while its request and response are under
     /// way; through the pooled client, TLS or HTTP/2 upstreams, it bounds the streams in flight
     /// the same way); a stream past it waits up to `connect_timeout`, then 503. 0: as many as
-    /// `listen.http2_max_concurrent_streams`, so a client that keeps to the streams it was
-    /// granted never waits on this bound.
+    /// `listen.http2_max_concurrent_streams`. The default, 64, is what one client connection
+    /// has in flight in practice (a benchmark spreads its concurrency over connections), not
+    /// the stream limit.
     pub max_connections_per_client: usize,
+    /// Upstream connections the requests of one source address (all its client connections,
+    /// HTTP/1.1 and HTTP/2, on every worker) may hold at once; a request past it waits up to
+    /// `connect_timeout`, then 503. 0: no bound per source (the per-worker bound still holds).
+    pub max_connections_per_source: usize,
     /// `Host` (HTTP/1.1) and `:authority` (HTTP/2) sent upstream instead of the URL's authority;
     /// connections still go to the URL's address, and SNI stays `tls.server_name` or the URL's
     /// host. For an upstream reached by IP or a port-forward that routes by virtual host.
@@ -253,7 +263,8 @@ impl Default for UpstreamConfig {
             pool_idle_timeout: Duration::from_secs(4),
             pool_max_idle_per_host: 256,
             max_connections_per_worker: 0,
-            max_connections_per_client: 0,
+            max_connections_per_client: 64,
+            max_connections_per_source: 1024,
             authority: None,
             health_probe: true,
             health_path: None,
@@ -1241,6 +1252,31 @@ mod tests {
         c.upstream.url = Some("ftp://u:s3cret@h:1".into());
         let e = c.validate().unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn connection_bounds_of_issue_34_are_validated_naming_the_key() {
+        let mut c = Config::default();
+        assert_eq!(c.admin.max_connections, 64);
+        assert_eq!(c.upstream.max_connections_per_client, 64);
+        assert_eq!(c.upstream.max_connections_per_source, 1024);
+        c.admin.max_connections = 0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("admin.max_connections") && e.contains("set 1 to 4096"),
+            "{e}"
+        );
+        c.admin.max_connections = 8;
+        c.upstream.max_connections_per_source = 16;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("upstream.max_connections_per_source")
+                && e.contains("below upstream.max_connections_per_client (64)"),
+            "{e}"
+        );
+        c.upstream.max_connections_per_client = 16;
+        c.validate()
+            .expect("a source bound equal to the client bound is fine");
     }
 
     #[test]

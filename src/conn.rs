@@ -143,8 +143,9 @@ fn from_nanos(n: u64) -> Instant {
     origin() + Duration::from_nanos(n - 1)
 }
 
-/// The descriptors kept back from the derived connection caps: the admin port's connections,
-/// listeners, event loops, log files, and the mock's.
+/// The descriptors kept back for everything but client and upstream connections: listeners,
+/// event loops, log files, the upstream health probe's connection, the tokenizer's files. The
+/// admin port's connections are reserved on top of it (`admin.max_connections`).
 pub const FD_RESERVE: u64 = 64;
 
 /// The process's soft open-file limit (RLIMIT_NOFILE), from `/proc/self/limits`; `None` when
@@ -159,37 +160,82 @@ pub fn fd_limit() -> Option<u64> {
         .ok()
 }
 
-/// The caps on open connections, in force for this run: what is configured, or derived from the
-/// fd limit so that client connections and upstream connections each get half of what is left
-/// after [`FD_RESERVE`] (every client connection may need an upstream one).
+/// What the connection caps are derived from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapsInput {
+    /// `listen.max_connections` (0: derived).
+    pub max_connections: usize,
+    /// `upstream.max_connections_per_worker` (0: derived).
+    pub per_worker: usize,
+    /// Data workers.
+    pub workers: usize,
+    /// `admin.max_connections`, reserved before anything is split.
+    pub admin: usize,
+    /// Descriptors one upstream connection costs this process: 2 when the upstream is the
+    /// built-in mock in the same process (it holds the other end), else 1.
+    pub fds_per_upstream: u64,
+    /// The open-file limit ([`fd_limit`]).
+    pub fds: Option<u64>,
+}
+
+/// The caps on open connections, in force for this run. The open-file limit is shared out so
+/// that no kind of connection can starve another: [`FD_RESERVE`] and the admin port's cap come
+/// off the top, and client connections and upstream connections (each client connection may
+/// need one) each get half of what is left. A configured cap is used as set unless the caps
+/// together would need more descriptors than there are: then all are scaled down to fit
+/// ([`ConnCaps::clamped`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnCaps {
     /// Client connections on the data port, all workers together (`listen.max_connections`).
     pub clients: usize,
     /// Upstream connections one worker may have open (`upstream.max_connections_per_worker`).
     pub upstream_per_worker: usize,
+    /// Connections on the admin port (`admin.max_connections`).
+    pub admin: usize,
+    /// Whether configured caps were lowered to fit the open-file limit.
+    pub clamped: bool,
 }
 
 impl ConnCaps {
-    pub fn new(
-        max_connections: usize,
-        per_worker: usize,
-        workers: usize,
-        fds: Option<u64>,
-    ) -> Self {
-        let half = fds.map_or(1 << 20, |n| (n.saturating_sub(FD_RESERVE) / 2).max(1)) as usize;
-        let workers = workers.max(1);
+    pub fn new(i: CapsInput) -> Self {
+        let workers = i.workers.max(1) as u64;
+        let admin = i.admin.max(1);
+        let cost = i.fds_per_upstream.max(1);
+        let Some(fds) = i.fds else {
+            let unbounded = 1 << 20;
+            let pick = |n: usize, d: usize| if n > 0 { n } else { d };
+            return Self {
+                clients: pick(i.max_connections, unbounded),
+                upstream_per_worker: pick(i.per_worker, unbounded),
+                admin,
+                clamped: false,
+            };
+        };
+        // What clients and upstream connections may use together; at least one of each.
+        let left = fds
+            .saturating_sub(FD_RESERVE + admin as u64)
+            .max(1 + cost * workers);
+        let clients = match i.max_connections {
+            0 => (left / 2).max(1),
+            n => n as u64,
+        };
+        let per_worker = match i.per_worker {
+            0 => (left / 2 / cost / workers).max(1),
+            n => n as u64,
+        };
+        let need = clients.saturating_add(per_worker.saturating_mul(workers * cost));
+        let (clients, per_worker, clamped) = if need > left {
+            // Scaled by the same factor, so the proportions configured are kept.
+            let scale = |n: u64| (u128::from(n) * u128::from(left) / u128::from(need)) as u64;
+            (scale(clients).max(1), scale(per_worker).max(1), true)
+        } else {
+            (clients, per_worker, false)
+        };
         Self {
-            clients: if max_connections > 0 {
-                max_connections
-            } else {
-                half
-            },
-            upstream_per_worker: if per_worker > 0 {
-                per_worker
-            } else {
-                (half / workers).max(1)
-            },
+            clients: usize::try_from(clients).unwrap_or(usize::MAX),
+            upstream_per_worker: usize::try_from(per_worker).unwrap_or(usize::MAX),
+            admin,
+            clamped,
         }
     }
 
@@ -306,6 +352,27 @@ impl ConnTable {
     /// (and dropped its slot) yet.
     pub fn insert(&self, id: u64, activity: Arc<Activity>, abort: tokio::task::AbortHandle) {
         self.lock().insert(
+            id,
+            Tracked {
+                accepted: Instant::now(),
+                activity,
+                abort,
+            },
+        );
+    }
+
+    /// Spawns a connection's task with `spawn` and records it, holding the table while it does:
+    /// on a multi-thread runtime (the admin port's) the task may end before it is recorded, and
+    /// its slot's removal must not come first and leave a stale entry behind.
+    pub fn insert_spawned(
+        &self,
+        id: u64,
+        activity: Arc<Activity>,
+        spawn: impl FnOnce() -> tokio::task::AbortHandle,
+    ) {
+        let mut conns = self.lock();
+        let abort = spawn();
+        conns.insert(
             id,
             Tracked {
                 accepted: Instant::now(),
@@ -581,7 +648,11 @@ where
         match Pin::new(&mut this.body).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.armed = false;
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+                // Marked as the client's, so an upstream exchange that fails on it is not
+                // blamed on the upstream ([`client_fault_in`]).
+                Poll::Ready(frame.map(|f| {
+                    f.map_err(|e| -> Self::Error { Box::new(ClientBodyFailed(e.into())) })
+                }))
             }
             Poll::Pending => {
                 let limits = this.limits;
@@ -621,6 +692,41 @@ where
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
     }
+}
+
+/// A request body's own failure as it came from the client (bad chunked framing, fewer bytes
+/// than its `content-length`, the connection cut), passed on inside whatever carried the body.
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body failed")]
+pub struct ClientBodyFailed(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+
+/// The client's fault in `err`, if `err` (or any error it wraps) is a request body that timed
+/// out ([`BodyReadTimeout`]) or failed ([`ClientBodyFailed`]): a client that went away
+/// (end of file before the body's length, a reset) is `ClientDisconnect`, bad framing is
+/// `ClientBody`; both are 400s counted with `source="client"`.
+pub fn client_fault_in(
+    err: &(dyn std::error::Error + 'static),
+) -> Option<crate::error::ProxyError> {
+    use crate::error::{causes, error_chain, ProxyError};
+    if let Some(t) = body_timeout_in(err) {
+        return Some(t.into());
+    }
+    let failed = causes(err).find(|e| e.is::<ClientBodyFailed>())?;
+    let inner = failed.source().unwrap_or(failed);
+    let gone = causes(inner).any(|e| {
+        e.downcast_ref::<io::Error>().is_some_and(|io| {
+            use io::ErrorKind::*;
+            matches!(
+                io.kind(),
+                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+            )
+        })
+    });
+    let detail = error_chain(inner);
+    Some(match gone {
+        true => ProxyError::ClientDisconnect(detail),
+        false => ProxyError::ClientBody(detail),
+    })
 }
 
 /// The timeout that failed a request body, if `err` (or any error it wraps) is a
@@ -731,18 +837,64 @@ mod tests {
         feeder.abort();
     }
 
+    fn caps(max_connections: usize, per_worker: usize, workers: usize, fds: u64) -> ConnCaps {
+        ConnCaps::new(CapsInput {
+            max_connections,
+            per_worker,
+            workers,
+            admin: 64,
+            fds_per_upstream: 1,
+            fds: Some(fds),
+        })
+    }
+
     #[test]
-    fn caps_are_configured_or_half_the_descriptors_left_after_the_reserve() {
-        // ulimit -n 1024, two workers: 480 client connections, 240 upstream ones per worker.
-        let c = ConnCaps::new(0, 0, 2, Some(1024));
-        assert_eq!((c.clients, c.upstream_per_worker), (480, 240));
-        assert_eq!(c.clients_per_worker(2), 240);
-        assert_eq!(ConnCaps::new(7, 5, 2, Some(1024)).clients_per_worker(2), 4);
-        assert_eq!(ConnCaps::new(7, 5, 2, Some(1024)).upstream_per_worker, 5);
+    fn caps_are_configured_or_half_the_descriptors_left_after_the_reserve_and_admin() {
+        // ulimit -n 1024, two workers, 64 admin connections: 896 left, 448 client
+        // connections, 224 upstream ones per worker.
+        let c = caps(0, 0, 2, 1024);
+        assert_eq!(
+            (c.clients, c.upstream_per_worker, c.clamped),
+            (448, 224, false)
+        );
+        assert_eq!(c.clients_per_worker(2), 224);
+        assert_eq!(caps(7, 5, 2, 1024).clients_per_worker(2), 4);
+        assert_eq!(caps(7, 5, 2, 1024).upstream_per_worker, 5);
         // A limit below the reserve still allows one of each.
-        let tiny = ConnCaps::new(0, 0, 4, Some(10));
+        let tiny = caps(0, 0, 4, 10);
         assert_eq!((tiny.clients, tiny.upstream_per_worker), (1, 1));
-        assert!(ConnCaps::new(0, 0, 1, None).clients >= 1 << 20);
+        let unlimited = ConnCaps::new(CapsInput {
+            max_connections: 0,
+            per_worker: 0,
+            workers: 1,
+            admin: 64,
+            fds_per_upstream: 1,
+            fds: None,
+        });
+        assert!(unlimited.clients >= 1 << 20);
+    }
+
+    #[test]
+    fn caps_never_promise_more_descriptors_than_the_limit_holds() {
+        // ulimit -n 512 with the in-process mock (2 descriptors per upstream connection).
+        let c = ConnCaps::new(CapsInput {
+            max_connections: 0,
+            per_worker: 0,
+            workers: 2,
+            admin: 64,
+            fds_per_upstream: 2,
+            fds: Some(512),
+        });
+        assert_eq!((c.clients, c.upstream_per_worker), (192, 48));
+        let used = |c: &ConnCaps, cost: u64| {
+            c.clients as u64 + c.upstream_per_worker as u64 * 2 * cost + c.admin as u64
+        };
+        assert!(used(&c, 2) + FD_RESERVE <= 512);
+        // Configured caps past the limit are scaled down to fit, keeping their proportions.
+        let c = caps(10_000, 10_000, 2, 512);
+        assert!(c.clamped);
+        assert!(used(&c, 1) + FD_RESERVE <= 512, "{c:?}");
+        assert_eq!((c.clients, c.upstream_per_worker), (128, 128));
     }
 
     /// Opens a connection in `table`: a task that holds its slot until aborted.

@@ -31,6 +31,11 @@ pub enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("could not read the request body: {0}")]
     ClientBody(String),
+    /// The client closed (or reset) its connection before its request body was complete.
+    #[error("the client went away before its request body was complete: {0}")]
+    ClientDisconnect(String),
+    #[error("{method} is not allowed: kvbust is a reverse proxy, not a tunnel")]
+    MethodNotAllowed { method: String },
     #[error("the client sent no request body bytes for {} (listen.body_read_timeout); send the body without pauses", humantime::format_duration(*after))]
     ClientBodyTimeout { after: Duration },
     #[error("the client did not send the whole request body within {} (listen.body_total_timeout); send it faster, or raise listen.body_total_timeout", humantime::format_duration(*after))]
@@ -71,6 +76,8 @@ impl ProxyError {
         match self {
             ProxyError::BodyTooLarge { .. }
             | ProxyError::ClientBody(_)
+            | ProxyError::ClientDisconnect(_)
+            | ProxyError::MethodNotAllowed { .. }
             | ProxyError::ClientBodyTimeout { .. }
             | ProxyError::ClientBodyTotalTimeout { .. }
             | ProxyError::BadRequest { .. } => Fault::Client,
@@ -89,7 +96,10 @@ impl ProxyError {
             ProxyError::ClientBodyTimeout { .. } | ProxyError::ClientBodyTotalTimeout { .. } => {
                 StatusCode::REQUEST_TIMEOUT
             }
-            ProxyError::ClientBody(_) | ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::ClientBody(_)
+            | ProxyError::ClientDisconnect(_)
+            | ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamBroken(_) => {
                 StatusCode::BAD_GATEWAY
             }
@@ -104,6 +114,8 @@ impl ProxyError {
         match self {
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ClientBody(_) => "client_body_error",
+            ProxyError::ClientDisconnect(_) => "client_disconnect",
+            ProxyError::MethodNotAllowed { .. } => "method_not_allowed",
             ProxyError::ClientBodyTimeout { .. } => "request_body_timeout",
             ProxyError::ClientBodyTotalTimeout { .. } => "request_body_total_timeout",
             ProxyError::BadRequest { code, .. } => code,
@@ -134,6 +146,13 @@ impl ProxyError {
         if let ProxyError::Overloaded { retry_after_s, .. } = self {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
+        }
+        if let ProxyError::MethodNotAllowed { .. } = self {
+            // RFC 9110 §15.5.6: a 405 lists the methods the target takes.
+            resp.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+            );
         }
         resp
     }

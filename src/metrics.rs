@@ -62,6 +62,7 @@ pub struct Families {
     pub buffered_limit: IntGauge,
     pub connections: IntGaugeVec,
     pub shed: IntCounter,
+    pub admin_shed: IntCounter,
     pub model_unaccounted: IntCounterVec,
     pub capture_rows: IntCounter,
     pub capture_dropped: IntCounterVec,
@@ -207,6 +208,11 @@ const CAPTURE_DROPPED: Def = Def {
 const CAPTURE_FILES: Def = Def {
     name: "capture_files_total",
     help: "Capture files finished and renamed into capture.dir.",
+    labels: &[],
+};
+const ADMIN_SHED: Def = Def {
+    name: "admin_shed_total",
+    help: "Admin-port connections closed because admin.max_connections was reached: the oldest with no request in flight, or the new one when every connection was busy.",
     labels: &[],
 };
 const MODEL_UNACCOUNTED: Def = Def {
@@ -366,6 +372,7 @@ impl Metrics {
                 g
             },
             shed: counter(&r, &SHED),
+            admin_shed: counter(&r, &ADMIN_SHED),
             model_unaccounted: counter_vec(&r, &MODEL_UNACCOUNTED),
             capture_rows: counter(&r, &CAPTURE_ROWS),
             capture_dropped: counter_vec(&r, &CAPTURE_DROPPED),

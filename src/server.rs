@@ -146,17 +146,7 @@ pub async fn run(
     start_synth(&synth, &rt);
     rt.cache_model.start();
     let workers = listeners.data.sockets.len();
-    let caps = crate::conn::ConnCaps::new(
-        config.listen.max_connections,
-        config.upstream.max_connections_per_worker,
-        workers,
-        crate::conn::fd_limit(),
-    );
-    tracing::info!(
-        max_connections = caps.clients,
-        upstream_connections_per_worker = caps.upstream_per_worker,
-        "connection caps (listen.max_connections, upstream.max_connections_per_worker; 0: from the open-file limit)"
-    );
+    let caps = conn_caps(&config, workers);
     let parts = WorkerParts {
         rt: rt.clone(),
         upstream,
@@ -165,6 +155,9 @@ pub async fn run(
         synth,
         caps,
         workers,
+        sources: crate::upstream::pool::SourceSlots::new(
+            config.upstream.max_connections_per_source,
+        ),
     };
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -194,9 +187,14 @@ pub async fn run(
     );
 
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let admin_task = tokio::spawn(admin::serve(listeners.admin, rt.clone(), async {
-        let _ = admin_stop_rx.await;
-    }));
+    let admin_task = tokio::spawn(admin::serve(
+        listeners.admin,
+        rt.clone(),
+        parts.caps.admin,
+        async {
+            let _ = admin_stop_rx.await;
+        },
+    ));
 
     shutdown.await;
 
@@ -212,6 +210,40 @@ pub async fn run(
     Ok(report)
 }
 
+/// The connection caps of this run, from the configuration and the open-file limit (logged, and
+/// a warning when configured caps had to be lowered to fit the limit).
+fn conn_caps(config: &Config, workers: usize) -> crate::conn::ConnCaps {
+    let fds = crate::conn::fd_limit();
+    let caps = crate::conn::ConnCaps::new(crate::conn::CapsInput {
+        max_connections: config.listen.max_connections,
+        per_worker: config.upstream.max_connections_per_worker,
+        workers,
+        admin: config.admin.max_connections,
+        // The built-in mock runs in this process: it holds the other end of each upstream connection.
+        fds_per_upstream: if matches!(config.upstream_url(), Ok(None)) {
+            2
+        } else {
+            1
+        },
+        fds,
+    });
+    tracing::info!(
+        max_connections = caps.clients,
+        upstream_connections_per_worker = caps.upstream_per_worker,
+        admin_connections = caps.admin,
+        "connection caps (listen.max_connections, upstream.max_connections_per_worker; 0: from the open-file limit)"
+    );
+    if caps.clamped {
+        tracing::warn!(
+            open_file_limit = fds,
+            max_connections = caps.clients,
+            upstream_connections_per_worker = caps.upstream_per_worker,
+            "listen.max_connections and upstream.max_connections_per_worker need more descriptors than the open-file limit leaves after admin.max_connections and a reserve of 64: lowered to fit; raise `ulimit -n` or lower them"
+        );
+    }
+    caps
+}
+
 /// What every data worker is built from, set up once by `run`.
 struct WorkerParts {
     rt: Arc<SharedState>,
@@ -221,6 +253,8 @@ struct WorkerParts {
     synth: Arc<Synthesizer>,
     caps: crate::conn::ConnCaps,
     workers: usize,
+    /// Each source address's upstream slots, shared by every worker.
+    sources: Arc<crate::upstream::pool::SourceSlots>,
 }
 
 impl WorkerParts {
@@ -235,6 +269,7 @@ impl WorkerParts {
             client,
             self.synth.clone(),
             self.caps.upstream_per_worker,
+            self.sources.clone(),
         );
         let table = ConnTable::new(self.caps.clients_per_worker(self.workers));
         self.rt
@@ -576,7 +611,14 @@ async fn serve_connection(
     (activity, _slot): (Arc<Activity>, Slot),
 ) {
     let per_client = proxy.max_upstream_per_client();
-    let client = Arc::new(Downstream::new(peer, tls.is_some(), activity, per_client));
+    let source = proxy.source_slots(peer.ip());
+    let client = Arc::new(Downstream::new(
+        peer,
+        tls.is_some(),
+        activity,
+        per_client,
+        source,
+    ));
     let accepted = tokio::time::Instant::now();
     // Until hyper has the connection, the graceful watcher cannot end it: a connection still
     // silent (or mid-handshake) when draining begins is closed here, not held until its

@@ -727,6 +727,36 @@ async fn past_max_connections_the_oldest_silent_connection_is_shed() {
     h.shutdown().await;
 }
 
+/// Issue 34 item 1: the admin port holds at most `admin.max_connections`; past it a new client
+/// is served and the oldest admin connection that has sent nothing is closed for it, so silent
+/// connections cannot take every descriptor. Counted in `kvbust_admin_shed_total`.
+#[tokio::test]
+async fn past_admin_max_connections_the_oldest_silent_admin_connection_is_shed() {
+    let h = start(|c| c.admin.max_connections = 4).await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(TcpStream::connect(h.admin_addr).await.unwrap());
+    }
+    // A fifth, a scrape: served, and the oldest silent connection closed for it (connections
+    // are accepted in the order they were made, so the four are in the table first).
+    let m = metrics_text(&h).await;
+    assert!(m.contains("kvbust_admin_shed_total 1\n"), "{m}");
+    let (got, _) = read_until_closed(&mut silent[0]).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    // The younger ones are still open and served.
+    for s in &mut silent[1..] {
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+    }
+    // The data port's count is its own.
+    assert!(m.contains("kvbust_shed_total 0\n"), "{m}");
+    h.shutdown().await;
+}
+
 /// An HTTP/1.1 upstream that counts the connections it accepts and answers each request once
 /// it has read the whole body.
 async fn counting_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
@@ -880,5 +910,148 @@ async fn a_worker_opens_at_most_its_bound_of_upstream_connections() {
     let (h, accepted) =
         refused_past_the_bound(|c| c.upstream.max_connections_per_worker = 3, 8, 5).await;
     assert_eq!(accepted, 3, "the bound, no more");
+    h.shutdown().await;
+}
+
+/// Opens `conns` HTTP/2 connections (one whole request first on each, so its streams share
+/// it) and sends `per_conn` half-sent streams on each; answers (status, error code, message)
+/// come on the receiver as they are given. The streams that are never answered hold their
+/// upstream connections until the test ends.
+async fn half_sent_on(
+    h: &Harness,
+    conns: usize,
+    per_conn: usize,
+) -> tokio::sync::mpsc::UnboundedReceiver<(u16, String, String)> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    // Every connection opened (by a whole request) before any stream holds a slot.
+    let mut clients = Vec::new();
+    for _ in 0..conns {
+        let client = h2c_streaming();
+        let full = http_body_util::Either::Right(http_body_util::Full::new(Bytes::from("{}")));
+        let resp = client.request(embeddings(h, full)).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap();
+        clients.push(client);
+    }
+    for client in &clients {
+        for _ in 0..per_conn {
+            let (client, tx) = (client.clone(), tx.clone());
+            let half =
+                http_body_util::Either::Left(HalfSent(Some(Bytes::from_static(b"{\"input\":"))));
+            let req = embeddings(h, half);
+            tokio::spawn(async move {
+                let resp = client.request(req).await.unwrap();
+                let status = resp.status().as_u16();
+                let body = http_body_util::BodyExt::collect(resp.into_body())
+                    .await
+                    .unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
+                let field = |k: &str| v["error"][k].as_str().unwrap_or("").to_string();
+                let _ = tx.send((status, field("code"), field("message")));
+            });
+        }
+    }
+    // Kept alive: their streams hold their upstream connections until the test ends.
+    std::mem::forget(clients);
+    rx
+}
+
+async fn next_answer(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(u16, String, String)>,
+) -> (u16, String, String) {
+    // The guard only keeps a regression from hanging the suite.
+    tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("answered")
+        .expect("a status")
+}
+
+/// Issue 34 item 5: the streams of one source address's HTTP/2 connections together hold at
+/// most `upstream.max_connections_per_source` upstream connections, however many connections
+/// it opens; past it a stream waits `upstream.connect_timeout`, then 503 naming the key.
+#[tokio::test]
+async fn one_source_holds_at_most_its_bound_of_upstream_connections_over_many_connections() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream().await;
+    let h = start_proxy(&url, |c| {
+        c.listen.workers = 1;
+        c.upstream.max_connections_per_client = 4;
+        c.upstream.max_connections_per_source = 4;
+        c.upstream.connect_timeout = Duration::from_millis(300);
+        c.shutdown.grace = Duration::from_millis(100);
+    })
+    .await;
+    // Three connections of three streams each: each connection within its own bound, the
+    // source not.
+    let mut rx = half_sent_on(&h, 3, 3).await;
+    for _ in 0..5 {
+        let (status, code, message) = next_answer(&mut rx).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (503, "upstream_connections_exhausted")
+        );
+        assert!(
+            message.contains("upstream.max_connections_per_source"),
+            "{message}"
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 4, "the bound, no more");
+    // Another source is not held back by it: the same request from 127.0.0.2.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = sock.connect(h.proxy_addr).await.unwrap();
+    other
+        .write_all(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 12];
+    other.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"HTTP/1.1 200");
+    h.shutdown().await;
+}
+
+/// Issue 34 item 5: whatever its clients do, the model server sees at most
+/// `upstream.max_connections_per_worker` × workers connections from kvbust: here 4 HTTP/2
+/// connections of 3 half-sent streams each, 2 workers of 2 connections.
+#[tokio::test]
+async fn the_upstream_sees_at_most_the_per_worker_bound_times_the_workers() {
+    use std::sync::atomic::Ordering;
+    let (url, accepted) = counting_upstream().await;
+    let h = start_proxy(&url, |c| {
+        c.listen.workers = 2;
+        c.upstream.max_connections_per_worker = 2;
+        c.upstream.max_connections_per_source = 0;
+        c.upstream.connect_timeout = Duration::from_millis(300);
+        c.shutdown.grace = Duration::from_millis(100);
+    })
+    .await;
+    let sent = 12;
+    let mut rx = half_sent_on(&h, 4, 3).await;
+    // Every stream either holds an upstream connection or is refused.
+    let mut refused = 0;
+    while refused + accepted.load(Ordering::SeqCst) < sent {
+        let (status, code, message) = next_answer(&mut rx).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (503, "upstream_connections_exhausted")
+        );
+        assert!(
+            message.contains("upstream.max_connections_per_worker"),
+            "{message}"
+        );
+        refused += 1;
+    }
+    assert!(accepted.load(Ordering::SeqCst) <= 4, "{accepted:?}");
+    h.shutdown().await;
+}
+
+/// Issue 34 item 5: by default one client connection's HTTP/2 streams hold at most 64 upstream
+/// connections (what a connection has in flight in practice), not the stream limit of 256.
+#[tokio::test]
+async fn by_default_one_h2_connection_holds_at_most_64_upstream_connections() {
+    let (h, accepted) = refused_past_the_bound(|_| {}, 70, 6).await;
+    assert_eq!(accepted, 64, "the default bound, no more");
     h.shutdown().await;
 }

@@ -303,7 +303,20 @@ fn validate_synth_target(target: Target, s: &SynthConfig) -> Result<(), ConfigEr
 
 /// An admin port reachable from other hosts needs a token (or an explicit opt-out); a token is
 /// long enough and not a placeholder.
+/// The most `admin.max_connections` may be: the admin port serves probes and scrapers.
+const MAX_ADMIN_CONNECTIONS: usize = 4096;
+
 fn validate_admin(a: &AdminConfig) -> Result<(), ConfigError> {
+    if !(1..=MAX_ADMIN_CONNECTIONS).contains(&a.max_connections) {
+        return Err(ConfigError::new(
+            "admin.max_connections",
+            format!(
+                "is {}: set 1 to {MAX_ADMIN_CONNECTIONS} (default 64; probes and scrapers need a \
+                 few, and each is a descriptor taken from the data port's share)",
+                a.max_connections
+            ),
+        ));
+    }
     if a.token.as_deref() == Some("") {
         return Err(ConfigError::new(
             "admin.token",
@@ -371,6 +384,17 @@ fn validate_http2(l: &ListenConfig) -> Result<(), ConfigError> {
 /// The `[upstream]` checks beyond the URL's syntax: the base path trap, the authority override
 /// and the health probe.
 fn validate_upstream(u: &UpstreamConfig, url: Option<&UpstreamUrl>) -> Result<(), ConfigError> {
+    let (client, source) = (u.max_connections_per_client, u.max_connections_per_source);
+    if source > 0 && client > source {
+        return Err(ConfigError::new(
+            "upstream.max_connections_per_source",
+            format!(
+                "is {source}, below upstream.max_connections_per_client ({client}): one client \
+                 connection could never use its share; raise max_connections_per_source to at \
+                 least {client} or lower max_connections_per_client"
+            ),
+        ));
+    }
     if let Some(url) = url {
         url.check_base_path()?;
     }

@@ -47,6 +47,7 @@
 //! Completion responses carry `x-mock-prompt-tokens` and `x-mock-cached-tokens` headers.
 
 pub mod anthropic;
+pub mod bounds;
 pub mod config;
 pub mod openai;
 pub mod output;

@@ -186,8 +186,10 @@ pub(crate) fn model(obj: &Map<String, Value>, default_model: &str) -> Result<Str
     }
 }
 
-/// The body as a JSON object.
+/// The body as a JSON object, once its element counts are within [`super::bounds`] (checked
+/// before anything is built: a body past them is a 400 naming the list, its count and the limit).
 pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    super::bounds::check(body).map_err(|e| ApiError::bad_request(e.code, e.message))?;
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(
             "invalid_json",

@@ -83,6 +83,9 @@ pub struct Downstream {
     /// Upstream connections its HTTP/2 streams may still take
     /// (`upstream.max_connections_per_client`).
     pub upstream_streams: Arc<tokio::sync::Semaphore>,
+    /// Upstream connections the requests of its source address may still take, shared with
+    /// the address's other connections (`upstream.max_connections_per_source`; `None`: no bound).
+    pub source: Option<Arc<tokio::sync::Semaphore>>,
     /// `upstream.first_byte_timeout` and `upstream.idle_timeout` for its HTTP/1.1 requests,
     /// which come one at a time: one timer each, registered once per connection.
     pub first_byte: turn_timer::TurnTimer,
@@ -90,13 +93,20 @@ pub struct Downstream {
 }
 
 impl Downstream {
-    pub fn new(peer: SocketAddr, tls: bool, activity: Arc<Activity>, max_upstream: usize) -> Self {
+    pub fn new(
+        peer: SocketAddr,
+        tls: bool,
+        activity: Arc<Activity>,
+        max_upstream: usize,
+        source: Option<Arc<tokio::sync::Semaphore>>,
+    ) -> Self {
         Self {
             peer,
             tls,
             affinity: Affinity::default(),
             activity,
             upstream_streams: Arc::new(tokio::sync::Semaphore::new(max_upstream)),
+            source,
             first_byte: turn_timer::TurnTimer::default(),
             response_idle: turn_timer::TurnTimer::default(),
         }
@@ -134,6 +144,8 @@ pub struct Proxy {
     upstream: Upstream,
     synth: Arc<synthesize::Synthesizer>,
     response_headers: ResponseHeaders,
+    /// Every worker's source addresses' upstream slots (one table for all workers).
+    sources: Arc<pool::SourceSlots>,
 }
 
 /// Labels and facts carried from the request to its response.
@@ -246,6 +258,7 @@ impl Proxy {
         client: UpstreamClient,
         synth: Arc<synthesize::Synthesizer>,
         max_upstream: usize,
+        sources: Arc<pool::SourceSlots>,
     ) -> Arc<Self> {
         Arc::new(Self {
             response_headers: ResponseHeaders::new(&rt.config.headers),
@@ -254,11 +267,17 @@ impl Proxy {
             client,
             upstream,
             synth,
+            sources,
         })
     }
 
     pub fn metrics(&self) -> &Metrics {
         &self.rt.metrics
+    }
+
+    /// The semaphore of `ip`'s upstream slots (`upstream.max_connections_per_source`).
+    pub fn source_slots(&self, ip: std::net::IpAddr) -> Option<Arc<tokio::sync::Semaphore>> {
+        self.sources.of(ip)
     }
 
     /// `upstream.max_connections_per_client`, for each new client connection (0: the HTTP/2
@@ -373,6 +392,13 @@ impl Proxy {
         ex: &mut Exchange,
     ) -> Result<Response<Body>, ProxyError> {
         let (mut parts, body) = req.into_parts();
+        if parts.method == http::Method::CONNECT {
+            // A tunnel request: forwarded, the upstream would see `CONNECT /` and the client a
+            // connection that ends with no status. Answered here, never sent on.
+            return Err(ProxyError::MethodNotAllowed {
+                method: parts.method.to_string(),
+            });
+        }
         // Plain HTTP/1.1 upstream: the client connection's own upstream connection, or for an
         // HTTP/2 client's stream one from the worker's pool; else the pooled client.
         let keep = self
@@ -400,7 +426,8 @@ impl Proxy {
         // serves each in turn.
         let streams = affinity.is_none().then_some(&client.upstream_streams);
         let turn = affinity.is_some().then_some(&client.first_byte);
-        let resp = self.send(req, keep, streams, turn, overhead).await?;
+        let bounds = (streams, client.source.as_ref());
+        let resp = self.send(req, keep, bounds, turn, overhead).await?;
         // The body went out with the request: its bytes are no longer held here.
         drop(buffered);
         let (mut parts, body) = resp.into_parts();
@@ -437,7 +464,12 @@ impl Proxy {
                 format!("{} works on /v1/chat/completions only", cfg.headers.synth),
             ));
         }
-        let conversation = synth_conversation(&parts.headers, synth, &cfg.headers)?;
+        let conversation = synth_conversation(
+            &parts.headers,
+            synth,
+            &cfg.headers,
+            cfg.limits.control_header_len(),
+        )?;
         let work = BodyWork {
             shape,
             decision,
@@ -527,7 +559,10 @@ impl Proxy {
         &self,
         req: Request<Body>,
         keep: Option<Keep<'_>>,
-        streams: Option<&Arc<tokio::sync::Semaphore>>,
+        (streams, source): (
+            Option<&Arc<tokio::sync::Semaphore>>,
+            Option<&Arc<tokio::sync::Semaphore>>,
+        ),
         turn: Option<&turn_timer::TurnTimer>,
         overhead: std::time::Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
@@ -548,16 +583,14 @@ impl Proxy {
             // An HTTP/2 client's stream holds one of its connection's upstream slots from here
             // to the end of its response: its streams cannot fan out to more upstream
             // connections than `upstream.max_connections_per_client`, however many it opens.
-            let slot = match streams {
-                None => None,
-                Some(s) => Some(
-                    pool::acquire(
-                        s,
-                        cfg.connect_timeout,
-                        "upstream.max_connections_per_client",
-                    )
+            // Every request holds one of its source address's, so one address's connections
+            // together hold at most `upstream.max_connections_per_source`.
+            let wait = cfg.connect_timeout;
+            let slot = pool::Slots {
+                client: pool::acquire_if(streams, wait, "upstream.max_connections_per_client")
                     .await?,
-                ),
+                source: pool::acquire_if(source, wait, "upstream.max_connections_per_source")
+                    .await?,
             };
             match keep {
                 Some(keep) => pool::send(keep, &self.pool, slot, &self.upstream, cfg, req).await,
@@ -684,9 +717,11 @@ fn synth_conversation(
     headers: &http::HeaderMap,
     synth: bool,
     names: &crate::config::HeaderNames,
+    limit: usize,
 ) -> Result<Option<String>, ProxyError> {
     let name = names.synth_conversation.as_str();
-    let Some(v) = headers.get(name) else {
+    // Held to limits.max_control_header like every other control header (400 header_too_long).
+    let Some(v) = rewrite::header(headers, name, limit)? else {
         return Ok(None);
     };
     if !synth {
@@ -897,9 +932,9 @@ async fn collect_limited(
     let mut joined: Option<bytes::BytesMut> = None;
     let mut total = 0u64;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| match crate::conn::body_timeout_in(e.as_ref()) {
-            Some(t) => t.into(),
-            None => ProxyError::ClientBody(crate::error::error_chain(e.as_ref())),
+        let frame = frame.map_err(|e| {
+            crate::conn::client_fault_in(e.as_ref())
+                .unwrap_or_else(|| ProxyError::ClientBody(crate::error::error_chain(e.as_ref())))
         })?;
         let Ok(data) = frame.into_data() else {
             continue;

@@ -39,7 +39,7 @@ impl Decision {
 /// A control or session header's value as text: any visible bytes that form UTF-8 (so a
 /// `séssion-1` is itself, not a fallback), at most `limit` bytes. Anything else is a 400 that
 /// says which; never a silent fallback to another identity source.
-fn header<'a>(
+pub(super) fn header<'a>(
     headers: &'a HeaderMap,
     name: &str,
     limit: usize,

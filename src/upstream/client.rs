@@ -357,8 +357,8 @@ pub fn classify(
     upstream: &Upstream,
     connect_timeout: std::time::Duration,
 ) -> ProxyError {
-    if let Some(t) = crate::conn::body_timeout_in(&err) {
-        return t.into();
+    if let Some(client) = crate::conn::client_fault_in(&err) {
+        return client;
     }
     let detail = error_chain(&err);
     if err.is_connect() {
@@ -385,12 +385,11 @@ fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// An exchange that failed after the request was handed to the upstream connection: the
-/// client's body stalling is the client's fault, anything else the upstream's.
+/// client's body stalling, misframed or cut short is the client's fault, anything else the
+/// upstream's.
 pub(super) fn broken(err: &hyper::Error) -> ProxyError {
-    match crate::conn::body_timeout_in(err) {
-        Some(t) => t.into(),
-        None => ProxyError::UpstreamBroken(error_chain(err)),
-    }
+    crate::conn::client_fault_in(err)
+        .unwrap_or_else(|| ProxyError::UpstreamBroken(error_chain(err)))
 }
 
 #[cfg(test)]

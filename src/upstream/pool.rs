@@ -153,9 +153,9 @@ impl Keep<'_> {
 pub struct UpstreamBody {
     inner: Incoming,
     lease: Option<(Arc<H1Pool>, Sender)>,
-    /// The client connection's upstream slot this exchange holds (HTTP/2 streams), given back
-    /// with the connection.
-    slot: Option<OwnedSemaphorePermit>,
+    /// The client connection's and the source address's upstream slots this exchange holds,
+    /// given back with the connection.
+    slot: Slots,
 }
 
 impl UpstreamBody {
@@ -163,12 +163,12 @@ impl UpstreamBody {
         Self {
             inner,
             lease: None,
-            slot: None,
+            slot: Slots::default(),
         }
     }
 
     /// Holds `slot` until the response has been read to the end or dropped.
-    pub fn holding(mut self, slot: Option<OwnedSemaphorePermit>) -> Self {
+    pub fn holding(mut self, slot: Slots) -> Self {
         self.slot = slot;
         self
     }
@@ -178,7 +178,61 @@ impl UpstreamBody {
         if let Some((pool, send)) = self.lease.take() {
             pool.put(send);
         }
-        self.slot = None;
+        self.slot = Slots::default();
+    }
+}
+
+/// The upstream slots one exchange holds from its send to the end of its response: its client
+/// connection's (HTTP/2 streams, `upstream.max_connections_per_client`) and its source
+/// address's (`upstream.max_connections_per_source`).
+#[derive(Default)]
+pub struct Slots {
+    pub client: Option<OwnedSemaphorePermit>,
+    pub source: Option<OwnedSemaphorePermit>,
+}
+
+/// The upstream connections the requests of each source address may hold at once
+/// (`upstream.max_connections_per_source`), over all its client connections and every worker:
+/// one source with many HTTP/2 connections cannot take the model server's connections from
+/// the others. Looked up once per client connection, which holds its source's semaphore for
+/// its life; an address with no connection left is forgotten at the next prune.
+pub struct SourceSlots {
+    cap: usize,
+    /// Each source's semaphore (weakly: its connections hold it) and the table size at which
+    /// dead entries are pruned next.
+    by_ip: Mutex<(
+        std::collections::HashMap<std::net::IpAddr, Weak<Semaphore>>,
+        usize,
+    )>,
+}
+
+impl SourceSlots {
+    /// `cap` 0: no bound per source.
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cap,
+            by_ip: Mutex::new((Default::default(), 1024)),
+        })
+    }
+
+    /// The slots of `ip`, shared with its other connections; `None` when sources are unbounded.
+    pub fn of(&self, ip: std::net::IpAddr) -> Option<Arc<Semaphore>> {
+        if self.cap == 0 {
+            return None;
+        }
+        let mut guard = lock(&self.by_ip);
+        let (map, prune_at) = &mut *guard;
+        if let Some(s) = map.get(&ip).and_then(Weak::upgrade) {
+            return Some(s);
+        }
+        if map.len() >= *prune_at {
+            // Amortized: a prune at most once per doubling of the live entries.
+            map.retain(|_, w| w.strong_count() > 0);
+            *prune_at = (map.len() * 2).max(1024);
+        }
+        let s = Arc::new(Semaphore::new(self.cap));
+        map.insert(ip, Arc::downgrade(&s));
+        Some(s)
     }
 }
 
@@ -203,6 +257,18 @@ pub async fn acquire(
             ),
             retry_after_s: 1,
         }),
+    }
+}
+
+/// [`acquire`] when there is a bound: `None` when `slots` is.
+pub async fn acquire_if(
+    slots: Option<&Arc<Semaphore>>,
+    wait: Duration,
+    key: &'static str,
+) -> Result<Option<OwnedSemaphorePermit>, ProxyError> {
+    match slots {
+        None => Ok(None),
+        Some(s) => acquire(s, wait, key).await.map(Some),
     }
 }
 
@@ -246,7 +312,7 @@ pub struct UpstreamConnect(pub Duration);
 pub async fn send(
     keep: Keep<'_>,
     pool: &Arc<H1Pool>,
-    slot: Option<OwnedSemaphorePermit>,
+    slot: Slots,
     upstream: &Upstream,
     cfg: &UpstreamConfig,
     mut req: http::Request<Body>,
@@ -293,7 +359,7 @@ fn give_back(
     keep: Keep<'_>,
     send: Sender,
     resp: http::Response<Incoming>,
-    slot: Option<OwnedSemaphorePermit>,
+    slot: Slots,
 ) -> http::Response<UpstreamBody> {
     resp.map(|inner| {
         let mut body = UpstreamBody::new(inner).holding(slot);

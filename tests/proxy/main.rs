@@ -17,6 +17,7 @@ mod capture;
 mod cli;
 mod deploy;
 mod fuzz_regressions;
+mod hardening_server;
 mod hardening_synth;
 mod mock_server;
 mod monitoring;
