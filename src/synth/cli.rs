@@ -477,30 +477,129 @@ fn write_output(
     path: Option<&Path>,
     write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
+    write_counted(path, write).map(|_| ())
+}
+
+/// What [`write_counted`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// All of it, this many bytes.
+    Bytes(u64),
+    /// Standard output's reader went away first (`| head`): not a failure, nothing to report.
+    PipeClosed,
+}
+
+/// [`write_output`], counting the bytes; a closed standard output ends the write quietly.
+fn write_counted(
+    path: Option<&Path>,
+    write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
+) -> anyhow::Result<Written> {
     let Some(path) = path else {
-        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        write(&mut out)?;
-        out.flush()?;
-        return Ok(());
+        let mut out = Counting::new(std::io::BufWriter::new(std::io::stdout().lock()));
+        let result = write(&mut out).and_then(|()| Ok(out.flush()?));
+        return match result {
+            Err(e) if is_broken_pipe(&e) => Ok(Written::PipeClosed),
+            r => r.map(|()| Written::Bytes(out.bytes)),
+        };
     };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.kvbust-{}.tmp", std::process::id()));
-    let result = (|| -> anyhow::Result<()> {
+    let result = (|| -> anyhow::Result<Written> {
         let file =
             std::fs::File::create(&tmp).with_context(|| format!("creating {}", path.display()))?;
-        let mut out = std::io::BufWriter::new(file);
+        let mut out = Counting::new(std::io::BufWriter::new(file));
         write(&mut out)?;
         out.flush()?;
+        let bytes = out.bytes;
         drop(out);
-        std::fs::rename(&tmp, path).with_context(|| format!("creating {}", path.display()))
+        std::fs::rename(&tmp, path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Written::Bytes(bytes))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Whether `e` is a write to a pipe whose reader has gone (`kvbust synth … | head`).
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// A writer that counts the bytes it passes on (for the summary line).
+struct Counting<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: Write> Counting<W> {
+    fn new(inner: W) -> Self {
+        Counting { inner, bytes: 0 }
+    }
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The line `kvbust synth` ends with on standard error: what it wrote, where, how long it took.
+fn summary(
+    dataset: &Dataset,
+    written: u64,
+    to: Option<&Path>,
+    elapsed: std::time::Duration,
+) -> String {
+    let turns: usize = dataset.conversations.iter().map(|c| c.turns.len()).sum();
+    let osl: u64 = dataset
+        .conversations
+        .iter()
+        .flat_map(|c| &c.turns)
+        .filter_map(|t| t.max_tokens)
+        .sum();
+    let to = to.map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
+    format!(
+        "kvbust synth: {} conversations, {turns} turns, {osl} output tokens requested; {} bytes to {to} in {:.2}s",
+        dataset.conversations.len(),
+        written,
+        elapsed.as_secs_f64()
+    )
+}
+
+/// Flags an output format cannot do without, refused before any work (exit 2, as a missing
+/// flag is everywhere): vLLM's custom loader and the ShareGPT loaders read each prompt's
+/// output length, which only `--osl` (or a trace's `output_length`) gives.
+fn check_format_flags(args: &SynthArgs, params: &SynthParams) -> Result<(), SynthError> {
+    let needs_osl = match args.format {
+        OutputFormat::VllmCustom => Some(
+            "--format vllm-custom needs each prompt's output length: pass --osl N (vllm bench \
+             serve --custom-output-len -1 reads it from the file)",
+        ),
+        OutputFormat::Sharegpt => Some(
+            "--format sharegpt needs each answer's output length: pass --osl N (the gpt turns \
+             are that many tokens long)",
+        ),
+        _ => None,
+    };
+    match needs_osl {
+        Some(m) if params.osl.is_none() && params.input_file.is_none() => {
+            Err(SynthError::InvalidParams(m.into()))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Runs `kvbust synth`. Usage problems (flag combinations, values, a tokenizer path that does
@@ -530,16 +629,13 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
         }
     };
     if let Job::Aiperf(p) = &job {
-        // vLLM's `--custom-output-len -1` raises on a row without `output_tokens`.
-        if args.format == OutputFormat::VllmCustom && p.osl.is_none() && p.input_file.is_none() {
-            return Err(crate::config::ConfigError {
-                key: "--osl".into(),
-                message: "--format vllm-custom needs each prompt's output length: pass --osl N \
-                          (vllm bench serve --custom-output-len -1 reads it from the file)"
-                    .into(),
-            }
-            .into());
-        }
+        check_format_flags(args, p)?;
+    }
+    if args.format == OutputFormat::OpenaiChat && args.model.is_none() {
+        eprintln!(
+            "kvbust synth: warning: no --model: each body's \"model\" is the placeholder \
+             \"model\", which a real server refuses; pass --model with a name its /v1/models lists"
+        );
     }
     let tokenizer = load_tokenizer(args.tokenizer.as_deref())?;
     let cache_dir = if args.no_corpus_cache {
@@ -582,9 +678,13 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
             }
             let mut answers = answers_for(params.random_seed)?;
             warn_sharegpt_lengths(args.format, &dataset, &tokenizer)?;
-            write_output(args.output.as_deref(), |out| {
+            let written = write_counted(args.output.as_deref(), |out| {
                 Ok(write_dataset(out, &dataset, &opts, answers.as_mut())?)
             })?;
+            if let Written::Bytes(n) = written {
+                let to = args.output.as_deref();
+                eprintln!("{}", summary(&dataset, n, to, started.elapsed()));
+            }
             tracing::debug!(
                 conversations = dataset.conversations.len(),
                 elapsed_ms = started.elapsed().as_millis() as u64,

@@ -15,6 +15,7 @@ mod cachebust_proxy;
 mod cachebust_vectors;
 mod cli;
 mod deploy;
+mod first_day;
 mod fuzz_regressions;
 mod hardening_synth;
 mod mock_server;

@@ -5,6 +5,7 @@
 
 pub mod agentic;
 pub mod analyze;
+pub mod precheck;
 pub mod record;
 pub mod synthesize;
 
