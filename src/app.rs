@@ -132,7 +132,12 @@ fn healthcheck(args: &HealthcheckArgs) -> Result<(), AppError> {
     }
     let timeout = crate::units::duration::parse_or_explain(&args.timeout)
         .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
-    let config = load(&args.flags)?;
+    let flags = ConfigFlags {
+        config: args.config.clone(),
+        admin_listen: args.admin_listen.clone(),
+        ..ConfigFlags::default()
+    };
+    let config = load(&flags)?;
     let addr = crate::healthcheck::probe_addr(config.admin.addr);
     let line = crate::healthcheck::check(addr, &args.path, timeout)
         .map_err(|e| AppError::Other(e.into()))?;

@@ -412,6 +412,24 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
+/// A spinner on standard error while `what` runs (on a terminal only, like the bar).
+fn spinner(what: &str) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let s = indicatif::ProgressBar::new_spinner();
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed_precise}]")
+    {
+        s.set_style(style);
+    }
+    s.set_message(what.to_owned());
+    // Drawn now, so even a short step shows what it does; then every 100 ms.
+    s.tick();
+    s.enable_steady_tick(std::time::Duration::from_millis(100));
+    Some(s)
+}
+
 /// The bench requests as single-turn conversations (session id = request id), for the
 /// formats other than `conversations`.
 fn bench_dataset(requests: &[BenchRequest]) -> Dataset {
@@ -570,11 +588,23 @@ fn summary(
         .flat_map(|c| &c.turns)
         .filter_map(|t| t.max_tokens)
         .sum();
+    let rows = format!(
+        "{} conversations, {turns} turns, {osl} output tokens requested",
+        dataset.conversations.len()
+    );
+    summary_line(&rows, written, to, elapsed)
+}
+
+/// `kvbust synth: <rows>; <bytes> bytes to <where> in <seconds>s`.
+fn summary_line(
+    rows: &str,
+    written: u64,
+    to: Option<&Path>,
+    elapsed: std::time::Duration,
+) -> String {
     let to = to.map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
     format!(
-        "kvbust synth: {} conversations, {turns} turns, {osl} output tokens requested; {} bytes to {to} in {:.2}s",
-        dataset.conversations.len(),
-        written,
+        "kvbust synth: {rows}; {written} bytes to {to} in {:.2}s",
         elapsed.as_secs_f64()
     )
 }
@@ -616,27 +646,31 @@ pub fn run_then_exit(args: &SynthArgs) -> anyhow::Result<()> {
     run_with(args, true)
 }
 
-fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
-    let started = Instant::now();
-    // Check every flag before any expensive work or touching the output file.
+/// Every flag checked before any expensive work or touching the output file; warns (once, on
+/// stderr) of a body model that is only a placeholder.
+fn checked_job(args: &SynthArgs) -> anyhow::Result<Job> {
     let job = match args.bench_compat {
         Some(tool) => Job::Bench(args.to_bench_params(tool)?),
         None => {
             args.check_no_bench_flags()?;
             let params = args.to_params();
             params.validate()?;
+            check_format_flags(args, &params)?;
             Job::Aiperf(Box::new(params))
         }
     };
-    if let Job::Aiperf(p) = &job {
-        check_format_flags(args, p)?;
-    }
     if args.format == OutputFormat::OpenaiChat && args.model.is_none() {
         eprintln!(
             "kvbust synth: warning: no --model: each body's \"model\" is the placeholder \
              \"model\", which a real server refuses; pass --model with a name its /v1/models lists"
         );
     }
+    Ok(job)
+}
+
+fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let job = checked_job(args)?;
     let tokenizer = load_tokenizer(args.tokenizer.as_deref())?;
     let cache_dir = if args.no_corpus_cache {
         None
@@ -661,12 +695,15 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
     };
     match job {
         Job::Bench(params) => {
-            let requests = bench_requests(&params, &tokenizer)?;
             let mut answers = answers_for(Some(params.seed))?;
-            write_bench(args, &requests, &tokenizer, &opts, answers.as_mut())?;
+            run_bench(args, &params, &tokenizer, &opts, answers.as_mut(), started)?;
         }
         Job::Aiperf(params) => {
-            let bar = progress_bar(params.entries() as u64).filter(|_| params.input_file.is_none());
+            // A trace's length is known only once it is read: a spinner, not a bar.
+            let bar = match params.input_file {
+                None => progress_bar(params.entries() as u64),
+                Some(_) => spinner("replaying the trace"),
+            };
             let mut tick = |done: usize, _total: usize| {
                 if let Some(b) = &bar {
                     b.set_position(done as u64);
@@ -701,6 +738,37 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A `--bench-compat` job: draws the requests (a spinner on a terminal meanwhile), writes them
+/// and ends with the summary line.
+fn run_bench(
+    args: &SynthArgs,
+    params: &BenchParams,
+    tokenizer: &Tokenizer,
+    opts: &WriteOptions<'_>,
+    answers: Option<&mut Answers>,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let spinner = spinner("drawing prompts");
+    let requests = bench_requests(params, tokenizer)?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    let written = write_bench(args, &requests, tokenizer, opts, answers)?;
+    if let Written::Bytes(n) = written {
+        let prompt: usize = requests.iter().map(|r| r.prompt_len).sum();
+        let osl: u64 = requests.iter().map(|r| r.expected_output_len).sum();
+        let rows = format!(
+            "{} requests, {prompt} prompt tokens, {osl} output tokens requested",
+            requests.len()
+        );
+        eprintln!(
+            "{}",
+            summary_line(&rows, n, args.output.as_deref(), started.elapsed())
+        );
+    }
+    Ok(())
+}
+
 /// Writes a `--bench-compat` job's requests: as they are for `--format conversations`,
 /// otherwise as a dataset in the chosen format.
 fn write_bench(
@@ -709,8 +777,8 @@ fn write_bench(
     tokenizer: &Tokenizer,
     opts: &WriteOptions<'_>,
     answers: Option<&mut Answers>,
-) -> anyhow::Result<()> {
-    write_output(args.output.as_deref(), |out| {
+) -> anyhow::Result<Written> {
+    write_counted(args.output.as_deref(), |out| {
         if args.format == OutputFormat::Conversations {
             for r in requests {
                 // Plain strings and integers always serialise.

@@ -193,3 +193,121 @@ async fn the_models_check_names_a_dataset_model_the_upstream_does_not_serve() {
     assert_eq!(missing, ["claude-opus"]);
     h.shutdown().await;
 }
+
+// Issue 31 group 6: the documentation says what the code does.
+
+fn repo_file(path: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+}
+
+/// A metric's family name: a histogram's samples end in `_bucket`, `_sum` and `_count`.
+fn family(sample: &str) -> &str {
+    ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|s| sample.strip_suffix(s))
+        .unwrap_or(sample)
+}
+
+#[tokio::test]
+async fn the_readme_metrics_table_lists_every_kvbust_metric_and_every_one_the_dashboards_read() {
+    let h = start(|_| {}).await;
+    // A marked request, so that the marker counter has a sample.
+    let marked = post(
+        &h.url("/v1/chat/completions"),
+        chat_body("count me", true, 2),
+        &[("x-kvbust-target", "first_turn_prefix")],
+    );
+    let resp = send(&h1(), marked).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    body_bytes(resp).await;
+    let exposition = metrics_text(&h).await;
+    h.shutdown().await;
+    let readme = repo_file("README.md");
+    // The table rows of "What kvbust measures".
+    let table: String = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("## What kvbust measures"))
+        .take_while(|l| !l.starts_with("| API |"))
+        .filter(|l| l.starts_with('|'))
+        .collect();
+    let mut names: std::collections::BTreeSet<String> = exposition
+        .lines()
+        .filter(|l| l.starts_with("kvbust_"))
+        .map(|l| family(&l[..l.find(['{', ' ']).unwrap()]).to_string())
+        .collect();
+    for file in [
+        "deploy/grafana/kvbust.json",
+        "deploy/k8s/overlays/monitoring/prometheusrule.yaml",
+    ] {
+        let text = repo_file(file);
+        for (i, _) in text.match_indices("kvbust_") {
+            let name: String = text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            names.insert(family(&name).to_string());
+        }
+    }
+    assert!(names.contains("kvbust_markers_injected_total"));
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !table.contains(&format!("`{n}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in the README's metrics table: {missing:?}"
+    );
+}
+
+#[test]
+fn the_config_file_lists_every_trace_type_for_custom_dataset_type() {
+    use kvbust::synth::dataset::trace_kind::TraceKind;
+    let all = [
+        TraceKind::MooncakeTrace,
+        TraceKind::BailianTrace,
+        TraceKind::WekaTrace,
+        TraceKind::BurstGptTrace,
+        TraceKind::Tracelab,
+    ];
+    // A new type fails to compile here until it is listed above.
+    for k in all {
+        match k {
+            TraceKind::MooncakeTrace
+            | TraceKind::BailianTrace
+            | TraceKind::WekaTrace
+            | TraceKind::BurstGptTrace
+            | TraceKind::Tracelab => {}
+        }
+    }
+    let toml = repo_file("config/kvbust.toml");
+    let start = toml.find("# custom_dataset_type").unwrap();
+    let comment: String = toml[start..].lines().take(2).collect();
+    for k in all {
+        assert!(comment.contains(k.as_str()), "{}: {comment}", k.as_str());
+    }
+}
+
+#[test]
+fn the_readme_puts_kvbust_on_path_and_its_examples_wait_and_make_folders() {
+    let readme = repo_file("README.md");
+    assert!(readme.contains("`cargo install --path .`"));
+    let completions = readme
+        .lines()
+        .position(|l| l.starts_with("kvbust completions bash >"))
+        .unwrap();
+    let lines: Vec<&str> = readme.lines().collect();
+    assert!(
+        lines[completions - 1].starts_with("mkdir -p ~/.local/share/bash-completion/completions"),
+        "{}",
+        lines[completions - 1]
+    );
+    // The access-log example greps only after the writer's batch interval has passed.
+    let grep = lines
+        .iter()
+        .position(|l| l.starts_with("grep ' access_log: ' kvbust.log"))
+        .unwrap();
+    assert!(lines[grep - 1].starts_with("sleep "), "{}", lines[grep - 1]);
+    assert!(readme.contains("data port 8080 on every interface, `0.0.0.0:8080` by default"));
+    let toml = repo_file("config/kvbust.toml");
+    assert!(toml.contains("addr = \"0.0.0.0:8080\""));
+}

@@ -131,6 +131,33 @@ fn synth_ends_with_a_summary_line_and_warns_of_the_placeholder_model() {
     args.extend(["--model", "qwen"]);
     let out = synth(&args);
     assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    // A --bench-compat job's line counts its requests and their prompt tokens.
+    let bench_file = scratch("bench.jsonl");
+    let out = synth(&[
+        "--bench-compat",
+        "vllm",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "2",
+        "--num-prompts",
+        "3",
+        "-o",
+        bench_file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let prompt: u64 = std::fs::read_to_string(&bench_file)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["prompt_len"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    let want =
+        format!("kvbust synth: 3 requests, {prompt} prompt tokens, 6 output tokens requested;");
+    assert!(stderr(&out).contains(&want), "{want} in {}", stderr(&out));
 }
 
 /// vLLM's ShareGPT loader drops prompts over 1,024 tokens without a word.
@@ -201,4 +228,58 @@ fn warmup_isolation_system_without_a_system_prompt_refuses_to_start() {
         err.contains("synth.dataset") && err.contains("system prompt"),
         "{err}"
     );
+}
+
+/// The contract: a progress bar on a terminal, none when piped (a spinner for a trace replay,
+/// whose length is known only once read). `script` (util-linux) gives kvbust a terminal.
+#[test]
+fn a_progress_bar_shows_on_a_terminal_and_never_when_piped() {
+    let trace = scratch("bar-trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"input_length\": 20, \"output_length\": 2}\n{\"input_length\": 30, \"output_length\": 2}\n",
+    )
+    .unwrap();
+    let out = scratch("bar.jsonl");
+    let bin = env!("CARGO_BIN_EXE_kvbust");
+    let runs = [
+        (
+            format!(
+                "--isl 16 --osl 2 --num-dataset-entries 20 -o {}",
+                out.display()
+            ),
+            "synthesizing 1/20 conversations",
+        ),
+        (
+            format!("--input-file {} -o {}", trace.display(), out.display()),
+            "replaying the trace",
+        ),
+    ];
+    for (args, drawn) in runs {
+        let mut p = Command::new("script");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("KVBUST_") {
+                p.env_remove(k);
+            }
+        }
+        let tty = p
+            .args(["-qec", &format!("{bin} synth {args}"), "/dev/null"])
+            .output()
+            .expect("script (util-linux) runs");
+        let shown = String::from_utf8_lossy(&tty.stdout);
+        assert_eq!(tty.status.code(), Some(0), "{shown}");
+        assert!(shown.contains(drawn), "{drawn}: {shown}");
+        assert!(
+            shown.contains("kvbust synth: 2") || shown.contains("kvbust synth: 20"),
+            "{shown}"
+        );
+        let piped = synth(&args.split(' ').collect::<Vec<_>>());
+        assert_eq!(piped.status.code(), Some(0), "{}", stderr(&piped));
+        let err = stderr(&piped);
+        assert!(
+            !err.contains(drawn) && !err.contains('\r'),
+            "no bar when piped: {err}"
+        );
+        assert!(err.contains("kvbust synth: "), "the summary line: {err}");
+    }
 }
