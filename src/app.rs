@@ -47,6 +47,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
     match cli.command {
         Command::Serve(args) => {
             let mut config = load(&args.flags)?;
+            check_input_files(&config)?;
             config.synth.cache_dir = default_cache_dir();
             let _flush = init_logging(&config);
             let cgroup = std::path::Path::new(crate::cgroup::CGROUP_ROOT);
@@ -95,6 +96,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
         Command::Marker(args) => marker(&args),
         Command::Config(ConfigCommand::Check(flags)) => {
             let c = load(&flags)?;
+            check_input_files(&c)?;
             println!(
                 "configuration is valid (upstream: {})",
                 c.upstream
@@ -149,7 +151,12 @@ fn healthcheck(args: &HealthcheckArgs) -> Result<(), AppError> {
     }
     let timeout = crate::units::duration::parse_or_explain(&args.timeout)
         .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
-    let config = load(&args.flags)?;
+    let flags = ConfigFlags {
+        config: args.config.clone(),
+        admin_listen: args.admin_listen.clone(),
+        ..ConfigFlags::default()
+    };
+    let config = load(&flags)?;
     let addr = crate::healthcheck::probe_addr(config.admin.addr);
     let line = crate::healthcheck::check(addr, &args.path, timeout)
         .map_err(|e| AppError::Other(e.into()))?;
@@ -236,6 +243,21 @@ fn probe(args: &ProbeArgs) -> Result<(), AppError> {
             "probe: prefix caching is off or not reported (see the verdict above)"
         )))
     }
+}
+
+/// The files the configuration names that start-up would otherwise read only at the first
+/// request: `[synth.dataset] input_file` (exists, its type, its first record).
+fn check_input_files(config: &Config) -> Result<(), ConfigError> {
+    let Some(params) = &config.synth.dataset else {
+        return Ok(());
+    };
+    crate::synth::dataset::trace::precheck::check_input_file(params).map_err(|e| ConfigError {
+        key: "synth.dataset.input_file".into(),
+        message: format!(
+            "{e} (fix the file, or point synth.dataset.input_file at a mooncake_trace,              bailian_trace, weka_trace, tracelab or burst_gpt_trace file)"
+        ),
+    })?;
+    Ok(())
 }
 
 fn env_snapshot() -> Vec<(String, String)> {
@@ -336,7 +358,10 @@ async fn serve(config: Config) -> Result<(), AppError> {
     // No upstream: run the built-in mock on a loopback port so the quick start works anywhere.
     let mut mock_task = None;
     let upstream = match config.upstream_url()? {
-        Some(u) => u,
+        Some(u) => {
+            refuse_own_address(&u, data.local_addr()).await?;
+            u
+        }
         None => {
             let l = bind(([127, 0, 0, 1], 0).into(), "built-in mock", "upstream.url")?;
             let addr = l.local_addr().map_err(|e| AppError::Other(e.into()))?;
@@ -382,6 +407,41 @@ async fn serve(config: Config) -> Result<(), AppError> {
         );
     }
     Ok(())
+}
+
+/// Refuses an upstream that resolves to kvbust's own data port: every request would come back
+/// to kvbust and fan out until something broke. A name that does not resolve is left to the
+/// health probe (it may come up later).
+async fn refuse_own_address(
+    upstream: &crate::config::UpstreamUrl,
+    listen: std::net::SocketAddr,
+) -> Result<(), ConfigError> {
+    use crate::upstream::loop_guard;
+    let host = upstream.host();
+    let default_port = if upstream.scheme().as_str() == "https" {
+        443
+    } else {
+        80
+    };
+    let port = host.port_u16().unwrap_or(default_port);
+    // `host()` keeps an IPv6 literal's brackets, which lookup_host does not take.
+    let name = host.host().trim_start_matches('[').trim_end_matches(']');
+    let Ok(resolved) = tokio::net::lookup_host((name, port)).await else {
+        return Ok(());
+    };
+    let resolved: Vec<_> = resolved.collect();
+    match loop_guard::own_address(listen, &resolved, loop_guard::is_local_ip) {
+        None => Ok(()),
+        Some(own) => Err(ConfigError {
+            key: "upstream.url".into(),
+            message: format!(
+                "`{}` resolves to {own}, kvbust's own data port (listen.addr {listen}): every \
+                 request would loop back into kvbust; set upstream.url / --upstream to the \
+                 model server's address, or omit it to use the built-in mock",
+                upstream.display()
+            ),
+        }),
+    }
 }
 
 /// The mock with its configured tokenizer, loaded off the async threads.

@@ -102,8 +102,12 @@ pub struct ProbeArgs {
 
 #[derive(Debug, Args)]
 pub struct HealthcheckArgs {
-    #[command(flatten)]
-    pub flags: ConfigFlags,
+    /// TOML or YAML configuration file (its admin.addr is the port asked).
+    #[arg(long, env = "KVBUST_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Admin listener address to ask [config: admin.addr].
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
     /// Admin path to request: /readyz (serving, not draining) or /healthz (alive).
     #[arg(long, default_value = "/readyz", value_name = "PATH")]
     pub path: String,
@@ -330,6 +334,23 @@ mod tests {
             "{help}"
         );
         assert!(help.contains("self-contained"), "{help}");
+    }
+
+    #[test]
+    fn healthcheck_help_shows_only_its_own_flags() {
+        let text = help(&["healthcheck"]);
+        for own in ["--config", "--admin-listen", "--path", "--timeout"] {
+            assert!(text.contains(own), "{own}: {text}");
+        }
+        for other in [
+            "--upstream",
+            "--cache-bust",
+            "--tls-cert",
+            "--tokenizer",
+            "--phase",
+        ] {
+            assert!(!text.contains(other), "{other}: {text}");
+        }
     }
 
     #[test]

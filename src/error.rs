@@ -62,6 +62,9 @@ pub enum ProxyError {
     },
     #[error("internal error: {0}")]
     Internal(String),
+    /// The request came back to the kvbust that forwarded it (its own `via` entry).
+    #[error("proxy loop: this request already passed through this kvbust ({via}); upstream.url must name the model server, not kvbust itself")]
+    Loop { via: String },
 }
 
 impl ProxyError {
@@ -84,9 +87,10 @@ impl ProxyError {
             ProxyError::UpstreamConnect { .. }
             | ProxyError::UpstreamTimeout { .. }
             | ProxyError::UpstreamBroken(_) => Fault::Upstream,
-            ProxyError::Draining | ProxyError::Overloaded { .. } | ProxyError::Internal(_) => {
-                Fault::Internal
-            }
+            ProxyError::Draining
+            | ProxyError::Overloaded { .. }
+            | ProxyError::Internal(_)
+            | ProxyError::Loop { .. } => Fault::Internal,
         }
     }
 
@@ -106,6 +110,7 @@ impl ProxyError {
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Draining | ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ProxyError::Loop { .. } => StatusCode::LOOP_DETECTED,
         }
     }
 
@@ -125,6 +130,7 @@ impl ProxyError {
             ProxyError::Draining => "draining",
             ProxyError::Overloaded { code, .. } => code,
             ProxyError::Internal(_) => "internal_error",
+            ProxyError::Loop { .. } => "proxy_loop",
         }
     }
 

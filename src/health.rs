@@ -14,7 +14,6 @@ use tokio::task::JoinHandle;
 
 use crate::body::full_body;
 use crate::config::UpstreamConfig;
-use crate::error::error_chain;
 use crate::metrics::Metrics;
 use crate::upstream::client::{Upstream, UpstreamClient};
 
@@ -271,7 +270,10 @@ impl Prober {
                 "{what}: no answer within {} (upstream.health_timeout)",
                 humantime::format_duration(self.timeout)
             )),
-            Ok(Err(e)) => Outcome::Failed(format!("{what}: {}", error_chain(&e))),
+            Ok(Err(e)) => Outcome::Failed(format!(
+                "{what}: {}",
+                crate::upstream::client::with_tls_hint(&e)
+            )),
             Ok(Ok(s)) if s.is_success() => Outcome::Healthy,
             Ok(Ok(s)) if s == StatusCode::NOT_FOUND || s == StatusCode::METHOD_NOT_ALLOWED => {
                 Outcome::NoRoute(format!("{what} answered {s}"))

@@ -23,6 +23,7 @@ pub mod probe;
 pub mod proxy;
 pub mod report;
 pub mod runtime;
+pub mod served_models;
 pub mod server;
 pub mod synth;
 pub mod tls;

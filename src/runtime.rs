@@ -18,6 +18,8 @@ pub struct SharedState {
     pub config: Arc<Config>,
     pub metrics: Metrics,
     pub benchmark_id: String,
+    /// This instance's `via` pseudonym ([`crate::upstream::loop_guard`]).
+    pub via: String,
     /// What the health probe knows about the upstream; `/readyz` follows it.
     pub upstream_health: Arc<crate::health::Readiness>,
     /// Request bodies buffered for rewriting, all workers together (`limits.max_buffered_total`).
@@ -30,6 +32,9 @@ pub struct SharedState {
     /// `synth.preload` is still loading: not ready yet. Set from the start when configured.
     preloading: AtomicBool,
     preloaded: tokio::sync::Notify,
+    /// `[synth.dataset]` is being built ([`DATASET_BUILDING`]) or failed to ([`DATASET_FAILED`]):
+    /// not ready. Set from the start when a dataset is configured.
+    dataset: AtomicU8,
     /// API requests seen without a phase header, for `cache_bust.auto_warmup_requests`.
     unphased_requests: AtomicU64,
     /// `None` in `cache_bust.ledger = "stateless"` mode, which keeps no per-session state.
@@ -63,6 +68,11 @@ impl SharedState {
             draining: AtomicBool::new(false),
             preloading: AtomicBool::new(!config.synth.preload.is_empty()),
             preloaded: tokio::sync::Notify::new(),
+            dataset: AtomicU8::new(if config.synth.dataset.is_some() {
+                DATASET_BUILDING
+            } else {
+                DATASET_READY
+            }),
             unphased_requests: AtomicU64::new(0),
             ledger: match config.cache_bust.ledger {
                 LedgerMode::Local => Some(Mutex::new(Ledger::new(cap))),
@@ -74,6 +84,7 @@ impl SharedState {
                 benchmark_id.clone(),
             ),
             benchmark_id,
+            via: crate::upstream::loop_guard::via_token(rand::random()),
             metrics,
             config,
         })
@@ -126,6 +137,13 @@ impl SharedState {
         if self.preloading.load(Ordering::Acquire) {
             return Err("loading the synth.preload corpora".into());
         }
+        match self.dataset.load(Ordering::Acquire) {
+            DATASET_BUILDING => return Err("building the [synth.dataset] dataset".into()),
+            DATASET_FAILED => {
+                return Err("the [synth.dataset] dataset failed to build (see the log)".into())
+            }
+            _ => {}
+        }
         match self.upstream_health.status().not_ready_reason() {
             None => Ok(()),
             Some(why) => Err(why),
@@ -136,6 +154,13 @@ impl SharedState {
     pub fn preload_done(&self) {
         self.preloading.store(false, Ordering::Release);
         self.preloaded.notify_waiters();
+    }
+
+    /// The `[synth.dataset]` build ended: readiness follows the upstream again when it was built,
+    /// and stays 503 when it failed (every synthetic request would fail).
+    pub fn dataset_built(&self, ok: bool) {
+        let state = if ok { DATASET_READY } else { DATASET_FAILED };
+        self.dataset.store(state, Ordering::Release);
     }
 
     /// Resolves once `synth.preload` is done (at once when nothing is being preloaded).
@@ -174,6 +199,11 @@ impl SharedState {
         r.counter
     }
 }
+
+/// States of [`SharedState`]'s dataset flag.
+const DATASET_READY: u8 = 0;
+const DATASET_BUILDING: u8 = 1;
+const DATASET_FAILED: u8 = 2;
 
 fn phase_to_u8(p: Phase) -> u8 {
     match p {

@@ -81,13 +81,14 @@ pub enum ServerError {
 }
 
 /// Starts what the synthesizer does before the first request: building a configured dataset
-/// (requests wait for it if early) and loading the `synth.preload` corpora (`/readyz` answers
+/// (requests wait for it if early; `/readyz` answers 503 until done) and loading the `synth.preload` corpora (`/readyz` answers
 /// 503 until done). Both run on the caller's runtime, off the data path.
 fn start_synth(synth: &Arc<Synthesizer>, rt: &Arc<SharedState>) {
     if rt.config.synth.dataset.is_some() {
         // Build the configured dataset now, off the data path; requests wait for it if early.
-        let synth = synth.clone();
-        tokio::spawn(async move { synth.prewarm().await });
+        // /readyz answers 503 until it is built.
+        let (synth, rt) = (synth.clone(), rt.clone());
+        tokio::spawn(async move { rt.dataset_built(synth.prewarm().await) });
     }
     if !rt.config.synth.preload.is_empty() {
         // Load the tokenizer and each corpus now (a one-token placeholder builds its corpus);
@@ -186,6 +187,8 @@ pub async fn run(
         stop_rx.clone(),
     );
 
+    let models_check = spawn_models_check(&parts);
+
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(admin::serve(
         listeners.admin,
@@ -199,6 +202,9 @@ pub async fn run(
     shutdown.await;
 
     let report = drain(&rt, &stop_tx, health, workers).await;
+    if let Some(t) = models_check {
+        t.abort();
+    }
     if let Some(w) = tls_watch {
         w.abort();
     }
@@ -242,6 +248,23 @@ fn conn_caps(config: &Config, workers: usize) -> crate::conn::ConnCaps {
         );
     }
     caps
+}
+
+/// Once the dataset is built and the upstream is up: a warning for each model the dataset
+/// sends that the upstream does not serve (`[synth.dataset]` only).
+fn spawn_models_check(parts: &WorkerParts) -> Option<tokio::task::JoinHandle<()>> {
+    let config = &parts.rt.config;
+    config.synth.dataset.as_ref()?;
+    let (synth, rt, upstream) = (
+        parts.synth.clone(),
+        parts.rt.clone(),
+        parts.upstream.clone(),
+    );
+    let client = client::build_client(&config.upstream, parts.client_tls.clone(), &parts.upstream);
+    Some(tokio::spawn(async move {
+        let models = synth.models().await;
+        crate::served_models::warn_unserved(rt, upstream, client, models).await;
+    }))
 }
 
 /// What every data worker is built from, set up once by `run`.

@@ -126,11 +126,39 @@ async fn tls_listener_with_alpn_h2_and_https_upstream_with_a_ca_file() {
             .contains("certificate"),
         "{v}"
     );
+    // ...and names the fix (issue 31).
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("set upstream.tls.ca_file"), "{v}");
 
     strict.shutdown().await;
     front.shutdown().await;
     edge.shutdown().await;
     let _ = std::fs::remove_dir_all(&certs.dir);
+}
+
+/// A plain-HTTP server behind an `https://` upstream URL: the 502 says to use http://.
+#[tokio::test]
+async fn a_plain_upstream_behind_https_gets_an_error_that_names_http() {
+    let plain = start(|_| {}).await;
+    let front = start_proxy(&format!("https://{}", plain.mock_addr), |_| {}).await;
+    let resp = send(
+        &h1(),
+        post(
+            &front.url("/v1/chat/completions"),
+            chat_body("tls?", false, 1),
+            &[],
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    let v = json(resp).await;
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("the upstream does not speak TLS: use http://"),
+        "{v}"
+    );
+    front.shutdown().await;
+    plain.shutdown().await;
 }
 
 /// A test PKI made with rcgen: a CA, and leaf certificates it signs.

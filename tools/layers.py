@@ -65,7 +65,7 @@ LAYERS = {
         ["runtime"],
         # The request pipeline and the admin port; `kvbust probe`, a client of the upstream
         # transport that reads synthesis's corpus.
-        ["proxy", "admin", "probe"],
+        ["proxy", "admin", "probe", "served_models"],
         # The edges: serving, the command lines (synthesis's too), the admin port's client
         # (`kvbust report`), and the entry points.
         ["server", "cli", "synth::cli", "synth::bench", "admin_client"],

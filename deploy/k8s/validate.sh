@@ -52,6 +52,47 @@ for dir in deploy/k8s/overlays/*/; do
         status=1
     fi
 done
+# Patch points the README lists ("Three things are yours to provide", item 4): the gateway's and
+# the benchmark Job's upstream are the placeholder http://model-server:8000 until patched, and a
+# patch of the documented shape replaces it.
+for overlay in gateway benchmark-job; do
+    grep -A1 'name: KVBUST_UPSTREAM__URL' "$out/$overlay.yaml" | grep -q 'value: http://model-server:8000' || {
+        echo "deploy/k8s/overlays/$overlay: KVBUST_UPSTREAM__URL is not the documented patch point" >&2
+        status=1
+    }
+done
+patched="$(mktemp -d)"
+cp -r deploy/k8s "$patched/k8s"
+mkdir "$patched/k8s/overlays/patched-gateway"
+cat >"$patched/k8s/overlays/patched-gateway/kustomization.yaml" <<'YAML'
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../gateway
+patches:
+  - target:
+      kind: Deployment
+      name: kvbust-gateway
+    patch: |-
+      - op: replace
+        path: /spec/template/spec/containers/0/env/0/value
+        value: http://vllm.models.svc:8000
+YAML
+if render "$patched/k8s/overlays/patched-gateway" | grep -A1 'name: KVBUST_UPSTREAM__URL' | grep -q 'http://vllm.models.svc:8000'; then
+    echo "deploy/k8s/overlays/gateway: the upstream patch point applies"
+else
+    echo "deploy/k8s/overlays/gateway: the README's upstream patch does not apply" >&2
+    status=1
+fi
+rm -rf "$patched"
+# The benchmark Job carries kvbust as a native sidecar (an init container that restarts
+# Always), so the sidecar ends with the Job instead of keeping it running.
+if grep -q 'restartPolicy: Always' "$out/benchmark-job.yaml" && grep -q 'kind: Job' "$out/benchmark-job.yaml"; then
+    echo "deploy/k8s/overlays/benchmark-job: kvbust is the Job's native sidecar"
+else
+    echo "deploy/k8s/overlays/benchmark-job: no native kvbust sidecar in the Job" >&2
+    status=1
+fi
 "$venv/bin/hadolint" deploy/Dockerfile || status=1
 [ "$status" = 0 ] && echo "deploy/Dockerfile: hadolint clean"
 exit "$status"

@@ -74,6 +74,37 @@ impl<'de> Deserialize<'de> for MockTokenizerSetting {
     }
 }
 
+/// What an injected failure does (`mock.failure_kinds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// 429 `rate_limit_exceeded`, with `retry-after`, as a saturated engine or gateway answers.
+    #[serde(rename = "429")]
+    TooManyRequests,
+    /// 500 `internal_server_error`.
+    #[serde(rename = "500")]
+    Internal,
+    /// 503 `service_unavailable`, with `retry-after`.
+    #[serde(rename = "503")]
+    Unavailable,
+    /// The connection is cut after half the tokens (a stream) or before any byte of the body.
+    #[serde(rename = "reset")]
+    Reset,
+    /// Nothing more is sent after half the tokens (a stream), or nothing at all: the client's
+    /// timeout has to end it.
+    #[serde(rename = "stall")]
+    Stall,
+}
+
+impl FailureKind {
+    pub const ALL: [FailureKind; 5] = [
+        FailureKind::TooManyRequests,
+        FailureKind::Internal,
+        FailureKind::Unavailable,
+        FailureKind::Reset,
+        FailureKind::Stall,
+    ];
+}
+
 /// Largest `mock.record_bytes` accepted: the recorder is for tests and diagnostics, not an archive.
 pub const MAX_RECORD_BYTES: u64 = 4 << 30;
 
@@ -81,7 +112,7 @@ pub const MAX_RECORD_BYTES: u64 = 4 << 30;
 ///
 /// Serialised with durations as humantime strings (`"15ms"`); unknown keys are rejected and absent keys take
 /// the defaults below.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MockConfig {
     /// Model id reported by `/v1/models` and in responses when the request names none (default `kvbust-mock`).
@@ -117,6 +148,30 @@ pub struct MockConfig {
     /// Largest request body the mock reads, on any route (default 64 MiB, at most 256 MiB): 413 above. Run
     /// inside `kvbust serve`, what it buffers also counts against `limits.max_buffered_total`.
     pub max_body: ByteSize,
+    /// The model names served, as vLLM's `--served-model-name` (default: none). Set: a request
+    /// for another model gets vLLM's 404 and `/v1/models` lists exactly these; a request without
+    /// a model gets the first. Unset: any model is accepted, each new name logged once.
+    pub served_model_names: Vec<String>,
+    /// Requests generating at once, as vLLM's `--max-num-seqs` (default 0: no limit); the rest
+    /// wait in a queue, first come first served, and their TTFT counts the wait.
+    pub max_num_seqs: usize,
+    /// Standard deviation of a normal jitter added to each delay (the first token's and every
+    /// gap between tokens; never below zero) (default 0: none).
+    #[serde(with = "crate::units::duration")]
+    pub jitter: Duration,
+    /// Prefill cost per uncached prompt token added for each other request running when this
+    /// one starts, so TTFT rises with load as on an engine (default 0: none).
+    #[serde(with = "crate::units::duration")]
+    pub prefill_per_running: Duration,
+    /// Share of generation requests (0 to 1) that fail on purpose (default 0: none), each with
+    /// a kind drawn from `failure_kinds`.
+    pub failure_rate: f64,
+    /// The failures drawn from when `failure_rate` > 0 (default: all of "429", "500", "503",
+    /// "reset", "stall").
+    pub failure_kinds: Vec<FailureKind>,
+    /// Seed of the jitter and failure draws (default: none, a random one per process); set,
+    /// the n-th request gets the same draws every run.
+    pub seed: Option<u64>,
 }
 
 impl Default for MockConfig {
@@ -134,6 +189,13 @@ impl Default for MockConfig {
             record_requests: 1024,
             record_bytes: ByteSize(16 << 20),
             max_body: ByteSize(64 << 20),
+            served_model_names: Vec::new(),
+            max_num_seqs: 0,
+            jitter: Duration::ZERO,
+            prefill_per_running: Duration::ZERO,
+            failure_rate: 0.0,
+            failure_kinds: FailureKind::ALL.to_vec(),
+            seed: None,
         }
     }
 }
@@ -161,6 +223,7 @@ impl MockConfig {
                 self.max_body
             ));
         }
+        self.validate_engine()?;
         if let MockTokenizerSetting::Path(p) = &self.tokenizer {
             if !self.tokenizer.exists() {
                 return Err(format!(
@@ -170,6 +233,42 @@ impl MockConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl MockConfig {
+    /// The engine-like knobs (issue 31): names, failure rate and kinds.
+    fn validate_engine(&self) -> Result<(), String> {
+        for (i, name) in self.served_model_names.iter().enumerate() {
+            if name.trim().is_empty() {
+                return Err(format!(
+                    "mock.served_model_names[{i}] is empty; list the model ids to serve, e.g. [\"Qwen/Qwen3-0.6B\"]"
+                ));
+            }
+            if self.served_model_names[..i].contains(name) {
+                return Err(format!(
+                    "mock.served_model_names lists {name:?} twice; list each once"
+                ));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.failure_rate) {
+            return Err(format!(
+                "mock.failure_rate must be between 0 and 1 (got {}); e.g. 0.05 fails one request in 20",
+                self.failure_rate
+            ));
+        }
+        if self.failure_rate > 0.0 && self.failure_kinds.is_empty() {
+            return Err(
+                "mock.failure_kinds is empty while mock.failure_rate > 0; list some of \"429\", \"500\", \"503\", \"reset\", \"stall\""
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The model a request without one gets: the first served name, else `mock.model`.
+    pub fn default_model(&self) -> &str {
+        self.served_model_names.first().unwrap_or(&self.model)
     }
 }
 
@@ -213,6 +312,47 @@ mod tests {
         assert!(e.starts_with("mock.record_bytes "), "{e}");
         assert!(serde_json::from_str::<MockConfig>(r#"{"tokenizer":""}"#).is_err());
         assert!(serde_json::from_str::<MockConfig>(r#"{"record_bytes":"lots"}"#).is_err());
+    }
+
+    #[test]
+    fn engine_knobs_are_off_by_default_and_validated() {
+        let d = MockConfig::default();
+        assert!(d.served_model_names.is_empty() && d.max_num_seqs == 0);
+        assert_eq!(
+            (d.jitter, d.prefill_per_running),
+            (Duration::ZERO, Duration::ZERO)
+        );
+        assert_eq!(d.failure_rate, 0.0);
+        let c: MockConfig = serde_json::from_str(
+            r#"{"served_model_names":["a","b"],"max_num_seqs":2,"jitter":"3ms","failure_rate":0.5,"failure_kinds":["429","reset"],"seed":7}"#,
+        )
+        .expect("parses");
+        assert_eq!(
+            c.failure_kinds,
+            [FailureKind::TooManyRequests, FailureKind::Reset]
+        );
+        assert_eq!((c.default_model(), c.seed), ("a", Some(7)));
+        assert!(c.validate().is_ok());
+        for (bad, key) in [
+            (r#"{"failure_rate":1.5}"#, "mock.failure_rate "),
+            (
+                r#"{"failure_rate":0.1,"failure_kinds":[]}"#,
+                "mock.failure_kinds ",
+            ),
+            (
+                r#"{"served_model_names":["a","a"]}"#,
+                "mock.served_model_names ",
+            ),
+            (
+                r#"{"served_model_names":[" "]}"#,
+                "mock.served_model_names[0] ",
+            ),
+        ] {
+            let c: MockConfig = serde_json::from_str(bad).expect("parses");
+            let e = c.validate().expect_err(bad);
+            assert!(e.starts_with(key), "{e}");
+        }
+        assert!(serde_json::from_str::<MockConfig>(r#"{"failure_kinds":["404"]}"#).is_err());
     }
 
     #[test]

@@ -49,6 +49,7 @@
 pub mod anthropic;
 pub mod bounds;
 pub mod config;
+pub mod engine;
 pub mod openai;
 pub mod output;
 pub mod prefix_cache;
@@ -59,7 +60,6 @@ mod server;
 mod sse;
 pub mod tokenize;
 
-use std::convert::Infallible;
 use std::fmt::Display;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -116,6 +116,8 @@ pub struct Mock {
     /// The answer words: those the tokenizer keeps as one token ([`output::one_token_words`]).
     vocab: Arc<[&'static str]>,
     cache: Mutex<PrefixCache>,
+    /// Served names, load, jitter, failures and the `vllm:` metrics ([`engine`]).
+    engine: engine::Engine,
     recorder: Recorder,
     next_id: AtomicU64,
     /// The budget of buffered request bodies shared with the proxy in the same process
@@ -165,10 +167,13 @@ impl Overrides {
     }
 }
 
-type MockBody = BoxBody<Bytes, Infallible>;
+/// A response body; its error cuts the connection (`mock.failure_rate`'s "reset").
+type MockBody = BoxBody<Bytes, std::io::Error>;
 
 fn full(bytes: impl Into<Bytes>) -> MockBody {
-    Full::new(bytes.into()).boxed()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 fn json_response(status: StatusCode, body: Bytes) -> Response<MockBody> {
@@ -308,6 +313,7 @@ enum Route {
     ResetPrefixCache,
     Models,
     Health,
+    Metrics,
     Unknown,
 }
 
@@ -320,6 +326,7 @@ fn route(path: &str) -> Route {
         "/reset_prefix_cache" => Route::ResetPrefixCache,
         "/v1/models" => Route::Models,
         "/health" => Route::Health,
+        "/metrics" => Route::Metrics,
         _ => Route::Unknown,
     }
 }
@@ -331,6 +338,7 @@ impl Mock {
         let budget = usize::try_from(cfg.record_bytes.as_u64()).unwrap_or(usize::MAX);
         Arc::new(Mock {
             cache: Mutex::new(PrefixCache::new(cfg.block_size, cfg.cache_blocks)),
+            engine: engine::Engine::new(&cfg),
             recorder: Recorder::new(cfg.record_requests, budget),
             next_id: AtomicU64::new(0),
             vocab: {
@@ -391,7 +399,7 @@ impl Mock {
     }
 
     /// Answers one request. Never panics and never fails: every problem is an OpenAI-shaped error response.
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<BoxBody<Bytes, Infallible>>
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<MockBody>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Display,
@@ -427,6 +435,14 @@ impl Mock {
                 json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#))
             }
             Route::Models if is_get => json_response(StatusCode::OK, self.models_body()),
+            Route::Metrics if is_get => {
+                let mut resp = Response::new(full(self.engine.metrics_text()));
+                resp.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4"),
+                );
+                resp
+            }
             Route::ResetPrefixCache if parts.method == Method::POST => {
                 if let Err(e) = reset_query(parts.uri.query()) {
                     return error_response(&e);
@@ -434,7 +450,7 @@ impl Mock {
                 self.reset_prefix_cache();
                 tracing::info!("mock: prefix cache reset");
                 // vLLM answers a bare 200 with no body.
-                Response::new(Empty::new().boxed())
+                Response::new(Empty::new().map_err(|never| match never {}).boxed())
             }
             Route::Unknown => error_response(&ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -442,23 +458,30 @@ impl Mock {
                 kind: "invalid_request_error",
                 code: "not_found",
             }),
-            Route::Health | Route::Models | Route::Generate(_) | Route::ResetPrefixCache => {
-                method_not_allowed(route, &parts)
-            }
+            Route::Health
+            | Route::Models
+            | Route::Metrics
+            | Route::Generate(_)
+            | Route::ResetPrefixCache => method_not_allowed(route, &parts),
         }
     }
 
     fn models_body(&self) -> Bytes {
-        let v = serde_json::json!({
-            "object": "list",
-            "data": [{
-                "id": self.cfg.model,
-                "object": "model",
-                "created": CREATED,
-                "owned_by": "kvbust",
-                "max_model_len": self.cfg.max_model_len,
-            }],
-        });
+        let data: Vec<serde_json::Value> = self
+            .engine
+            .listed_models(&self.cfg.model)
+            .into_iter()
+            .map(|id| {
+                serde_json::json!({
+                    "id": id,
+                    "object": "model",
+                    "created": CREATED,
+                    "owned_by": "kvbust",
+                    "max_model_len": self.cfg.max_model_len,
+                })
+            })
+            .collect();
+        let v = serde_json::json!({"object": "list", "data": data});
         Bytes::from(v.to_string())
     }
 
@@ -539,32 +562,72 @@ impl Mock {
         ov: Overrides,
         received: Instant,
     ) -> Response<MockBody> {
-        let GenRequest {
-            model,
-            prompt,
-            max_tokens,
-            instructions,
-            stream,
-            include_usage,
-            ..
-        } = match openai::parse_request(endpoint, body, &self.cfg.model) {
+        let mut req = match openai::parse_request(endpoint, body, self.cfg.default_model()) {
             Ok(r) => r,
             Err(e) => return error_response_for(endpoint, &e),
         };
+        if let Err(e) = self.engine.check_model(&req.model) {
+            return error_response_for(endpoint, &e);
+        }
+        let mut draws = self.engine.next_draws();
+        let failure = self.engine.failure(&mut draws);
+        if let Some(e) = failure.and_then(engine::failure_error) {
+            let mut resp = error_response_for(endpoint, &e);
+            if e.status != StatusCode::INTERNAL_SERVER_ERROR {
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            return resp;
+        }
+        let prompt = std::mem::replace(&mut req.prompt, Prompt::Raw(Vec::new()));
         let tokens = match self.tokenize(prompt).await {
             Ok(t) => t,
             Err(e) => return error_response_for(endpoint, &e),
         };
-        let completion_tokens = max_tokens.unwrap_or(self.cfg.default_max_tokens).max(1);
+        let completion_tokens = req.max_tokens.unwrap_or(self.cfg.default_max_tokens).max(1);
         if let Err(e) = self.check_context(tokens.len(), completion_tokens) {
             return error_response_for(endpoint, &e);
         }
+        // Past `mock.max_num_seqs` this waits; the first token is then timed from admission.
+        let (running, others) = self.engine.admit().await;
+        let start = if self.cfg.max_num_seqs > 0 {
+            Instant::now()
+        } else {
+            received
+        };
+        let cut = failure.map(|kind| sse::Cut {
+            after: completion_tokens / 2,
+            reset: kind == config::FailureKind::Reset,
+        });
+        let load = Load {
+            start,
+            queued: start.saturating_duration_since(received),
+            others,
+            draws,
+            cut,
+        };
+        let resp = self
+            .respond(endpoint, req, &tokens, completion_tokens, ov, load)
+            .await;
+        resp.map(|b| engine::Held::new(b, running).boxed())
+    }
+
+    /// The completion of an admitted request: the prefix cache, the usage, the schedule.
+    async fn respond(
+        &self,
+        endpoint: Endpoint,
+        req: GenRequest,
+        tokens: &[u32],
+        completion_tokens: u32,
+        ov: Overrides,
+        load: Load,
+    ) -> Response<MockBody> {
         let (cached, written) = self
             .cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .admit_counting_writes(&tokens);
-        let seed = output::seed(&tokens);
+            .admit_counting_writes(tokens);
+        let seed = output::seed(tokens);
         // The answer has `completion_tokens` words (one per event); the usage counts the tokens
         // the mock's tokenizer makes of it, as a client that re-tokenizes the text with the same
         // tokenizer does (equal when every answer word is one token). The built-in splitter is
@@ -582,16 +645,31 @@ impl Mock {
             cached_tokens: cached,
             cache_written: written,
         };
-        let ttft = self.time_to_first_token(&ov, tokens.len() - cached);
+        let Load {
+            start,
+            queued,
+            others,
+            mut draws,
+            cut,
+        } = load;
+        let uncached = tokens.len() - cached;
+        let mut ttft = self.time_to_first_token(&ov, uncached);
+        if ov.first_token_delay.is_none() {
+            ttft = draws.jittered(ttft.saturating_add(self.engine.load_prefill(uncached, others)));
+        }
+        let first_token_at = after(start, ttft);
+        self.engine
+            .observe(tokens.len(), cached, queued.saturating_add(ttft));
         let inter_token = ov.inter_token.unwrap_or(self.cfg.inter_token);
         let seq = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let stream = req.stream;
         let shape = response_shape(
             endpoint,
             seq,
-            model,
-            stream && include_usage,
-            instructions,
-            max_tokens,
+            req.model,
+            stream && req.include_usage,
+            req.instructions,
+            req.max_tokens,
         );
         tracing::debug!(
             prompt = usage.prompt_tokens,
@@ -600,15 +678,16 @@ impl Mock {
             stream,
             "mock: completion"
         );
-
         let plan = StreamPlan {
             shape,
             usage,
             seed,
             vocab: self.vocab.clone(),
             tokens: completion_tokens,
-            first_token_at: after(received, ttft),
+            first_token_at,
             inter_token,
+            jitter: draws.for_stream(),
+            cut,
         };
         let mut resp = if stream {
             self.stream_response(plan, ov.first_token_delay.is_some())
@@ -624,10 +703,32 @@ impl Mock {
     }
 }
 
-/// The whole JSON response for `plan`, once its last token would have been generated.
-async fn full_response(plan: StreamPlan) -> Response<MockBody> {
-    let generation = plan.inter_token.saturating_mul(plan.tokens - 1);
+/// What the engine decided for an admitted request: when its clock starts, how many others ran
+/// beside it, its draws, and an injected failure that ends it early.
+struct Load {
+    start: Instant,
+    /// How long it waited for a slot (`mock.max_num_seqs`).
+    queued: Duration,
+    others: usize,
+    draws: engine::Draws,
+    cut: Option<sse::Cut>,
+}
+
+/// The whole JSON response for `plan`, once its last token would have been generated. An
+/// injected stall never answers; an injected reset cuts the connection instead of the body.
+async fn full_response(mut plan: StreamPlan) -> Response<MockBody> {
+    let generation = match plan.jitter.as_mut() {
+        Some(j) => (1..plan.tokens).fold(Duration::ZERO, |sum, _| {
+            sum.saturating_add(j.jittered(plan.inter_token))
+        }),
+        None => plan.inter_token.saturating_mul(plan.tokens - 1),
+    };
     tokio::time::sleep_until(after(plan.first_token_at, generation)).await;
+    match plan.cut {
+        Some(sse::Cut { reset: false, .. }) => std::future::pending::<()>().await,
+        Some(sse::Cut { reset: true, .. }) => return Response::new(engine::Reset.boxed()),
+        None => {}
+    }
     let text = output::text(&plan.vocab, plan.seed, plan.tokens);
     let usage = &plan.usage;
     let body = match &plan.shape {
@@ -877,7 +978,9 @@ mod budget_tests {
         path: &str,
         rx: Chunks,
     ) -> Request<
-        StreamBody<impl futures_util::Stream<Item = Result<http_body::Frame<Bytes>, Infallible>>>,
+        StreamBody<
+            impl futures_util::Stream<Item = Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
+        >,
     > {
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|b| (Ok(http_body::Frame::data(b)), rx))
@@ -966,3 +1069,6 @@ mod budget_tests {
         assert_eq!(mock.recorder().requests_total(), 4);
     }
 }
+
+#[cfg(test)]
+mod engine_tests;

@@ -4,7 +4,6 @@
 //! never buffers events ahead, spawns no task (dropping the body stops generation), and never panics.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -15,6 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use super::anthropic;
+use super::engine::Draws;
 use super::openai::{self, ResponseMeta};
 use super::output;
 use super::recorder::StreamGuard;
@@ -106,6 +106,18 @@ pub(crate) struct StreamPlan {
     /// When the first token event is due.
     pub first_token_at: Instant,
     pub inter_token: Duration,
+    /// Jitter on each gap between tokens (`mock.jitter`; `None`: a fixed schedule).
+    pub jitter: Option<Draws>,
+    /// An injected failure that ends the stream early (`mock.failure_rate`).
+    pub cut: Option<Cut>,
+}
+
+/// How an injected failure ends a stream once `after` token events were sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cut {
+    pub after: u32,
+    /// True: the connection is reset; false: the stream stalls (sends nothing more, ever).
+    pub reset: bool,
 }
 
 /// SSE body: the shape's opening events at once, token events at `first_token_at + i × inter_token`, then its
@@ -137,12 +149,12 @@ impl SseBody {
 
 impl Body for SseBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = std::io::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         let this = &mut *self;
         loop {
             if let Some(event) = this.queue.pop_front() {
@@ -165,6 +177,17 @@ impl Body for SseBody {
                     this.phase = Phase::Closing;
                 }
                 Phase::Tokens => {
+                    if let Some(cut) = this.plan.cut.filter(|c| this.index >= c.after) {
+                        if cut.reset {
+                            this.phase = Phase::End;
+                            return Poll::Ready(Some(Err(std::io::Error::new(
+                                std::io::ErrorKind::ConnectionReset,
+                                "mock.failure_rate: injected reset mid-stream",
+                            ))));
+                        }
+                        // A stall: nothing more, and nothing will wake this body again.
+                        return Poll::Pending;
+                    }
                     if Instant::now() < this.due && this.timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
@@ -177,7 +200,11 @@ impl Body for SseBody {
                     this.queue.push_back(event);
                     this.index += 1;
                     // A fixed schedule: a slow reader gets the backlog at once, as from a real server.
-                    this.due = after(this.due, this.plan.inter_token);
+                    let gap = match this.plan.jitter.as_mut() {
+                        Some(j) => j.jittered(this.plan.inter_token),
+                        None => this.plan.inter_token,
+                    };
+                    this.due = after(this.due, gap);
                     let due = this.due;
                     this.timer.as_mut().reset(due);
                 }

@@ -411,6 +411,11 @@ impl Proxy {
         // Buffered bytes held against limits.max_buffered_total until the upstream answers.
         let mut buffered = self.rt.bodies.reservation();
         rewrite::reject_unknown(&parts.headers, &self.rt.config.headers)?;
+        if crate::upstream::loop_guard::seen(&parts.headers, &self.rt.via) {
+            return Err(ProxyError::Loop {
+                via: self.rt.via.clone(),
+            });
+        }
         let body = match self.decide(&parts, ex, client.peer.ip(), start)? {
             Some(work) => {
                 self.prepare_body(work, &mut parts, body, ex, &mut buffered)
@@ -548,6 +553,7 @@ impl Proxy {
             cfg.upstream.keep_host,
             &cfg.headers.control(),
         );
+        crate::upstream::loop_guard::add(&mut parts.headers, &self.rt.via);
         parts.version = http::Version::HTTP_11;
         Ok(Request::from_parts(parts, body))
     }

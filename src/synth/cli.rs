@@ -418,6 +418,24 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
+/// A spinner on standard error while `what` runs (on a terminal only, like the bar).
+fn spinner(what: &str) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let s = indicatif::ProgressBar::new_spinner();
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed_precise}]")
+    {
+        s.set_style(style);
+    }
+    s.set_message(what.to_owned());
+    // Drawn now, so even a short step shows what it does; then every 100 ms.
+    s.tick();
+    s.enable_steady_tick(std::time::Duration::from_millis(100));
+    Some(s)
+}
+
 /// The bench requests as single-turn conversations (session id = request id), for the
 /// formats other than `conversations`.
 fn bench_dataset(requests: &[BenchRequest]) -> Dataset {
@@ -483,30 +501,141 @@ fn write_output(
     path: Option<&Path>,
     write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
+    write_counted(path, write).map(|_| ())
+}
+
+/// What [`write_counted`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    /// All of it, this many bytes.
+    Bytes(u64),
+    /// Standard output's reader went away first (`| head`): not a failure, nothing to report.
+    PipeClosed,
+}
+
+/// [`write_output`], counting the bytes; a closed standard output ends the write quietly.
+fn write_counted(
+    path: Option<&Path>,
+    write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
+) -> anyhow::Result<Written> {
     let Some(path) = path else {
-        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        write(&mut out)?;
-        out.flush()?;
-        return Ok(());
+        let mut out = Counting::new(std::io::BufWriter::new(std::io::stdout().lock()));
+        let result = write(&mut out).and_then(|()| Ok(out.flush()?));
+        return match result {
+            Err(e) if is_broken_pipe(&e) => Ok(Written::PipeClosed),
+            r => r.map(|()| Written::Bytes(out.bytes)),
+        };
     };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.kvbust-{}.tmp", std::process::id()));
-    let result = (|| -> anyhow::Result<()> {
+    let result = (|| -> anyhow::Result<Written> {
         let file =
             std::fs::File::create(&tmp).with_context(|| format!("creating {}", path.display()))?;
-        let mut out = std::io::BufWriter::new(file);
+        let mut out = Counting::new(std::io::BufWriter::new(file));
         write(&mut out)?;
         out.flush()?;
+        let bytes = out.bytes;
         drop(out);
-        std::fs::rename(&tmp, path).with_context(|| format!("creating {}", path.display()))
+        std::fs::rename(&tmp, path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Written::Bytes(bytes))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Whether `e` is a write to a pipe whose reader has gone (`kvbust synth … | head`).
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// A writer that counts the bytes it passes on (for the summary line).
+struct Counting<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: Write> Counting<W> {
+    fn new(inner: W) -> Self {
+        Counting { inner, bytes: 0 }
+    }
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The line `kvbust synth` ends with on standard error: what it wrote, where, how long it took.
+fn summary(
+    dataset: &Dataset,
+    written: u64,
+    to: Option<&Path>,
+    elapsed: std::time::Duration,
+) -> String {
+    let turns: usize = dataset.conversations.iter().map(|c| c.turns.len()).sum();
+    let osl: u64 = dataset
+        .conversations
+        .iter()
+        .flat_map(|c| &c.turns)
+        .filter_map(|t| t.max_tokens)
+        .sum();
+    let rows = format!(
+        "{} conversations, {turns} turns, {osl} output tokens requested",
+        dataset.conversations.len()
+    );
+    summary_line(&rows, written, to, elapsed)
+}
+
+/// `kvbust synth: <rows>; <bytes> bytes to <where> in <seconds>s`.
+fn summary_line(
+    rows: &str,
+    written: u64,
+    to: Option<&Path>,
+    elapsed: std::time::Duration,
+) -> String {
+    let to = to.map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
+    format!(
+        "kvbust synth: {rows}; {written} bytes to {to} in {:.2}s",
+        elapsed.as_secs_f64()
+    )
+}
+
+/// Flags an output format cannot do without, refused before any work (exit 2, as a missing
+/// flag is everywhere): vLLM's custom loader and the ShareGPT loaders read each prompt's
+/// output length, which only `--osl` (or a trace's `output_length`) gives.
+fn check_format_flags(args: &SynthArgs, params: &SynthParams) -> Result<(), SynthError> {
+    let needs_osl = match args.format {
+        OutputFormat::VllmCustom => Some(
+            "--format vllm-custom needs each prompt's output length: pass --osl N (vllm bench \
+             serve --custom-output-len -1 reads it from the file)",
+        ),
+        OutputFormat::Sharegpt => Some(
+            "--format sharegpt needs each answer's output length: pass --osl N (the gpt turns \
+             are that many tokens long)",
+        ),
+        _ => None,
+    };
+    match needs_osl {
+        Some(m) if params.osl.is_none() && params.input_file.is_none() => {
+            Err(SynthError::InvalidParams(m.into()))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Runs `kvbust synth`. Usage problems (flag combinations, values, a tokenizer path that does
@@ -535,31 +664,32 @@ fn init_warnings() {
         .try_init();
 }
 
-fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
-    init_warnings();
-    let started = Instant::now();
-    // Check every flag before any expensive work or touching the output file.
+/// Every flag checked before any expensive work or touching the output file; warns (once, on
+/// stderr) of a body model that is only a placeholder.
+fn checked_job(args: &SynthArgs) -> anyhow::Result<Job> {
     let job = match args.bench_compat {
         Some(tool) => Job::Bench(args.to_bench_params(tool)?),
         None => {
             args.check_no_bench_flags()?;
             let params = args.to_params();
             params.validate()?;
+            check_format_flags(args, &params)?;
             Job::Aiperf(Box::new(params))
         }
     };
-    if let Job::Aiperf(p) = &job {
-        // vLLM's `--custom-output-len -1` raises on a row without `output_tokens`.
-        if args.format == OutputFormat::VllmCustom && p.osl.is_none() && p.input_file.is_none() {
-            return Err(crate::config::ConfigError {
-                key: "--osl".into(),
-                message: "--format vllm-custom needs each prompt's output length: pass --osl N \
-                          (vllm bench serve --custom-output-len -1 reads it from the file)"
-                    .into(),
-            }
-            .into());
-        }
+    if args.format == OutputFormat::OpenaiChat && args.model.is_none() {
+        eprintln!(
+            "kvbust synth: warning: no --model: each body's \"model\" is the placeholder \
+             \"model\", which a real server refuses; pass --model with a name its /v1/models lists"
+        );
     }
+    Ok(job)
+}
+
+fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
+    init_warnings();
+    let started = Instant::now();
+    let job = checked_job(args)?;
     let tokenizer = load_tokenizer(args.tokenizer.as_deref())?;
     let cache_dir = if args.no_corpus_cache {
         None
@@ -584,12 +714,15 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
     };
     match job {
         Job::Bench(params) => {
-            let requests = bench_requests(&params, &tokenizer)?;
             let mut answers = answers_for(Some(params.seed))?;
-            write_bench(args, &requests, &tokenizer, &opts, answers.as_mut())?;
+            run_bench(args, &params, &tokenizer, &opts, answers.as_mut(), started)?;
         }
         Job::Aiperf(params) => {
-            let bar = progress_bar(params.entries() as u64).filter(|_| params.input_file.is_none());
+            // A trace's length is known only once it is read: a spinner, not a bar.
+            let bar = match params.input_file {
+                None => progress_bar(params.entries() as u64),
+                Some(_) => spinner("replaying the trace"),
+            };
             let mut tick = |done: usize, _total: usize| {
                 if let Some(b) = &bar {
                     b.set_position(done as u64);
@@ -601,9 +734,13 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
             }
             let mut answers = answers_for(params.random_seed)?;
             warn_sharegpt_lengths(args.format, &dataset, &tokenizer)?;
-            write_output(args.output.as_deref(), |out| {
+            let written = write_counted(args.output.as_deref(), |out| {
                 Ok(write_dataset(out, &dataset, &opts, answers.as_mut())?)
             })?;
+            if let Written::Bytes(n) = written {
+                let to = args.output.as_deref();
+                eprintln!("{}", summary(&dataset, n, to, started.elapsed()));
+            }
             tracing::debug!(
                 conversations = dataset.conversations.len(),
                 elapsed_ms = started.elapsed().as_millis() as u64,
@@ -620,6 +757,37 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A `--bench-compat` job: draws the requests (a spinner on a terminal meanwhile), writes them
+/// and ends with the summary line.
+fn run_bench(
+    args: &SynthArgs,
+    params: &BenchParams,
+    tokenizer: &Tokenizer,
+    opts: &WriteOptions<'_>,
+    answers: Option<&mut Answers>,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let spinner = spinner("drawing prompts");
+    let requests = bench_requests(params, tokenizer)?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    let written = write_bench(args, &requests, tokenizer, opts, answers)?;
+    if let Written::Bytes(n) = written {
+        let prompt: usize = requests.iter().map(|r| r.prompt_len).sum();
+        let osl: u64 = requests.iter().map(|r| r.expected_output_len).sum();
+        let rows = format!(
+            "{} requests, {prompt} prompt tokens, {osl} output tokens requested",
+            requests.len()
+        );
+        eprintln!(
+            "{}",
+            summary_line(&rows, n, args.output.as_deref(), started.elapsed())
+        );
+    }
+    Ok(())
+}
+
 /// Writes a `--bench-compat` job's requests: as they are for `--format conversations`,
 /// otherwise as a dataset in the chosen format.
 fn write_bench(
@@ -628,8 +796,8 @@ fn write_bench(
     tokenizer: &Tokenizer,
     opts: &WriteOptions<'_>,
     answers: Option<&mut Answers>,
-) -> anyhow::Result<()> {
-    write_output(args.output.as_deref(), |out| {
+) -> anyhow::Result<Written> {
+    write_counted(args.output.as_deref(), |out| {
         if args.format == OutputFormat::Conversations {
             for r in requests {
                 // Plain strings and integers always serialise.

@@ -360,7 +360,7 @@ pub fn classify(
     if let Some(client) = crate::conn::client_fault_in(&err) {
         return client;
     }
-    let detail = error_chain(&err);
+    let detail = with_tls_hint(&err);
     if err.is_connect() {
         if is_timeout(&err) {
             return ProxyError::UpstreamTimeout {
@@ -374,6 +374,49 @@ pub fn classify(
         };
     }
     ProxyError::UpstreamBroken(detail)
+}
+
+/// `err`'s cause chain, followed by the fix when a TLS handshake failed in a way kvbust knows.
+pub fn with_tls_hint(err: &(dyn std::error::Error + 'static)) -> String {
+    let chain = error_chain(err);
+    match tls_hint(err) {
+        Some(hint) => format!("{chain} ({hint})"),
+        None => chain,
+    }
+}
+
+/// What to change when a TLS handshake with the upstream failed: a plain-HTTP server behind an
+/// `https://` URL, or a certificate the trusted roots do not vouch for.
+pub fn tls_hint(err: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    use rustls::{CertificateError, Error, InvalidMessage};
+    match find_rustls(err)? {
+        Error::InvalidMessage(InvalidMessage::InvalidContentType) => {
+            Some("the upstream does not speak TLS: use http:// in upstream.url")
+        }
+        Error::InvalidCertificate(CertificateError::UnknownIssuer) => Some(
+            "the upstream's certificate is signed by an issuer kvbust does not trust: set \
+             upstream.tls.ca_file to the PEM of the CA that signed it",
+        ),
+        Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => Some(
+            "the upstream's certificate does not name the host in upstream.url: set \
+             upstream.tls.server_name to a name the certificate holds",
+        ),
+        _ => None,
+    }
+}
+
+/// The rustls error among `err`'s causes. tokio-rustls hands it inside an io::Error (perhaps
+/// wrapped in another), whose `source` skips the error it holds: those are opened too.
+fn find_rustls<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    causes(err).find_map(|e| {
+        if let Some(r) = e.downcast_ref::<rustls::Error>() {
+            return Some(r);
+        }
+        let inner = e.downcast_ref::<std::io::Error>()?.get_ref()?;
+        find_rustls(inner)
+    })
 }
 
 /// Whether `err` or any error it wraps is an I/O timeout (the connector's connect timeout).

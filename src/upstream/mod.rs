@@ -6,4 +6,5 @@
 
 pub mod client;
 pub mod headers;
+pub mod loop_guard;
 pub mod pool;

@@ -923,6 +923,7 @@ async fn rendered_manifests_name_only_what_kvbust_has() {
     assert_eq!(
         rendered.keys().map(String::as_str).collect::<Vec<_>>(),
         [
+            "benchmark-job",
             "gateway",
             "monitoring",
             "sidecar-sglang",
@@ -940,8 +941,25 @@ async fn rendered_manifests_name_only_what_kvbust_has() {
         workloads.extend(docs.iter().cloned());
     }
     check_monitors(&rendered["monitoring"], &workloads, &mut seen);
-    assert_eq!(seen.kvbust_containers, 4, "one kvbust per workload overlay");
+    assert_eq!(seen.kvbust_containers, 5, "one kvbust per workload overlay");
     check_capture(&rendered["sidecar-vllm-capture"]);
+    // The benchmark Job's kvbust is a native sidecar (it ends with the Job's client), and
+    // forwards to the documented upstream patch point, not to a container of its own pod.
+    let job = rendered["benchmark-job"]
+        .iter()
+        .find(|d| kind(d) == "Job")
+        .expect("benchmark-job renders a Job");
+    let init = list(&job["spec"]["template"]["spec"]["initContainers"]);
+    let sidecar = init
+        .iter()
+        .find(|c| is_kvbust(c))
+        .expect("kvbust in the Job");
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    let upstream = list(&sidecar["env"])
+        .iter()
+        .find(|e| e["name"] == "KVBUST_UPSTREAM__URL")
+        .unwrap();
+    assert_eq!(upstream["value"], "http://model-server:8000");
     assert_eq!(
         (seen.dashboards, seen.rules),
         (1, 1),

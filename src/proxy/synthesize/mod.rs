@@ -419,10 +419,31 @@ impl Synthesizer {
             .cloned()
     }
 
-    /// Builds the dataset now (at start, when `[synth.dataset]` is configured).
-    pub async fn prewarm(&self) {
-        if let Err(e) = self.built().await {
-            tracing::error!("{e}");
+    /// The models the built dataset's requests name (an agentic turn sends its own), sorted,
+    /// each once; empty when no dataset is built or its turns keep the client's model.
+    pub async fn models(&self) -> Vec<String> {
+        let Ok(built) = self.built().await else {
+            return Vec::new();
+        };
+        let b = built.lock().unwrap_or_else(|p| p.into_inner());
+        let names: std::collections::BTreeSet<String> = b
+            .convs
+            .iter()
+            .flat_map(|c| c.turns.iter())
+            .filter_map(|t| t.agentic.as_ref()?.model.clone())
+            .collect();
+        names.into_iter().collect()
+    }
+
+    /// Builds the dataset now (at start, when `[synth.dataset]` is configured); false when it
+    /// failed (logged).
+    pub async fn prewarm(&self) -> bool {
+        match self.built().await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!("{e}");
+                false
+            }
         }
     }
 

@@ -6,6 +6,7 @@
 pub mod agentic;
 pub mod analyze;
 pub mod input;
+pub mod precheck;
 pub mod record;
 pub mod synthesize;
 
