@@ -136,7 +136,8 @@ async fn connect_is_answered_405_and_never_forwarded() {
     let resp = raw(
         &h,
         b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
-        true,
+        // Kept open: hyper closes a connection whose read side ends, which can race the answer.
+        false,
     )
     .await;
     let lower = resp.to_lowercase();
