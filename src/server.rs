@@ -251,10 +251,15 @@ fn conn_caps(config: &Config, workers: usize) -> crate::conn::ConnCaps {
 }
 
 /// Once the dataset is built and the upstream is up: a warning for each model the dataset
-/// sends that the upstream does not serve (`[synth.dataset]` only).
+/// sends that the upstream does not serve (`[synth.dataset]` only). Like the health probe it
+/// is a request of kvbust's own to the upstream, so it is sent only with `upstream.health_probe`
+/// on: with it off, the upstream sees the clients' requests and nothing else.
 fn spawn_models_check(parts: &WorkerParts) -> Option<tokio::task::JoinHandle<()>> {
     let config = &parts.rt.config;
     config.synth.dataset.as_ref()?;
+    if !config.upstream.health_probe {
+        return None;
+    }
     let (synth, rt, upstream) = (
         parts.synth.clone(),
         parts.rt.clone(),
