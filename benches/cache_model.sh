@@ -29,32 +29,9 @@ cleanup() {
     wait 2>/dev/null || true
 }
 trap cleanup EXIT
-wait_port() {
-    for _ in $(seq 1 600); do
-        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "port $1 did not open" >&2
-    exit 1
-}
-ticks() { awk '{print $14 + $15}' "$1"; }
-TICK=$(getconf CLK_TCK)
-# CPU seconds of the whole process, and of its cache-model thread.
-proc_cpu() { python3 -c "print($(ticks /proc/"$1"/stat) / $TICK)"; }
-model_cpu() {
-    local t
-    for t in /proc/"$1"/task/*; do
-        if [ "$(cat "$t/comm")" = "kvbust-cache-mo" ]; then
-            python3 -c "print($(ticks "$t/stat") / $TICK)"
-            return
-        fi
-    done
-    echo 0
-}
-rss_kb() { awk '/VmRSS/ {print $2}' /proc/"$1"/status; }
-hwm_kb() { awk '/VmHWM/ {print $2}' /proc/"$1"/status; }
+. "$ROOT/benches/lib.sh"
+model_cpu() { thread_cpu "$1" kvbust-cache-mo; }
 report() { curl -s "http://127.0.0.1:$1/report?wait=60s"; }
-metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" 'index($0, m) == 1 {print $2}'; }
 
 P_UP=$BASE
 sed -e "s#@DIR@#$WORK#g" -e "s#@PORT@#$P_UP#g" -e "s#@ACCESS_LOG@#off#g" \

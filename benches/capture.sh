@@ -28,28 +28,7 @@ cleanup() {
     wait 2>/dev/null || true
 }
 trap cleanup EXIT
-wait_port() {
-    for _ in $(seq 1 600); do
-        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "port $1 did not open" >&2
-    exit 1
-}
-TICK=$(getconf CLK_TCK)
-cpu_s() { python3 -c "print($(awk '{print $14 + $15}' /proc/"$1"/stat) / $TICK)"; }
-thread_cpu_s() { # pid comm
-    local t
-    for t in /proc/"$1"/task/*; do
-        if [ "$(cat "$t/comm")" = "$2" ]; then
-            python3 -c "print($(awk '{print $14 + $15}' "$t/stat") / $TICK)"
-            return
-        fi
-    done
-    echo 0
-}
-rss_kb() { awk '/VmRSS/ {print $2}' /proc/"$1"/status; }
-metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" 'index($0, m) == 1 {print $2}'; }
+. "$ROOT/benches/lib.sh"
 rps() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(f\"{d['requests']/d['seconds']:.0f} {d['non_2xx']}\")" "$1"; }
 
 P_UP=$BASE
@@ -82,11 +61,11 @@ declare -A R C
 for cell in direct:$P_UP nginx:$P_NGINX capture-off:$P_OFF capture-on:$P_ON; do
     name=${cell%%:*}; port=${cell##*:}
     pid=""; [ -f "$WORK/kv-$port.pid" ] && pid=$(cat "$WORK/kv-$port.pid")
-    c0=0; [ -n "$pid" ] && c0=$(cpu_s "$pid")
+    c0=0; [ -n "$pid" ] && c0=$(proc_cpu "$pid")
     out=$("$LOADGEN" fixed "http://127.0.0.1:$port/v1/chat/completions" "$WORK/body.json" "$SMALL" 64)
     R[$name]=$(rps "$out")
     C[$name]=n/a
-    [ -n "$pid" ] && C[$name]=$(python3 -c "print(f'{($(cpu_s "$pid") - $c0) / $SMALL * 1e6:.0f}')")
+    [ -n "$pid" ] && C[$name]=$(python3 -c "print(f'{($(proc_cpu "$pid") - $c0) / $SMALL * 1e6:.0f}')")
 done
 
 # 2. The long capture, and the same run with capture off (the cache model's own memory).
@@ -108,8 +87,8 @@ RSS1=$(rss_kb $LONG_PID)
 ROWS=$(metric $((P_LONG + 1)) kvbust_capture_rows_total)
 UNACC=$(metric $((P_LONG + 1)) 'kvbust_capture_dropped_total{reason="unaccounted"}')
 FILES_LIVE=$(metric $((P_LONG + 1)) kvbust_capture_files_total)
-CAP_CPU=$(thread_cpu_s $LONG_PID kvbust-capture)
-MODEL_CPU=$(thread_cpu_s $LONG_PID kvbust-cache-mo)
+CAP_CPU=$(thread_cpu $LONG_PID kvbust-capture)
+MODEL_CPU=$(thread_cpu $LONG_PID kvbust-cache-mo)
 kill -TERM $LONG_PID; while kill -0 $LONG_PID 2>/dev/null; do sleep 0.2; done
 BYTES=$(cat "$WORK/captures-$P_LONG"/*.jsonl | wc -c)
 NFILES=$(ls "$WORK/captures-$P_LONG"/*.jsonl | wc -l)

@@ -1,0 +1,29 @@
+# Helpers the kvbust bench scripts share (sourced by benches/cache_model.sh and
+# benches/capture.sh): waiting for a port, a process's and a thread's CPU seconds, its resident
+# memory, and one metric read from an admin port.
+wait_port() {
+    for _ in $(seq 1 600); do
+        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "port $1 did not open" >&2
+    exit 1
+}
+ticks() { awk '{print $14 + $15}' "$1"; }
+TICK=$(getconf CLK_TCK)
+# CPU seconds (user + system) of a whole process.
+proc_cpu() { python3 -c "print($(ticks /proc/"$1"/stat) / $TICK)"; }
+# CPU seconds of the thread of process $1 named $2 (its comm, at most 15 characters); 0 if none.
+thread_cpu() {
+    local t
+    for t in /proc/"$1"/task/*; do
+        if [ "$(cat "$t/comm")" = "$2" ]; then
+            python3 -c "print($(ticks "$t/stat") / $TICK)"
+            return
+        fi
+    done
+    echo 0
+}
+rss_kb() { awk '/VmRSS/ {print $2}' /proc/"$1"/status; }
+hwm_kb() { awk '/VmHWM/ {print $2}' /proc/"$1"/status; }
+metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" 'index($0, m) == 1 {print $2}'; }
