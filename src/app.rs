@@ -62,18 +62,18 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             runtime()?.block_on(mock(config, args.listen))
         }
         Command::Synth(cmd) => match cmd.tool {
-            Some(crate::synth::cli::SynthTool::AgenticCode(a)) => {
-                crate::synth::cli::run_agentic_code(&a).map_err(synth_error)
+            Some(crate::cli::synth::SynthTool::AgenticCode(a)) => {
+                crate::cli::synth::run_agentic_code(&a).map_err(synth_error)
             }
             None => {
                 let mut args = cmd.args;
                 if args.corpus_cache_dir.is_none() {
                     args.corpus_cache_dir = default_cache_dir();
                 }
-                crate::synth::cli::run_then_exit(&args).map_err(synth_error)
+                crate::cli::synth::run_then_exit(&args).map_err(synth_error)
             }
         },
-        Command::AnalyzeTrace(args) => crate::synth::cli::run_analyze(&args).map_err(synth_error),
+        Command::AnalyzeTrace(args) => crate::cli::synth::run_analyze(&args).map_err(synth_error),
         Command::Trace(crate::cli::TraceCommand::Merge(args)) => {
             let m = crate::capture::merge::merge(&args.inputs, &args.output)
                 .map_err(AppError::Usage)?;

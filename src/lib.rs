@@ -7,6 +7,7 @@ pub mod admin;
 pub mod admin_client;
 pub mod app;
 pub mod body;
+pub mod budget;
 pub mod cache_model;
 pub mod cachebust;
 pub mod capture;

@@ -1,13 +1,12 @@
 //! Run-time state shared by the data path and the admin port: the default phase switch, the
 //! draining flag, the upstream's health status, the session ledger (absent in stateless mode), the benchmark id and the
-//! metrics, and the budget for buffered request bodies ([`budget`]). Holds no I/O handles.
-
-pub mod budget;
+//! metrics, and the budget for buffered request bodies ([`crate::budget`]). Holds no I/O handles.
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::budget;
 use crate::cachebust::{Ledger, Phase};
 use crate::config::{Config, LedgerMode};
 use crate::metrics::Metrics;

@@ -72,7 +72,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use sha2::{Digest, Sha256};
 
-use crate::runtime::budget::{BodyBudget, Reservation};
+use crate::budget::{BodyBudget, Reservation};
 use tokio::time::Instant;
 
 pub use config::{MockConfig, MockTokenizerSetting};
@@ -968,7 +968,7 @@ mod tests {
 #[cfg(test)]
 mod budget_tests {
     use super::*;
-    use crate::runtime::budget::BodyBudget;
+    use crate::budget::BodyBudget;
     use http_body_util::StreamBody;
 
     type Chunks = tokio::sync::mpsc::Receiver<Bytes>;

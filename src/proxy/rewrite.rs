@@ -13,7 +13,7 @@ use crate::cachebust::{
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
-use crate::runtime::budget::Reservation;
+use crate::budget::Reservation;
 use crate::runtime::SharedState;
 
 /// What a request asks for, decided from its headers before its body is read.
@@ -318,7 +318,7 @@ pub(crate) fn apply_laid_out(
             return Err(ProxyError::BodyTooLarge { limit: max_body });
         }
         match buffered {
-            Some(r) => super::reserve(r, (body.len() as u64).saturating_add(len as u64)),
+            Some(r) => super::exchange::reserve(r, (body.len() as u64).saturating_add(len as u64)),
             None => Ok(()),
         }
     };

@@ -4,7 +4,7 @@
 //! edges (`cli`, `bench`).
 
 pub mod bench;
-pub mod cli;
+
 pub mod corpus;
 pub mod dataset;
 pub mod error;

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use kvbust::synth::cli::run;
+use kvbust::cli::synth::run;
 use serde_json::{json, Value};
 
 use crate::agentic_common::{check_conversation, run_synth_binary};

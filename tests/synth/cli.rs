@@ -1,4 +1,4 @@
-//! `kvbust synth` through `synth::cli::run`: a few prompts.json and bench_random.json cases
+//! `kvbust synth` through `cli::synth::run`: a few prompts.json and bench_random.json cases
 //! written as JSONL and compared line by line; the corpus id cache; actionable errors.
 
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::synth_common;
 use crate::synth_common::Wrapper;
 use clap::Parser;
-use kvbust::synth::cli::{run, SynthArgs};
+use kvbust::cli::synth::{run, SynthArgs};
 use kvbust::synth::SynthError;
 use serde_json::Value;
 

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::synth_common::Wrapper;
 use clap::Parser;
-use kvbust::synth::cli::run;
+use kvbust::cli::synth::run;
 use kvbust::synth::corpus::kvbust_coding::{
     self as coding, Category, CodingCorpus, BLOCK_COUNT, TOKENIZE_GROUPS,
 };

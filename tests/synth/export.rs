@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use crate::synth_common;
 use crate::synth_common::Wrapper;
 use clap::Parser;
-use kvbust::synth::cli::run;
+use kvbust::cli::synth::run;
 use kvbust::synth::Tokenizer;
 use serde_json::Value;
 

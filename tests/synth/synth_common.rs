@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use kvbust::synth::cli::SynthArgs;
+use kvbust::cli::synth::SynthArgs;
 use kvbust::synth::{CacheBustTarget, Dataset, PromptCorpus, RangeRatio, SynthParams};
 use serde_json::Value;
 

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use kvbust::synth::cli::run;
+use kvbust::cli::synth::run;
 use kvbust::synth::dataset::trace::detect_kind;
 use kvbust::synth::dataset::trace_kind::TraceKind;
 use serde_json::{json, Value};

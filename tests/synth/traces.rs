@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::synth_common;
 use crate::synth_common::Wrapper;
 use clap::Parser;
-use kvbust::synth::cli::{run, SynthArgs};
+use kvbust::cli::synth::{run, SynthArgs};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;

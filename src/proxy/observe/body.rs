@@ -41,7 +41,7 @@ pin_project! {
 /// The timer of `upstream.idle_timeout`: on an HTTP/1.1 client connection, the connection's own,
 /// which its responses take in turn (registered once, not per response); else the body's own.
 enum IdleTimer {
-    Turn(std::sync::Arc<crate::proxy::Downstream>),
+    Turn(std::sync::Arc<crate::proxy::exchange::Downstream>),
     Own(crate::proxy::turn_timer::TurnTimer),
 }
 
@@ -77,7 +77,7 @@ impl<B: Body> Observed<B> {
         idle_timeout: Duration,
         total: Option<(Duration, Instant)>,
         mut observer: Observer,
-        turn: Option<std::sync::Arc<crate::proxy::Downstream>>,
+        turn: Option<std::sync::Arc<crate::proxy::exchange::Downstream>>,
     ) -> Self {
         // A body that is over before it starts (a HEAD response, content-length 0) is never
         // polled: the server sends the headers and drops it, which is its complete end.

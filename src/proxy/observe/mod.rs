@@ -56,7 +56,7 @@ pub struct Observer {
     access: Option<crate::access_log::Entry>,
     /// The request's place in `kvbust_in_flight_requests` and in its connection's activity,
     /// released when the response body ends or is dropped.
-    in_flight: Option<super::InFlight>,
+    in_flight: Option<crate::proxy::exchange::InFlight>,
     /// Where the usage and TTFT meet the cache model's prediction (2xx API responses).
     ticket: Option<crate::cache_model::Ticket>,
 }
@@ -281,7 +281,7 @@ impl Observer {
 
 impl Observer {
     /// Keeps `guard` until the response body ends or is dropped.
-    pub fn holding(mut self, guard: super::InFlight) -> Self {
+    pub fn holding(mut self, guard: crate::proxy::exchange::InFlight) -> Self {
         self.in_flight = Some(guard);
         self
     }
@@ -515,7 +515,7 @@ mod tests {
     fn dropped_before_end_counts_a_disconnect() {
         let o = observer("text/event-stream");
         let m = o.metrics.clone();
-        let o = o.holding(super::super::InFlight::begin(&m, None));
+        let o = o.holding(crate::proxy::exchange::InFlight::begin(&m, None));
         assert_eq!(m.in_flight.get(), 1);
         drop(o);
         assert_eq!(m.in_flight.get(), 0);

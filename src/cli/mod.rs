@@ -1,6 +1,8 @@
 //! Command-line definitions (clap): `serve`, `mock`, `synth`, `marker`, `config check|show`,
 //! `healthcheck`, `report`, `probe`, `trace merge`.
-//! Only describes flags; never does work.
+//! Only describes flags; never does work (but [`synth`], the offline commands' own runner).
+
+pub mod synth;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,10 +30,10 @@ pub enum Command {
     /// Run only the built-in mock model server.
     Mock(MockArgs),
     /// Write a synthetic dataset (JSONL) from the corpora, byte-identical to AIPerf 0.13.0's.
-    Synth(Box<crate::synth::cli::SynthCommand>),
+    Synth(Box<crate::cli::synth::SynthCommand>),
     /// Print a trace's ISL/OSL/context-length distributions and theoretical (infinite-cache)
     /// hit rates, as `aiperf analyze-trace` does; `--output-file` writes them as its JSON.
-    AnalyzeTrace(crate::synth::cli::AnalyzeArgs),
+    AnalyzeTrace(crate::cli::synth::AnalyzeArgs),
     /// Tools for hash-id traces kvbust captured (`[capture]`).
     #[command(subcommand)]
     Trace(TraceCommand),
