@@ -12,7 +12,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use kvbust::cachebust::{build_marker, parse, DigestInputs, Phase, Plan, Shape, Target};
+use kvbust::api::Shape;
+use kvbust::cachebust::{build_marker, parse, DigestInputs, Phase, Plan, Target};
 use kvbust::metrics::Metrics;
 use kvbust::proxy::observe::{Labels, Observer};
 use kvbust::proxy::synthesize::{find_placeholders, Synthesizer};
@@ -134,7 +135,7 @@ fn marker(c: &mut Criterion) {
 fn observer(c: &mut Criterion) {
     let metrics = Metrics::new();
     let labels = Labels {
-        route: "chat",
+        route: kvbust::api::Route::Api(Shape::Chat),
         phase: "profiling",
         target: "none",
     };

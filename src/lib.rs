@@ -5,6 +5,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod admin_client;
+pub mod api;
 pub mod app;
 pub mod body;
 pub mod budget;

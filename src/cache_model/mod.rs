@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::cachebust::{Phase, Shape, Target};
+use crate::api::Shape;
+use crate::cachebust::{Phase, Target};
 use crate::capture::{self, Capture};
 use crate::config::{CacheModelConfig, ChatTemplateMode, Config, SessionSource, Topology};
 use crate::metrics::Metrics;

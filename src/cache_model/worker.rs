@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use lru::LruCache;
 
-use crate::cachebust::{Phase, Shape, Target};
+use crate::api::Shape;
+use crate::cachebust::{Phase, Target};
 use crate::config::{ChatTemplateMode, SessionSource};
 use crate::metrics::Metrics;
-use crate::mock::request::{Endpoint, Prompt};
+use crate::mock::request::Prompt;
 use crate::mock::MockTokenizerSetting;
 use crate::synth::tokenizer::Tokenizer;
 
@@ -142,7 +143,7 @@ impl Worker {
     }
 
     fn serve(&self, m: &mut Model, job: Job) {
-        let endpoint = endpoint(job.shape);
+        let endpoint = job.shape;
         let prompt = match crate::mock::openai::parse_request(endpoint, &job.body, "") {
             Ok(req) => req.prompt,
             Err(_) => return unaccounted(&self.metrics, &self.stats, "unparseable"),
@@ -312,7 +313,7 @@ fn capture_row(
     let parsed;
     let workload = match &job.workload {
         Some(body) => {
-            parsed = crate::mock::openai::parse_request(endpoint(job.shape), body, "")
+            parsed = crate::mock::openai::parse_request(job.shape, body, "")
                 .map_err(|_| "the body before the marker does not parse".to_string())?
                 .prompt;
             &parsed
@@ -367,15 +368,6 @@ fn collided(m: &mut Model, session: u64, ids: &[u32], hashes: &[u64], bs: usize)
             );
             false
         }
-    }
-}
-
-fn endpoint(shape: Shape) -> Endpoint {
-    match shape {
-        Shape::Chat => Endpoint::Chat,
-        Shape::Completions => Endpoint::Completions,
-        Shape::Responses => Endpoint::Responses,
-        Shape::Messages => Endpoint::Messages,
     }
 }
 

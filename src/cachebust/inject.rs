@@ -59,72 +59,10 @@ use sha2::{Digest as _, Sha256};
 use super::marker::unmarked;
 use super::raw::{self, Json, Kind, Layout, RawObject, Top};
 use super::target::Target;
+use crate::api::Shape;
 
 #[cfg(test)]
 mod tests;
-
-/// The request body shapes kvbust rewrites, one per API route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Shape {
-    /// `/v1/chat/completions`: `messages`, content a string or a list of parts.
-    Chat,
-    /// `/v1/responses`: `instructions`, `input` a string or a list of items.
-    Responses,
-    /// `/v1/messages` (Anthropic): top-level `system`, `messages`.
-    Messages,
-    /// `/v1/completions`: `prompt` a string or a list of strings.
-    Completions,
-}
-
-impl Shape {
-    /// Every shape.
-    pub const ALL: [Shape; 4] = [
-        Shape::Chat,
-        Shape::Responses,
-        Shape::Messages,
-        Shape::Completions,
-    ];
-
-    /// The route this shape is read from.
-    pub const fn path(self) -> &'static str {
-        match self {
-            Shape::Chat => "/v1/chat/completions",
-            Shape::Responses => "/v1/responses",
-            Shape::Messages => "/v1/messages",
-            Shape::Completions => "/v1/completions",
-        }
-    }
-
-    /// The shape of an exact route path (no query string, no trailing slash), if it is one.
-    pub fn from_path(path: &str) -> Option<Shape> {
-        Shape::ALL.into_iter().find(|s| s.path() == path)
-    }
-
-    /// Short name: `chat`, `responses`, `messages`, `completions` (AIPerf's endpoint names).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Shape::Chat => "chat",
-            Shape::Responses => "responses",
-            Shape::Messages => "messages",
-            Shape::Completions => "completions",
-        }
-    }
-
-    /// The `type` of a text content part in this API: `input_text` for the Responses API (the
-    /// only text part its input messages accept), `text` for chat and Anthropic.
-    pub const fn text_part_type(self) -> &'static str {
-        match self {
-            Shape::Responses => "input_text",
-            _ => "text",
-        }
-    }
-}
-
-impl fmt::Display for Shape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Where a marker landed (the metrics label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

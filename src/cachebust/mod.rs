@@ -20,7 +20,7 @@ pub(crate) mod raw;
 pub mod target;
 
 pub use identity::{KeyDigest, Ledger, Resolution};
-pub use inject::{parse, ListParts, Location, Outcome, Parsed, Plan, RewriteError, Shape};
+pub use inject::{parse, ListParts, Location, Outcome, Parsed, Plan, RewriteError};
 pub use marker::{
     base_trace_id, build_marker, digest, random_benchmark_id, DigestInputs, WARMUP_ISOLATION_MARKER,
 };

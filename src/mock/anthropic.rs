@@ -13,9 +13,9 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::request::{
-    field, json_object, max_tokens, model, opt_bool, ApiError, Endpoint, GenRequest, Message,
-    Prompt, Usage,
+    field, json_object, max_tokens, model, opt_bool, ApiError, GenRequest, Message, Prompt, Usage,
 };
+use crate::api::Shape;
 
 /// The text of one content block, or `None` for blocks that carry no text (images, thinking).
 fn block_text(block: &Value) -> Option<String> {
@@ -90,7 +90,7 @@ pub fn parse_request(body: &[u8], default_model: &str) -> Result<GenRequest, Api
         ));
     }
     Ok(GenRequest {
-        endpoint: Endpoint::Messages,
+        endpoint: Shape::Messages,
         model,
         prompt: Prompt::Messages(out),
         max_tokens,
@@ -239,7 +239,7 @@ mod tests {
             let e = parse_request(body.as_bytes(), "m").expect_err(body);
             assert!(e.message.starts_with(needle), "{body}: {}", e.message);
             let v: Value =
-                serde_json::from_slice(&e.body_for(Some(Endpoint::Messages))).expect("json");
+                serde_json::from_slice(&e.body_for(Some(Shape::Messages))).expect("json");
             assert_eq!(v["type"], "error");
             assert_eq!(v["error"]["type"], "invalid_request_error");
         }

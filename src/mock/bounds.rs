@@ -319,27 +319,27 @@ mod tests {
     /// body past the bounds with a 400 naming the count and the limit, before building it.
     #[test]
     fn every_mock_parser_refuses_a_body_past_the_bounds() {
+        use crate::api::Shape;
         use crate::mock::openai::parse_request;
-        use crate::mock::request::Endpoint;
         let msgs = list(r#"{"role":"user","content":""}"#, MAX_ENTRIES + 1);
         let cases = [
             (
-                Endpoint::Chat,
+                Shape::Chat,
                 format!(r#"{{"messages":[{msgs}]}}"#),
                 "messages",
             ),
             (
-                Endpoint::Messages,
+                Shape::Messages,
                 format!(r#"{{"max_tokens":1,"messages":[{msgs}]}}"#),
                 "messages",
             ),
             (
-                Endpoint::Responses,
+                Shape::Responses,
                 format!(r#"{{"input":[{msgs}]}}"#),
                 "input",
             ),
             (
-                Endpoint::Completions,
+                Shape::Completions,
                 format!(r#"{{"prompt":[{}]}}"#, list("[1]", MAX_PROMPT_ENTRIES + 1)),
                 "prompt",
             ),

@@ -75,14 +75,15 @@ use sha2::{Digest, Sha256};
 use crate::budget::{BodyBudget, Reservation};
 use tokio::time::Instant;
 
+use crate::api::Shape;
 pub use config::{MockConfig, MockTokenizerSetting};
 use openai::ResponseMeta;
 use prefix_cache::PrefixCache;
 pub use recorder::{CapturedRequest, Recorder};
-use request::{ApiError, Endpoint, GenRequest, Prompt, Usage};
+use request::{ApiError, GenRequest, Prompt, Usage};
 use responses::{ResponseEvents, ResponseInfo};
 pub use server::serve;
-use sse::{after, Shape, SseBody, StreamPlan};
+use sse::{after, Events, SseBody, StreamPlan};
 pub use tokenize::MockTokenizer;
 
 /// Header: delay before anything is sent (see the module documentation).
@@ -189,7 +190,7 @@ fn error_response(e: &ApiError) -> Response<MockBody> {
 }
 
 /// An error in the shape of `endpoint`'s API.
-fn error_response_for(endpoint: Endpoint, e: &ApiError) -> Response<MockBody> {
+fn error_response_for(endpoint: Shape, e: &ApiError) -> Response<MockBody> {
     json_response(e.status, e.body_for(Some(endpoint)))
 }
 
@@ -309,7 +310,7 @@ where
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
-    Generate(Endpoint),
+    Generate(Shape),
     ResetPrefixCache,
     Models,
     Health,
@@ -318,11 +319,11 @@ enum Route {
 }
 
 fn route(path: &str) -> Route {
+    // The generation paths are the proxy's: one table, `Shape::path`.
+    if let Some(shape) = Shape::from_path(path) {
+        return Route::Generate(shape);
+    }
     match path {
-        "/v1/chat/completions" => Route::Generate(Endpoint::Chat),
-        "/v1/completions" => Route::Generate(Endpoint::Completions),
-        "/v1/responses" => Route::Generate(Endpoint::Responses),
-        "/v1/messages" => Route::Generate(Endpoint::Messages),
         "/reset_prefix_cache" => Route::ResetPrefixCache,
         "/v1/models" => Route::Models,
         "/health" => Route::Health,
@@ -557,7 +558,7 @@ impl Mock {
 
     async fn generate(
         &self,
-        endpoint: Endpoint,
+        endpoint: Shape,
         body: &[u8],
         ov: Overrides,
         received: Instant,
@@ -615,7 +616,7 @@ impl Mock {
     /// The completion of an admitted request: the prefix cache, the usage, the schedule.
     async fn respond(
         &self,
-        endpoint: Endpoint,
+        endpoint: Shape,
         req: GenRequest,
         tokens: &[u32],
         completion_tokens: u32,
@@ -732,9 +733,9 @@ async fn full_response(mut plan: StreamPlan) -> Response<MockBody> {
     let text = output::text(&plan.vocab, plan.seed, plan.tokens);
     let usage = &plan.usage;
     let body = match &plan.shape {
-        Shape::OpenAi(meta) => openai::full_response(meta, &text, usage),
-        Shape::Responses(ev) => responses::full_response(ev.info(), &text, usage),
-        Shape::Messages { id, model } => anthropic::full_response(id, model, &text, usage),
+        Events::OpenAi(meta) => openai::full_response(meta, &text, usage),
+        Events::Responses(ev) => responses::full_response(ev.info(), &text, usage),
+        Events::Messages { id, model } => anthropic::full_response(id, model, &text, usage),
     };
     json_response(StatusCode::OK, body)
 }
@@ -772,28 +773,28 @@ fn method_not_allowed(route: Route, parts: &http::request::Parts) -> Response<Mo
 
 /// The response's id and the shape of its body for `endpoint`, request number `seq`.
 fn response_shape(
-    endpoint: Endpoint,
+    endpoint: Shape,
     seq: u64,
     model: String,
     include_usage: bool,
     instructions: Option<serde_json::Value>,
     max_tokens: Option<u32>,
-) -> Shape {
+) -> Events {
     let id = match endpoint {
-        Endpoint::Chat => format!("chatcmpl-mock-{seq:08x}"),
-        Endpoint::Completions => format!("cmpl-mock-{seq:08x}"),
-        Endpoint::Responses => format!("resp_mock{seq:08x}"),
-        Endpoint::Messages => format!("msg_mock{seq:08x}"),
+        Shape::Chat => format!("chatcmpl-mock-{seq:08x}"),
+        Shape::Completions => format!("cmpl-mock-{seq:08x}"),
+        Shape::Responses => format!("resp_mock{seq:08x}"),
+        Shape::Messages => format!("msg_mock{seq:08x}"),
     };
     match endpoint {
-        Endpoint::Chat | Endpoint::Completions => Shape::OpenAi(ResponseMeta {
+        Shape::Chat | Shape::Completions => Events::OpenAi(ResponseMeta {
             endpoint,
             id,
             created: CREATED,
             model,
             include_usage,
         }),
-        Endpoint::Responses => Shape::Responses(ResponseEvents::new(ResponseInfo {
+        Shape::Responses => Events::Responses(ResponseEvents::new(ResponseInfo {
             item_id: format!("msg_mock{seq:08x}"),
             id,
             created_at: CREATED,
@@ -801,7 +802,7 @@ fn response_shape(
             instructions,
             max_output_tokens: max_tokens,
         })),
-        Endpoint::Messages => Shape::Messages { id, model },
+        Shape::Messages => Events::Messages { id, model },
     }
 }
 

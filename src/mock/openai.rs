@@ -7,9 +7,10 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::request::{
-    content_text, field, json_object, max_tokens, model, opt_bool, ApiError, Endpoint, GenRequest,
-    Message, Prompt, PromptPart, Usage,
+    content_text, field, json_object, max_tokens, model, opt_bool, ApiError, GenRequest, Message,
+    Prompt, PromptPart, Usage,
 };
+use crate::api::Shape;
 
 fn chat_prompt(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
     let Some(Value::Array(messages)) = field(obj, "messages") else {
@@ -75,14 +76,14 @@ fn completion_prompt(obj: &Map<String, Value>) -> Result<Vec<PromptPart>, ApiErr
 
 /// Parses a completion request body. `default_model` is used when the request names no model.
 pub fn parse_request(
-    endpoint: Endpoint,
+    endpoint: Shape,
     body: &[u8],
     default_model: &str,
 ) -> Result<GenRequest, ApiError> {
     match endpoint {
-        Endpoint::Responses => return super::responses::parse_request(body, default_model),
-        Endpoint::Messages => return super::anthropic::parse_request(body, default_model),
-        Endpoint::Chat | Endpoint::Completions => {}
+        Shape::Responses => return super::responses::parse_request(body, default_model),
+        Shape::Messages => return super::anthropic::parse_request(body, default_model),
+        Shape::Chat | Shape::Completions => {}
     }
     let obj = json_object(body)?;
     let model = model(&obj, default_model)?;
@@ -95,7 +96,7 @@ pub fn parse_request(
         }
     }
     let prompt = match endpoint {
-        Endpoint::Completions => Prompt::Raw(completion_prompt(&obj)?),
+        Shape::Completions => Prompt::Raw(completion_prompt(&obj)?),
         _ => Prompt::Messages(chat_prompt(&obj)?),
     };
     let stream = opt_bool(&obj, "stream", "stream")?;
@@ -126,7 +127,7 @@ pub fn parse_request(
 #[derive(Debug, Clone)]
 pub struct ResponseMeta {
     /// The route.
-    pub endpoint: Endpoint,
+    pub endpoint: Shape,
     /// `id`.
     pub id: String,
     /// `created`.
@@ -140,7 +141,7 @@ pub struct ResponseMeta {
 /// The non-streaming response body.
 pub fn full_response(meta: &ResponseMeta, text: &str, usage: &Usage) -> Bytes {
     let choice = match meta.endpoint {
-        Endpoint::Completions => {
+        Shape::Completions => {
             json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
         }
         _ => json!({
@@ -151,7 +152,7 @@ pub fn full_response(meta: &ResponseMeta, text: &str, usage: &Usage) -> Bytes {
         }),
     };
     let object = match meta.endpoint {
-        Endpoint::Completions => "text_completion",
+        Shape::Completions => "text_completion",
         _ => "chat.completion",
     };
     let v = json!({
@@ -171,7 +172,7 @@ fn sse(v: &Value) -> Bytes {
 
 fn chunk(meta: &ResponseMeta, choices: Value, usage: Option<Value>) -> Bytes {
     let object = match meta.endpoint {
-        Endpoint::Completions => "text_completion",
+        Shape::Completions => "text_completion",
         _ => "chat.completion.chunk",
     };
     let mut v = json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": choices});
@@ -184,7 +185,7 @@ fn chunk(meta: &ResponseMeta, choices: Value, usage: Option<Value>) -> Bytes {
 /// The SSE event carrying completion token `index` (the first chat chunk also carries `role`).
 pub fn token_event(meta: &ResponseMeta, index: u32, piece: &str) -> Bytes {
     let choice = match meta.endpoint {
-        Endpoint::Completions => {
+        Shape::Completions => {
             json!({"index": 0, "text": piece, "logprobs": null, "finish_reason": null})
         }
         _ if index == 0 => json!({
@@ -200,7 +201,7 @@ pub fn token_event(meta: &ResponseMeta, index: u32, piece: &str) -> Bytes {
 /// The SSE event closing the choice with `finish_reason: "length"` (no content).
 pub fn finish_event(meta: &ResponseMeta) -> Bytes {
     let choice = match meta.endpoint {
-        Endpoint::Completions => {
+        Shape::Completions => {
             json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "length"})
         }
         _ => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"}),
@@ -221,14 +222,14 @@ mod tests {
     use super::*;
     use http::StatusCode;
 
-    fn parse(endpoint: Endpoint, body: &str) -> Result<GenRequest, ApiError> {
+    fn parse(endpoint: Shape, body: &str) -> Result<GenRequest, ApiError> {
         parse_request(endpoint, body.as_bytes(), "dflt")
     }
 
     #[test]
     fn chat_prompt_concatenates_roles_and_text_parts() {
         let r = parse(
-            Endpoint::Chat,
+            Shape::Chat,
             r#"{"model":"m","messages":[{"role":"system","content":"be brief"},
                 {"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{}},{"type":"text","text":"b"}]},
                 {"role":"assistant","content":null}],
@@ -251,7 +252,7 @@ mod tests {
 
     #[test]
     fn completion_prompts_of_every_shape() {
-        let p = |b: &str| parse(Endpoint::Completions, b).map(|r| r.prompt);
+        let p = |b: &str| parse(Shape::Completions, b).map(|r| r.prompt);
         assert_eq!(
             p(r#"{"prompt":"hi"}"#),
             Ok(Prompt::Raw(vec![PromptPart::Text("hi".into())]))
@@ -281,7 +282,7 @@ mod tests {
     #[test]
     fn defaults_and_rejections() {
         let r = parse(
-            Endpoint::Chat,
+            Shape::Chat,
             r#"{"messages":[{"role":"user","content":"x"}],"stream":null}"#,
         )
         .expect("ok");
@@ -315,7 +316,7 @@ mod tests {
                 "unsupported_value",
             ),
         ] {
-            let e = parse(Endpoint::Chat, body).expect_err(body);
+            let e = parse(Shape::Chat, body).expect_err(body);
             assert_eq!(
                 (e.status, e.code),
                 (StatusCode::BAD_REQUEST, code),
@@ -332,8 +333,8 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn parsing_never_panics_on_arbitrary_bytes(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
-            let _ = parse_request(Endpoint::Chat, &body, "m");
-            let _ = parse_request(Endpoint::Completions, &body, "m");
+            let _ = parse_request(Shape::Chat, &body, "m");
+            let _ = parse_request(Shape::Completions, &body, "m");
         }
 
         #[test]
@@ -343,15 +344,15 @@ mod tests {
             max in r#"0|1|-1|1.5|4294967296|18446744073709551616|"3"|null|true"#,
         ) {
             let body = format!(r#"{{"messages":{messages},"prompt":{prompt},"max_tokens":{max},"stream":true,"n":1}}"#);
-            let _ = parse_request(Endpoint::Chat, body.as_bytes(), "m");
-            let _ = parse_request(Endpoint::Completions, body.as_bytes(), "m");
+            let _ = parse_request(Shape::Chat, body.as_bytes(), "m");
+            let _ = parse_request(Shape::Completions, body.as_bytes(), "m");
         }
     }
 
     #[test]
     fn stream_events_have_the_openai_shape() {
         let meta = ResponseMeta {
-            endpoint: Endpoint::Chat,
+            endpoint: Shape::Chat,
             id: "chatcmpl-1".into(),
             created: 1,
             model: "m".into(),

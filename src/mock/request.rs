@@ -8,18 +8,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{json, Map, Value};
 
-/// Which generation route a request came in on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `POST /v1/chat/completions`
-    Chat,
-    /// `POST /v1/completions`
-    Completions,
-    /// `POST /v1/responses` (OpenAI Responses API)
-    Responses,
-    /// `POST /v1/messages` (Anthropic Messages API)
-    Messages,
-}
+use crate::api::Shape;
 
 /// One chat message as the chat template sees it: a role and its text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +53,7 @@ pub enum PromptPart {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GenRequest {
     /// The route.
-    pub endpoint: Endpoint,
+    pub endpoint: Shape,
     /// The model to report: the request's `model`, else the configured one.
     pub model: String,
     /// The prompt.
@@ -112,8 +101,8 @@ impl ApiError {
 
     /// The body in the shape of `endpoint`'s API: Anthropic's `{"type":"error","error":{"type","message"}}`
     /// on `/v1/messages`, OpenAI's everywhere else.
-    pub fn body_for(&self, endpoint: Option<Endpoint>) -> Bytes {
-        if endpoint == Some(Endpoint::Messages) {
+    pub fn body_for(&self, endpoint: Option<Shape>) -> Bytes {
+        if endpoint == Some(Shape::Messages) {
             let v = json!({"type": "error", "error": {"type": self.kind, "message": self.message}});
             return Bytes::from(v.to_string());
         }

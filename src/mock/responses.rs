@@ -13,9 +13,10 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::request::{
-    content_text, field, json_object, max_tokens, model, opt_bool, parts_text, ApiError, Endpoint,
+    content_text, field, json_object, max_tokens, model, opt_bool, parts_text, ApiError,
     GenRequest, Message, Prompt, Usage,
 };
+use crate::api::Shape;
 
 /// The role a Responses item's role is rendered as: `developer` is OpenAI's newer name for `system`.
 fn template_role(role: &str) -> &str {
@@ -111,7 +112,7 @@ pub fn parse_request(body: &[u8], default_model: &str) -> Result<GenRequest, Api
         }
     }
     Ok(GenRequest {
-        endpoint: Endpoint::Responses,
+        endpoint: Shape::Responses,
         model,
         prompt: Prompt::Messages(messages),
         max_tokens: max_tokens(&obj, &["max_output_tokens"])?,

@@ -29,7 +29,7 @@ pub(crate) fn after(base: Instant, d: Duration) -> Instant {
 
 /// The wire shape of a stream: which events open it, carry each token and close it.
 #[derive(Debug)]
-pub(crate) enum Shape {
+pub(crate) enum Events {
     /// Chat and completions chunks (`data:` only), ending with `data: [DONE]`.
     OpenAi(ResponseMeta),
     /// OpenAI Responses events.
@@ -43,36 +43,36 @@ pub(crate) enum Shape {
     },
 }
 
-impl Shape {
+impl Events {
     /// Events sent as soon as the stream opens, before the first token is due.
     fn opening(&mut self, usage: &Usage) -> Vec<Bytes> {
         match self {
-            Shape::OpenAi(_) => Vec::new(),
-            Shape::Responses(ev) => ev.opening(),
-            Shape::Messages { id, model } => anthropic::opening(id, model, usage),
+            Events::OpenAi(_) => Vec::new(),
+            Events::Responses(ev) => ev.opening(),
+            Events::Messages { id, model } => anthropic::opening(id, model, usage),
         }
     }
 
     /// Events sent with the first token, just before it.
     fn before_first_token(&mut self) -> Vec<Bytes> {
         match self {
-            Shape::Responses(ev) => ev.before_first_token(),
-            Shape::OpenAi(_) | Shape::Messages { .. } => Vec::new(),
+            Events::Responses(ev) => ev.before_first_token(),
+            Events::OpenAi(_) | Events::Messages { .. } => Vec::new(),
         }
     }
 
     fn token(&mut self, index: u32, piece: &str) -> Bytes {
         match self {
-            Shape::OpenAi(meta) => openai::token_event(meta, index, piece),
-            Shape::Responses(ev) => ev.token(piece),
-            Shape::Messages { .. } => anthropic::token(piece),
+            Events::OpenAi(meta) => openai::token_event(meta, index, piece),
+            Events::Responses(ev) => ev.token(piece),
+            Events::Messages { .. } => anthropic::token(piece),
         }
     }
 
     /// Events after the last token; the last one ends the stream.
     fn closing(&mut self, usage: &Usage) -> Vec<Bytes> {
         match self {
-            Shape::OpenAi(meta) => {
+            Events::OpenAi(meta) => {
                 let mut out = vec![openai::finish_event(meta)];
                 if meta.include_usage {
                     out.push(openai::usage_event(meta, usage));
@@ -80,8 +80,8 @@ impl Shape {
                 out.push(Bytes::from_static(openai::DONE_EVENT));
                 out
             }
-            Shape::Responses(ev) => ev.closing(usage),
-            Shape::Messages { .. } => anthropic::closing(usage),
+            Events::Responses(ev) => ev.closing(usage),
+            Events::Messages { .. } => anthropic::closing(usage),
         }
     }
 }
@@ -97,7 +97,7 @@ enum Phase {
 /// What a stream will say and when.
 #[derive(Debug)]
 pub(crate) struct StreamPlan {
-    pub shape: Shape,
+    pub shape: Events,
     pub usage: Usage,
     pub seed: u64,
     /// The words the answer is made of ([`crate::mock::output::one_token_words`]).

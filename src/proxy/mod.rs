@@ -24,55 +24,24 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Full};
 
+use crate::api::{Route, Shape};
 use crate::body::{full_body, Body, BoxError};
-use crate::cachebust::{Phase, Shape, Target};
+use crate::budget;
+use crate::cachebust::{Phase, Target};
 use crate::conn::BodyTimeout;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
-use crate::budget;
 use crate::runtime::SharedState;
 use crate::upstream::client::{self, Upstream, UpstreamClient};
 use crate::upstream::headers;
 use crate::upstream::pool::{self, Affinity, H1Pool, Keep, UpstreamBody};
-pub use exchange::{Downstream, InFlight};
 use exchange::{collect_limited, reserve};
+pub use exchange::{Downstream, InFlight};
 use observe::{Observed, Observer};
-
-/// The route a request is on: one of the API paths (POST), named by the body shape read
-/// there ([`Shape::path`] holds the paths), or `Other`, which passes through untouched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    Api(Shape),
-    Other,
-}
-
-impl Route {
-    pub fn classify(method: &Method, path: &str) -> Route {
-        if method != Method::POST {
-            return Route::Other;
-        }
-        Shape::from_path(path.trim_end_matches('/')).map_or(Route::Other, Route::Api)
-    }
-
-    /// The metric and log label: the shape's name, or `other`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Route::Api(shape) => shape.as_str(),
-            Route::Other => "other",
-        }
-    }
-
-    pub fn shape(self) -> Option<Shape> {
-        match self {
-            Route::Api(shape) => Some(shape),
-            Route::Other => None,
-        }
-    }
-}
 
 pub struct Proxy {
     rt: Arc<SharedState>,
@@ -620,7 +589,7 @@ impl Proxy {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok());
         let labels = observe::Labels {
-            route: ex.route.label(),
+            route: ex.route,
             phase: ex.phase_label(),
             target: ex.target.as_str(),
         };
@@ -842,6 +811,7 @@ fn submit_to_model(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Method;
 
     #[test]
     fn routes_are_post_only_and_exact() {

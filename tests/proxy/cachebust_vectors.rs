@@ -6,9 +6,8 @@
 use std::num::NonZeroUsize;
 use std::time::Instant;
 
-use kvbust::cachebust::{
-    build_marker, parse, Ledger, ListParts, Location, Phase, Plan, Shape, Target,
-};
+use kvbust::api::Shape;
+use kvbust::cachebust::{build_marker, parse, Ledger, ListParts, Location, Phase, Plan, Target};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::Value;

@@ -95,7 +95,8 @@ fn bad_control_header_values_are_quoted_at_most_200_bytes() {
 /// the same turn hash the same"). It now strips to a fixpoint.
 #[test]
 fn stacked_markers_keep_the_session_hash() {
-    use kvbust::cachebust::{build_marker, parse, Phase, Plan, Shape, Target};
+    use kvbust::api::Shape;
+    use kvbust::cachebust::{build_marker, parse, Phase, Plan, Target};
     let body = br#"{"messages":[{"role":"user","content":"[warmup]\n\nSummarise:"}]}"#;
     let target = Target::FirstTurnPrefix;
     let marker = build_marker(target, Phase::Profiling, &inputs()).unwrap();
@@ -114,7 +115,8 @@ fn stacked_markers_keep_the_session_hash() {
 /// (`fuzz/corpus/rewrite/regression-*`: 6 plan bytes as `check_rewrite` reads them, then the body).
 #[test]
 fn inline_text_on_an_empty_first_text_part_keeps_the_session_hash() {
-    use kvbust::cachebust::{build_marker, parse, ListParts, Plan, Shape, Target};
+    use kvbust::api::Shape;
+    use kvbust::cachebust::{build_marker, parse, ListParts, Plan, Target};
     for input in [
         &include_bytes!("../../fuzz/corpus/rewrite/regression-inline-empty-text-000007")[..],
         include_bytes!("../../fuzz/corpus/rewrite/regression-inline-empty-text-000010"),
@@ -174,7 +176,8 @@ fn config_parse_errors_do_not_show_url_passwords() {
 /// to report a bug). It is the client's invalid JSON text: a client error.
 #[test]
 fn lone_surrogate_in_a_message_key_is_a_client_error() {
-    use kvbust::cachebust::{parse, Plan, Shape, Target};
+    use kvbust::api::Shape;
+    use kvbust::cachebust::{parse, Plan, Target};
     for (shape, body) in [
         (
             Shape::Responses,
@@ -203,7 +206,8 @@ fn lone_surrogate_in_a_message_key_is_a_client_error() {
 /// (`fuzz/corpus/rewrite/regression-inline-other-part-type-*`: 6 plan bytes, then the body).
 #[test]
 fn inline_text_into_a_later_part_keeps_the_session_hash() {
-    use kvbust::cachebust::{build_marker, parse, ListParts, Phase, Plan, Shape, Target};
+    use kvbust::api::Shape;
+    use kvbust::cachebust::{build_marker, parse, ListParts, Phase, Plan, Target};
     let input =
         include_bytes!("../../fuzz/corpus/rewrite/regression-inline-other-part-type-000001");
     let (plan, body) = input.split_at(6);
@@ -238,7 +242,8 @@ fn inline_text_into_a_later_part_keeps_the_session_hash() {
 /// `check_rewrite` reads it) and its mirror image for suffix markers, once and stacked.
 #[test]
 fn overlapping_marker_text_keeps_the_session_hash() {
-    use kvbust::cachebust::{parse, ListParts, Plan, Shape, Target};
+    use kvbust::api::Shape;
+    use kvbust::cachebust::{parse, ListParts, Plan, Target};
     let input = include_bytes!("../../fuzz/corpus/rewrite/regression-marker-overlap-000001");
     let (plan, body) = input.split_at(6);
     assert_eq!(Shape::ALL[plan[0] as usize % 4], Shape::Chat);

@@ -10,7 +10,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use kvbust::synth::corpus::PromptCorpus;
-use kvbust::synth::dataset::trace::agentic::{self, burst, tracelab};
+use kvbust::synth::dataset::trace::agentic::{self, tracelab};
+use kvbust::synth::dataset::trace::burst;
 use kvbust::synth::dataset::trace::input::TraceReader;
 use kvbust::synth::dataset::trace::record::Input;
 use kvbust::synth::dataset::trace::{build_from_params, detect_kind, TraceFile};

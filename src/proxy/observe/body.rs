@@ -227,7 +227,10 @@ fn timed_out<E>(observer: &mut Observer, err: E, code: &str, reason: &'static st
 where
     E: std::error::Error + Send + Sync + 'static,
 {
-    tracing::warn!(route = observer.route, "{err}; closing the response");
+    tracing::warn!(
+        route = observer.route.label(),
+        "{err}; closing the response"
+    );
     observer.metrics.error("upstream", code);
     observer.abort(reason);
     Box::new(err)

@@ -10,18 +10,19 @@ mod body;
 mod wire;
 
 pub use body::{IdleTimeout, Observed, TotalTimeout};
-use wire::{Api, Event, JsonBody};
 pub use wire::{CachedDetails, UsageWire};
+use wire::{Event, JsonBody};
 
 use std::time::{Duration, Instant};
 
+use crate::api::Route;
 use crate::metrics::Metrics;
 use crate::usage::Tokens;
 
 /// The metric labels of one exchange.
 #[derive(Debug, Clone, Copy)]
 pub struct Labels {
-    pub route: &'static str,
+    pub route: Route,
     pub phase: &'static str,
     pub target: &'static str,
 }
@@ -33,10 +34,9 @@ pub struct Observer {
     // inter-token series is resolved at the second content event, so non-streams never create it.
     inter_token: Option<prometheus::Histogram>,
     duration: prometheus::Histogram,
-    route: &'static str,
+    route: Route,
     phase: &'static str,
     target: &'static str,
-    api: Api,
     start: Instant,
     mode: Scan,
     first_content: Option<Instant>,
@@ -103,12 +103,13 @@ impl Observer {
             in_flight: None,
             ticket: None,
             inter_token: None,
-            duration: metrics.duration.with_label_values(&[route, phase, target]),
+            duration: metrics
+                .duration
+                .with_label_values(&[route.label(), phase, target]),
             metrics,
             route,
             phase,
             target,
-            api: Api::of_route(route),
             start,
             mode,
             first_content: None,
@@ -146,7 +147,7 @@ impl Observer {
     pub fn tokens(&self) -> Tokens {
         self.usage
             .as_deref()
-            .map(|u| u.tokens(self.api))
+            .map(|u| u.tokens(self.route))
             .unwrap_or_default()
     }
 
@@ -209,21 +210,21 @@ impl Observer {
         let Ok(event) = serde_json::from_slice::<Event>(payload) else {
             return;
         };
-        if event.has_content(self.api) {
+        if event.has_content(self.route) {
             self.content_events += 1;
             match self.last_content {
                 None => {
                     self.first_content = Some(now);
                     self.metrics
                         .ttft
-                        .with_label_values(&[self.route, self.phase, self.target])
+                        .with_label_values(&[self.route.label(), self.phase, self.target])
                         .observe(secs(now - self.start));
                 }
                 Some(prev) => self
                     .inter_token
                     .get_or_insert_with(|| {
                         self.metrics.inter_token.with_label_values(&[
-                            self.route,
+                            self.route.label(),
                             self.phase,
                             self.target,
                         ])
@@ -343,7 +344,7 @@ mod tests {
 
     fn observer(ct: &str) -> Observer {
         let labels = Labels {
-            route: "chat",
+            route: Route::Api(crate::api::Shape::Chat),
             phase: "profiling",
             target: "none",
         };
@@ -396,6 +397,10 @@ mod tests {
 
     /// Feeds `body` in `piece`-byte frames through an observer of `route`, 1 ms apart.
     fn run(route: &'static str, ct: &str, body: &[u8], piece: usize) -> Observer {
+        let route = crate::api::Shape::ALL
+            .into_iter()
+            .find(|s| s.as_str() == route)
+            .map_or(Route::Other, Route::Api);
         let labels = Labels {
             route,
             phase: "warmup",

@@ -6,35 +6,8 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::api::{Route, Shape};
 use crate::usage::Tokens;
-
-/// The API whose response is read, from the route label: it decides which events carry content
-/// and how `usage` maps to prompt / cached / completion tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Api {
-    /// `/v1/chat/completions` and `/v1/completions`: `choices[].delta.content` / `choices[].text`;
-    /// `prompt_tokens`, `prompt_tokens_details.cached_tokens`, `completion_tokens`.
-    OpenAi,
-    /// `/v1/responses`: `response.*.delta` events; `input_tokens`,
-    /// `input_tokens_details.cached_tokens`, `output_tokens` (streamed in `response.completed`).
-    Responses,
-    /// `/v1/messages` (Anthropic): `content_block_delta` events; `input_tokens`,
-    /// `cache_read_input_tokens`, `cache_creation_input_tokens`, `output_tokens` (streamed in
-    /// `message_start` and `message_delta`).
-    Messages,
-    Other,
-}
-
-impl Api {
-    pub(super) fn of_route(route: &str) -> Api {
-        match route {
-            "chat" | "completions" => Api::OpenAi,
-            "responses" => Api::Responses,
-            "messages" => Api::Messages,
-            _ => Api::Other,
-        }
-    }
-}
 
 /// Token counts in one API's `usage` spelling, every field as the upstream sent it. Streams may
 /// send it in pieces (Anthropic: `message_start`, then `message_delta`); a later value of a field
@@ -95,19 +68,19 @@ impl UsageWire {
         }
     }
 
-    pub(super) fn tokens(&self, api: Api) -> Tokens {
-        match api {
-            Api::OpenAi => Tokens {
+    pub(super) fn tokens(&self, route: Route) -> Tokens {
+        match route {
+            Route::Api(Shape::Chat | Shape::Completions) => Tokens {
                 prompt: self.prompt_tokens,
                 cached: self.prompt_tokens_details.and_then(|d| d.cached_tokens),
                 completion: self.completion_tokens,
             },
-            Api::Responses => Tokens {
+            Route::Api(Shape::Responses) => Tokens {
                 prompt: self.input_tokens,
                 cached: self.input_tokens_details.and_then(|d| d.cached_tokens),
                 completion: self.output_tokens,
             },
-            Api::Messages => Tokens {
+            Route::Api(Shape::Messages) => Tokens {
                 prompt: self.input_tokens.map(|i| {
                     i + self.cache_read_input_tokens.unwrap_or(0)
                         + self.cache_creation_input_tokens.unwrap_or(0)
@@ -115,7 +88,7 @@ impl UsageWire {
                 cached: self.cache_read_input_tokens,
                 completion: self.output_tokens,
             },
-            Api::Other => Tokens::default(),
+            Route::Other => Tokens::default(),
         }
     }
 }
@@ -211,23 +184,25 @@ fn nonempty_str(v: Option<&RawValue>) -> bool {
 
 impl Event<'_> {
     /// Whether the event carries generated output: TTFT ends and inter-token gaps are taken here.
-    pub(super) fn has_content(&self, api: Api) -> bool {
-        match api {
-            Api::OpenAi => self.choices.iter().flatten().any(|c| {
-                nonempty_str(c.text)
-                    || c.delta.as_ref().is_some_and(|d| {
-                        nonempty_str(d.content) || nonempty_str(d.reasoning_content)
-                    })
-            }),
+    pub(super) fn has_content(&self, route: Route) -> bool {
+        match route {
+            Route::Api(Shape::Chat | Shape::Completions) => {
+                self.choices.iter().flatten().any(|c| {
+                    nonempty_str(c.text)
+                        || c.delta.as_ref().is_some_and(|d| {
+                            nonempty_str(d.content) || nonempty_str(d.reasoning_content)
+                        })
+                })
+            }
             // `response.output_text.delta`, and the other output deltas (reasoning text, refusal,
             // function-call arguments): all are generated tokens.
-            Api::Responses => {
+            Route::Api(Shape::Responses) => {
                 self.kind.is_some_and(|k| {
                     let k = k.get();
                     k.starts_with("\"response.") && k.ends_with(".delta\"")
                 }) && nonempty_str(self.delta)
             }
-            Api::Messages => {
+            Route::Api(Shape::Messages) => {
                 self.kind
                     .is_some_and(|k| k.get() == "\"content_block_delta\"")
                     && self.delta.is_some_and(|d| {
@@ -238,7 +213,7 @@ impl Event<'_> {
                         })
                     })
             }
-            Api::Other => false,
+            Route::Other => false,
         }
     }
 

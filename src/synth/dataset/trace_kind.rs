@@ -36,6 +36,15 @@ const OTHER_AIPERF_TYPES: &[&str] = &[
 ];
 
 impl TraceKind {
+    /// Every kind.
+    pub const ALL: [TraceKind; 5] = [
+        TraceKind::MooncakeTrace,
+        TraceKind::BailianTrace,
+        TraceKind::WekaTrace,
+        TraceKind::BurstGptTrace,
+        TraceKind::Tracelab,
+    ];
+
     /// AIPerf's name.
     pub fn as_str(self) -> &'static str {
         match self {

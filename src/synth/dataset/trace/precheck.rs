@@ -6,7 +6,8 @@
 use std::path::Path;
 
 use crate::synth::dataset::params::SynthParams;
-use crate::synth::dataset::trace::agentic::{burst, tracelab};
+use crate::synth::dataset::trace::agentic::tracelab;
+use crate::synth::dataset::trace::burst;
 use crate::synth::dataset::trace::input::detect_prefix;
 use crate::synth::dataset::trace::{detect_kind, TraceFile};
 use crate::synth::dataset::trace_kind::TraceKind;

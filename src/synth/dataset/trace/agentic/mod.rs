@@ -1,11 +1,10 @@
 //! Agentic coding traces, byte for byte as AIPerf 0.13.0 builds them: Weka kv-cache-tester
 //! traces (`weka_trace`, one JSON file or a directory of them, or a SemiAnalysis cc-traces
-//! JSON-lines export), TraceLab rounds (`tracelab`, converted to Weka traces) and BurstGPT CSVs
-//! (`burst_gpt_trace`). Owns reading those inputs and the
+//! JSON-lines export) and TraceLab rounds (`tracelab`, converted to Weka traces), with their
+//! rows of the loader table ([`WEKA`], [`TRACELAB`]). Owns reading those inputs and the
 //! topology shapes (branches, joins) of the dataset; the reconstruction lives in [`weka`].
 //! Never touches the network.
 
-pub mod burst;
 pub mod chains;
 pub mod recon;
 pub mod schema;
@@ -261,6 +260,21 @@ pub fn weka_keys(keys: &[String]) -> bool {
 
 /// The dataset AIPerf 0.13.0 builds for `--input-file PATH --custom-dataset-type weka_trace`,
 /// with `content` supplying the corpus (coding by default, or sonnet).
+/// `weka_trace`: a directory, or a first object with a Weka trace's keys.
+pub const WEKA: super::Loader = super::Loader {
+    kind: crate::synth::dataset::trace_kind::TraceKind::WekaTrace,
+    can_load: |p| Ok(p.dir || weka_keys(&p.keys)),
+    build: |b, content| build_weka(b.path, b.params, b.tokenizer, content),
+};
+
+/// `tracelab`: AIPerf's tracelab `can_load`, a first row holding TraceLab's distinctive keys,
+/// which no mooncake or bailian line can (their loaders refuse the extra fields).
+pub const TRACELAB: super::Loader = super::Loader {
+    kind: crate::synth::dataset::trace_kind::TraceKind::Tracelab,
+    can_load: |p| Ok(tracelab::tracelab_keys(&p.keys)),
+    build: |b, content| build_tracelab(b.path, b.params, b.tokenizer, content),
+};
+
 pub fn build_weka(
     path: &Path,
     params: &crate::synth::dataset::params::SynthParams,

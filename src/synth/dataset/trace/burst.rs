@@ -1,14 +1,21 @@
 //! BurstGPT CSVs (AIPerf 0.13.0's `burst_gpt_trace`): each row one single-turn request of
 //! `Request tokens` synthesized input and `Response tokens` output at `Timestamp` seconds.
-//! Owns reading the CSV into trace entries; the prompts come from the trace replay.
+//! Owns reading the CSV into trace entries and its row of the loader table ([`LOADER`]); the
+//! prompts come from the hash-id replay ([`super::hash_ids`]).
 
 use std::cell::Cell;
 use std::io::Read;
 use std::path::Path;
 use std::rc::Rc;
 
+use super::content::TraceContent;
+use super::hash_ids::{build_entries, TraceFile, TraceParams};
+use super::{Build, Loader};
 use crate::synth::dataset::trace::input::{self, TraceReader};
 use crate::synth::dataset::trace::record::{Entry, Input};
+use crate::synth::dataset::trace_kind::TraceKind;
+use crate::synth::dataset::Dataset;
+use crate::synth::error::SynthError;
 use crate::synth::error::TraceError;
 
 /// The columns AIPerf requires (others are ignored).
@@ -16,6 +23,44 @@ const REQUIRED: [&str; 3] = ["Timestamp", "Request tokens", "Response tokens"];
 
 /// Dropped rows listed by line in the warning (the count covers them all).
 const LISTED: usize = 10;
+
+/// `burst_gpt_trace`: a first line that is a header with BurstGPT's columns.
+pub const LOADER: Loader = Loader {
+    kind: TraceKind::BurstGptTrace,
+    can_load: |p| Ok(p.first.is_some_and(|(_, l)| looks_like_burst(l.as_bytes()))),
+    build,
+};
+
+/// The CSV's rows, each a single-turn request built as AIPerf builds them (512-token blocks,
+/// no hash ids), with `--synthesis-max-osl` capping `max_tokens` after.
+fn build(b: &Build<'_>, content: &mut dyn TraceContent) -> Result<Dataset, SynthError> {
+    let kind = TraceKind::BurstGptTrace;
+    let file = TraceFile {
+        path: b.path.to_path_buf(),
+        trace_id: input::trace_id_of(b.path)?,
+        lines: Vec::new(),
+    };
+    let text = TraceReader::open(b.path)?;
+    let max_isl = b.params.synthesis_max_isl.map(|m| m as i64);
+    let rows = entries(b.path, text, max_isl, b.params.strict)?;
+    let trace = TraceParams::of(b.params, kind);
+    let mut ds = build_entries(
+        &file,
+        kind,
+        rows,
+        &trace,
+        b.tokenizer,
+        content,
+        b.root_seed,
+        512,
+    )?;
+    if let Some(cap) = b.params.synthesis_max_osl {
+        for t in ds.conversations.iter_mut().flat_map(|c| c.turns.iter_mut()) {
+            t.max_tokens = t.max_tokens.map(|m| m.min(cap));
+        }
+    }
+    Ok(ds)
+}
 
 /// Whether `bytes` start with a header holding the three BurstGPT columns.
 pub fn looks_like_burst(bytes: &[u8]) -> bool {

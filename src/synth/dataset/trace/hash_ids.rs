@@ -1,0 +1,695 @@
+//! The hash-id loaders, `mooncake_trace` and `bailian_trace`: AIPerf 0.13.0's
+//! `CustomDatasetComposer` with their lines, sessions, turn order, `max_tokens`, timestamps,
+//! delays and prompts built from hash-id blocks, byte for byte (BurstGPT rows are built here
+//! too, as AIPerf builds them). Reads the trace file; never writes files and never draws from a
+//! stream AIPerf does not draw from.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use super::content::TraceContent;
+use super::record::{self, Entry, Input};
+use super::{input, synthesize, Build, Loader, Probe};
+use crate::synth::corpus::hash_blocks::{self, HashBlocks, LayoutError};
+use crate::synth::dataset::params::SynthParams;
+use crate::synth::dataset::trace_kind::{BlockTerminator, TraceKind};
+use crate::synth::dataset::{Conversation, Dataset, Turn};
+use crate::synth::error::{SynthError, TraceError};
+use crate::synth::rng::uuid::uuid4;
+use crate::synth::rng::DerivedRng;
+use crate::synth::tokenizer::Tokenizer;
+
+/// `mooncake_trace`: the fallback of detection (AIPerf's structural inference between the two
+/// hash-id types lands here when bailian does not claim the line).
+pub const MOONCAKE: Loader = Loader {
+    kind: TraceKind::MooncakeTrace,
+    can_load: |_| Ok(true),
+    build: |b, content| build_file(b, TraceKind::MooncakeTrace, content),
+};
+
+/// `bailian_trace`: claims a first line only bailian's model accepts.
+pub const BAILIAN: Loader = Loader {
+    kind: TraceKind::BailianTrace,
+    can_load: |p| Ok(hash_id_kind(p)? == TraceKind::BailianTrace),
+    build: |b, content| build_file(b, TraceKind::BailianTrace, content),
+};
+
+/// Which of the two hash-id types the first line is (AIPerf's structural inference).
+fn hash_id_kind(p: &Probe<'_>) -> Result<TraceKind, TraceError> {
+    match p.first {
+        Some(_) => TraceFile::probe(p).detect(None),
+        None if p.whole => TraceFile::probe(p).detect(None),
+        // A first line longer than the prefix: read it as the type its keys resemble, whose
+        // loader then reads it (within the record cap) and names what is wrong.
+        None if p.keys.iter().any(|k| k == "chat_id") => Ok(TraceKind::BailianTrace),
+        None => Ok(TraceKind::MooncakeTrace),
+    }
+}
+
+fn build_file(
+    b: &Build<'_>,
+    kind: TraceKind,
+    content: &mut dyn TraceContent,
+) -> Result<Dataset, SynthError> {
+    let file = TraceFile::read(b.path)?;
+    build(
+        &file,
+        &TraceParams::of(b.params, kind),
+        b.tokenizer,
+        content,
+        b.root_seed,
+    )
+}
+
+/// Hash-id sequences decoded together (bounds the token sequences held at once).
+const DECODE_BATCH: usize = 512;
+
+/// A trace file as read from disk: its bytes decide the hash-id scope.
+#[derive(Debug, Clone)]
+pub struct TraceFile {
+    pub path: PathBuf,
+    /// The first 16 hex digits of the file's sha256 (AIPerf's `trace_id`).
+    pub trace_id: String,
+    /// `(line number, stripped text)` of every non-blank line.
+    pub lines: Vec<(usize, String)>,
+}
+
+/// Every non-blank line of `reader`, each within the record cap.
+pub fn read_lines(mut reader: input::TraceReader) -> Result<Vec<(usize, String)>, TraceError> {
+    let mut lines = Vec::new();
+    while let Some(l) = reader.next_line()? {
+        lines.push(l);
+    }
+    Ok(lines)
+}
+
+impl TraceFile {
+    /// The probed first line as a one-line file, for detection.
+    fn probe(p: &Probe<'_>) -> Self {
+        TraceFile {
+            path: p.path.to_path_buf(),
+            trace_id: String::new(),
+            lines: p
+                .first
+                .map(|(n, l)| (n, l.to_owned()))
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// Reads `path` as a stream (gunzipped when it is gzip): UTF-8, universal newlines, blank
+    /// lines skipped, each line within [`input::MAX_RECORD_BYTES`].
+    pub fn read(path: &Path) -> Result<Self, TraceError> {
+        let lines = read_lines(input::TraceReader::open(path)?)?;
+        Ok(TraceFile {
+            path: path.to_path_buf(),
+            // AIPerf hashes the file as it is on disk (compressed, for a .gz).
+            trace_id: input::trace_id_of(path)?,
+            lines,
+        })
+    }
+
+    /// The same from bytes already in memory (`path` is used for messages only).
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self, TraceError> {
+        let reader = input::TraceReader::from_read(
+            path,
+            std::io::Cursor::new(bytes.to_vec()),
+            input::Limits::default(),
+        )?;
+        Ok(TraceFile {
+            path: path.to_path_buf(),
+            trace_id: hash_blocks::trace_id(bytes),
+            lines: read_lines(reader)?,
+        })
+    }
+
+    fn line_error(&self, line: usize, message: impl Into<String>) -> TraceError {
+        TraceError::Line {
+            path: self.path.clone(),
+            line,
+            message: message.into(),
+        }
+    }
+
+    /// The loader for this file: `kind` when given, else the one that accepts the first line
+    /// (AIPerf's structural inference between the two).
+    pub fn detect(&self, kind: Option<TraceKind>) -> Result<TraceKind, TraceError> {
+        if let Some(k) = kind {
+            return Ok(k);
+        }
+        let Some((line, text)) = self.lines.first() else {
+            return Err(self.empty("a mooncake_trace or bailian_trace"));
+        };
+        let ok: Vec<TraceKind> = [TraceKind::MooncakeTrace, TraceKind::BailianTrace]
+            .into_iter()
+            .filter(|k| record::parse(*k, *line, text).is_ok())
+            .collect();
+        match ok.as_slice() {
+            [k] => Ok(*k),
+            // Neither accepts it: read it as the type it resembles, whose error names the field.
+            [] if text.contains("\"chat_id\"") => Ok(TraceKind::BailianTrace),
+            [] => Ok(TraceKind::MooncakeTrace),
+            _ => Err(self.line_error(
+                *line,
+                "both mooncake_trace and bailian_trace accept this line; pass \
+                 --custom-dataset-type",
+            )),
+        }
+    }
+
+    fn empty(&self, kind: &str) -> TraceError {
+        TraceError::Empty {
+            path: self.path.clone(),
+            kind: kind.to_owned(),
+        }
+    }
+
+    /// Every line parsed as `kind`; the first bad line stops it with its field named.
+    pub fn entries(&self, kind: TraceKind) -> Result<Vec<Entry>, TraceError> {
+        if self.lines.is_empty() {
+            return Err(self.empty(kind.as_str()));
+        }
+        self.lines
+            .iter()
+            .map(|(line, text)| {
+                record::parse(kind, *line, text).map_err(|(field, why)| {
+                    let hint = if record::parse(kind.other(), *line, text).is_ok() {
+                        format!(
+                            "; this looks like a {} line: pass --custom-dataset-type {}",
+                            kind.other(),
+                            kind.other()
+                        )
+                    } else {
+                        String::new()
+                    };
+                    let what = if field.is_empty() {
+                        "the line".to_owned()
+                    } else {
+                        format!("field `{field}`")
+                    };
+                    self.line_error(*line, format!("{kind} {what} {why}{hint}"))
+                })
+            })
+            .collect()
+    }
+}
+
+/// What shapes a trace dataset besides the file.
+#[derive(Debug, Clone, Default)]
+pub struct TraceParams {
+    /// `--custom-dataset-type` (None: detected from the first line).
+    pub kind: Option<TraceKind>,
+    /// `--isl-block-size` (None: 512 for mooncake, 16 for bailian).
+    pub isl_block_size: Option<usize>,
+    pub random_seed: Option<u64>,
+    pub terminator: BlockTerminator,
+    /// `--osl` / `--osl-stddev`: `max_tokens` for lines without `output_length`.
+    pub osl: Option<u64>,
+    pub osl_stddev: f64,
+    /// `--system-prompt`, given to every conversation.
+    pub system_prompt: Option<String>,
+    /// The `--synthesis-*` multipliers (AIPerf's Synthesizer runs when one is not 1).
+    pub multipliers: synthesize::Multipliers,
+    /// `--synthesis-max-isl`: lines with a longer `input_length` are skipped (before the
+    /// Synthesizer, which also clamps its new lengths to it).
+    pub max_isl: Option<i64>,
+    /// `--synthesis-max-osl`: output lengths are capped to it after the Synthesizer.
+    pub max_osl: Option<i64>,
+}
+
+impl TraceParams {
+    /// The trace flags of a run's `params`, for a trace of `kind`.
+    pub fn of(params: &SynthParams, kind: TraceKind) -> Self {
+        TraceParams {
+            kind: Some(kind),
+            isl_block_size: params.isl_block_size,
+            random_seed: params.random_seed,
+            terminator: params.trace_block_terminator,
+            osl: params.osl,
+            osl_stddev: params.osl_stddev,
+            system_prompt: params.system_prompt.clone(),
+            multipliers: params.multipliers(),
+            max_isl: params.synthesis_max_isl.map(|m| m as i64),
+            max_osl: params.synthesis_max_osl.map(|m| m as i64),
+        }
+    }
+}
+
+/// Groups entries into sessions in AIPerf's order: mooncake by `session_id` (or a fresh id per
+/// line), bailian by the root of each `parent_chat_id` chain, sorted by `turn`.
+fn group(kind: TraceKind, entries: Vec<Entry>, seeded: bool) -> Vec<(String, Vec<Entry>)> {
+    let mut order: Vec<(String, Vec<Entry>)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut push = |key: String, e: Entry, order: &mut Vec<(String, Vec<Entry>)>| {
+        let i = *index.entry(key.clone()).or_insert_with(|| {
+            order.push((key, Vec::new()));
+            order.len() - 1
+        });
+        order[i].1.push(e);
+    };
+    match kind {
+        TraceKind::BailianTrace => {
+            let parent: HashMap<i64, i64> = entries
+                .iter()
+                .filter_map(|e| e.chat.map(|c| (c.chat_id, c.parent_chat_id)))
+                .collect();
+            let mut roots: HashMap<i64, i64> = HashMap::new();
+            for e in entries {
+                let id = e.chat.map_or(-1, |c| c.chat_id);
+                let root = find_root(id, &parent, &mut roots);
+                push(root.to_string(), e, &mut order);
+            }
+            for (_, turns) in &mut order {
+                // A stable sort, as Python's list.sort.
+                turns.sort_by_key(|e| e.chat.map_or(1, |c| c.turn));
+            }
+        }
+        // BurstGPT rows are independent requests: one session each, named as mooncake's.
+        _ => {
+            let mut counter = 0usize;
+            for e in entries {
+                let key = match &e.session_id {
+                    Some(s) => s.clone(),
+                    None if seeded => {
+                        counter += 1;
+                        format!("session_{:06}", counter - 1)
+                    }
+                    None => uuid4(),
+                };
+                push(key, e, &mut order);
+            }
+        }
+    }
+    order
+}
+
+/// Bailian's `find_root`: follow parents until a root (-1), a missing or self parent, or a
+/// cycle; caches the walked path (path compression), exactly as AIPerf.
+fn find_root(chat_id: i64, parent: &HashMap<i64, i64>, cache: &mut HashMap<i64, i64>) -> i64 {
+    if let Some(r) = cache.get(&chat_id) {
+        return *r;
+    }
+    let mut path = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut current = chat_id;
+    while let Some(&p) = parent.get(&current) {
+        if p == -1 || !seen.insert(current) {
+            break;
+        }
+        if p == current || !parent.contains_key(&p) {
+            break;
+        }
+        path.push(current);
+        current = p;
+    }
+    for node in path {
+        cache.insert(node, current);
+    }
+    cache.insert(chat_id, current);
+    current
+}
+
+/// Mooncake's rule: a session is all verbatim (`messages` or `payload`, not both) or all
+/// synthesized/text.
+fn check_session(file: &TraceFile, sid: &str, entries: &[Entry]) -> Result<(), TraceError> {
+    let is_msg = |e: &&Entry| matches!(e.input, Input::Messages { .. });
+    let is_payload = |e: &&Entry| matches!(e.input, Input::Payload(_));
+    let msgs: Vec<&Entry> = entries.iter().filter(is_msg).collect();
+    let payloads: Vec<&Entry> = entries.iter().filter(is_payload).collect();
+    if let (Some(m), Some(p)) = (msgs.first(), payloads.first()) {
+        return Err(file.line_error(
+            m.line.max(p.line),
+            format!(
+                "session {sid:?} mixes {} `messages` line(s) and {} `payload` line(s) (lines {} \
+                 and {}); each session must use exactly one mode",
+                msgs.len(),
+                payloads.len(),
+                m.line,
+                p.line
+            ),
+        ));
+    }
+    let verbatim = msgs.len() + payloads.len();
+    if verbatim > 0 && verbatim < entries.len() {
+        let first_raw = msgs.first().or(payloads.first()).map_or(0, |e| e.line);
+        let other = entries
+            .iter()
+            .find(|e| matches!(e.input, Input::Length(_) | Input::Text(_)))
+            .map_or(0, |e| e.line);
+        return Err(file.line_error(
+            first_raw.max(other),
+            format!(
+                "session {sid:?} mixes raw `messages`/`payload` lines (line {first_raw}) with \
+                 synthesized or text prompts (line {other}); AIPerf does not support mixed \
+                 mooncake sessions: give them different session_ids"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Builds the dataset AIPerf 0.13.0 builds for this trace file, with `content` supplying the
+/// prompt corpus (made under the same `root_seed`).
+pub fn build(
+    file: &TraceFile,
+    params: &TraceParams,
+    tokenizer: &Tokenizer,
+    content: &mut dyn TraceContent,
+    root_seed: u64,
+) -> Result<Dataset, SynthError> {
+    let kind = file.detect(params.kind)?;
+    let block_size = params
+        .isl_block_size
+        .unwrap_or_else(|| kind.default_block_size());
+    if block_size == 0 {
+        return Err(SynthError::invalid("--isl-block-size must be at least 1"));
+    }
+    let mut entries = file.entries(kind)?;
+    if let Some(max) = params.max_isl {
+        // AIPerf's `_filter_and_cap_trace`, before sessions are formed (mooncake's session
+        // counter only counts the lines kept).
+        entries.retain(|e| !matches!(e.input, Input::Length(n) if n > max));
+    }
+    build_entries(
+        file, kind, entries, params, tokenizer, content, root_seed, block_size,
+    )
+}
+
+/// AIPerf's synthesis step of `load_dataset`: the Synthesizer when a multiplier is set, then
+/// the `--synthesis-max-osl` cap.
+fn reshape(
+    file: &TraceFile,
+    kind: TraceKind,
+    sessions: &mut [(String, Vec<Entry>)],
+    params: &TraceParams,
+    root_seed: u64,
+    block_size: usize,
+) -> Result<(), TraceError> {
+    if params.multipliers.is_active() {
+        let mut rng = DerivedRng::derive(root_seed, synthesize::RNG_STREAM).py;
+        let limits = (params.max_isl, params.max_osl);
+        synthesize::synthesize(
+            sessions,
+            kind,
+            &params.multipliers,
+            block_size,
+            limits,
+            &mut rng,
+        )
+        .map_err(|e| {
+            file.line_error(
+                e.line,
+                format!(
+                    "field `input_length` {} is shorter than the line's shared prefix blocks                      ({} tokens at --isl-block-size {block_size}), so the synthesis multipliers                      cannot split it into prefix and prompt (AIPerf refuses it too); fix the                      line or check --isl-block-size",
+                    e.input_length, e.prefix_tokens
+                ),
+            )
+        })?;
+        // The multipliers scale lengths that were within the ceiling when read.
+        for e in sessions.iter().flat_map(|(_, es)| es.iter()) {
+            let lengths = [("input_length", Some(&e.input)), ("output_length", None)];
+            for (field, input) in lengths {
+                let n = match input {
+                    Some(Input::Length(n)) => *n,
+                    Some(_) => continue,
+                    None => e.output_length.unwrap_or(0),
+                };
+                if let Some(why) = input::over_ceiling(n) {
+                    return Err(file.line_error(
+                        e.line,
+                        format!(
+                            "field `{field}` after the --synthesis-* multipliers {why}; lower \
+                             the multipliers or pass --synthesis-max-isl/--synthesis-max-osl"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(cap) = params.max_osl {
+        for e in sessions.iter_mut().flat_map(|(_, es)| es.iter_mut()) {
+            e.output_length = e.output_length.map(|n| n.min(cap));
+        }
+    }
+    Ok(())
+}
+
+/// [`build`] for entries already read (a BurstGPT CSV's rows, say), in `file`'s hash-id scope.
+#[allow(clippy::too_many_arguments)]
+pub fn build_entries(
+    file: &TraceFile,
+    kind: TraceKind,
+    entries: Vec<Entry>,
+    params: &TraceParams,
+    tokenizer: &Tokenizer,
+    content: &mut dyn TraceContent,
+    root_seed: u64,
+    block_size: usize,
+) -> Result<Dataset, SynthError> {
+    let mut sessions = group(kind, entries, params.random_seed.is_some());
+    reshape(file, kind, &mut sessions, params, root_seed, block_size)?;
+    if kind == TraceKind::MooncakeTrace {
+        for (sid, entries) in &sessions {
+            check_session(file, sid, entries)?;
+        }
+    }
+    let texts = prompts(file, params, tokenizer, content, &sessions, block_size)?;
+    Ok(Dataset {
+        conversations: conversations(params, sessions, texts, root_seed),
+    })
+}
+
+/// Every line's prompt text in AIPerf's request order (one flat list, session by session).
+fn prompts(
+    file: &TraceFile,
+    params: &TraceParams,
+    tokenizer: &Tokenizer,
+    content: &mut dyn TraceContent,
+    sessions: &[(String, Vec<Entry>)],
+    block_size: usize,
+) -> Result<Vec<Option<String>>, SynthError> {
+    let separator = match params.terminator {
+        BlockTerminator::Aiperf => tokenizer.bos_token_id().or(tokenizer.eos_token_id()),
+        BlockTerminator::None => None,
+    };
+    let mut blocks = HashBlocks::new(content.corpus_seed(), file.trace_id.clone(), separator);
+    let corpus = content.block_corpus();
+    // Prompts in AIPerf's request order (one flat list, session by session). Hash-id
+    // sequences make no draws when decoded, so they are decoded in parallel batches.
+    let mut flat: Vec<Option<String>> = Vec::new();
+    let mut pending: Vec<(usize, Vec<u32>)> = Vec::new();
+    let flush = |pending: &mut Vec<(usize, Vec<u32>)>, flat: &mut Vec<Option<String>>| {
+        let decoded: Vec<String> = pending
+            .par_iter()
+            .map(|(_, seq)| tokenizer.decode(seq))
+            .collect::<Result<_, _>>()?;
+        for ((i, _), text) in pending.drain(..).zip(decoded) {
+            flat[i] = Some(text);
+        }
+        Ok::<(), SynthError>(())
+    };
+    for (_, entries) in sessions {
+        for e in entries {
+            let text = match &e.input {
+                Input::Text(t) => Some(t.clone()),
+                Input::Messages { .. } | Input::Payload(_) => Some(String::new()),
+                Input::Length(n) if e.hash_ids.is_empty() => Some(content.plain_prompt(*n)?),
+                Input::Length(n) => {
+                    let seq = blocks
+                        .token_sequence(
+                            corpus.tokens(),
+                            *n,
+                            &e.hash_ids,
+                            block_size,
+                            e.line,
+                            &mut |k| content.sample_tokens(k),
+                        )
+                        .map_err(|err| layout_error(file, e, *n, block_size, err))?;
+                    pending.push((flat.len(), seq));
+                    None
+                }
+            };
+            flat.push(text);
+            if pending.len() >= DECODE_BATCH {
+                flush(&mut pending, &mut flat)?;
+            }
+        }
+    }
+    flush(&mut pending, &mut flat)?;
+    Ok(flat)
+}
+
+/// The sessions as conversations, their turns taking `texts` in order, with `max_tokens` from
+/// the line or drawn around `--osl`.
+fn conversations(
+    params: &TraceParams,
+    sessions: Vec<(String, Vec<Entry>)>,
+    texts: Vec<Option<String>>,
+    root_seed: u64,
+) -> Vec<Conversation> {
+    let mut texts = texts.into_iter();
+    let mut max_tokens_rng = DerivedRng::derive(root_seed, "composer.turn.max_tokens").py;
+    let osl_stddev = params.osl_stddev.trunc();
+    let mut conversations = Vec::with_capacity(sessions.len());
+    for (sid, entries) in sessions {
+        let mut turns = Vec::with_capacity(entries.len());
+        for e in entries {
+            let text = texts.next().flatten();
+            let max_tokens = match (e.output_length, params.osl) {
+                // At least 1: checked when the line was read.
+                (Some(n), _) => Some(n as u64),
+                (None, Some(m)) if m > 0 => Some(
+                    max_tokens_rng
+                        .sample_positive_normal_integer(m as f64, osl_stddev)
+                        .max(1),
+                ),
+                _ => None,
+            };
+            let (raw_messages, raw_tools, raw_payload) = match e.input {
+                Input::Messages { messages, tools } => (Some(messages), tools, None),
+                Input::Payload(p) => (None, None, Some(p)),
+                _ => (None, None, None),
+            };
+            turns.push(Turn {
+                text: text.unwrap_or_default(),
+                max_tokens,
+                timestamp: e.timestamp,
+                delay: e.delay,
+                raw_messages,
+                raw_tools,
+                raw_payload,
+                extra_body: e.extra,
+                agentic: None,
+            });
+        }
+        conversations.push(Conversation {
+            session_id: sid,
+            system_message: params.system_prompt.clone(),
+            user_context_message: None,
+            turns,
+            agentic: None,
+        });
+    }
+    conversations
+}
+
+fn layout_error(
+    file: &TraceFile,
+    e: &Entry,
+    n: i64,
+    block_size: usize,
+    err: LayoutError,
+) -> TraceError {
+    let m = e.hash_ids.len();
+    let message = match err {
+        LayoutError::NotPositive => format!(
+            "field `input_length` is {n}, but a line with hash_ids needs a positive input_length"
+        ),
+        LayoutError::FinalBlock { final_size } => format!(
+            "field `input_length` {n} does not fit {m} hash_ids of {block_size} tokens: the last \
+             block would hold {final_size} tokens (must be 1..={block_size}); check \
+             --isl-block-size (default {} for this trace type)",
+            match e.chat {
+                Some(_) => TraceKind::BailianTrace.default_block_size(),
+                None => TraceKind::MooncakeTrace.default_block_size(),
+            }
+        ),
+        LayoutError::SizeConflict {
+            hash_id,
+            size,
+            first_size,
+            first_line,
+        } => format!(
+            "field `hash_ids`: hash_id {hash_id} is needed at {size} tokens here but was built \
+             at {first_size} tokens on line {first_line}; a hash_id maps to one fixed block \
+             size, so the trace is corrupt or --isl-block-size ({block_size}) disagrees with \
+             the recorded blocks"
+        ),
+    };
+    file.line_error(e.line, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> TraceFile {
+        TraceFile::from_bytes(Path::new("t.jsonl"), text.as_bytes()).unwrap()
+    }
+
+    fn sessions(f: &TraceFile) -> Vec<(String, Vec<Entry>)> {
+        let entries = f.entries(TraceKind::MooncakeTrace).unwrap();
+        group(TraceKind::MooncakeTrace, entries, true)
+    }
+
+    #[test]
+    fn lines_and_numbers() {
+        let f = file("\n{\"a\":1}\r\n  \r{\"b\":2}\n");
+        assert_eq!(
+            f.lines,
+            vec![(2, "{\"a\":1}".to_owned()), (4, "{\"b\":2}".to_owned())]
+        );
+        let e = TraceFile::from_bytes(Path::new("x"), b"{}\n\xff\n").unwrap_err();
+        assert_eq!(e.to_string(), "x:2: is not valid UTF-8");
+        let e = file("\n\n").entries(TraceKind::MooncakeTrace).unwrap_err();
+        assert!(
+            e.to_string().starts_with("t.jsonl holds no trace lines"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn errors_name_line_and_field_and_hint_the_other_kind() {
+        let f = file("{\"input_length\": 5}\n\n{\"chat_id\":1,\"timestamp\":1,\"input_length\":3,\"output_length\":2,\"type\":\"text\"}\n");
+        let e = f.entries(TraceKind::MooncakeTrace).unwrap_err().to_string();
+        assert!(
+            e.starts_with("t.jsonl:3: mooncake_trace field `type`")
+                && e.ends_with("pass --custom-dataset-type bailian_trace"),
+            "{e}"
+        );
+        assert_eq!(f.detect(None).unwrap(), TraceKind::MooncakeTrace);
+    }
+
+    #[test]
+    fn bailian_roots_follow_aiperf() {
+        let parent: HashMap<i64, i64> = [(1, -1), (2, 1), (3, 2), (4, 99), (5, 6), (6, 5)]
+            .into_iter()
+            .collect();
+        let mut cache = HashMap::new();
+        assert_eq!(find_root(3, &parent, &mut cache), 1);
+        assert_eq!(find_root(4, &parent, &mut cache), 4);
+        // A cycle stops where it closes.
+        assert_eq!(find_root(5, &parent, &mut cache), 5);
+        assert_eq!(cache.get(&2), Some(&1));
+    }
+
+    #[test]
+    fn mooncake_sessions_keep_first_appearance_order() {
+        let f = file(
+            "{\"input_length\":1,\"session_id\":\"b\"}\n{\"input_length\":1}\n{\"input_length\":1,\"session_id\":\"a\"}\n{\"input_length\":2,\"session_id\":\"b\"}\n{\"input_length\":1}\n",
+        );
+        let g = sessions(&f);
+        let keys: Vec<(&str, usize)> = g.iter().map(|(k, v)| (k.as_str(), v.len())).collect();
+        assert_eq!(
+            keys,
+            [
+                ("b", 2),
+                ("session_000000", 1),
+                ("a", 1),
+                ("session_000001", 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn mixed_sessions_are_refused() {
+        let f = file(
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"session_id\":\"s\"}\n{\"text_input\":\"y\",\"session_id\":\"s\"}\n",
+        );
+        let g = sessions(&f);
+        let e = check_session(&f, &g[0].0, &g[0].1).unwrap_err().to_string();
+        assert!(e.starts_with("t.jsonl:2: session \"s\" mixes"), "{e}");
+    }
+}
