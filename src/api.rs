@@ -7,6 +7,10 @@ use std::fmt;
 
 use http::Method;
 
+/// The model list every OpenAI-compatible server serves (the health probe's fallback, the
+/// served-models check, `kvbust probe`, the mock).
+pub const MODELS_PATH: &str = "/v1/models";
+
 /// The request body shapes kvbust rewrites, one per API route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Shape {

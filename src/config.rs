@@ -46,6 +46,7 @@ pub struct Config {
     pub adjustments: Vec<String>,
 }
 
+/// The data listener (`[listen]`): address, workers, connection caps and timeouts, HTTP/2 settings, TLS.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ListenConfig {
@@ -124,6 +125,7 @@ impl Default for ListenConfig {
     }
 }
 
+/// The data listener's TLS files (`[listen.tls]`), reloaded when they change.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TlsFiles {
@@ -142,6 +144,7 @@ fn default_tls_watch() -> Duration {
     Duration::from_secs(10)
 }
 
+/// The admin port (`[admin]`): phase switch, metrics, health, report; its address, token and connection cap.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
@@ -168,6 +171,7 @@ impl Default for AdminConfig {
     }
 }
 
+/// How kvbust speaks to the upstream (`upstream.http2`).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Http2Mode {
@@ -180,6 +184,7 @@ pub enum Http2Mode {
     Never,
 }
 
+/// Where the upstream's TLS roots come from (`upstream.tls.roots`).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum RootStore {
@@ -188,6 +193,7 @@ pub enum RootStore {
     Native,
 }
 
+/// The model server kvbust forwards to (`[upstream]`): its URL, pools, timeouts, health probe.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
@@ -277,6 +283,7 @@ impl Default for UpstreamConfig {
     }
 }
 
+/// TLS towards the upstream (`[upstream.tls]`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamTls {
@@ -292,6 +299,7 @@ pub struct UpstreamTls {
     pub server_name: Option<String>,
 }
 
+/// Bounds on what clients may send (`[limits]`): body size, control-header size, buffered bytes in total.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
@@ -321,6 +329,7 @@ impl Default for LimitsConfig {
     }
 }
 
+/// Graceful shutdown (`[shutdown]`): how long in-flight requests may finish.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShutdownConfig {
@@ -337,6 +346,7 @@ impl Default for ShutdownConfig {
     }
 }
 
+/// What to do with an API body kvbust cannot parse (`cache_bust.on_unparseable`).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum OnUnparseable {
@@ -347,6 +357,7 @@ pub enum OnUnparseable {
     Passthrough,
 }
 
+/// Where a marker goes in a list-of-parts content (`cache_bust.list_parts`).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ListPartsMode {
@@ -357,6 +368,7 @@ pub enum ListPartsMode {
     InlineText,
 }
 
+/// One source of a session key for the RID digest (`cache_bust.session_sources`, tried in order).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionSource {
@@ -383,6 +395,7 @@ pub enum LedgerMode {
     Stateless,
 }
 
+/// Marking (`[cache_bust]`): the default target and phase, session identity, header and body handling.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheBustConfig {
@@ -435,6 +448,7 @@ impl Default for CacheBustConfig {
     }
 }
 
+/// Reading responses (`[observe]`): usage, TTFT and inter-token timings, the scan limits.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ObserveConfig {
@@ -583,6 +597,7 @@ impl Topology {
     }
 }
 
+/// Synthesis in flight (`[synth]`): routes, tokenizer, placeholders and the served dataset.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SynthConfig {
@@ -773,6 +788,7 @@ impl HeaderNames {
     }
 }
 
+/// How log lines are written (`log.format`).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
@@ -781,6 +797,7 @@ pub enum LogFormat {
     Json,
 }
 
+/// Logging (`[log]`): level, format and the access log.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {

@@ -314,7 +314,7 @@ impl ConnTable {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Tracked>> {
         // The critical sections only insert, remove and read; the map stays valid on a panic.
-        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.conns)
     }
 
     /// Makes room for one more connection if it can: closes the oldest connection with nothing

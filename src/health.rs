@@ -19,7 +19,7 @@ use crate::upstream::client::{Upstream, UpstreamClient};
 
 /// The probe's paths when `upstream.health_path` is not set: vLLM, SGLang, TensorRT-LLM and
 /// llama.cpp serve `/health`; any OpenAI-compatible server serves `/v1/models`.
-const DEFAULT_PATHS: [&str; 2] = ["/health", "/v1/models"];
+const DEFAULT_PATHS: [&str; 2] = ["/health", crate::api::MODELS_PATH];
 
 /// At most this much of a probe's response body is read (so the connection can be reused).
 const MAX_PROBE_BODY: usize = 64 << 10;

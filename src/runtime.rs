@@ -91,7 +91,7 @@ impl SharedState {
 
     /// Sets `kvbust_connections{state}` from every worker's table (at scrape).
     pub fn count_connections(&self) {
-        let tables = self.conn_tables.lock().unwrap_or_else(|p| p.into_inner());
+        let tables = crate::sync::lock(&self.conn_tables);
         let mut all = crate::conn::ConnCounts::default();
         for t in tables.iter() {
             let c = t.counts();
@@ -189,7 +189,7 @@ impl SharedState {
         // A poisoned lock means a panic elsewhere while holding it; the ledger's state is still
         // a valid LRU, so keep serving rather than failing every later request.
         let key = crate::cachebust::KeyDigest::of(key);
-        let mut ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ledger = crate::sync::lock(ledger);
         let r = ledger.resolve_digest(key);
         if r.evicted {
             self.metrics.ledger_evictions.inc();

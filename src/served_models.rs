@@ -88,7 +88,7 @@ pub async fn warn_unserved(
 }
 
 async fn fetch(upstream: &Upstream, client: &UpstreamClient) -> Result<Bytes, String> {
-    let path = PathAndQuery::from_static("/v1/models");
+    let path = PathAndQuery::from_static(crate::api::MODELS_PATH);
     let uri = upstream.join(Some(&path)).map_err(|e| e.to_string())?;
     let mut req = Request::new(full_body(Bytes::new()));
     *req.method_mut() = Method::GET;

@@ -300,11 +300,7 @@ impl WorkerParts {
             self.sources.clone(),
         );
         let table = ConnTable::new(self.caps.clients_per_worker(self.workers));
-        self.rt
-            .conn_tables
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(table.clone());
+        crate::sync::lock(&self.rt.conn_tables).push(table.clone());
         Worker {
             proxy,
             table,
@@ -624,7 +620,10 @@ fn data_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     b
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one connection's whole context, moved into its task once; a struct would be built per connection only to be taken apart here"
+)]
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
@@ -59,8 +60,8 @@ pub fn load_certs(
     key: &'static str,
     path: &Path,
 ) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read(key, path)?;
-    let certs = rustls_pemfile::certs(&mut pem.as_slice())
+    let bytes = read(key, path)?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::Pem {
             key,
@@ -79,18 +80,19 @@ pub fn load_certs(
 
 /// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
 pub fn load_key(key: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = read(key, path)?;
-    rustls_pemfile::private_key(&mut pem.as_slice())
-        .map_err(|e| TlsError::Pem {
-            key,
-            path: path.to_path_buf(),
-            detail: e.to_string(),
-        })?
-        .ok_or_else(|| TlsError::Empty {
+    let bytes = read(key, path)?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
+        pem::Error::NoItemsFound => TlsError::Empty {
             key,
             path: path.to_path_buf(),
             what: "private key",
-        })
+        },
+        e => TlsError::Pem {
+            key,
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        },
+    })
 }
 
 /// A root store holding every certificate of a PEM CA bundle.
@@ -163,13 +165,13 @@ impl ReloadingTls {
     /// An acceptor for the next connection, with the newest configuration.
     pub fn acceptor(&self) -> TlsAcceptor {
         // A poisoned lock still holds a complete configuration: keep serving with it.
-        let cfg = self.current.read().unwrap_or_else(|p| p.into_inner());
+        let cfg = crate::sync::read(&self.current);
         TlsAcceptor::from(cfg.clone())
     }
 
     /// True when the files' bytes differ from those of the configuration in use.
     pub fn files_changed(&self) -> bool {
-        *self.loaded.lock().unwrap_or_else(|p| p.into_inner()) != fingerprint(&self.files)
+        *crate::sync::lock(&self.loaded) != fingerprint(&self.files)
     }
 
     /// Rebuilds the configuration from the files. On an error (a rotation half written, a key
@@ -177,8 +179,8 @@ impl ReloadingTls {
     pub fn reload(&self) -> Result<(), TlsError> {
         let stamp = fingerprint(&self.files);
         let cfg = Arc::new(server_config(&self.files)?);
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = cfg;
-        *self.loaded.lock().unwrap_or_else(|p| p.into_inner()) = stamp;
+        *crate::sync::write(&self.current) = cfg;
+        *crate::sync::lock(&self.loaded) = stamp;
         Ok(())
     }
 

@@ -46,7 +46,7 @@ LAYERS = {
     "crate": [
         # Plain types and leaves every layer may use (the buffered-body budget too: the mock
         # inside `kvbust serve` charges the same budget as the proxy).
-        ["units", "error", "body", "metrics", "cgroup", "healthcheck", "api", "cachebust", "budget", "report"],
+        ["units", "error", "body", "metrics", "cgroup", "healthcheck", "api", "json", "sync", "cachebust", "budget", "report"],
         # The synthesis library, the connection plumbing and the usage counts (observer, access
         # log, cache model).
         ["synth", "conn", "usage"],

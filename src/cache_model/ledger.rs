@@ -202,7 +202,7 @@ impl RunLedger {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (Run, Silence)> {
         // A panic while counting leaves counts, not broken invariants: keep serving.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// Starts a new run (`POST /report/reset`), under `benchmark_id` or the current one, and

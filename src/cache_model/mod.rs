@@ -142,7 +142,7 @@ impl OpenTickets {
 
 impl Ticket {
     fn with(&self, f: impl FnOnce(&mut ledger::Record)) {
-        f(&mut self.0.record.lock().unwrap_or_else(|p| p.into_inner()));
+        f(&mut crate::sync::lock(&self.0.record));
     }
 
     /// The model's prediction.
@@ -431,10 +431,7 @@ impl CacheModel {
 
     fn facts(&self) -> report::ModelFacts {
         let s = &self.stats;
-        let unaccounted = s
-            .unaccounted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let unaccounted = crate::sync::lock(&s.unaccounted)
             .iter()
             .map(|(k, v)| (k.to_string(), *v))
             .collect();
@@ -464,10 +461,7 @@ impl CacheModel {
 /// Counts one request the model did not account for.
 pub(crate) fn unaccounted(metrics: &Metrics, stats: &Stats, reason: &'static str) {
     metrics.model_unaccounted.with_label_values(&[reason]).inc();
-    *stats
-        .unaccounted
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    *crate::sync::lock(&stats.unaccounted)
         .entry(reason)
         .or_default() += 1;
     if stats.capturing {

@@ -1,7 +1,7 @@
 //! The pure body rewrite: parse a request body once, find where AIPerf's rule puts the marker, and splice it into the raw bytes. Never does I/O, never re-serialises bytes it does not change, never panics on client input.
 //!
 //! # Transparency
-//! The body is parsed into borrowed raw values (`raw::Json`; objects as ordered `(key, value)` pairs), and
+//! The body is parsed into borrowed raw values (`json::Json`; objects as ordered `(key, value)` pairs), and
 //! the output is `body[..at] + inserted + body[at..]` for each insertion point. Every byte outside
 //! the insertions is the client's: key order, whitespace, number spelling, escapes, unknown fields.
 //! A marker goes *inside* an existing JSON string literal (right after the opening quote for a
@@ -57,9 +57,9 @@ use std::fmt;
 use sha2::{Digest as _, Sha256};
 
 use super::marker::unmarked;
-use super::raw::{self, Json, Kind, Layout, RawObject, Top};
 use super::target::Target;
 use crate::api::Shape;
+use crate::json::{self, Json, Kind, Layout, RawObject, Top};
 
 #[cfg(test)]
 mod tests;
@@ -336,10 +336,10 @@ fn parse_top(body: &[u8]) -> Result<Top<'_>, RewriteError> {
         .iter()
         .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
     if first == Some(&b'{') {
-        return raw::top_object(body).map_err(RewriteError::InvalidJson);
+        return json::top_object(body).map_err(RewriteError::InvalidJson);
     }
     // Not an object: say what it is when it is JSON at all.
-    let raw: Json<'_> = raw::top_value(body).map_err(RewriteError::InvalidJson)?;
+    let raw: Json<'_> = json::top_value(body).map_err(RewriteError::InvalidJson)?;
     Err(RewriteError::NotAnObject {
         found: Kind::of(raw).describe(),
     })
@@ -363,7 +363,7 @@ fn required_array<'a>(
             found: found(Some(raw)),
         });
     }
-    raw::array(raw).map_err(internal("array of a validated array"))
+    json::array(raw).map_err(internal("array of a validated array"))
 }
 
 /// Parses `body` for `shape` once. Fails when the body is not a JSON object or a field the shape
@@ -385,7 +385,7 @@ pub(crate) fn parse_laid_out(
         Shape::Responses => Some("input"),
         Shape::Completions => None,
     };
-    let top = match array_field.map(|f| raw::object_with_array(body, f)) {
+    let top = match array_field.map(|f| json::object_with_array(body, f)) {
         Some(Ok(top)) => top,
         _ => parse_top(body)?,
     };
@@ -400,7 +400,7 @@ fn view<'a>(shape: Shape, body: &'a [u8], top: Top<'a>) -> Result<Parsed<'a>, Re
         array: mut split,
         ..
     } = top;
-    let user = top.get("user").and_then(raw::as_str);
+    let user = top.get("user").and_then(json::as_str);
     let view = match shape {
         Shape::Chat => View::Chat {
             messages: required_array(&top, split.take(), "messages", shape)?,
@@ -436,7 +436,9 @@ fn view<'a>(shape: Shape, body: &'a [u8], top: Top<'a>) -> Result<Parsed<'a>, Re
                 (None, None) => Input::Absent,
                 (None, Some(r)) => match Kind::of(r) {
                     Kind::String => Input::Text(r),
-                    Kind::Array => Input::Items(raw::array(r).map_err(internal("array of input"))?),
+                    Kind::Array => {
+                        Input::Items(json::array(r).map_err(internal("array of input"))?)
+                    }
                     k => {
                         return Err(RewriteError::WrongType {
                             path: "input".into(),
@@ -491,14 +493,14 @@ fn message<'a>(path: Path, raw: Json<'a>) -> Result<RawObject<'a>, RewriteError>
     // The syntax was validated, but a member name holding a lone surrogate (`"\uDDDD"`) only
     // fails now, when names are decoded (the scan leaves escaped names to serde): the client's
     // JSON is invalid text, a 400.
-    raw::object_of_valid(raw).map_err(RewriteError::InvalidJson)
+    json::object_of_valid(raw).map_err(RewriteError::InvalidJson)
 }
 
 /// The message's role; `None` when absent or not decodable text.
 fn role<'a>(path: Path, obj: &RawObject<'a>) -> Result<Option<Cow<'a, str>>, RewriteError> {
     match obj.get("role") {
         None => Ok(None),
-        Some(r) if Kind::of(r) == Kind::String => Ok(raw::string(r).ok()),
+        Some(r) if Kind::of(r) == Kind::String => Ok(json::string(r).ok()),
         Some(r) => Err(RewriteError::NotAString {
             path: path.field("role").to_string(),
             found: found(Some(r)),
@@ -573,7 +575,7 @@ fn text_of_part<'a>(part: Json<'a>, text_type: &str) -> Option<Json<'a>> {
     if Kind::of(part) != Kind::Object {
         return None;
     }
-    raw::part_text(&raw::object_of_valid(part).ok()?, text_type)
+    json::part_text(&json::object_of_valid(part).ok()?, text_type)
 }
 
 /// Python `part == {"type": text_type, "text": text}`: exactly those two keys and values.
@@ -581,30 +583,30 @@ fn part_equals(part: Json<'_>, text_type: &str, text: &str) -> bool {
     if Kind::of(part) != Kind::Object {
         return false;
     }
-    let Ok(obj) = raw::object_of_valid(part) else {
+    let Ok(obj) = json::object_of_valid(part) else {
         return false;
     };
     obj.distinct_keys() == 2
         && obj
             .get("type")
-            .and_then(raw::as_str)
+            .and_then(json::as_str)
             .is_some_and(|t| t == text_type)
         && obj
             .get("text")
-            .and_then(raw::as_str)
+            .and_then(json::as_str)
             .is_some_and(|t| t == text)
 }
 
 impl<'p> Injector<'p> {
     fn span(&self, raw: Json<'_>) -> Result<std::ops::Range<usize>, RewriteError> {
-        raw::span(self.body, raw).ok_or(RewriteError::Internal("value outside the body"))
+        json::span(self.body, raw).ok_or(RewriteError::Internal("value outside the body"))
     }
 
     /// Marks a string value in place (inside its quotes), unless it starts or ends with the marker.
     fn string(&mut self, raw: Json<'_>) -> Result<(), RewriteError> {
         let span = self.span(raw)?;
         let inner = json_string_inner(self.marker)?;
-        let already = match raw::string(raw) {
+        let already = match json::string(raw) {
             Ok(s) => s.starts_with(self.marker) || s.ends_with(self.marker),
             // Not decodable as text (a lone surrogate escape): compare the JSON spelling.
             Err(_) => {
@@ -639,7 +641,7 @@ impl<'p> Injector<'p> {
                 if self.prefix {
                     return self.string(r);
                 }
-                let s = raw::string(r).map_err(|_| mismatch("is not valid Unicode text"))?;
+                let s = json::string(r).map_err(|_| mismatch("is not valid Unicode text"))?;
                 if !s.is_char_boundary(n) {
                     return Err(mismatch(&format!(
                         "has no character boundary at system prompt length {n}"
@@ -660,7 +662,7 @@ impl<'p> Injector<'p> {
                 Ok(())
             }
             Some(r) if Kind::of(r) == Kind::Array => {
-                let elems = raw::array(r).map_err(internal("array of a validated array"))?;
+                let elems = json::array(r).map_err(internal("array of a validated array"))?;
                 match elems.first().and_then(|e| text_of_part(*e, self.text_type)) {
                     Some(text) => self.string(text),
                     None => Err(mismatch(
@@ -674,7 +676,7 @@ impl<'p> Injector<'p> {
 
     /// Marks an array of content parts / blocks according to [`ListParts`].
     fn parts(&mut self, raw: Json<'_>) -> Result<(), RewriteError> {
-        let elems = raw::array(raw).map_err(internal("array of a validated array"))?;
+        let elems = json::array(raw).map_err(internal("array of a validated array"))?;
         match self.list_parts {
             ListParts::OwnPart => {
                 let stripped = self.marker.trim();
@@ -752,7 +754,7 @@ impl<'p> Injector<'p> {
             return None;
         }
         // Edits never overlap: each is inside a different value, or an insertion between values.
-        let out = raw::splice(self.body, &mut self.edits)?;
+        let out = json::splice(self.body, &mut self.edits)?;
         if let Some(layout) = layout {
             layout.shift(&self.edits);
         }
@@ -784,7 +786,7 @@ impl<'a> Parsed<'a> {
             .map(|r| Json::at(body, r.clone()))
             .collect::<Option<Vec<_>>>()?;
         let user = match layout.get("user") {
-            Some(r) => raw::as_str(Json::at(body, r)?),
+            Some(r) => json::as_str(Json::at(body, r)?),
             None => None,
         };
         Some(Parsed {
@@ -947,7 +949,7 @@ impl<'a> Parsed<'a> {
                     inj.string(*prompt)?;
                     return Ok(true);
                 }
-                let (elems, more) = raw::array_head(*prompt, inj.max_prompts)
+                let (elems, more) = json::array_head(*prompt, inj.max_prompts)
                     .map_err(internal("array of prompt"))?;
                 if more {
                     return Err(RewriteError::TooManyPrompts {
@@ -1004,7 +1006,7 @@ impl<'a> Parsed<'a> {
             },
             View::Completions { prompt } => match Kind::of(*prompt) {
                 Kind::String => Some(*prompt),
-                _ => raw::array_head(*prompt, 1)
+                _ => json::array_head(*prompt, 1)
                     .map_err(internal("array of prompt"))?
                     .0
                     .first()
@@ -1036,7 +1038,7 @@ impl<'a> Parsed<'a> {
         h.update(b"kvbust-first-user-turn-v1\0");
         match Kind::of(content) {
             Kind::String => {
-                let s = raw::string(content).ok()?;
+                let s = json::string(content).ok()?;
                 h.update(b"s\0");
                 h.update(unmarked(&s).as_bytes());
             }

@@ -5,9 +5,8 @@
 //! * [`target`]: the seven targets and the two phases (parsing, wire names);
 //! * [`marker`]: the RID digest and the exact marker strings;
 //! * [`identity`]: the bounded session ledger (AIPerf's per-session counter);
-//! * [`inject`]: parse a body once and splice the marker into its raw bytes;
-//! * `raw`: borrowed views of raw JSON, byte spans, the one splice, and the `Layout` that carries
-//!   one parse of a body across the request steps' splices.
+//! * [`inject`]: parse a body once and splice the marker into its raw bytes (with
+//!   [`crate::json`], the span toolkit the other request steps share).
 //!
 //! The proxy's flow: resolve target and phase → if `build_marker` gives `None`, forward
 //! untouched → else `parse` the body, resolve the session (`Parsed::user_field`,
@@ -16,7 +15,6 @@
 pub mod identity;
 pub mod inject;
 pub mod marker;
-pub(crate) mod raw;
 pub mod target;
 
 pub use identity::{KeyDigest, Ledger, Resolution};

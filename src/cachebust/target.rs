@@ -32,6 +32,11 @@ impl Target {
         Target::WarmupIsolationFirstTurn,
     ];
 
+    /// Every target's wire name, comma-separated: the one list errors and help text print.
+    pub fn names() -> String {
+        Target::ALL.map(Target::as_str).join(", ")
+    }
+
     /// The wire value (`system_prefix`, ...).
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -88,7 +93,10 @@ impl fmt::Display for Target {
 
 /// An unknown cache-bust target value; the message lists the valid ones.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown cache-bust target `{value}`; valid values are: none, system_prefix, system_suffix, first_turn_prefix, first_turn_suffix, warmup_isolation_system, warmup_isolation_first_turn (case-insensitive)")]
+#[error(
+    "unknown cache-bust target `{value}`; valid values are: {} (case-insensitive)",
+    Target::names()
+)]
 pub struct ParseTargetError {
     /// The rejected input, as given.
     pub value: String,

@@ -124,7 +124,7 @@ impl Capture {
 
     /// Hands a finished request to the writer. Never blocks.
     pub fn finished(&self, done: Done) {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = crate::sync::lock(&self.tx);
         if let Some(tx) = tx.as_ref() {
             let _ = tx.send(Msg::Row(Box::new(done)));
         }
@@ -133,10 +133,10 @@ impl Capture {
     /// Finishes the open file and waits for the writer (at shutdown, after the drain, when every
     /// request has handed in its row). Blocks: call it off the async runtime.
     pub fn finish(&self) {
-        if let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(tx) = crate::sync::lock(&self.tx).take() {
             let _ = tx.send(Msg::Finish);
         }
-        if let Some(h) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(h) = crate::sync::lock(&self.writer).take() {
             let _ = h.join();
         }
     }

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::CliOverrides;
 use crate::report::render::Format;
 
+/// The command line: one subcommand.
 #[derive(Debug, Parser)]
 #[command(
     name = "kvbust",
@@ -23,6 +24,7 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// kvbust's subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy (with no upstream configured, in front of the built-in mock model).
@@ -63,6 +65,7 @@ pub enum Command {
     Completions(CompletionsArgs),
 }
 
+/// `kvbust trace …`: tools for captured traces.
 #[derive(Debug, Subcommand)]
 pub enum TraceCommand {
     /// Merge the captures of several replicas into one trace: rows by time (rebased to the
@@ -71,6 +74,7 @@ pub enum TraceCommand {
     Merge(MergeArgs),
 }
 
+/// `kvbust trace merge`: captured trace files in, one trace out.
 #[derive(Debug, Args)]
 pub struct MergeArgs {
     /// Capture files (`capture-*.jsonl`, each with its `.meta.json` beside it).
@@ -81,6 +85,7 @@ pub struct MergeArgs {
     pub output: PathBuf,
 }
 
+/// `kvbust completions`: a shell completion script.
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
     /// The shell to complete in.
@@ -88,6 +93,7 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
+/// `kvbust probe`: what an upstream serves and whether its prefix cache answers.
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
     /// The model server's root, e.g. http://127.0.0.1:8000 (not the /v1 base URL).
@@ -102,6 +108,7 @@ pub struct ProbeArgs {
     pub timeout: String,
 }
 
+/// `kvbust healthcheck`: the container health check against the admin port.
 #[derive(Debug, Args)]
 pub struct HealthcheckArgs {
     /// TOML or YAML configuration file (its admin.addr is the port asked).
@@ -118,6 +125,7 @@ pub struct HealthcheckArgs {
     pub timeout: String,
 }
 
+/// `kvbust report`: the run report from a running kvbust.
 #[derive(Debug, Args)]
 pub struct ReportArgs {
     #[command(flatten)]
@@ -137,6 +145,7 @@ pub struct ReportArgs {
     pub timeout: String,
 }
 
+/// The flags every configured command takes: each overrides one config key (named in its help).
 #[derive(Debug, Args, Clone, Default)]
 pub struct ConfigFlags {
     /// TOML or YAML configuration file.
@@ -153,10 +162,10 @@ pub struct ConfigFlags {
     /// upstream.url].
     #[arg(long, value_name = "URL")]
     pub upstream: Option<String>,
-    /// Default cache-bust target: none, system_prefix, system_suffix, first_turn_prefix,
-    /// first_turn_suffix, warmup_isolation_system or warmup_isolation_first_turn [config:
-    /// cache_bust.target].
-    #[arg(long, value_name = "TARGET")]
+    #[arg(long, value_name = "TARGET", help = format!(
+        "Default cache-bust target: {} [config: cache_bust.target]",
+        crate::cachebust::Target::names()
+    ))]
     pub cache_bust: Option<String>,
     /// Default phase, warmup or profiling [config: cache_bust.default_phase].
     #[arg(long, value_name = "PHASE")]
@@ -191,12 +200,14 @@ impl ConfigFlags {
     }
 }
 
+/// `kvbust serve`: the proxy.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub flags: ConfigFlags,
 }
 
+/// `kvbust mock`: only the built-in mock model server.
 #[derive(Debug, Args)]
 pub struct MockArgs {
     /// Address to serve the mock on.
@@ -216,6 +227,7 @@ pub struct MockArgs {
     pub base_delay: Option<String>,
 }
 
+/// `kvbust marker`: the marker kvbust would inject for given digest inputs.
 #[derive(Debug, Args)]
 pub struct MarkerArgs {
     /// The benchmark id, the first digest input (kvbust's cache_bust.benchmark_id, AIPerf's
@@ -241,9 +253,10 @@ pub struct MarkerArgs {
     /// The trace id, the last digest input (the session key, or the x-kvbust-trace-id header).
     #[arg(long, value_name = "ID")]
     pub trace_id: String,
-    /// Cache-bust target: none, system_prefix, system_suffix, first_turn_prefix,
-    /// first_turn_suffix, warmup_isolation_system or warmup_isolation_first_turn.
-    #[arg(long, default_value = "system_prefix", value_name = "TARGET")]
+    #[arg(long, default_value = "system_prefix", value_name = "TARGET", help = format!(
+        "Cache-bust target: {}",
+        crate::cachebust::Target::names()
+    ))]
     pub target: String,
     /// Phase, warmup or profiling (matters only for the warmup_isolation targets).
     #[arg(long, default_value = "warmup", value_name = "PHASE")]
@@ -253,6 +266,7 @@ pub struct MarkerArgs {
     pub raw: bool,
 }
 
+/// `kvbust config …`: check or show the layered configuration.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Validate the merged configuration; exit 64 naming the bad key.

@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -198,7 +198,7 @@ impl Engine {
     /// refuses it.
     pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
         if self.served.is_empty() {
-            let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut seen = crate::sync::lock(&self.seen);
             if seen.len() < MAX_SEEN_MODELS && seen.insert(model.to_owned()) {
                 tracing::info!(
                     model,

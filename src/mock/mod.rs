@@ -62,7 +62,7 @@ pub mod tokenize;
 
 use std::fmt::Display;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -325,7 +325,7 @@ fn route(path: &str) -> Route {
     }
     match path {
         "/reset_prefix_cache" => Route::ResetPrefixCache,
-        "/v1/models" => Route::Models,
+        crate::api::MODELS_PATH => Route::Models,
         "/health" => Route::Health,
         "/metrics" => Route::Metrics,
         _ => Route::Unknown,
@@ -377,7 +377,7 @@ impl Mock {
 
     /// Empties the simulated prefix cache (as vLLM's `/reset_prefix_cache`).
     pub fn reset_prefix_cache(&self) {
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cache = crate::sync::lock(&self.cache);
         *cache = PrefixCache::new(self.cfg.block_size, self.cfg.cache_blocks);
     }
 
@@ -623,11 +623,7 @@ impl Mock {
         ov: Overrides,
         load: Load,
     ) -> Response<MockBody> {
-        let (cached, written) = self
-            .cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .admit_counting_writes(tokens);
+        let (cached, written) = crate::sync::lock(&self.cache).admit_counting_writes(tokens);
         let seed = output::seed(tokens);
         // The answer has `completion_tokens` words (one per event); the usage counts the tokens
         // the mock's tokenizer makes of it, as a client that re-tokenizes the text with the same

@@ -112,7 +112,9 @@ struct Prober {
 impl Prober {
     /// The ids `/v1/models` lists, in its order.
     async fn models(&self) -> Result<Vec<String>, ProbeError> {
-        let (what, body) = self.exchange(Method::GET, "/v1/models", None).await?;
+        let (what, body) = self
+            .exchange(Method::GET, crate::api::MODELS_PATH, None)
+            .await?;
         let v: serde_json::Value = serde_json::from_slice(&body)
             .map_err(|e| ProbeError::Failed(format!("{what}: the answer is not JSON ({e})")))?;
         let ids: Option<Vec<String>> = v.get("data").and_then(|d| d.as_array()).map(|d| {
@@ -140,7 +142,7 @@ impl Prober {
         let (what, answer) = self
             .exchange(
                 Method::POST,
-                "/v1/chat/completions",
+                crate::api::Shape::Chat.path(),
                 Some(Bytes::from(body.to_string())),
             )
             .await?;

@@ -5,7 +5,7 @@
 //! (stream back; time, count, log). A request body is collected only on an API route where a
 //! step needs it (with `synth.placeholders` on, the default, every chat body: the scan must see
 //! its bytes). The body is parsed once: the first step that must read it parses it, and every
-//! step hands the next the body's layout (`cachebust::raw::Layout`), moved over its own splice,
+//! step hands the next the body's layout (`json::Layout`), moved over its own splice,
 //! so no step parses bytes a step before already read; one that finds nothing to do copies
 //! nothing. Everything else streams through. Never collects a response body.
 
@@ -36,23 +36,19 @@ use crate::conn::BodyTimeout;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::runtime::SharedState;
-use crate::upstream::client::{self, Upstream, UpstreamClient};
+use crate::upstream::client::{Upstream, UpstreamClient};
 use crate::upstream::headers;
-use crate::upstream::pool::{self, Affinity, H1Pool, Keep, UpstreamBody};
+use crate::upstream::pool::{self, Affinity, UpstreamBody};
+use crate::upstream::transport::{Bounds, Transport};
 use exchange::{collect_limited, reserve};
 pub use exchange::{Downstream, InFlight};
 use observe::{Observed, Observer};
 
 pub struct Proxy {
     rt: Arc<SharedState>,
-    client: UpstreamClient,
-    /// This worker's idle HTTP/1.1 connections, for HTTP/2 clients' streams (plain http).
-    pool: Arc<H1Pool>,
-    upstream: Upstream,
+    transport: Transport,
     synth: Arc<synthesize::Synthesizer>,
     response_headers: ResponseHeaders,
-    /// Every worker's source addresses' upstream slots (one table for all workers).
-    sources: Arc<pool::SourceSlots>,
 }
 
 /// Labels and facts carried from the request to its response.
@@ -169,12 +165,9 @@ impl Proxy {
     ) -> Arc<Self> {
         Arc::new(Self {
             response_headers: ResponseHeaders::new(&rt.config.headers),
-            pool: H1Pool::new(&rt.config.upstream, max_upstream),
+            transport: Transport::new(&rt.config.upstream, upstream, client, max_upstream, sources),
             rt,
-            client,
-            upstream,
             synth,
-            sources,
         })
     }
 
@@ -184,7 +177,7 @@ impl Proxy {
 
     /// The semaphore of `ip`'s upstream slots (`upstream.max_connections_per_source`).
     pub fn source_slots(&self, ip: std::net::IpAddr) -> Option<Arc<tokio::sync::Semaphore>> {
-        self.sources.of(ip)
+        self.transport.source_slots(ip)
     }
 
     /// `upstream.max_connections_per_client`, for each new client connection (0: the HTTP/2
@@ -306,15 +299,6 @@ impl Proxy {
                 method: parts.method.to_string(),
             });
         }
-        // Plain HTTP/1.1 upstream: the client connection's own upstream connection, or for an
-        // HTTP/2 client's stream one from the worker's pool; else the pooled client.
-        let keep = self
-            .upstream
-            .is_direct(self.rt.config.upstream.http2)
-            .then_some(match affinity {
-                Some(a) => Keep::Own(a),
-                None => Keep::Pool(&self.pool),
-            });
         // Buffered bytes held against limits.max_buffered_total until the upstream answers.
         let mut buffered = self.rt.bodies.reservation();
         rewrite::reject_unknown(&parts.headers, &self.rt.config.headers)?;
@@ -330,7 +314,7 @@ impl Proxy {
             }
             None => body,
         };
-        let req = self.upstream_request(parts, body, client, keep.is_some())?;
+        let req = self.upstream_request(parts, body, client)?;
         let overhead = start.elapsed();
         self.rt.metrics.overhead.observe(overhead.as_secs_f64());
         // An HTTP/2 client's stream (no connection of its own) takes one of its connection's
@@ -338,8 +322,11 @@ impl Proxy {
         // serves each in turn.
         let streams = affinity.is_none().then_some(&client.upstream_streams);
         let turn = affinity.is_some().then_some(&client.first_byte);
-        let bounds = (streams, client.source.as_ref());
-        let resp = self.send(req, keep, bounds, turn, overhead).await?;
+        let bounds = Bounds {
+            streams,
+            source: client.source.as_ref(),
+        };
+        let resp = self.send(req, affinity, bounds, turn, overhead).await?;
         // The body went out with the request: its bytes are no longer held here.
         drop(buffered);
         let (mut parts, body) = resp.into_parts();
@@ -438,7 +425,6 @@ impl Proxy {
         mut parts: http::request::Parts,
         body: Body,
         client: &Downstream,
-        origin_form: bool,
     ) -> Result<Request<Body>, ProxyError> {
         let cfg = &self.rt.config;
         if cfg.upstream.keep_host && !parts.headers.contains_key(header::HOST) {
@@ -449,10 +435,7 @@ impl Proxy {
                 }
             }
         }
-        parts.uri = match origin_form {
-            true => self.upstream.origin_form(parts.uri.path_and_query())?,
-            false => self.upstream.join(parts.uri.path_and_query())?,
-        };
+        parts.uri = self.transport.target(parts.uri.path_and_query())?;
         headers::upstream_request_headers(
             &mut parts.headers,
             client.peer,
@@ -465,17 +448,14 @@ impl Proxy {
         Ok(Request::from_parts(parts, body))
     }
 
-    /// Send: on a connection of kvbust's own (`keep`) or through the pooled client, with the
-    /// response headers due within `upstream.first_byte_timeout` and within what is left of
-    /// `upstream.total_timeout` after kvbust's own `overhead`.
+    /// Send through the transport, with the response headers due within
+    /// `upstream.first_byte_timeout` and within what is left of `upstream.total_timeout` after
+    /// kvbust's own `overhead`.
     async fn send(
         &self,
         req: Request<Body>,
-        keep: Option<Keep<'_>>,
-        (streams, source): (
-            Option<&Arc<tokio::sync::Semaphore>>,
-            Option<&Arc<tokio::sync::Semaphore>>,
-        ),
+        affinity: Option<&Affinity>,
+        bounds: Bounds<'_>,
         turn: Option<&turn_timer::TurnTimer>,
         overhead: std::time::Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
@@ -492,29 +472,7 @@ impl Proxy {
                 cfg.first_byte_timeout,
             ),
         };
-        let sent = async {
-            // An HTTP/2 client's stream holds one of its connection's upstream slots from here
-            // to the end of its response: its streams cannot fan out to more upstream
-            // connections than `upstream.max_connections_per_client`, however many it opens.
-            // Every request holds one of its source address's, so one address's connections
-            // together hold at most `upstream.max_connections_per_source`.
-            let wait = cfg.connect_timeout;
-            let slot = pool::Slots {
-                client: pool::acquire_if(streams, wait, "upstream.max_connections_per_client")
-                    .await?,
-                source: pool::acquire_if(source, wait, "upstream.max_connections_per_source")
-                    .await?,
-            };
-            match keep {
-                Some(keep) => pool::send(keep, &self.pool, slot, &self.upstream, cfg, req).await,
-                None => self
-                    .client
-                    .request(req)
-                    .await
-                    .map(|resp| resp.map(|b| UpstreamBody::new(b).holding(slot)))
-                    .map_err(|e| client::classify(e, &self.upstream, cfg.connect_timeout)),
-            }
-        };
+        let sent = self.transport.send(req, affinity, bounds, cfg);
         let timed_out = match turn {
             Some(timer) => {
                 let deadline = tokio::time::Instant::now() + timeout;
@@ -684,7 +642,7 @@ fn synth_headers(h: &mut http::HeaderMap, names: &ResponseHeaders, s: topology::
 
 /// The body steps on a collected body, in order: synthesize, expand placeholders, mark, ask for
 /// usage. The first step that reads the body parses it, once; it and every step after hand the
-/// next one the body's layout (`cachebust::raw::Layout`, moved over their own splices), so no step parses what one
+/// next one the body's layout (`json::Layout`, moved over their own splices), so no step parses what one
 /// before already read. Returns the body to send and whether it changed.
 async fn body_steps(
     rt: &SharedState,
@@ -1034,7 +992,7 @@ mod tests {
                 ticket: None,
             };
             let client = Bytes::from(body(s));
-            let before = crate::cachebust::raw::body_parses();
+            let before = crate::json::body_parses();
             let (out, changed) = body_steps(
                 &rt,
                 &synth,
@@ -1046,7 +1004,7 @@ mod tests {
             )
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let parses = crate::cachebust::raw::body_parses() - before;
+            let parses = crate::json::body_parses() - before;
             assert_eq!(parses, *want, "{name}");
             assert_eq!(changed, out != client, "{name}");
             let want = each_step_alone(s, &headers).await;

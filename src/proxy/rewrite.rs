@@ -8,12 +8,12 @@ use http::HeaderMap;
 use crate::api::Shape;
 use crate::budget::Reservation;
 use crate::cachebust::inject::{parse_laid_out, Parsed};
-use crate::cachebust::raw::Layout;
 use crate::cachebust::{
     digest, marker::marker_for_digest, DigestInputs, ListParts, Phase, Plan, RewriteError, Target,
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
+use crate::json::Layout;
 use crate::runtime::SharedState;
 
 /// What a request asks for, decided from its headers before its body is read.

@@ -17,7 +17,7 @@ pub struct TurnTimer(Mutex<Option<Pin<Box<Sleep>>>>);
 impl TurnTimer {
     fn lock(&self) -> MutexGuard<'_, Option<Pin<Box<Sleep>>>> {
         // Poisoning needs a panic while the lock is held; the timer is valid either way.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.0)
     }
 
     /// Ready once `deadline` has passed. The timer may be set later than the deadline of an

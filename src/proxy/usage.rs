@@ -8,12 +8,12 @@ use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::cachebust::raw::{self, Json, Kind, Layout};
+use crate::json::{self, Json, Kind, Layout};
 
 /// The body with `include_usage` turned on, when `body` is a streaming request that does not ask
 /// for usage itself; `None` leaves the request (and its response) alone.
 pub fn add_include_usage(body: &[u8]) -> Option<Vec<u8>> {
-    let top = raw::top_object(body).ok()?;
+    let top = json::top_object(body).ok()?;
     add_include_usage_at(body, &Layout::of(body, &top)?)
 }
 
@@ -44,17 +44,17 @@ pub(crate) fn add_include_usage_at(body: &[u8], layout: &Layout) -> Option<Vec<u
             }
         }
     };
-    raw::splice(body, &mut [(range, text)])
+    json::splice(body, &mut [(range, text)])
 }
 
 /// The edit that turns `include_usage` on in the `stream_options` object `v` (at `at` in the
 /// body); `None` when it is on already.
 fn include_in_options(v: Json<'_>, at: usize) -> Option<(Range<usize>, &'static str)> {
-    let options = raw::object(v).ok()?;
+    let options = json::object(v).ok()?;
     let body = v.get().as_bytes();
     match options.get("include_usage") {
         Some(u) if u.get() == "true" => None,
-        Some(u) => raw::span(body, u).map(|r| (at + r.start..at + r.end, "true")),
+        Some(u) => json::span(body, u).map(|r| (at + r.start..at + r.end, "true")),
         None => {
             let close = at + v.get().len() - 1;
             let text = if options.distinct_keys() == 0 {
@@ -157,17 +157,17 @@ fn edit_event(event: &[u8]) -> Option<Vec<u8>> {
     if Kind::of(payload) != Kind::Object {
         return None;
     }
-    let obj = raw::object(payload).ok()?;
+    let obj = json::object(payload).ok()?;
     let usage = obj.get("usage")?;
     if Kind::of(usage) != Kind::Null {
         let usage_only = obj
             .get("choices")
             .filter(|c| Kind::of(*c) == Kind::Array)
-            .and_then(|c| raw::array(c).ok())
+            .and_then(|c| json::array(c).ok())
             .is_some_and(|c| c.is_empty());
         return usage_only.then(Vec::new);
     }
-    let member = member_span(event, raw::span(event, usage)?)?;
+    let member = member_span(event, json::span(event, usage)?)?;
     let mut out = Vec::with_capacity(event.len());
     out.extend_from_slice(&event[..member.start]);
     out.extend_from_slice(&event[member.end..]);

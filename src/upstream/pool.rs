@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -22,14 +22,9 @@ use super::client::{broken, Upstream};
 use crate::body::Body;
 use crate::config::UpstreamConfig;
 use crate::error::{error_chain, ProxyError};
+use crate::sync::lock;
 
 type Sender = SendRequest<Body>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Poisoning needs a panic while the lock is held, and the critical sections only move
-    // connections in and out; the state stays valid either way.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A client connection's own upstream connection. HTTP/1.1 requests on one client connection
 /// come one after another, so a single upstream connection serves them all with no pool

@@ -9,8 +9,8 @@ use std::ops::Range;
 use serde_json::value::RawValue;
 
 use super::internal;
-use crate::cachebust::raw::{self, Json, Kind, Layout, Top};
 use crate::error::ProxyError;
+use crate::json::{self, Json, Kind, Layout, Top};
 use crate::synth::Conversation;
 
 /// A 400 for a body synthesis cannot fill; serde_json quotes a whole string that is not an
@@ -29,12 +29,12 @@ fn unfillable(e: serde_json::Error) -> ProxyError {
 /// key is plainly spelled (then its brackets are known without a second look). Any other body
 /// is read whole a second time, which also words the error.
 pub(super) fn client_top(body: &[u8]) -> Result<Top<'_>, ProxyError> {
-    if let Ok(top) = raw::object_with_array(body, "messages") {
+    if let Ok(top) = json::object_with_array(body, "messages") {
         if top.array_members == 0 || (top.array_members == 1 && top.array_span.is_some()) {
             return Ok(top);
         }
     }
-    raw::top_object(body).map_err(unfillable)
+    json::top_object(body).map_err(unfillable)
 }
 
 /// Every `messages` member's value range, in order.
@@ -42,7 +42,7 @@ fn messages_spans(body: &[u8], top: &Top<'_>) -> Option<Vec<Range<usize>>> {
     let mut spans: Vec<Range<usize>> = top.array_span.iter().cloned().collect();
     for (k, v) in top.object.members() {
         if k == "messages" {
-            spans.push(raw::span(body, v)?);
+            spans.push(json::span(body, v)?);
         }
     }
     Some(spans)
@@ -220,7 +220,7 @@ pub(super) fn fill_top(
         for (k, v) in top.object.members() {
             if matches!(k, "max_tokens" | "max_completion_tokens") {
                 has_max = true;
-                let r = raw::span(body, v).ok_or_else(|| internal("a member outside the body"))?;
+                let r = json::span(body, v).ok_or_else(|| internal("a member outside the body"))?;
                 edits.push((r, Cow::Owned(n.to_string().into_bytes())));
             }
         }
@@ -231,7 +231,7 @@ pub(super) fn fill_top(
         for (k, v) in top.object.members() {
             if k == "model" {
                 has_model = true;
-                let r = raw::span(body, v).ok_or_else(|| internal("a member outside the body"))?;
+                let r = json::span(body, v).ok_or_else(|| internal("a member outside the body"))?;
                 edits.push((r, Cow::Owned(quoted.clone())));
             }
         }
@@ -269,7 +269,7 @@ pub(super) fn fill_top(
         let close = layout.close();
         edits.push((close..close, Cow::Owned(tail)));
     }
-    let out = raw::splice(body, &mut edits).ok_or_else(|| internal("overlapping edits"))?;
+    let out = json::splice(body, &mut edits).ok_or_else(|| internal("overlapping edits"))?;
     layout.shift(&edits);
     let start = match (added_at, layout.get("messages")) {
         // Added: the tail ends where the object now closes.
@@ -292,7 +292,7 @@ pub(super) fn assistant_messages<'a>(top: &Top<'a>) -> Vec<Json<'a>> {
     let messages = match top.object.count("messages") + top.array_members {
         1 => match (&top.array, top.object.get("messages")) {
             (Some(items), _) => items.clone(),
-            (None, Some(m)) if Kind::of(m) == Kind::Array => raw::array(m).unwrap_or_default(),
+            (None, Some(m)) if Kind::of(m) == Kind::Array => json::array(m).unwrap_or_default(),
             _ => Vec::new(),
         },
         _ => Vec::new(),
@@ -301,9 +301,9 @@ pub(super) fn assistant_messages<'a>(top: &Top<'a>) -> Vec<Json<'a>> {
     messages
         .into_iter()
         .filter(|m| match Kind::of(*m) {
-            Kind::Object => raw::object(*m)
+            Kind::Object => json::object(*m)
                 .is_ok_and(|o| o.count("role") == 1 && o.get("role").is_some_and(assistant)),
-            Kind::Array => raw::array(*m).is_ok_and(|a| a.len() == 1 && assistant(a[0])),
+            Kind::Array => json::array(*m).is_ok_and(|a| a.len() == 1 && assistant(a[0])),
             _ => false,
         })
         .collect()

@@ -24,10 +24,10 @@ use std::time::Instant;
 
 use lru::LruCache;
 
-use crate::cachebust::raw::{self, Json, Layout};
 use crate::cachebust::KeyDigest;
 use crate::config::{Config, SynthConfig};
 use crate::error::ProxyError;
+use crate::json::{self, Json, Layout};
 use crate::proxy::topology::{self, Cursor, Served};
 use crate::synth::prompt::placeholders::PromptLanes;
 use crate::synth::{
@@ -203,9 +203,9 @@ fn unknown_conversation(n: Named<'_>, b: &Built) -> ProxyError {
 /// `messages` that are not an array: the marking step then parses the body and says so).
 fn raw_items(dataset: &Dataset) -> Vec<Vec<Option<MessageSpans>>> {
     let items = |raw: &crate::synth::dataset::RawJson| {
-        let elems = raw::array(Json::from(&*raw.0)).ok()?;
+        let elems = json::array(Json::from(&*raw.0)).ok()?;
         let base = raw.get().as_bytes();
-        elems.iter().map(|e| raw::span(base, *e)).collect()
+        elems.iter().map(|e| json::span(base, *e)).collect()
     };
     let turns = |c: &Conversation| {
         c.turns
@@ -618,7 +618,7 @@ impl Synthesizer {
             }
             edits.push((p.range.clone(), inner.to_string()));
         }
-        let out = raw::splice(body, &mut edits).ok_or_else(|| internal("overlapping edits"))?;
+        let out = json::splice(body, &mut edits).ok_or_else(|| internal("overlapping edits"))?;
         if let Some(layout) = layout {
             layout.shift(&edits);
         }

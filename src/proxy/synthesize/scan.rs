@@ -6,8 +6,8 @@
 use std::ops::Range;
 use std::sync::LazyLock;
 
-use crate::cachebust::raw::{self, Json, Kind, Layout};
 use crate::error::ProxyError;
+use crate::json::{self, Json, Kind, Layout};
 use crate::synth::PromptCorpus;
 
 const PLACEHOLDER_OPEN: &[u8] = b"{{kvbust:";
@@ -95,20 +95,20 @@ fn scan_content(
         if Kind::of(message) != Kind::Object || find_open(message.get().as_bytes()).is_none() {
             continue;
         }
-        let obj = raw::object(message).map_err(|e| invalid_body(&format!("messages[{i}]"), e))?;
+        let obj = json::object(message).map_err(|e| invalid_body(&format!("messages[{i}]"), e))?;
         match obj.get("content") {
             Some(c) if Kind::of(c) == Kind::String => scan.string(c)?,
             Some(c) if Kind::of(c) == Kind::Array => {
-                let parts = raw::array(c)
+                let parts = json::array(c)
                     .map_err(|e| invalid_body(&format!("messages[{i}].content"), e))?;
                 for (j, part) in parts.into_iter().enumerate() {
                     if Kind::of(part) != Kind::Object || find_open(part.get().as_bytes()).is_none()
                     {
                         continue;
                     }
-                    let part = raw::object(part)
+                    let part = json::object(part)
                         .map_err(|e| invalid_body(&format!("messages[{i}].content[{j}]"), e))?;
-                    if let Some(text) = raw::part_text(&part, "text") {
+                    if let Some(text) = json::part_text(&part, "text") {
                         scan.string(text)?;
                     }
                 }
@@ -130,7 +130,7 @@ fn laid_out_messages<'a>(body: &'a [u8], layout: &Layout) -> Option<Vec<Json<'a>
 /// not an array (no message content to expand: the upstream judges such a body). With them, the
 /// body's layout, knowing the elements (`None` only on a bug).
 fn chat_messages(body: &[u8]) -> Result<(Vec<Json<'_>>, Option<Layout>), ProxyError> {
-    if let Ok(top) = raw::object_with_array(body, "messages") {
+    if let Ok(top) = json::object_with_array(body, "messages") {
         let layout = Layout::of(body, &top);
         let messages = top.array.unwrap_or_default();
         let layout = match top.array_members {
@@ -142,11 +142,11 @@ fn chat_messages(body: &[u8]) -> Result<(Vec<Json<'_>>, Option<Layout>), ProxyEr
     // The one-pass reader failed: not an object, invalid JSON (worded here), or some `messages`
     // is not an array. Only the last one counts: an earlier duplicate of another kind does not
     // hide the array the upstream reads.
-    let top = raw::top_object(body).map_err(|e| invalid_body("this body", e))?;
+    let top = json::top_object(body).map_err(|e| invalid_body("this body", e))?;
     let layout = Layout::of(body, &top);
     match top.object.get("messages") {
         Some(m) if Kind::of(m) == Kind::Array => {
-            let messages = raw::array(m).map_err(|e| invalid_body("messages", e))?;
+            let messages = json::array(m).map_err(|e| invalid_body("messages", e))?;
             let layout = layout.and_then(|l| l.with_items(body, &messages));
             Ok((messages, layout))
         }
@@ -180,7 +180,7 @@ impl Scan<'_> {
     fn string(&mut self, literal: Json<'_>) -> Result<(), ProxyError> {
         let body = self.body;
         // A RawValue borrowed from the body always lies in it; a string literal has its quotes.
-        let Some(span) = raw::span(body, literal) else {
+        let Some(span) = json::span(body, literal) else {
             return Err(ProxyError::Internal(
                 "placeholder scan: a value outside the body".into(),
             ));

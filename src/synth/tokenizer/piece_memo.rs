@@ -72,7 +72,7 @@ impl PieceMemo {
         }
         let i = (h.finish() >> 59) as usize % MEMO_SHARDS;
         // A panic while holding a shard cannot leave a half-written entry: keep using it.
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.shards[i])
     }
 
     /// Appends the memoized re-encode of `key` to `out`; false when it is not known.
@@ -123,7 +123,7 @@ impl PieceMemo {
         let mut words: Vec<u32> = vec![0];
         let mut count = 0u32;
         for shard in &self.shards {
-            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let shard = crate::sync::lock(shard);
             for (k, v) in shard.iter() {
                 words.extend([k.len() as u32, v.len() as u32]);
                 words.extend_from_slice(k);

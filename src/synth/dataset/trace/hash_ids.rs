@@ -437,7 +437,10 @@ fn reshape(
 }
 
 /// [`build`] for entries already read (a BurstGPT CSV's rows, say), in `file`'s hash-id scope.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the replay's inputs, each from a different owner (the file, its rows, the flags, the content, the seed, the block size BurstGPT fixes); a struct would only carry them one call"
+)]
 pub fn build_entries(
     file: &TraceFile,
     kind: TraceKind,

@@ -682,7 +682,10 @@ fn raw_timing(reqs: &[(&Request, String)], think_time_only: bool) -> Vec<(f64, O
 }
 
 /// Turn `k`'s segments: turn 0 from the declared prefix, later turns by LCP from the last.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "AIPerf's per-turn reconstruction inputs one for one, so the port reads against it line by line"
+)]
 fn reconstruct(
     c: &ChainEmit,
     ctx: &TraceCtx,

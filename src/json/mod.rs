@@ -1,4 +1,8 @@
-//! Borrowed, order-preserving views of raw JSON (objects as `(key, Json)` pairs, arrays as `Json` lists), byte spans into the request body, the [`Layout`] that carries a body's spans from one request step to the next across splices, and the one [`splice`]. Never re-serialises or copies a value it does not decode on request.
+//! The JSON span toolkit every request step shares (marking, placeholders, synthesis, usage):
+//! borrowed, order-preserving views of raw JSON (objects as `(key, Json)` pairs, arrays as
+//! `Json` lists), byte spans into the request body, the [`Layout`] that carries a body's spans
+//! from one request step to the next across splices, and the one [`splice`]. A leaf: knows no
+//! API and no marker. Never re-serialises or copies a value it does not decode on request.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -374,30 +378,53 @@ pub(crate) fn scan_object(raw: Json<'_>) -> Option<RawObject<'_>> {
         return None;
     }
     let mut entries = Vec::with_capacity(8);
-    let mut i = skip_ws(b, 1);
+    let end = members(s, 0, string_close, |key, start| {
+        let end = value_end(b, start)?;
+        entries.push((Cow::Borrowed(key), Json(s.get(start..end)?)));
+        Some(end)
+    })?;
+    (end == b.len()).then_some(RawObject { entries })
+}
+
+/// Finds the end of the string opening at an offset: its closing quote, and whether it holds
+/// a backslash escape.
+pub(crate) type StringClose = fn(&[u8], usize) -> Option<(usize, bool)>;
+
+/// Walks the members of the object whose `{` is at `open` in `text`: each key's string closed
+/// by `close` (the trusting [`string_close`] on text already validated, the validating one of
+/// [`check`] on a body not yet parsed), then `member(key, value_start)`, which returns where its
+/// value ends. The offset just past the closing `}`, or `None` when the text is not the shape
+/// of an object, or a key holds a backslash escape (decoding it could fail or change it: left
+/// to serde), or `member` gives up.
+pub(crate) fn members<'a>(
+    text: &'a str,
+    open: usize,
+    close: StringClose,
+    mut member: impl FnMut(&'a str, usize) -> Option<usize>,
+) -> Option<usize> {
+    let b = text.as_bytes();
+    let mut i = skip_ws(b, open + 1);
     if b.get(i) == Some(&b'}') {
-        return (i + 1 == b.len()).then_some(RawObject { entries });
+        return Some(i + 1);
     }
     loop {
         if b.get(i) != Some(&b'"') {
             return None;
         }
-        let (close, escaped) = string_close(b, i)?;
+        let (end_quote, escaped) = close(b, i)?;
         if escaped {
             return None;
         }
-        let key = s.get(i + 1..close)?;
-        i = skip_ws(b, close + 1);
+        let key = text.get(i + 1..end_quote)?;
+        i = skip_ws(b, end_quote + 1);
         if b.get(i) != Some(&b':') {
             return None;
         }
-        let start = skip_ws(b, i + 1);
-        let end = value_end(b, start)?;
-        entries.push((Cow::Borrowed(key), Json(s.get(start..end)?)));
+        let end = member(key, skip_ws(b, i + 1))?;
         i = skip_ws(b, end);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => return (i + 1 == b.len()).then_some(RawObject { entries }),
+            Some(b'}') => return Some(i + 1),
             _ => return None,
         }
     }

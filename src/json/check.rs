@@ -30,50 +30,29 @@ pub(super) fn top<'a>(body: &'a [u8], field: &'static str) -> Option<Top<'a>> {
         array_span: None,
         array_members: 0,
     };
-    let mut i = skip_ws(b, 0);
-    if b.get(i) != Some(&b'{') {
+    let open = skip_ws(b, 0);
+    if b.get(open) != Some(&b'{') {
         return None;
     }
-    i = skip_ws(b, i + 1);
-    if b.get(i) == Some(&b'}') {
-        return (skip_ws(b, i + 1) == b.len()).then_some(top);
-    }
-    loop {
-        if b.get(i) != Some(&b'"') {
-            return None;
-        }
-        let (close, escaped) = string(b, i)?;
-        // serde decodes a top-level key (a lone surrogate fails there): left to it.
-        if escaped {
-            return None;
-        }
-        let key = text.get(i + 1..close)?;
-        i = skip_ws(b, close + 1);
-        if b.get(i) != Some(&b':') {
-            return None;
-        }
-        let start = skip_ws(b, i + 1);
-        let end = if key == field {
+    // serde decodes a top-level key (a lone surrogate fails there): `members` leaves an
+    // escaped one to it.
+    let end = super::members(text, open, string, |key, start| {
+        if key == field {
             let (items, span) = items(b, text, start)?;
             let end = span.end;
             top.array = Some(items);
             top.array_span = Some(span);
             top.array_members += 1;
-            end
+            Some(end)
         } else {
             let end = value(b, start, 1)?;
             top.object
                 .entries
                 .push((Cow::Borrowed(key), Json(text.get(start..end)?)));
-            end
-        };
-        i = skip_ws(b, end);
-        match b.get(i) {
-            Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => return (skip_ws(b, i + 1) == b.len()).then_some(top),
-            _ => return None,
+            Some(end)
         }
-    }
+    })?;
+    (skip_ws(b, end) == b.len()).then_some(top)
 }
 
 /// The elements of the array opening at `open`, and the span of its brackets.
