@@ -540,25 +540,25 @@ fn check_kvbust_container(
             assert_eq!(
                 (n, k),
                 ("kvbust-admin", "token"),
-                "{ctx}: {var}: the README creates Secret kvbust-admin, key token"
+                "{ctx}: {var}: deploy/README.md creates Secret kvbust-admin, key token"
             );
             assert!(
                 r.get("optional").is_none_or(|o| o == false),
                 "{ctx}: {var}: without the Secret the pod must not start"
             );
-            let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+            let readme = std::fs::read_to_string(repo().join("deploy/README.md")).unwrap();
             assert!(
                 readme.contains("kubectl create secret generic kvbust-admin --from-literal=token="),
-                "{ctx}: the README shows how to create Secret {n}"
+                "{ctx}: deploy/README.md shows how to create Secret {n}"
             );
             format!("from-secret-{n}-{k}-0123456789abcdef")
         } else if let Some(r) = e["valueFrom"]["configMapKeyRef"].as_object() {
             // A per-run value (the gateway's benchmark id) the user sets, as the README shows.
             let (n, k) = (r["name"].as_str().unwrap(), r["key"].as_str().unwrap());
-            let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+            let readme = std::fs::read_to_string(repo().join("deploy/README.md")).unwrap();
             assert!(
                 readme.contains(&format!("kubectl create configmap {n} --from-literal={k}=")),
-                "{ctx}: {var}: the README must show how to create ConfigMap {n} key {k}"
+                "{ctx}: {var}: deploy/README.md must show how to create ConfigMap {n} key {k}"
             );
             "0123456789ab".to_string()
         } else {

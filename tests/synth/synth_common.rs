@@ -1,8 +1,7 @@
-//! Shared by the synthesis vector tests (`prompts.rs`, `coding.rs`): the fixture
-//! paths, the JSON vector files, AIPerf's argv mapped onto [`SynthParams`] and the comparison of
-//! a composed dataset with AIPerf's. Owns the test-side reading of the vectors; must never
+//! Shared by the modules of the synthesis test binary (`main.rs`): the fixture paths and scratch
+//! folders, the JSON vector files, AIPerf's argv mapped onto [`SynthParams`] and the comparison
+//! of a composed dataset with AIPerf's. Owns the test-side reading of the vectors; must never
 //! compute an expected value.
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::PathBuf;
 
