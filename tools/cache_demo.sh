@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "See what the cache did": kvbust in front of its built-in mock, first_turn_prefix;
+# config/README.md, "See what the cache did": kvbust in front of its built-in mock, first_turn_prefix;
 # two conversations of three turns in warmup, the same two in profiling, then two conversations
 # that open with the same question and send no session header. Needs curl and jq.
 set -euo pipefail

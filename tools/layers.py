@@ -41,8 +41,8 @@ LAYERS = {
         # The edges: the benchmark harness and the re-exports of `synth` itself.
         ["synth::bench", "synth"],
     ],
-    # The crate's top-level modules (a request's path through them is in the README's "How the
-    # code is laid out"). Synthesis is one unit here, but for its edges (command line, bench).
+    # The crate's top-level modules (a request's path through them is in the crate docs,
+    # src/lib.rs, "A request, module by module"). Synthesis is one unit here.
     "crate": [
         # Plain types and leaves every layer may use (the buffered-body budget too: the mock
         # inside `kvbust serve` charges the same budget as the proxy).

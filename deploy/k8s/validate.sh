@@ -52,7 +52,7 @@ for dir in deploy/k8s/overlays/*/; do
         status=1
     fi
 done
-# Patch points the README lists ("Three things are yours to provide", item 4): the gateway's and
+# Patch points deploy/README.md lists ("Three things are yours to provide", item 4): the gateway's and
 # the benchmark Job's upstream are the placeholder http://model-server:8000 until patched, and a
 # patch of the documented shape replaces it.
 for overlay in gateway benchmark-job; do
@@ -81,7 +81,7 @@ YAML
 if render "$patched/k8s/overlays/patched-gateway" | grep -A1 'name: KVBUST_UPSTREAM__URL' | grep -q 'http://vllm.models.svc:8000'; then
     echo "deploy/k8s/overlays/gateway: the upstream patch point applies"
 else
-    echo "deploy/k8s/overlays/gateway: the README's upstream patch does not apply" >&2
+    echo "deploy/k8s/overlays/gateway: deploy/README.md's upstream patch does not apply" >&2
     status=1
 fi
 rm -rf "$patched"

@@ -199,6 +199,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_unknown_target_is_answered_with_every_name() {
+        let e = "bogus".parse::<Target>().unwrap_err().to_string();
+        for t in Target::ALL {
+            assert!(e.contains(t.as_str()), "{e}");
+        }
+    }
+
+    #[test]
     fn wire_values_round_trip_case_insensitively() {
         for t in Target::ALL {
             assert_eq!(t.to_string().parse::<Target>(), Ok(t));

@@ -330,7 +330,7 @@ fn validate_admin(a: &AdminConfig) -> Result<(), ConfigError> {
                 "admin.token",
                 "is a placeholder from kvbust's examples, so anyone could use it: set a random \
                  token, e.g. KVBUST_ADMIN__TOKEN=$(openssl rand -hex 24) (in Kubernetes: the \
-                 Secret kvbust-admin, see the README)",
+                 Secret kvbust-admin, see deploy/README.md)",
             ));
         }
         if t.chars().count() < MIN_ADMIN_TOKEN_LEN {

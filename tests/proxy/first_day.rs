@@ -315,3 +315,52 @@ fn the_readme_puts_kvbust_on_path_and_its_examples_wait_and_make_folders() {
     let toml = repo_file("config/kvbust.toml");
     assert!(toml.contains("addr = \"0.0.0.0:8080\""));
 }
+
+/// The README's target table lists `Target::ALL`, in order, and each cell shows the marker
+/// `build_marker` makes for that target and phase (`D` for the digest; `unchanged` for none).
+#[test]
+fn readme_target_table_is_every_target_and_its_markers() {
+    use kvbust::cachebust::{build_marker, digest, DigestInputs, Phase, Target};
+    let readme = repo_file("README.md");
+    let rows: Vec<Vec<String>> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("| target | warmup request | profiling request |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r[0].trim_matches('`')).collect();
+    assert_eq!(names, Target::ALL.map(Target::as_str));
+    let inputs = DigestInputs {
+        benchmark_id: "b".into(),
+        recycle_pass: 0,
+        trajectory_index: 0,
+        trace_id: "t".into(),
+    };
+    let d = digest(&inputs);
+    for (row, target) in rows.iter().zip(Target::ALL) {
+        for (cell, phase) in row[1..].iter().zip([Phase::Warmup, Phase::Profiling]) {
+            match build_marker(target, phase, &inputs) {
+                None => assert_eq!(cell, "unchanged", "{target} {phase:?}"),
+                Some(m) => {
+                    let shown = format!("`{}`", m.replace(&d, "D").replace('\n', "\\n"));
+                    assert!(
+                        cell.starts_with(&shown),
+                        "{target} {phase:?}: {cell} vs {shown}"
+                    );
+                    let side = if target.is_prefix() {
+                        "before"
+                    } else {
+                        "after"
+                    };
+                    assert!(cell.contains(side), "{target} {phase:?}: {cell}");
+                }
+            }
+        }
+    }
+}
