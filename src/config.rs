@@ -1293,6 +1293,31 @@ mod tests {
             .expect("a source bound equal to the client bound is fine");
     }
 
+    /// Issue 34 item 4: the placeholder build budget's keys are checked, each error naming its
+    /// key and a value that works.
+    #[test]
+    fn the_placeholder_build_budget_is_validated_naming_the_key() {
+        let bad: [(&str, fn(&mut SynthConfig)); 5] = [
+            ("synth.placeholder_build_share", |s| s.placeholder_build_share = 0.0),
+            ("synth.placeholder_build_share", |s| s.placeholder_build_share = 1.5),
+            ("synth.placeholder_build_cpu", |s| s.placeholder_build_cpu = 0.0),
+            ("synth.placeholder_build_cpu", |s| s.placeholder_build_cpu = f64::NAN),
+            ("synth.placeholder_build_window", |s| {
+                s.placeholder_build_window = Duration::from_millis(10);
+            }),
+        ];
+        for (key, set) in bad {
+            let mut c = Config::default();
+            set(&mut c.synth);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("e.g."), "{key}: {e}");
+        }
+        let mut c = Config::default();
+        c.synth.placeholder_build_share = 1.0;
+        c.synth.placeholder_build_cpu = 8.0;
+        c.validate().expect("a share of 1 and several cores are fine");
+    }
+
     #[test]
     fn a_password_in_a_broken_url_line_is_hidden_in_the_parse_error() {
         // Fuzz finding (fuzz/open/config): a second `url = "` inside the string cuts the
