@@ -4,14 +4,19 @@
 Starts `kvbust mock` and sends, one at a time, the bodies below; for each prints the status, the
 seconds it took, and the mock's peak RSS (VmHWM, reset before each where the kernel allows) and
 RSS after. Then a burst (BURST copies of the largest chat at once) and the RSS right after it and
-SETTLE seconds later (default 60): what is given back after a peak.
+SETTLE seconds later (default 60): what is given back after a peak. The burst is BURST (30)
+concurrent chats of one 100,000-token message each (within the mock's 131,072-token context).
+Do not burst the 64 MB chat: each is tokenized whole before the context check (~7 GB apiece;
+three at once held 21.9 GB here).
 
   benches/mock_memory.py                               # target/release/kvbust
   KVBUST=/tmp/other/kvbust SETTLE=60 BURST=6 benches/mock_memory.py
 
 Bodies (each within the mock's element bounds, src/mock/bounds.rs, and mock.max_body 64 MiB):
   chat-empty    100,000 chat messages with empty content (the issue's 2,000,000 are refused now)
-  chat-64mb     100,000 chat messages of 630 bytes each (~64 MB, the largest accepted chat)
+  chat-64mb     100,000 chat messages of 630 bytes each (~64 MB, the largest accepted chat;
+                only with BIG=1: 31.5M tokens, tokenized whole, then refused for its length)
+  chat-100k     one message of 100,000 tokens (200 KB), the burst's body
   prompt-ids    a /v1/completions prompt of 2,097,152 token ids
 """
 import http.client
@@ -25,7 +30,7 @@ import time
 KVBUST = os.environ.get("KVBUST", "target/release/kvbust")
 PORT = int(os.environ.get("PORT", "18790"))
 SETTLE = float(os.environ.get("SETTLE", "60"))
-BURST = int(os.environ.get("BURST", "6"))
+BURST = int(os.environ.get("BURST", "30"))
 
 
 def status_kb(pid, key):
@@ -76,7 +81,7 @@ def main():
         pid = proc.pid
         bodies = [
             ("chat-empty", "/v1/chat/completions", chat(100_000, "")),
-            ("chat-64mb", "/v1/chat/completions", chat(100_000, "x " * 315)),
+            ("chat-100k", "/v1/chat/completions", chat(1, "x " * 100_000)),
             (
                 "prompt-ids",
                 "/v1/completions",
@@ -93,6 +98,10 @@ def main():
                 f"{status_kb(pid, 'VmHWM') / 1024:.0f} MB, RSS after {status_kb(pid, 'VmRSS') / 1024:.0f} MB{detail}",
                 flush=True,
             )
+        if os.environ.get("BIG"):
+            reset_peak(pid)
+            status, secs, _ = post("/v1/chat/completions", chat(100_000, "x " * 315))
+            print(f"chat-64mb: status {status}, {secs:.2f} s, peak RSS {status_kb(pid, 'VmHWM') / 1024:.0f} MB", flush=True)
         big = bodies[1][2]
         reset_peak(pid)
         results = []

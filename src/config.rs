@@ -1297,11 +1297,20 @@ mod tests {
     /// key and a value that works.
     #[test]
     fn the_placeholder_build_budget_is_validated_naming_the_key() {
-        let bad: [(&str, fn(&mut SynthConfig)); 5] = [
-            ("synth.placeholder_build_share", |s| s.placeholder_build_share = 0.0),
-            ("synth.placeholder_build_share", |s| s.placeholder_build_share = 1.5),
-            ("synth.placeholder_build_cpu", |s| s.placeholder_build_cpu = 0.0),
-            ("synth.placeholder_build_cpu", |s| s.placeholder_build_cpu = f64::NAN),
+        type Set = fn(&mut SynthConfig);
+        let bad: [(&str, Set); 5] = [
+            ("synth.placeholder_build_share", |s| {
+                s.placeholder_build_share = 0.0
+            }),
+            ("synth.placeholder_build_share", |s| {
+                s.placeholder_build_share = 1.5
+            }),
+            ("synth.placeholder_build_cpu", |s| {
+                s.placeholder_build_cpu = 0.0
+            }),
+            ("synth.placeholder_build_cpu", |s| {
+                s.placeholder_build_cpu = f64::NAN
+            }),
             ("synth.placeholder_build_window", |s| {
                 s.placeholder_build_window = Duration::from_millis(10);
             }),
@@ -1315,7 +1324,8 @@ mod tests {
         let mut c = Config::default();
         c.synth.placeholder_build_share = 1.0;
         c.synth.placeholder_build_cpu = 8.0;
-        c.validate().expect("a share of 1 and several cores are fine");
+        c.validate()
+            .expect("a share of 1 and several cores are fine");
     }
 
     #[test]
