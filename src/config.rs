@@ -626,6 +626,17 @@ pub struct SynthConfig {
     /// Of those, most one client (peer address) may have at once: a client past it gets the 503,
     /// so one client's flood cannot take every place.
     pub placeholder_queue_per_client: usize,
+    /// Of the `placeholder_queue` places and of the cores, the share that making new lanes
+    /// (lengths not asked for before, or dropped) may take; the rest is kept for lengths that
+    /// have a lane, so those never wait behind new ones, whatever the number of clients.
+    pub placeholder_build_share: f64,
+    /// CPU-seconds per second that making new lanes may use, averaged over
+    /// `placeholder_build_window`; past it new lanes wait (in their queue places) for the window.
+    pub placeholder_build_cpu: f64,
+    /// The window `placeholder_build_cpu` is averaged over: after an idle window, new lanes may
+    /// spend `placeholder_build_cpu` × window CPU-seconds at once.
+    #[serde(with = "crate::units::duration")]
+    pub placeholder_build_window: Duration,
     /// What a placeholder of a `coding` length with no lane yet adds to its request's cost against
     /// `max_placeholder_tokens`: such a lane builds AIPerf's coding pool (~0.13 CPU-s).
     pub new_coding_lane_tokens: usize,
@@ -654,6 +665,9 @@ impl Default for SynthConfig {
             placeholder_prefetch: 4,
             placeholder_queue: 64,
             placeholder_queue_per_client: 8,
+            placeholder_build_share: 0.5,
+            placeholder_build_cpu: 0.5,
+            placeholder_build_window: Duration::from_secs(10),
             new_coding_lane_tokens: 16384,
             preload: Vec::new(),
             dataset: None,
@@ -1294,6 +1308,41 @@ mod tests {
         c.upstream.max_connections_per_client = 16;
         c.validate()
             .expect("a source bound equal to the client bound is fine");
+    }
+
+    /// Issue 34 item 4: the placeholder build budget's keys are checked, each error naming its
+    /// key and a value that works.
+    #[test]
+    fn the_placeholder_build_budget_is_validated_naming_the_key() {
+        type Set = fn(&mut SynthConfig);
+        let bad: [(&str, Set); 5] = [
+            ("synth.placeholder_build_share", |s| {
+                s.placeholder_build_share = 0.0
+            }),
+            ("synth.placeholder_build_share", |s| {
+                s.placeholder_build_share = 1.5
+            }),
+            ("synth.placeholder_build_cpu", |s| {
+                s.placeholder_build_cpu = 0.0
+            }),
+            ("synth.placeholder_build_cpu", |s| {
+                s.placeholder_build_cpu = f64::NAN
+            }),
+            ("synth.placeholder_build_window", |s| {
+                s.placeholder_build_window = Duration::from_millis(10);
+            }),
+        ];
+        for (key, set) in bad {
+            let mut c = Config::default();
+            set(&mut c.synth);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("e.g."), "{key}: {e}");
+        }
+        let mut c = Config::default();
+        c.synth.placeholder_build_share = 1.0;
+        c.synth.placeholder_build_cpu = 8.0;
+        c.validate()
+            .expect("a share of 1 and several cores are fine");
     }
 
     #[test]

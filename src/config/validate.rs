@@ -188,7 +188,34 @@ fn validate_placeholder_limits(s: &SynthConfig) -> Result<(), ConfigError> {
             ),
         ],
         "must be at least 1; set synth.placeholders = false to turn placeholders off",
-    )
+    )?;
+    if !(s.placeholder_build_share > 0.0 && s.placeholder_build_share <= 1.0) {
+        return Err(ConfigError::new(
+            "synth.placeholder_build_share",
+            format!(
+                "must be above 0 and at most 1 (got {}); e.g. 0.5 lets new placeholder lengths \
+                 take half the queue and the cores",
+                s.placeholder_build_share
+            ),
+        ));
+    }
+    if !(s.placeholder_build_cpu.is_finite() && s.placeholder_build_cpu > 0.0) {
+        return Err(ConfigError::new(
+            "synth.placeholder_build_cpu",
+            format!(
+                "must be a number of CPU-seconds per second above 0 (got {}); e.g. 0.5 is half \
+                 a core",
+                s.placeholder_build_cpu
+            ),
+        ));
+    }
+    if s.placeholder_build_window < std::time::Duration::from_millis(100) {
+        return Err(ConfigError::new(
+            "synth.placeholder_build_window",
+            "must be at least 100ms (e.g. \"10s\"): it is the burst new lanes may spend at once",
+        ));
+    }
+    Ok(())
 }
 
 /// The first of `keys` that is 0, named with `why`.

@@ -168,3 +168,98 @@ async fn placeholder_prompts_never_repeat_past_32_lengths() {
     }
     h.shutdown().await;
 }
+
+/// One raw HTTP/1.1 chat request from `source` (a 127.0.0.x address): (status, body).
+async fn chat_from(proxy: std::net::SocketAddr, source: [u8; 4], content: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind((std::net::Ipv4Addr::from(source), 0).into())
+        .unwrap();
+    let mut s = sock.connect(proxy).await.unwrap();
+    let body = chat_body(content, false, 1);
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// Issue 34 item 4: the per-client placeholder queue was defeated by many source addresses (80
+/// threads from 10 addresses asking new coding lengths: a victim asking a length already built
+/// got 503 on every request). New lanes take at most `synth.placeholder_build_share` of the
+/// places (and wait for the build budget, spent here by the victim's first request, in them);
+/// the rest is kept for lengths already built. Ten addresses ask new lengths: two get the new
+/// share, eight a 503; the victim's built length is then served, every time, and only a new
+/// length of its own is refused. Outcomes only: nothing here depends on time.
+#[tokio::test]
+async fn a_built_placeholder_length_is_served_while_many_addresses_ask_new_ones() {
+    use kvbust::synth::PromptCorpus;
+    let h = start(|c| {
+        c.synth.placeholder_corpus = PromptCorpus::Sonnet;
+        c.synth.placeholder_prefetch = 0;
+        c.synth.placeholder_queue = 4;
+        c.synth.placeholder_queue_per_client = 1;
+        c.synth.placeholder_build_share = 0.5;
+        // The victim's first (new) length spends the budget for far longer than this test.
+        c.synth.placeholder_build_cpu = 1e-6;
+        c.synth.placeholder_build_window = std::time::Duration::from_millis(100);
+    })
+    .await;
+    let victim = [127, 0, 0, 200];
+    let (status, body) = chat_from(h.proxy_addr, victim, "{{kvbust:prompt:50}}").await;
+    assert_eq!(status, 200, "{body}");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let flood: Vec<_> = (0..10u8)
+        .map(|i| {
+            let (tx, proxy) = (tx.clone(), h.proxy_addr);
+            let content = format!("{{{{kvbust:prompt:{}}}}}", 100 + usize::from(i));
+            tokio::spawn(
+                async move { tx.send(chat_from(proxy, [127, 0, 0, 11 + i], &content).await) },
+            )
+        })
+        .collect();
+    // The eight answered while the new lanes' share is held are refused at once.
+    for _ in 0..8 {
+        let (status, body) = rx.recv().await.unwrap();
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("placeholder_queue_full"), "{body}");
+        assert!(body.contains("synth.placeholder_build_share"), "{body}");
+    }
+    for _ in 0..3 {
+        let (status, body) = chat_from(h.proxy_addr, victim, "{{kvbust:prompt:50}}").await;
+        assert_eq!(status, 200, "the victim's built length: {body}");
+    }
+    let (status, body) = chat_from(h.proxy_addr, victim, "{{kvbust:prompt:51}}").await;
+    assert_eq!(status, 503, "a new length waits for the new share: {body}");
+    let sent = h.mock.recorder().requests();
+    assert_eq!(
+        sent.len(),
+        4,
+        "the victim's four 200s, nothing of the flood"
+    );
+    assert!(sent
+        .iter()
+        .all(|r| !String::from_utf8_lossy(&r.body).contains("{{kvbust:")));
+    assert!(
+        rx.try_recv().is_err(),
+        "the two holding the share still wait"
+    );
+    for f in flood {
+        f.abort();
+    }
+    h.shutdown().await;
+}

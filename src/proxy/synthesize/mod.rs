@@ -10,9 +10,10 @@
 //!
 //! In three parts: [`fill`] writes a synthetic conversation into the body, [`scan`] finds the
 //! placeholders, and this file is the synthesizer itself (the dataset, the prompt lanes and the
-//! on-demand queue, built once) that drives both.
+//! on-demand queue, built once) that drives both; [`queue`] decides which generations run.
 
 mod fill;
+mod queue;
 mod scan;
 
 use std::collections::HashMap;
@@ -226,40 +227,8 @@ pub struct Synthesizer {
     tokenizer: tokio::sync::OnceCell<Arc<Tokenizer>>,
     dataset: tokio::sync::OnceCell<Arc<Mutex<Built>>>,
     lanes: tokio::sync::OnceCell<Arc<PromptLanes>>,
-    /// Placeholder prompts being made on demand now, in all and by client (bounded by
-    /// `synth.placeholder_queue` and `synth.placeholder_queue_per_client`).
-    queue: Arc<Mutex<Queue>>,
-    /// On-demand generations running at once (one per core): the rest wait in line (first come,
-    /// first served), and a request that goes away while it waits is never started.
-    running: Arc<tokio::sync::Semaphore>,
-}
-
-/// The places taken in the on-demand queue. `per_client` holds only clients with a place, so it
-/// has at most `synth.placeholder_queue` entries.
-#[derive(Debug, Default)]
-struct Queue {
-    total: usize,
-    per_client: HashMap<Option<IpAddr>, usize>,
-}
-
-/// One place in the on-demand queue, freed when the generation holding it ends (not when the
-/// request goes away, so the bound counts work that is really running).
-struct QueueSlot {
-    queue: Arc<Mutex<Queue>>,
-    client: Option<IpAddr>,
-}
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        q.total = q.total.saturating_sub(1);
-        if let Some(n) = q.per_client.get_mut(&self.client) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                q.per_client.remove(&self.client);
-            }
-        }
-    }
+    /// Placeholder prompts being made on demand: the places, permits and build budget.
+    gate: Arc<queue::Gate>,
 }
 
 /// Runs `work` unless the request it is for has gone (`alive` is held by the request's future):
@@ -305,48 +274,13 @@ impl Synthesizer {
         max_body: u64,
     ) -> Arc<Self> {
         Arc::new(Self {
-            cfg,
             cache_bust,
             max_body,
             tokenizer: tokio::sync::OnceCell::new(),
             dataset: tokio::sync::OnceCell::new(),
             lanes: tokio::sync::OnceCell::new(),
-            queue: Arc::new(Mutex::new(Queue::default())),
-            running: Arc::new(tokio::sync::Semaphore::new(
-                std::thread::available_parallelism().map_or(2, |n| n.get()),
-            )),
-        })
-    }
-
-    /// A place in the on-demand queue for `client`, or a 503 when `synth.placeholder_queue` are
-    /// taken in all, or `synth.placeholder_queue_per_client` by this client: one client's flood
-    /// takes its share, never another client's.
-    fn queue_slot(&self, client: Option<IpAddr>) -> Result<QueueSlot, ProxyError> {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let mine = q.per_client.get(&client).copied().unwrap_or(0);
-        let full = |message: String| ProxyError::Overloaded {
-            code: "placeholder_queue_full",
-            message,
-            retry_after_s: 1,
-        };
-        if q.total >= self.cfg.placeholder_queue {
-            return Err(full(format!(
-                "synth.placeholder_queue = {} placeholder prompts are being made; retry shortly",
-                self.cfg.placeholder_queue
-            )));
-        }
-        if mine >= self.cfg.placeholder_queue_per_client {
-            return Err(full(format!(
-                "synth.placeholder_queue_per_client = {} placeholder prompts are being made for \
-                 this client; retry shortly",
-                self.cfg.placeholder_queue_per_client
-            )));
-        }
-        q.total += 1;
-        q.per_client.insert(client, mine + 1);
-        Ok(QueueSlot {
-            queue: self.queue.clone(),
-            client,
+            gate: queue::Gate::new(&cfg),
+            cfg,
         })
     }
 
@@ -425,7 +359,7 @@ impl Synthesizer {
         let Ok(built) = self.built().await else {
             return Vec::new();
         };
-        let b = built.lock().unwrap_or_else(|p| p.into_inner());
+        let b = crate::sync::lock(&built);
         let names: std::collections::BTreeSet<String> = b
             .convs
             .iter()
@@ -460,7 +394,7 @@ impl Synthesizer {
         // Hashed before the lock, which every synthesised request takes.
         let session = session.map(KeyDigest::of);
         let (conv, k, raw_items, children_first_ms) = {
-            let mut b = built.lock().unwrap_or_else(|p| p.into_inner());
+            let mut b = crate::sync::lock(&built);
             let (ci, k) = b.take_turn(session, named)?;
             let raw_items = b.raw_items.get(ci).and_then(|c| c.get(k)).cloned();
             let conv = b
@@ -585,23 +519,26 @@ impl Synthesizer {
             let text = match lanes.try_take(corpus, n) {
                 Some(t) => t,
                 None => {
-                    let (lanes, slot) = (lanes.clone(), self.queue_slot(client)?);
+                    // A length with a lane never queues behind new ones (see [`queue`]).
+                    let class = if lanes.has_lane(corpus, n) {
+                        queue::Class::Built
+                    } else {
+                        queue::Class::New
+                    };
+                    let (lanes, place) = (lanes.clone(), self.gate.place(client, class)?);
                     let alive = Arc::downgrade(&alive);
                     // Waiting here, not on a blocking thread: a request dropped now never runs.
-                    let permit = self
-                        .running
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .map_err(|_| internal("the generation semaphore was closed"))?;
+                    let turn = self.gate.turn(class).await?;
                     blocking(move || {
-                        let (_slot, _permit) = (slot, permit);
-                        unless_gone(&alive, || {
-                            lanes.take(corpus, n).map_err(|e| {
-                                ProxyError::Internal(format!(
-                                    "{} prompt of {n} tokens: {e}",
-                                    corpus.as_str()
-                                ))
+                        let _place = place;
+                        turn.run(|| {
+                            unless_gone(&alive, || {
+                                lanes.take(corpus, n).map_err(|e| {
+                                    ProxyError::Internal(format!(
+                                        "{} prompt of {n} tokens: {e}",
+                                        corpus.as_str()
+                                    ))
+                                })
                             })
                         })
                     })
@@ -800,7 +737,7 @@ mod tests {
         };
         let s = Synthesizer::new(cfg, crate::cachebust::Target::None);
         let body = br#"{"messages":[{"role":"user","content":"{{kvbust:prompt:3:random}}"}]}"#;
-        let held = s.queue_slot(None).unwrap();
+        let held = s.gate.place(None, queue::Class::Built).unwrap();
         let err = s.expand(body).await.unwrap_err();
         assert_eq!(err.status(), http::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(err.code(), "placeholder_queue_full");
@@ -808,7 +745,7 @@ mod tests {
         assert_eq!(resp.headers()[http::header::RETRY_AFTER], "1");
         drop(held);
         assert!(s.expand(body).await.unwrap().is_some());
-        assert_eq!(s.queue.lock().unwrap().total, 0);
+        assert_eq!(s.gate.places.lock().unwrap().total, 0);
     }
 
     #[test]
@@ -1016,9 +953,13 @@ mod fairness_tests {
             ..SynthConfig::default()
         };
         let s = Synthesizer::new(cfg, crate::cachebust::Target::None);
-        let a1 = s.queue_slot(A).unwrap();
-        let _a2 = s.queue_slot(A).unwrap();
-        let e = s.queue_slot(A).err().expect("A is at its share");
+        let a1 = s.gate.place(A, queue::Class::Built).unwrap();
+        let _a2 = s.gate.place(A, queue::Class::Built).unwrap();
+        let e = s
+            .gate
+            .place(A, queue::Class::Built)
+            .err()
+            .expect("A is at its share");
         assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.code(), "placeholder_queue_full");
         assert!(
@@ -1031,11 +972,11 @@ mod fairness_tests {
         let out = s.expand_from(body, &mut None, B).await.unwrap().unwrap();
         assert!(!String::from_utf8(out).unwrap().contains("{{kvbust:"));
         drop(a1);
-        let _a3 = s.queue_slot(A).unwrap();
+        let _a3 = s.gate.place(A, queue::Class::Built).unwrap();
         // The places a client no longer holds are forgotten.
         drop(_a2);
         drop(_a3);
-        assert!(s.queue.lock().unwrap().per_client.is_empty());
+        assert!(s.gate.places.lock().unwrap().per_client.is_empty());
     }
 
     /// Item 4: a request's placeholder budget (`synth.max_placeholder_tokens`) counts the pool
@@ -1066,13 +1007,20 @@ mod fairness_tests {
         use futures_util::FutureExt;
         let s = Synthesizer::new(SynthConfig::default(), crate::cachebust::Target::None);
         let lanes = s.lanes().await.unwrap();
-        let cores = s.running.available_permits() as u32;
-        let busy = s.running.clone().acquire_many_owned(cores).await.unwrap();
+        // A new length: it waits for a build thread, all held here.
+        let builds = s.gate.building.available_permits() as u32;
+        let busy = s
+            .gate
+            .building
+            .clone()
+            .acquire_many_owned(builds)
+            .await
+            .unwrap();
         let body = br#"{"messages":[{"role":"user","content":"{{kvbust:prompt:7:random}}"}]}"#;
         // One poll: it takes its place in the queue and waits for a turn; then the client goes.
         let mut layout = None;
         assert!(s.expand_from(body, &mut layout, A).now_or_never().is_none());
-        assert_eq!(s.queue.lock().unwrap().total, 0);
+        assert_eq!(s.gate.places.lock().unwrap().total, 0);
         assert!(!lanes.has_lane(PromptCorpus::Random, 7), "nothing was made");
         drop(busy);
         assert!(s.expand_from(body, &mut None, A).await.unwrap().is_some());

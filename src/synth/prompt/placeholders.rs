@@ -15,7 +15,9 @@ use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::sync::lock;
 
 use lru::LruCache;
 
@@ -37,10 +39,6 @@ pub const MAX_PARKED: usize = 96;
 /// about `MAX_LANES × depth × 16k tokens`).
 pub const MAX_PREFETCH_TOKENS: usize = 16 << 10;
 
-/// A poisoned lock only means another prompt failed mid-way; the state stays usable.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 struct Lane {
     tokens: usize,
