@@ -281,7 +281,7 @@ async fn every_dashboard_and_alert_query_names_metrics_kvbust_exports() {
         for m in &uses.metrics {
             assert!(
                 exported.contains_key(m),
-                "{at}: `{q}` reads {m}, which kvbust's /metrics does not have"
+                "{at}: `{q}` reads {m}, which neither kvbust's /metrics nor the mock's (vllm:) has"
             );
             used.insert(m.clone());
         }

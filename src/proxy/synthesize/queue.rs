@@ -30,7 +30,6 @@ pub enum Class {
     New,
 }
 
-
 /// The places taken. `per_client` holds only clients with a place, so it has at most
 /// `synth.placeholder_queue` entries.
 #[derive(Debug, Default)]

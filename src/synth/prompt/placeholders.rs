@@ -39,7 +39,6 @@ pub const MAX_PARKED: usize = 96;
 /// about `MAX_LANES × depth × 16k tokens`).
 pub const MAX_PREFETCH_TOKENS: usize = 16 << 10;
 
-
 struct Lane {
     tokens: usize,
     /// Generation is serialized per lane; this lock is never held across lanes.
