@@ -254,7 +254,7 @@ async fn every_dashboard_and_alert_query_names_metrics_kvbust_exports() {
     // The engine's own metrics, as the mock (vLLM's names) exports them after the same traffic.
     let resp = send(&c, get(&format!("http://{}/metrics", h.mock_addr))).await;
     assert_eq!(resp.status(), StatusCode::OK);
-    let engine = exposition(&String::from_utf8(body_bytes(resp).await.to_vec()).unwrap());
+    let engine = exposition(std::str::from_utf8(&body_bytes(resp).await).unwrap());
     h.shutdown().await;
     assert!(engine.keys().all(|m| m.starts_with("vllm:")), "{engine:?}");
     let exported: BTreeMap<String, BTreeSet<String>> = exported.into_iter().chain(engine).collect();
