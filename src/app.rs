@@ -74,25 +74,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
             }
         },
         Command::AnalyzeTrace(args) => crate::cli::synth::run_analyze(&args).map_err(synth_error),
-        Command::Trace(crate::cli::TraceCommand::Merge(args)) => {
-            let m = crate::capture::merge::merge(&args.inputs, &args.output)
-                .map_err(AppError::Usage)?;
-            eprintln!(
-                "merged {} file(s): {} rows, {} distinct block ids, {} sessions -> {}",
-                m.files,
-                m.rows,
-                m.distinct_ids,
-                m.sessions,
-                args.output.display()
-            );
-            if m.unkeyed && m.files > 1 {
-                eprintln!(
-                    "note: the files carry no key, so a block shared across files gets one id per \
-                     file; set capture.key_file on every replica to keep that sharing"
-                );
-            }
-            Ok(())
-        }
+        Command::Trace(crate::cli::TraceCommand::Merge(args)) => trace_merge(&args),
         Command::Marker(args) => marker(&args),
         Command::Config(ConfigCommand::Check(flags)) => {
             let c = load(&flags)?;
@@ -463,10 +445,44 @@ async fn mock(config: Config, listen: std::net::SocketAddr) -> Result<(), AppErr
     // Tokenizer first: a port that accepts before the mock can answer would charge the load to the first requests.
     let mock = load_mock(&config.mock).await?;
     let l = bind(listen, "mock model server", "--listen")?;
-    tracing::info!(addr = %listen, model = %config.mock.model, tokenizer = %config.mock.tokenizer, "kvbust mock model server");
+    // The names /v1/models lists: mock.served_model_names when set (only those are accepted),
+    // else mock.model (any name is accepted).
+    let served = &config.mock.served_model_names;
+    let models = if served.is_empty() {
+        config.mock.model.clone()
+    } else {
+        served.join(",")
+    };
+    tracing::info!(addr = %listen, model = %models, tokenizer = %config.mock.tokenizer, "kvbust mock model server");
     crate::mock::serve(l, mock, server::shutdown_signal())
         .await
         .map_err(|e| AppError::Other(e.into()))
+}
+
+/// `kvbust trace merge`: merges the captures and ends with the summary line.
+fn trace_merge(args: &crate::cli::MergeArgs) -> Result<(), AppError> {
+    let started = std::time::Instant::now();
+    let m = crate::capture::merge::merge(&args.inputs, &args.output).map_err(AppError::Usage)?;
+    let rows = format!(
+        "merged {} file(s): {} rows, {} input tokens, {} output tokens, {} distinct \
+         block ids, {} sessions",
+        m.files, m.rows, m.input_tokens, m.output_tokens, m.distinct_ids, m.sessions
+    );
+    let line = crate::cli::synth::summary_line(
+        "trace merge",
+        &rows,
+        m.bytes,
+        Some(&args.output),
+        started.elapsed(),
+    );
+    eprintln!("{line}");
+    if m.unkeyed && m.files > 1 {
+        eprintln!(
+            "note: the files carry no key, so a block shared across files gets one id per \
+             file; set capture.key_file on every replica to keep that sharing"
+        );
+    }
+    Ok(())
 }
 
 fn marker(args: &MarkerArgs) -> Result<(), AppError> {

@@ -52,7 +52,7 @@ for dir in deploy/k8s/overlays/*/; do
         status=1
     fi
 done
-# Patch points deploy/README.md lists ("Three things are yours to provide", item 4): the gateway's and
+# Patch points deploy/README.md lists ("Five things are yours to provide", item 4): the gateway's and
 # the benchmark Job's upstream are the placeholder http://model-server:8000 until patched, and a
 # patch of the documented shape replaces it.
 for overlay in gateway benchmark-job; do
@@ -85,6 +85,41 @@ else
     status=1
 fi
 rm -rf "$patched"
+# The model (deploy/README.md's item 5): one patch point per overlay, the ConfigMap served-model.
+# Each overlay names the model once (in that ConfigMap), and an overlay on top that merges a new
+# value into served-model replaces it everywhere.
+for overlay in sidecar-vllm sidecar-sglang sidecar-vllm-capture benchmark-job; do
+    # The ConfigMap's only key, the one top-level "  model:" line of the rendered overlay.
+    model="$(sed -n 's/^  model: //p' "$out/$overlay.yaml" | head -n1)"
+    if [ -z "$model" ] || [ "$(grep -c -F "$model" "$out/$overlay.yaml")" != 1 ] ||
+        { ! grep -q -F '$(MODEL)' "$out/$overlay.yaml" && ! grep -q -F '"$MODEL"' "$out/$overlay.yaml"; }; then
+        echo "deploy/k8s/overlays/$overlay: the model is not only in the ConfigMap served-model" >&2
+        status=1
+        continue
+    fi
+    patched="$(mktemp -d)"
+    cp -r deploy/k8s "$patched/k8s"
+    mkdir "$patched/k8s/overlays/patched-model"
+    cat >"$patched/k8s/overlays/patched-model/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../$overlay
+configMapGenerator:
+  - name: served-model
+    behavior: merge
+    literals:
+      - model=example-org/patched-model
+YAML
+    text="$(render "$patched/k8s/overlays/patched-model")"
+    if grep -q 'model: example-org/patched-model' <<<"$text" && ! grep -q -F "$model" <<<"$text"; then
+        echo "deploy/k8s/overlays/$overlay: the model patch point applies"
+    else
+        echo "deploy/k8s/overlays/$overlay: deploy/README.md's model patch does not apply" >&2
+        status=1
+    fi
+    rm -rf "$patched"
+done
 # The benchmark Job carries kvbust as a native sidecar (an init container that restarts
 # Always), so the sidecar ends with the Job instead of keeping it running.
 if grep -q 'restartPolicy: Always' "$out/benchmark-job.yaml" && grep -q 'kind: Job' "$out/benchmark-job.yaml"; then

@@ -43,6 +43,11 @@ pub struct Merged {
     pub rows: u64,
     pub distinct_ids: u64,
     pub sessions: u64,
+    /// The rows' input and output lengths, summed, and the bytes of the merged trace (for the
+    /// command's summary line).
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub bytes: u64,
     /// Unkeyed inputs: their ids could not be matched across files.
     pub unkeyed: bool,
 }
@@ -165,6 +170,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Merged, String> {
     let io = |e: std::io::Error| format!("{}: {e}", out.display());
     let mut w = BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
     let mut hash = Vec::new();
+    let (mut input_tokens, mut output_tokens) = (0u64, 0u64);
     for &(t, fi, li) in &order {
         let r = &files[fi].rows[li];
         // Keyed ids mean the same block in every file; unkeyed ones only within theirs.
@@ -178,6 +184,8 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Merged, String> {
             let next = sessions.len() as u64;
             format!("s{}", sessions.entry((scope, s.clone())).or_insert(next))
         });
+        input_tokens += r.input_length;
+        output_tokens += r.output_length;
         let row = Out {
             session_id: session,
             timestamp: r.timestamp.map(|_| t),
@@ -190,6 +198,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Merged, String> {
         w.write_all(b"\n").map_err(io)?;
     }
     w.flush().map_err(io)?;
+    let bytes = w.get_ref().metadata().map_err(io)?.len();
     drop(w);
     // Dense now: the merged ids are no longer keyed hashes, so the result merges like an
     // unkeyed capture.
@@ -210,6 +219,9 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Merged, String> {
         rows: order.len() as u64,
         distinct_ids: ids.len() as u64,
         sessions: sessions.len() as u64,
+        input_tokens,
+        output_tokens,
+        bytes,
         unkeyed: !keyed,
     })
 }

@@ -599,11 +599,13 @@ fn summary(
         "{} conversations, {turns} turns, {osl} output tokens requested",
         dataset.conversations.len()
     );
-    summary_line(&rows, written, to, elapsed)
+    summary_line("synth", &rows, written, to, elapsed)
 }
 
-/// `kvbust synth: <rows>; <bytes> bytes to <where> in <seconds>s`.
-fn summary_line(
+/// `kvbust synth: <rows>; <bytes> bytes to <where> in <seconds>s`, the one summary line every
+/// long command ends with on standard error (`command` is `synth`, `analyze-trace`, ...).
+pub fn summary_line(
+    command: &str,
     rows: &str,
     written: u64,
     to: Option<&Path>,
@@ -611,7 +613,7 @@ fn summary_line(
 ) -> String {
     let to = to.map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
     format!(
-        "kvbust synth: {rows}; {written} bytes to {to} in {:.2}s",
+        "kvbust {command}: {rows}; {written} bytes to {to} in {:.2}s",
         elapsed.as_secs_f64()
     )
 }
@@ -783,7 +785,7 @@ fn run_bench(
         );
         eprintln!(
             "{}",
-            summary_line(&rows, n, args.output.as_deref(), started.elapsed())
+            summary_line("synth", &rows, n, args.output.as_deref(), started.elapsed())
         );
     }
     Ok(())
@@ -919,16 +921,32 @@ pub fn run_analyze(args: &AnalyzeArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.output_file {
         check_output_folder(out, "--output-file")?;
     }
+    let started = Instant::now();
     let (rows, block_size) = analysis_rows(args)?;
     let stats = analyze::analyze(&rows, block_size);
-    print!("{}", analyze_report(&stats));
+    let report = analyze_report(&stats);
+    print!("{report}");
+    let mut written = report.len() as u64;
     if let Some(out) = &args.output_file {
+        let json = stats.to_json_pretty();
         write_output(Some(out), |w| {
-            w.write_all(stats.to_json_pretty().as_bytes())?;
+            w.write_all(json.as_bytes())?;
             Ok(())
         })?;
         println!("Analysis report saved to {}", out.display());
+        written = json.len() as u64;
     }
+    let input: i64 = rows.iter().map(|r| r.input_length).sum();
+    let output: i64 = rows.iter().map(|r| r.output_length).sum();
+    let counted = format!(
+        "{} requests, {input} input tokens, {output} output tokens",
+        rows.len()
+    );
+    let to = args.output_file.as_deref();
+    eprintln!(
+        "{}",
+        summary_line("analyze-trace", &counted, written, to, started.elapsed())
+    );
     Ok(())
 }
 
@@ -1107,6 +1125,7 @@ fn agentic_config(args: &AgenticCodeArgs) -> anyhow::Result<(DistributionConfig,
 
 /// Runs `kvbust synth agentic-code`: all three files are written, or none.
 pub fn run_agentic_code(args: &AgenticCodeArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
     if args.num_sessions < 1 {
         return Err(SynthError::InvalidParams(format!(
             "--num-sessions is {}, and must be at least 1",
@@ -1146,11 +1165,20 @@ pub fn run_agentic_code(args: &AgenticCodeArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&manifest);
         return Err(e);
     }
+    let rows = format!(
+        "{} sessions, {} rows, {} input tokens, {} output tokens",
+        generated.sessions, generated.rows, generated.input_tokens, generated.output_tokens
+    );
+    let to = format!("{} (+ manifest.json, quality.json)", args.output.display());
     eprintln!(
-        "kvbust synth agentic-code: {} sessions, {} rows -> {} (+ manifest.json, quality.json)",
-        generated.sessions,
-        generated.rows,
-        args.output.display()
+        "{}",
+        summary_line(
+            "synth agentic-code",
+            &rows,
+            generated.dataset_jsonl.len() as u64,
+            Some(Path::new(&to)),
+            started.elapsed()
+        )
     );
     Ok(())
 }

@@ -275,6 +275,34 @@ async fn replicas_with_one_key_merge_into_one_id_space_and_two_keys_are_refused(
         .unwrap();
     assert_eq!(max + 1, m.distinct_ids, "dense ids");
 
+    // The command ends with one summary line: files, rows, tokens (summed from the inputs), the
+    // merged file's bytes, the time.
+    let cli_out = keys.join("merged-cli.jsonl");
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_kvbust"))
+        .args(["trace", "merge"])
+        .arg(&a)
+        .arg(&b)
+        .arg("-o")
+        .arg(&cli_out)
+        .output()
+        .unwrap();
+    assert_eq!(cli.status.code(), Some(0), "{cli:?}");
+    let inputs: Vec<Value> = [&a, &b].iter().flat_map(|p| jsonl(p)).collect();
+    let sum = |k: &str| -> u64 { inputs.iter().map(|r| r[k].as_u64().unwrap()).sum() };
+    let want = format!(
+        "kvbust trace merge: merged 2 file(s): 2 rows, {} input tokens, {} output tokens, {} \
+         distinct block ids, {} sessions; {} bytes to {} in ",
+        sum("input_length"),
+        sum("output_length"),
+        m.distinct_ids,
+        m.sessions,
+        std::fs::metadata(&cli_out).unwrap().len(),
+        cli_out.display()
+    );
+    let err = String::from_utf8_lossy(&cli.stderr);
+    assert!(sum("input_length") > 0, "{inputs:?}");
+    assert!(err.contains(&want), "{want} in {err}");
+
     // Two keys: refused, naming both files; the CLI exits 2.
     let err = kvbust::capture::merge::merge(&[a.clone(), other.clone()], &out).unwrap_err();
     assert!(

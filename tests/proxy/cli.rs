@@ -45,3 +45,50 @@ fn serve_help_lists_the_cache_bust_values_and_the_upstream_root() {
     assert!(text.contains("warmup_isolation_first_turn"), "{text}");
     assert!(text.contains("not the /v1 base URL"), "{text}");
 }
+
+/// `kvbust mock` with `mock.served_model_names` set says at start which names it serves (the
+/// ones `/v1/models` lists and the only ones it accepts), not the fallback `mock.model`.
+#[test]
+fn mock_logs_its_served_model_names_at_start() {
+    use std::io::{BufRead, BufReader};
+    let config = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("mock-served-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "[mock]\nserved_model_names = [\"qwen\", \"qwen-lora\"]\n",
+    )
+    .unwrap();
+    let mut p = Command::new(env!("CARGO_BIN_EXE_kvbust"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("KVBUST_") || k == "RUST_LOG" {
+            p.env_remove(k);
+        }
+    }
+    let mut child = p
+        .args(["mock", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kvbust runs");
+    // Lines until the start line (or the end of stderr, should the mock not start).
+    let mut seen = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let done = line.contains("kvbust mock model server");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::remove_file(&config).ok();
+    let start = seen.last().cloned().unwrap_or_default();
+    assert!(
+        start.contains("kvbust mock model server"),
+        "no start line: {seen:?}"
+    );
+    assert!(start.contains("qwen,qwen-lora"), "{start}");
+    assert!(!start.contains("kvbust-mock"), "{start}");
+}

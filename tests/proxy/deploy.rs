@@ -440,6 +440,8 @@ fn container_port(container: &Value, port: &Value) -> Option<(String, u64)> {
 struct Seen {
     admin_paths: BTreeSet<String>,
     kvbust_containers: usize,
+    /// The model servers' ports a PodMonitor scrapes (their own /metrics).
+    engine_ports: BTreeSet<String>,
     dashboards: usize,
     rules: usize,
 }
@@ -823,7 +825,12 @@ fn check_monitors(docs: &[Value], others: &[Value], seen: &mut Seen) {
                 }
             }
             "PodMonitor" => {
+                let selector = str_map(&d["spec"]["selector"]["matchLabels"]);
                 for e in list(&d["spec"]["podMetricsEndpoints"]) {
+                    if e["port"] != "metrics" {
+                        check_engine_endpoint(&ctx, &selector, e, others, seen);
+                        continue;
+                    }
                     assert!(
                         pods(others).iter().all(|p| p
                             .containers()
@@ -858,6 +865,116 @@ fn check_monitors(docs: &[Value], others: &[Value], seen: &mut Seen) {
             other => panic!("{ctx}: unexpected kind {other} in the monitoring overlay"),
         }
     }
+}
+
+/// A PodMonitor endpoint on a model server's own port: some pod it selects has a model-server
+/// container (not kvbust) with that port, and the path is the engines' `/metrics`.
+fn check_engine_endpoint(
+    ctx: &str,
+    selector: &BTreeMap<String, String>,
+    e: &Value,
+    others: &[Value],
+    seen: &mut Seen,
+) {
+    let port = e["port"].as_str().unwrap_or("");
+    let found = pods(others)
+        .iter()
+        .filter(|p| selects(selector, &p.labels))
+        .flat_map(|p| p.containers().collect::<Vec<_>>())
+        .any(|(c, _)| !is_kvbust(c) && container_port(c, &e["port"]).is_some());
+    assert!(
+        found,
+        "{ctx}: no model server of the pods it selects has a port {port}"
+    );
+    assert_eq!(
+        e["path"], "/metrics",
+        "{ctx}: vLLM and SGLang serve /metrics"
+    );
+    seen.engine_ports.insert(port.to_string());
+}
+
+/// The model servers' own ports (vLLM's, SGLang's API port, which serves their /metrics) are
+/// scraped by the monitoring overlay, and SGLang is told to serve its metrics.
+fn check_engines_scraped(workloads: &[Value], seen: &Seen) {
+    let mut engines = 0;
+    for pod in pods(workloads) {
+        for (c, _) in pod.containers().filter(|(c, _)| !is_kvbust(c)) {
+            let ports: Vec<&str> = list(&c["ports"])
+                .iter()
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            if ports.is_empty() {
+                continue; // a client (the benchmark Job's), not a server
+            }
+            engines += 1;
+            let ctx = format!("{} {}", kind(pod.workload), name(pod.workload));
+            assert!(
+                ports.iter().any(|p| seen.engine_ports.contains(*p)),
+                "{ctx}: no PodMonitor scrapes its model server's ports {ports:?}"
+            );
+            if c["image"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("lmsysorg/sglang")
+            {
+                assert!(
+                    list(&c["args"]).iter().any(|a| a == "--enable-metrics"),
+                    "{ctx}: SGLang serves /metrics only with --enable-metrics"
+                );
+            }
+        }
+    }
+    assert_eq!(engines, 3, "vLLM, SGLang, and vLLM with capture");
+}
+
+/// The ConfigMap `served-model` of an overlay's configMapGenerator, as kustomize renders it (its
+/// name gains a hash): its rendered name and the model it names.
+fn served_model(docs: &[Value]) -> Option<(String, String)> {
+    docs.iter()
+        .find(|d| kind(d) == "ConfigMap" && name(d).starts_with("served-model-"))
+        .map(|d| {
+            let model = d["data"]["model"].as_str().expect("key model");
+            (name(d).to_string(), model.to_string())
+        })
+}
+
+/// The model is one patch point per overlay: every non-kvbust container reads it as `MODEL` from
+/// the ConfigMap `served-model` and uses it only through that variable; the value appears
+/// nowhere else in the rendered manifests.
+fn check_model_patch_point(overlay: &str, docs: &[Value]) {
+    let (cm, model) =
+        served_model(docs).unwrap_or_else(|| panic!("{overlay}: no ConfigMap served-model"));
+    let mut users = 0;
+    for pod in pods(docs) {
+        for (c, _) in pod.containers().filter(|(c, _)| !is_kvbust(c)) {
+            let ctx = format!("{overlay}: {}/{}", name(pod.workload), c["name"]);
+            let var = list(&c["env"])
+                .iter()
+                .find(|e| e["name"] == "MODEL")
+                .unwrap_or_else(|| panic!("{ctx}: no MODEL variable"));
+            assert_eq!(
+                var["valueFrom"]["configMapKeyRef"]["name"],
+                cm.as_str(),
+                "{ctx}"
+            );
+            assert_eq!(var["valueFrom"]["configMapKeyRef"]["key"], "model", "{ctx}");
+            let words = list(&c["command"]).iter().chain(list(&c["args"]));
+            let text: Vec<&str> = words.filter_map(Value::as_str).collect();
+            assert!(
+                text.iter()
+                    .any(|w| w.contains("$(MODEL)") || w.contains("\"$MODEL\"")),
+                "{ctx}: the command line does not use $(MODEL): {text:?}"
+            );
+            users += 1;
+        }
+    }
+    assert!(users > 0, "{overlay}: nothing reads the model");
+    let rendered = serde_json::to_string(docs).unwrap();
+    assert_eq!(
+        rendered.matches(model.as_str()).count(),
+        1,
+        "{overlay}: the model {model} is hard-coded beside its ConfigMap"
+    );
 }
 
 /// The capture component: capture on, its folder on the claim it ships, the key from a Secret,
@@ -941,6 +1058,25 @@ async fn rendered_manifests_name_only_what_kvbust_has() {
         workloads.extend(docs.iter().cloned());
     }
     check_monitors(&rendered["monitoring"], &workloads, &mut seen);
+    check_engines_scraped(&workloads, &seen);
+    // The model: a patch point in each overlay that runs a model server or a client.
+    let with_model: Vec<&str> = rendered
+        .iter()
+        .filter(|(_, docs)| served_model(docs).is_some())
+        .map(|(o, _)| o.as_str())
+        .collect();
+    assert_eq!(
+        with_model,
+        [
+            "benchmark-job",
+            "sidecar-sglang",
+            "sidecar-vllm",
+            "sidecar-vllm-capture"
+        ]
+    );
+    for o in with_model {
+        check_model_patch_point(o, &rendered[o]);
+    }
     assert_eq!(seen.kvbust_containers, 5, "one kvbust per workload overlay");
     check_capture(&rendered["sidecar-vllm-capture"]);
     // The benchmark Job's kvbust is a native sidecar (it ends with the Job's client), and
@@ -1193,6 +1329,65 @@ fn the_model_overlays_patch_points_apply_when_uncommented() {
         let spec = &find(&docs, "Deployment", name)["spec"]["template"]["spec"];
         assert_eq!(spec["runtimeClassName"], "nvidia", "{overlay}");
         assert_eq!(spec["tolerations"][0]["key"], "nvidia.com/gpu", "{overlay}");
+        std::fs::remove_dir_all(&scratch).ok();
+    }
+}
+
+/// The model's patch point as deploy/README.md documents it for an overlay of your own: a
+/// configMapGenerator `served-model` with `behavior: merge` on top of each overlay replaces the
+/// model everywhere it is used, and the old name is gone from the rendered manifests.
+#[test]
+fn the_model_patch_point_applies_in_an_overlay_on_top() {
+    if Process::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        eprintln!("NOTE: no kubectl: the model patch point was NOT checked");
+        return;
+    }
+    let readme = std::fs::read_to_string(repo().join("deploy/README.md")).unwrap();
+    assert!(
+        readme.contains("behavior: merge") && readme.contains("name: served-model"),
+        "deploy/README.md documents the model's patch point"
+    );
+    let other = "example-org/Other-Model-7B";
+    for overlay in [
+        "benchmark-job",
+        "sidecar-sglang",
+        "sidecar-vllm",
+        "sidecar-vllm-capture",
+    ] {
+        let dir = repo().join("deploy/k8s/overlays").join(overlay);
+        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("model-patch-{overlay}-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        std::fs::write(
+            scratch.join("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
+                 configMapGenerator:\n  - name: served-model\n    behavior: merge\n    literals:\n      - model={other}\n",
+                relative(&scratch, &dir).display(),
+            ),
+        )
+        .unwrap();
+        let out = Process::new("kubectl")
+            .arg("kustomize")
+            .arg(&scratch)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{overlay}: {}", stderr(&out));
+        let docs = documents(&String::from_utf8(out.stdout).unwrap());
+        let (_, model) = served_model(&docs).expect("the ConfigMap");
+        assert_eq!(model, other, "{overlay}");
+        // Every reader points at the patched ConfigMap, and the default is nowhere.
+        check_model_patch_point(overlay, &docs);
+        let (_, default) = served_model(&documents(&render(overlay).unwrap())).unwrap();
+        assert!(
+            !serde_json::to_string(&docs).unwrap().contains(&default),
+            "{overlay}: {default} is still in the patched manifests"
+        );
         std::fs::remove_dir_all(&scratch).ok();
     }
 }

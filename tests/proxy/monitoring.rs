@@ -1,6 +1,7 @@
 //! The shipped monitoring (the Grafana dashboard `deploy/grafana/kvbust.json` and the alerts of
 //! `deploy/k8s/overlays/monitoring/prometheusrule.yaml`) asks only for metrics, and labels,
-//! that kvbust's `/metrics` really has, after traffic that touches every family.
+//! that kvbust's `/metrics` really has, after traffic that touches every family; the engine
+//! panels' `vllm:` metrics are checked against the mock's `/metrics` (vLLM's names).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -21,6 +22,10 @@ const TARGET_LABELS: &[&str] = &[
     "service",
     "container",
 ];
+
+/// SGLang metrics the dashboard reads, which no server in these tests exports (the mock speaks
+/// vLLM's names): taken from SGLang's documentation, checked by name only.
+const SGLANG_UNCHECKED: &[&str] = &["sglang:cache_hit_rate"];
 
 /// PromQL functions and aggregations the queries may use.
 const FUNCTIONS: &[&str] = &[
@@ -246,7 +251,23 @@ async fn every_dashboard_and_alert_query_names_metrics_kvbust_exports() {
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
     body_bytes(bad).await;
     let exported = exposition(&metrics_text(&h).await);
+    // The engine's own metrics, as the mock (vLLM's names) exports them after the same traffic.
+    let resp = send(&c, get(&format!("http://{}/metrics", h.mock_addr))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let engine = exposition(std::str::from_utf8(&body_bytes(resp).await).unwrap());
     h.shutdown().await;
+    assert!(engine.keys().all(|m| m.starts_with("vllm:")), "{engine:?}");
+    let exported: BTreeMap<String, BTreeSet<String>> = exported.into_iter().chain(engine).collect();
+    // SGLang's, which no server here exports: the names checked against SGLang's documentation
+    // only, with the labels the queries may use (none beyond the scrape's own).
+    let exported: BTreeMap<String, BTreeSet<String>> = exported
+        .into_iter()
+        .chain(
+            SGLANG_UNCHECKED
+                .iter()
+                .map(|m| (m.to_string(), BTreeSet::new())),
+        )
+        .collect();
 
     let queries: Vec<(String, String)> = dashboard_queries()
         .into_iter()
@@ -260,7 +281,7 @@ async fn every_dashboard_and_alert_query_names_metrics_kvbust_exports() {
         for m in &uses.metrics {
             assert!(
                 exported.contains_key(m),
-                "{at}: `{q}` reads {m}, which kvbust's /metrics does not have"
+                "{at}: `{q}` reads {m}, which neither kvbust's /metrics nor the mock's (vllm:) has"
             );
             used.insert(m.clone());
         }
@@ -288,6 +309,10 @@ async fn every_dashboard_and_alert_query_names_metrics_kvbust_exports() {
         "kvbust_buffered_body_bytes",
         "kvbust_ledger_sessions",
         "process_resident_memory_bytes",
+        // The engine's own prefix-cache counters, beside kvbust's.
+        "vllm:prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total",
+        "sglang:cache_hit_rate",
     ] {
         assert!(used.contains(m), "the dashboard shows no {m}");
     }

@@ -247,4 +247,26 @@ fn bad_agentic_code_input_is_refused() {
     assert!(
         out.exists() && dir.join("manifest.json").exists() && dir.join("quality.json").exists()
     );
+    // One summary line: sessions and rows, their tokens summed from the written trace, its
+    // bytes, the time.
+    let text = std::fs::read_to_string(&out).unwrap();
+    let rows: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let sum = |k: &str| -> i64 { rows.iter().map(|r| r[k].as_i64().unwrap()).sum() };
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let want = format!(
+        "kvbust synth agentic-code: {} sessions, {} rows, {} input tokens, {} output tokens; {} \
+         bytes to {} (+ manifest.json, quality.json) in ",
+        manifest["num_sessions"],
+        rows.len(),
+        sum("input_length"),
+        sum("output_length"),
+        text.len(),
+        out.display()
+    );
+    let err = String::from_utf8_lossy(&ok.stderr);
+    assert!(err.contains(&want), "{want} in {err}");
 }

@@ -164,6 +164,25 @@ fn analyze_trace_vectors_through_the_cli() {
         let o = run_ok(&args);
         let report = String::from_utf8(o.stdout).unwrap();
         let total = case["stats"]["total_requests"].as_u64().unwrap();
+        // The summary line on stderr: rows and tokens summed from the trace itself (a missing
+        // length counts 0, as the analyzer's), the JSON's bytes, the time.
+        let lines: Vec<Value> = std::fs::read_to_string(&trace)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let sum = |k: &str| -> i64 { lines.iter().map(|l| l[k].as_i64().unwrap_or(0)).sum() };
+        let size = std::fs::metadata(&out).unwrap().len();
+        let want = format!(
+            "kvbust analyze-trace: {total} requests, {} input tokens, {} output tokens; {size} \
+             bytes to {} in ",
+            sum("input_length"),
+            sum("output_length"),
+            out.display()
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(lines.len() as u64, total, "{name}");
+        assert!(err.contains(&want), "{name}: {want} in {err}");
         assert!(
             report.contains(&format!("Total requests:   {total}")),
             "{report}"

@@ -18,6 +18,10 @@ pub struct Generated {
     /// Sessions written (restart continuations included) and their rows.
     pub sessions: usize,
     pub rows: usize,
+    /// The rows' `input_length` (a turn's new tokens, as dataset.jsonl writes it) and
+    /// `output_length`, summed (for the command's summary line).
+    pub input_tokens: i64,
+    pub output_tokens: i64,
 }
 
 /// Synthesizes `num_sessions` sessions under `seed` (numpy's `default_rng(seed)`) and renders
@@ -31,11 +35,16 @@ pub fn generate(
     let mut synth = sessions::Synthesizer::new(cfg, seed)?;
     let sessions = synth.sessions(num_sessions)?;
     let rows = sessions.iter().map(|s| s.turns.len()).sum();
+    let turns = || sessions.iter().flat_map(|s| &s.turns);
+    let input_tokens = turns().map(|t| t.new_tokens).sum();
+    let output_tokens = turns().map(|t| t.output_length).sum();
     Ok(Generated {
         dataset_jsonl: writer::dataset_jsonl(&sessions, cfg.block_size),
         manifest_json: writer::manifest_json(seed, sessions.len(), Some(config_name), cfg),
         quality_json: writer::quality_json(&sessions, cfg),
         sessions: sessions.len(),
         rows,
+        input_tokens,
+        output_tokens,
     })
 }
