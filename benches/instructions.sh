@@ -40,14 +40,7 @@ cleanup() {
     wait 2>/dev/null || true
 }
 trap cleanup EXIT
-wait_port() {
-    for _ in $(seq 1 600); do
-        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "port $1 did not open" >&2
-    exit 1
-}
+. "$ROOT/benches/lib.sh"
 
 sed -e "s#@DIR@#$WORK#g" -e "s#@PORT@#$P_UP#g" "$ROOT/benches/nginx/upstream.conf" >"$WORK/upstream.conf"
 nginx -c "$WORK/upstream.conf" -p "$WORK" -e "$WORK/upstream.log"

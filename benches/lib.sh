@@ -1,5 +1,5 @@
-# Helpers the kvbust bench scripts share (sourced by benches/cache_model.sh and
-# benches/capture.sh): waiting for a port, a process's and a thread's CPU seconds, its resident
+# Helpers the kvbust bench scripts share (sourced by benches/proxy.sh, instructions.sh,
+# cache_model.sh and capture.sh): waiting for a port, a process's and a thread's CPU seconds, its resident
 # memory, and one metric read from an admin port.
 wait_port() {
     for _ in $(seq 1 600); do

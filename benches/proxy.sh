@@ -69,14 +69,7 @@ nginx_conf() { # template port upstream
         "$ROOT/benches/nginx/$1.conf" >"$WORK/$1-$2.conf"
     nginx -c "$WORK/$1-$2.conf" -p "$WORK" -e "$WORK/nginx-$2.log"
 }
-wait_port() {
-    for _ in $(seq 1 200); do
-        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "port $1 did not open" >&2
-    exit 1
-}
+. "$ROOT/benches/lib.sh"
 kvbust() { # data-port admin-port upstream target [extra args]
     local port=$1 admin=$2 up=$3 target=$4
     shift 4
@@ -86,7 +79,6 @@ kvbust() { # data-port admin-port upstream target [extra args]
     echo $! >"$WORK/kvbust-$port.kpid"
     wait_port "$port"
 }
-rss_kb() { awk '/VmRSS/ {print $2}' /proc/"$1"/status; }
 # CPU time (clock ticks, user + system) of a process and its children processes.
 cpu_ticks() {
     local total=0 p

@@ -36,6 +36,19 @@ fn highest_open_fd() -> u32 {
         .unwrap()
 }
 
+/// This process's open-file limit, one column of `prlimit` (`SOFT` or `HARD`): a number or
+/// `unlimited`.
+fn nofile(column: &str) -> String {
+    let out = Command::new("prlimit")
+        .args(["--pid", &std::process::id().to_string(), "--nofile"])
+        .arg(format!("--output={column}"))
+        .arg("--noheadings")
+        .output()
+        .expect("prlimit (util-linux) runs")
+        .stdout;
+    String::from_utf8(out).unwrap().trim().to_string()
+}
+
 fn set_nofile(soft: u64, hard: &str) {
     let ok = Command::new("prlimit")
         .arg("--pid")
@@ -67,44 +80,8 @@ async fn out_of_descriptors_the_accept_loops_back_off_and_recover() {
     // The admin port answers only once every data worker runs (each needs descriptors for its
     // event loop), so from here on nothing in kvbust still has to open one to start.
     assert!(healthz(h.admin_addr).await.starts_with(b"HTTP/1.1 200"));
-    let hard = String::from_utf8(
-        Command::new("prlimit")
-            .args([
-                "--pid",
-                &std::process::id().to_string(),
-                "--nofile",
-                "--output=HARD",
-                "--noheadings",
-            ])
-            .output()
-            .expect("prlimit (util-linux) runs")
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_string();
-    let soft: u64 = String::from_utf8(
-        Command::new("prlimit")
-            .args([
-                "--pid",
-                &std::process::id().to_string(),
-                "--nofile",
-                "--output=SOFT",
-                "--noheadings",
-            ])
-            .output()
-            .expect("prlimit (util-linux) runs")
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap_or(4096);
-    let hard = if hard == "unlimited" {
-        "unlimited".to_string()
-    } else {
-        hard
-    };
+    let hard = nofile("HARD");
+    let soft: u64 = nofile("SOFT").parse().unwrap_or(4096);
     let mut stat = std::fs::File::open("/proc/self/stat").unwrap();
     // Sockets made now, connected once no descriptor is left: the servers' accepts must fail.
     let to_admin = TcpSocket::new_v4().unwrap();

@@ -38,13 +38,14 @@ pub const BAILIAN: Loader = Loader {
 
 /// Which of the two hash-id types the first line is (AIPerf's structural inference).
 fn hash_id_kind(p: &Probe<'_>) -> Result<TraceKind, TraceError> {
-    match p.first {
-        Some(_) => TraceFile::probe(p).detect(None),
-        None if p.whole => TraceFile::probe(p).detect(None),
-        // A first line longer than the prefix: read it as the type its keys resemble, whose
-        // loader then reads it (within the record cap) and names what is wrong.
-        None if p.keys.iter().any(|k| k == "chat_id") => Ok(TraceKind::BailianTrace),
-        None => Ok(TraceKind::MooncakeTrace),
+    if p.first.is_some() || p.whole {
+        return TraceFile::probe(p).detect(None);
+    }
+    // A first line longer than the prefix: read it as the type its keys resemble, whose loader
+    // then reads it (within the record cap) and names what is wrong.
+    match p.keys.iter().any(|k| k == "chat_id") {
+        true => Ok(TraceKind::BailianTrace),
+        false => Ok(TraceKind::MooncakeTrace),
     }
 }
 
