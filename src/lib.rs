@@ -35,9 +35,12 @@
 //!    the one name every layer matches on), or anything else, which streams through untouched.
 //! 3. **Decide** (`proxy::rewrite::decide`): phase and target from the headers, the default and the
 //!    admin's `PUT /phase` (`runtime::SharedState`); whether the body needs synthesis, placeholders,
-//!    a marker or a usage request. Nothing else needs the body, so nothing else collects it.
-//! 4. **Prepare the body** (`proxy::Proxy::prepare_body`): collected within `limits.*` (charged to
-//!    `budget` by `proxy::exchange`), then the body steps (`proxy::body_steps`): `proxy::synthesize` (`fill`:
+//!    a marker or a usage request. Nothing else needs the body, so nothing else reads it.
+//! 4. **Prepare the body** (`proxy::Proxy::prepare_body`): a marked or synthesized body, or one
+//!    that came whole in its first chunk, is collected within `limits.*` (charged to `budget` by
+//!    `proxy::exchange`); any other flows upstream as it arrives (`proxy::inflow`, reading it as it
+//!    passes with `json::stream::TopScan` for the first place a step could edit, and holding only
+//!    from there), and the same steps run at its end. Then the body steps (`proxy::body_steps`): `proxy::synthesize` (`fill`:
 //!    a synthetic conversation's `messages`; `scan`: `{{kvbust:...}}` placeholders, expanded from
 //!    `synth`'s prompt lanes), `proxy::rewrite` (the session, its RID and the marker, through
 //!    `cachebust`: `identity` for sessions, `marker` for the marker text, `inject` for where it goes)

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 mod check;
+pub(crate) mod stream;
 
 /// A JSON value's text, borrowed from the bytes it sits in: valid JSON with no surrounding
 /// whitespace, because a parse of those bytes produced it ([`RawValue`]) or a [`Layout`] of

@@ -95,19 +95,52 @@ pub(crate) fn reserve(r: &mut budget::Reservation<'_>, n: u64) -> Result<(), Pro
     })
 }
 
-/// Collects a request body that must be rewritten, refusing more than `limit` bytes and holding
-/// the bytes received so far in `buffered`. A body that arrives in one frame (the usual case for a small chat
-/// request) is kept as it is, not copied.
+/// The length the client declared (`content-length`), when it is a number.
+pub(crate) fn declared_len(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+/// The body's first chunk of data (`None`: it has none), refusing at once a body declared or
+/// found larger than `limit`.
+pub(crate) async fn first_chunk(
+    body: &mut Body,
+    headers: &http::HeaderMap,
+    limit: u64,
+) -> Result<Option<Bytes>, ProxyError> {
+    if declared_len(headers).is_some_and(|n| n > limit) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(client_body_error)?.into_data() {
+            if data.len() as u64 > limit {
+                return Err(ProxyError::BodyTooLarge { limit });
+            }
+            return Ok(Some(data));
+        }
+    }
+    Ok(None)
+}
+
+/// A client body's read error, as the exchange reports it.
+pub(crate) fn client_body_error(e: crate::body::BoxError) -> ProxyError {
+    crate::conn::client_fault_in(e.as_ref())
+        .unwrap_or_else(|| ProxyError::ClientBody(crate::error::error_chain(e.as_ref())))
+}
+
+/// Collects a request body that must be rewritten (its `first` chunk already read), refusing
+/// more than `limit` bytes and holding the bytes received so far in `buffered`. A body that
+/// arrives in one frame (the usual case for a small chat request) is kept as it is, not copied.
 pub(crate) async fn collect_limited(
+    first: Option<Bytes>,
     body: Body,
     headers: &http::HeaderMap,
     limit: u64,
     buffered: &mut budget::Reservation<'_>,
 ) -> Result<Bytes, ProxyError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_len(headers);
     if declared.is_some_and(|n| n > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
@@ -116,16 +149,20 @@ pub(crate) async fn collect_limited(
     // A plain loop rather than `Limited`: its boxed error type trips rustc's Send inference
     // for this future.
     let mut body = body;
+    let mut pending = first;
     let mut first: Option<Bytes> = None;
     let mut joined: Option<bytes::BytesMut> = None;
     let mut total = 0u64;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            crate::conn::client_fault_in(e.as_ref())
-                .unwrap_or_else(|| ProxyError::ClientBody(crate::error::error_chain(e.as_ref())))
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue;
+    loop {
+        let data = match pending.take() {
+            Some(data) => data,
+            None => match body.frame().await {
+                None => break,
+                Some(frame) => match frame.map_err(client_body_error)?.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+            },
         };
         total += data.len() as u64;
         if total > limit {

@@ -3,13 +3,15 @@
 //! headers alone) → prepare the body (collect it within the limits; synthesize, expand
 //! placeholders, mark, ask for usage) → upstream request → send → response headers → observe
 //! (stream back; time, count, log). A request body is collected only on an API route where a
-//! step needs it (with `synth.placeholders` on, the default, every chat body: the scan must see
-//! its bytes). The body is parsed once: the first step that must read it parses it, and every
-//! step hands the next the body's layout (`json::Layout`), moved over its own splice,
-//! so no step parses bytes a step before already read; one that finds nothing to do copies
-//! nothing. Everything else streams through. Never collects a response body.
+//! step must read it before any of it goes (a marker, synthesis) or when it came whole in its
+//! first chunk; any other body on an API route flows upstream as it arrives ([`inflow`]) and the
+//! steps run at its end, on what was held back. The body is parsed once: the first step that
+//! must read it parses it, and every step hands the next the body's layout (`json::Layout`),
+//! moved over its own splice, so no step parses bytes a step before already read; one that
+//! finds nothing to do copies nothing. Everything else streams through. Never collects a response body.
 
 pub mod exchange;
+mod inflow;
 pub mod observe;
 pub mod rewrite;
 pub mod synthesize;
@@ -105,6 +107,15 @@ impl BodyWork {
     fn needs_body(&self) -> bool {
         self.decision.needs_body() || self.synth || self.placeholders || self.usage || self.model
     }
+}
+
+/// A body that flows: the pump, the first chunk it read, and what the steps at its end need.
+struct Flow {
+    inflow: inflow::Inflow,
+    first: Bytes,
+    work: BodyWork,
+    /// The client's headers, for the cache model's session hints.
+    headers: http::HeaderMap,
 }
 
 /// The response header names, parsed once (`headers.response_*`, validated at start).
@@ -307,12 +318,12 @@ impl Proxy {
                 via: self.rt.via.clone(),
             });
         }
-        let body = match self.decide(&parts, ex, client.peer.ip(), start)? {
+        let (body, flowing) = match self.decide(&parts, ex, client.peer.ip(), start)? {
             Some(work) => {
                 self.prepare_body(work, &mut parts, body, ex, &mut buffered)
                     .await?
             }
-            None => body,
+            None => (body, None),
         };
         let req = self.upstream_request(parts, body, client)?;
         let overhead = start.elapsed();
@@ -326,7 +337,16 @@ impl Proxy {
             streams,
             source: client.source.as_ref(),
         };
-        let resp = self.send(req, affinity, bounds, turn, overhead).await?;
+        let sent = self
+            .transport
+            .send(req, affinity, bounds, &self.rt.config.upstream);
+        let resp = match flowing {
+            None => self.first_byte_within(sent, turn, overhead).await?,
+            Some(flow) => {
+                let pump = self.pump(flow, ex, &mut buffered);
+                self.send_flowing(sent, pump, turn, overhead).await?
+            }
+        };
         // The body went out with the request: its bytes are no longer held here.
         drop(buffered);
         let (mut parts, body) = resp.into_parts();
@@ -382,19 +402,44 @@ impl Proxy {
         Ok(work.needs_body().then_some(work))
     }
 
-    /// Prepare the body: collect it (within the limits), run the [`body_steps`] on it; a changed
-    /// body gets its new `content-length`.
+    /// Prepare the body. One that came whole in its first chunk, or that a step must read
+    /// before any of it goes (a marker, synthesis), is collected (within the limits) and run
+    /// through the [`body_steps`]; a changed body gets its new `content-length`. Any other
+    /// flows ([`inflow`]): the upstream request carries a piped body, and the returned [`Flow`]
+    /// is the pump [`Proxy::pump`] runs while the request is sent.
     async fn prepare_body(
         &self,
         mut work: BodyWork,
         parts: &mut http::request::Parts,
-        body: Body,
+        mut body: Body,
         ex: &mut Exchange,
         buffered: &mut budget::Reservation<'_>,
-    ) -> Result<Body, ProxyError> {
+    ) -> Result<(Body, Option<Flow>), ProxyError> {
         let cfg = &self.rt.config;
-        let original =
-            collect_limited(body, &parts.headers, cfg.limits.max_body.as_u64(), buffered).await?;
+        let limit = cfg.limits.max_body.as_u64();
+        let first = exchange::first_chunk(&mut body, &parts.headers, limit).await?;
+        let whole = first.as_ref().is_none_or(|_| body.is_end_stream());
+        if !whole && !work.synth && !work.decision.needs_body() {
+            let first = first.unwrap_or_default();
+            // A step at the end may lengthen the body (usage, placeholders): then it goes
+            // chunked; otherwise with the client's length.
+            let may_grow = work.usage || work.placeholders;
+            if may_grow {
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
+            let len = (!may_grow)
+                .then(|| exchange::declared_len(&parts.headers))
+                .flatten();
+            let (inflow, piped) = inflow::Inflow::new(body, limit, len);
+            let flow = Flow {
+                inflow,
+                first,
+                work,
+                headers: parts.headers.clone(),
+            };
+            return Ok((piped.boxed(), Some(flow)));
+        }
+        let original = collect_limited(first, body, &parts.headers, limit, buffered).await?;
         if let Some(log) = ex.log.as_mut() {
             log.bytes_in = Some(original.len() as u64);
         }
@@ -414,7 +459,108 @@ impl Proxy {
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
         }
-        Ok(full_body(bytes))
+        Ok((full_body(bytes), None))
+    }
+
+    /// Runs a flowing body's pump to the body's end, then the steps a collected body gets on
+    /// it, and sends what lies past what already went. `Ok` also when the upstream stopped
+    /// reading: its own answer (or error) is what the exchange reports.
+    async fn pump(
+        &self,
+        flow: Flow,
+        ex: &mut Exchange,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<(), ProxyError> {
+        let Flow {
+            inflow,
+            first,
+            mut work,
+            headers,
+        } = flow;
+        let Ok(received) = inflow.run(first, buffered).await? else {
+            return Ok(());
+        };
+        if let Some(log) = ex.log.as_mut() {
+            log.bytes_in = Some(received.len() as u64);
+        }
+        let facts = &received.facts;
+        let streams = facts.stream.as_ref().is_some_and(|s| s.1);
+        if facts.placeholder.is_some() || facts.doubtful || (work.usage && streams) {
+            // A step may edit: it reads the whole body, as a collected one.
+            let whole = received.whole();
+            let bytes = if facts.placeholder.is_some() || facts.doubtful {
+                let (bytes, _) = body_steps(
+                    &self.rt,
+                    &self.synth,
+                    &mut work,
+                    &headers,
+                    whole.clone(),
+                    ex,
+                    buffered,
+                )
+                .await?;
+                bytes
+            } else {
+                // Only usage: the scan's layout is all that step reads.
+                if work.model {
+                    submit_to_model(&self.rt, &work, &headers, (&whole, None), None, ex);
+                }
+                let edited = facts
+                    .usage_layout()
+                    .and_then(|l| usage::add_include_usage_at(&whole, &l));
+                ex.strip_usage |= edited.is_some();
+                edited.map_or_else(|| whole.clone(), Bytes::from)
+            };
+            let sent = received.sent;
+            if bytes.get(..sent) != whole.get(..sent) {
+                // The steps edit only where the scan held back; anything else is a bug, and
+                // the upstream must not get a body spliced from two versions.
+                return Err(ProxyError::Internal(
+                    "a streamed body's steps changed bytes already sent".into(),
+                ));
+            }
+            reserve(buffered, (whole.len() + bytes.len()) as u64)?;
+            // An upstream that stopped reading answers for itself.
+            let _ = received.send_rest_of(&bytes).await;
+            return Ok(());
+        }
+        // Nothing to edit: the held bytes go first, the cache model's copy after.
+        let _ = received.send_held().await;
+        if work.model {
+            let whole = received.whole();
+            submit_to_model(&self.rt, &work, &headers, (&whole, None), None, ex);
+        }
+        Ok(())
+    }
+
+    /// Sends a request whose body is still flowing: its response waits for the pump; the
+    /// upstream's first-byte window opens once the body is sent, so a slow client is not the
+    /// upstream's timeout. An upstream that answers before the body ended is answered with what
+    /// it said, and the rest of the body is cut (its connection is closed, not reused).
+    async fn send_flowing<S, P>(
+        &self,
+        sent: S,
+        pump: P,
+        turn: Option<&turn_timer::TurnTimer>,
+        overhead: std::time::Duration,
+    ) -> Result<Response<UpstreamBody>, ProxyError>
+    where
+        S: Future<Output = Result<Response<UpstreamBody>, ProxyError>>,
+        P: Future<Output = Result<(), ProxyError>>,
+    {
+        tokio::pin!(sent, pump);
+        let early = tokio::select! {
+            biased;
+            pumped = &mut pump => {
+                pumped?;
+                None
+            }
+            resp = &mut sent => Some(resp),
+        };
+        match early {
+            Some(resp) => resp,
+            None => self.first_byte_within(sent, turn, overhead).await,
+        }
     }
 
     /// The upstream request: the target in the form the connection wants, the forwarded
@@ -448,17 +594,18 @@ impl Proxy {
         Ok(Request::from_parts(parts, body))
     }
 
-    /// Send through the transport, with the response headers due within
+    /// The upstream's answer to `sent`, with the response headers due within
     /// `upstream.first_byte_timeout` and within what is left of `upstream.total_timeout` after
     /// kvbust's own `overhead`.
-    async fn send(
+    async fn first_byte_within<S>(
         &self,
-        req: Request<Body>,
-        affinity: Option<&Affinity>,
-        bounds: Bounds<'_>,
+        sent: S,
         turn: Option<&turn_timer::TurnTimer>,
         overhead: std::time::Duration,
-    ) -> Result<Response<UpstreamBody>, ProxyError> {
+    ) -> Result<Response<UpstreamBody>, ProxyError>
+    where
+        S: Future<Output = Result<Response<UpstreamBody>, ProxyError>>,
+    {
         let cfg = &self.rt.config.upstream;
         let (timeout, stage, after) = match cfg.total_timeout {
             Some(total) if total.saturating_sub(overhead) < cfg.first_byte_timeout => (
@@ -472,7 +619,6 @@ impl Proxy {
                 cfg.first_byte_timeout,
             ),
         };
-        let sent = self.transport.send(req, affinity, bounds, cfg);
         let timed_out = match turn {
             Some(timer) => {
                 let deadline = tokio::time::Instant::now() + timeout;

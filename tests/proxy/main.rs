@@ -20,6 +20,7 @@ mod first_day;
 mod fuzz_regressions;
 mod hardening_server;
 mod hardening_synth;
+mod inflow;
 mod mock_server;
 mod monitoring;
 mod probe;

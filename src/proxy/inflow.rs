@@ -1,0 +1,311 @@
+//! A request body forwarded as it arrives. When nothing on the request needs the body before
+//! it goes (no marker, no synthesis: only the placeholder scan, the usage step and the cache
+//! model's copy), [`Inflow`] sends each chunk upstream as it comes, up to the first place one of
+//! those steps could edit ([`TopScan`]), and holds the rest; at the end the caller runs the
+//! steps a collected body gets and sends what lies past what already went. Owns the upstream
+//! side of the body ([`Piped`]) and the chunk bookkeeping; never decides what a body needs and
+//! never edits one (that is `super::body_steps`').
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+
+use crate::body::{Body, BoxError};
+use crate::budget;
+use crate::error::ProxyError;
+use crate::json::stream::{TopFacts, TopScan};
+
+use super::exchange::reserve;
+
+/// Chunks in flight between the pump and the upstream connection: enough to keep both busy,
+/// few enough that a slow upstream holds the client back (the pump waits for room).
+const CHANNEL_CHUNKS: usize = 4;
+
+enum Msg {
+    Data(Bytes),
+    End,
+}
+
+/// The upstream request's body: what [`Inflow`] sends. A pump dropped before the end (the
+/// client went, a limit was hit, the request was answered early) ends it with an error, so the
+/// upstream connection is closed rather than handed a short body as if whole.
+pub(super) struct Piped {
+    rx: mpsc::Receiver<Msg>,
+    /// Its length, when it goes with the client's `content-length`.
+    len: Option<u64>,
+    ended: bool,
+}
+
+impl HttpBody for Piped {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Msg::Data(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+            Poll::Ready(Some(Msg::End)) => {
+                self.ended = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(None) => {
+                self.ended = true;
+                Poll::Ready(Some(Err("the request body was cut short".into())))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.len
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+/// The upstream went away (its connection failed or it stopped reading the body): its own
+/// error is what the exchange reports.
+#[derive(Debug)]
+pub(super) struct Gone;
+
+/// The pump's side: the client's body, what the scan knows, what went and what is held.
+pub(super) struct Inflow {
+    client: Body,
+    tx: mpsc::Sender<Msg>,
+    scan: TopScan,
+    /// Every chunk received, in order (references, not copies): the steps at the end and the
+    /// cache model read the body whole.
+    chunks: Vec<Bytes>,
+    received: u64,
+    /// Bytes sent upstream so far, all from the start of the body.
+    sent: usize,
+    limit: u64,
+}
+
+/// A body read to its end: its chunks as received, what went already, and what the scan saw.
+pub(super) struct Received {
+    chunks: Vec<Bytes>,
+    len: usize,
+    pub sent: usize,
+    pub facts: TopFacts,
+    tx: mpsc::Sender<Msg>,
+}
+
+impl Inflow {
+    /// The pump for `client` (whose first chunk is `first`) and the body the upstream request
+    /// carries; `len`: the length to declare, when the body is known to go unchanged in size.
+    pub(super) fn new(client: Body, limit: u64, len: Option<u64>) -> (Self, Piped) {
+        let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
+        let piped = Piped {
+            rx,
+            len,
+            ended: false,
+        };
+        let inflow = Self {
+            client,
+            tx,
+            scan: TopScan::default(),
+            chunks: Vec::new(),
+            received: 0,
+            sent: 0,
+            limit,
+        };
+        (inflow, piped)
+    }
+
+    /// Reads the client's body to its end (`first` is the chunk already read), sending what
+    /// may go as it comes. Errors: the client's (its body failed or passed `limits.max_body`,
+    /// the buffered budget ran out) as [`ProxyError`]s; the upstream's as `Ok(Err(Gone))`.
+    pub(super) async fn run(
+        mut self,
+        first: Bytes,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<Result<Received, Gone>, ProxyError> {
+        let mut next = Some(first);
+        loop {
+            if let Some(data) = next.take() {
+                self.take(data, buffered)?;
+                if self.flush().await.is_err() {
+                    return Ok(Err(Gone));
+                }
+            }
+            let Some(frame) = self.client.frame().await else {
+                break;
+            };
+            let frame = frame.map_err(super::exchange::client_body_error)?;
+            next = frame.into_data().ok();
+        }
+        self.scan.finish();
+        Ok(Ok(Received {
+            chunks: self.chunks,
+            len: self.received as usize,
+            sent: self.sent,
+            facts: self.scan.facts().clone(),
+            tx: self.tx,
+        }))
+    }
+
+    fn take(
+        &mut self,
+        data: Bytes,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<(), ProxyError> {
+        self.received += data.len() as u64;
+        if self.received > self.limit {
+            return Err(ProxyError::BodyTooLarge { limit: self.limit });
+        }
+        reserve(buffered, self.received)?;
+        self.scan.feed(&data);
+        self.chunks.push(data);
+        Ok(())
+    }
+
+    /// Sends what the scan lets go and has not gone yet.
+    async fn flush(&mut self) -> Result<(), Gone> {
+        let safe = self.scan.safe_len();
+        if safe <= self.sent {
+            return Ok(());
+        }
+        // The chunks that hold bytes sent..safe, cut to that range without copying.
+        let mut start = 0;
+        for chunk in &self.chunks {
+            let end = start + chunk.len();
+            if end > self.sent && start < safe {
+                let from = self.sent.max(start) - start;
+                let to = safe.min(end) - start;
+                self.tx
+                    .send(Msg::Data(chunk.slice(from..to)))
+                    .await
+                    .map_err(|_| Gone)?;
+            }
+            start = end;
+            if start >= safe {
+                break;
+            }
+        }
+        self.sent = safe;
+        Ok(())
+    }
+}
+
+impl Received {
+    /// The body as received, in one buffer.
+    pub(super) fn whole(&self) -> Bytes {
+        join(&self.chunks, self.len)
+    }
+
+    /// The body's length as received.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Sends the end of the body as received (what was held back) and ends it.
+    pub(super) async fn send_held(&self) -> Result<(), Gone> {
+        let mut start = 0;
+        for chunk in &self.chunks {
+            let end = start + chunk.len();
+            if end > self.sent {
+                let from = self.sent.max(start) - start;
+                self.send(chunk.slice(from..)).await?;
+            }
+            start = end;
+        }
+        self.tx.send(Msg::End).await.map_err(|_| Gone)
+    }
+
+    /// Sends the end of `body` (the steps' rewrite of the whole body, which leaves the part
+    /// already sent as it was) and ends it.
+    pub(super) async fn send_rest_of(&self, body: &Bytes) -> Result<(), Gone> {
+        if body.len() > self.sent {
+            self.send(body.slice(self.sent..)).await?;
+        }
+        self.tx.send(Msg::End).await.map_err(|_| Gone)
+    }
+
+    async fn send(&self, data: Bytes) -> Result<(), Gone> {
+        self.tx.send(Msg::Data(data)).await.map_err(|_| Gone)
+    }
+}
+
+/// The chunks as one buffer; one chunk is kept as it is.
+fn join(chunks: &[Bytes], len: usize) -> Bytes {
+    match chunks {
+        [] => Bytes::new(),
+        [one] => one.clone(),
+        many => {
+            let mut buf = BytesMut::with_capacity(len);
+            for c in many {
+                buf.extend_from_slice(c);
+            }
+            buf.freeze()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads a piped body to its end: its chunks, or the error it ended with.
+    async fn drain(mut piped: Piped) -> Result<Vec<Bytes>, BoxError> {
+        let mut out = Vec::new();
+        while let Some(frame) = piped.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                out.push(data);
+            }
+        }
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn a_pump_dropped_before_the_end_cuts_the_body_with_an_error() {
+        let empty = http_body_util::Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed();
+        let (inflow, piped) = Inflow::new(empty, 1 << 20, Some(3));
+        inflow
+            .tx
+            .send(Msg::Data(Bytes::from_static(b"abc")))
+            .await
+            .ok();
+        drop(inflow);
+        assert!(
+            drain(piped).await.is_err(),
+            "a short body must not end cleanly"
+        );
+    }
+
+    #[tokio::test]
+    async fn what_goes_is_the_safe_part_then_the_rest_of_the_final_body() {
+        let body = br#"{"messages":[{"role":"user","content":"hello"}],"stream":true}"#;
+        let chunks: Vec<Bytes> = body.chunks(7).map(Bytes::copy_from_slice).collect();
+        let (first, rest) = (chunks[0].clone(), chunks[1..].to_vec());
+        let frames = rest.into_iter().map(|b| Ok::<_, BoxError>(Frame::data(b)));
+        let client = http_body_util::StreamBody::new(futures_util::stream::iter(frames)).boxed();
+        let (inflow, piped) = Inflow::new(client, 1 << 20, None);
+        let reader = tokio::spawn(drain(piped));
+        let budget = budget::BodyBudget::new(1 << 30);
+        let mut held = budget.reservation();
+        let got = inflow.run(first, &mut held).await.expect("no client error");
+        let got = got.ok().expect("the reader is there");
+        assert_eq!(&got.whole()[..], &body[..]);
+        // Everything before the closing brace went as it came.
+        assert_eq!(got.sent, body.len() - 1);
+        let edited = crate::proxy::usage::add_include_usage(&got.whole()).expect("an edit");
+        got.send_rest_of(&Bytes::from(edited.clone())).await.ok();
+        let out: Vec<u8> = reader.await.expect("joins").expect("ends cleanly").concat();
+        assert_eq!(out, edited);
+    }
+}
