@@ -39,6 +39,15 @@ pub(crate) struct TopFacts {
 }
 
 impl TopFacts {
+    /// Whether a step at the body's end may edit it: (with `placeholders`) a placeholder, a
+    /// body the scan could not follow, or (with `usage`, `observe.request_usage`) a streamed
+    /// one, whose `stream_options` may need `include_usage`. Otherwise the body goes as it came.
+    pub(crate) fn may_edit(&self, usage: bool, placeholders: bool) -> bool {
+        (placeholders && self.placeholder.is_some())
+            || self.doubtful
+            || (usage && self.stream.as_ref().is_some_and(|s| s.1))
+    }
+
     /// A layout knowing only `stream`, `stream_options` and the close: enough for the usage
     /// step, which reads nothing else. `None` when the scan did not see the object close.
     pub(crate) fn usage_layout(&self) -> Option<Layout> {
@@ -417,28 +426,44 @@ fn is_space(b: u8) -> bool {
 }
 
 /// Skips string bytes from `chunk[i]` (just inside the string, or after its opening quote was
-/// read): returns where it stopped and whether the closing quote was read.
+/// read): returns where it stopped and whether the closing quote was read. Only quotes are
+/// searched for (an agent's context has a backslash every few dozen bytes, a quote far less
+/// often): a quote after an odd run of backslashes is escaped. `escaped`: the last chunk ended
+/// on an odd run, so this one's first byte is escaped.
 fn skip_string(chunk: &[u8], i: usize, escaped: &mut bool) -> (usize, bool) {
     let mut j = i;
-    while j < chunk.len() {
-        if *escaped {
-            *escaped = false;
-            j += 1;
-            continue;
+    if *escaped {
+        if j >= chunk.len() {
+            return (j, false);
         }
-        match memchr::memchr2(b'"', b'\\', &chunk[j..]) {
-            None => return (chunk.len(), false),
+        *escaped = false;
+        j += 1;
+    }
+    // Backslashes before `end` since `j`: a run never reaches back past `j`, which follows an
+    // opening quote, an escaped byte or the end of an even run.
+    let run = |end: usize, from: usize| {
+        chunk[from..end]
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b'\\')
+            .count()
+    };
+    loop {
+        match memchr::memchr(b'"', &chunk[j..]) {
+            None => {
+                *escaped = run(chunk.len(), j) % 2 == 1;
+                return (chunk.len(), false);
+            }
             Some(k) => {
-                j += k;
-                if chunk[j] == b'"' {
-                    return (j + 1, true);
+                let quote = j + k;
+                let odd = run(quote, j) % 2 == 1;
+                if !odd {
+                    return (quote + 1, true);
                 }
-                *escaped = true;
-                j += 1;
+                j = quote + 1;
             }
         }
     }
-    (j, false)
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ use crate::budget;
 use crate::cachebust::{Phase, Target};
 use crate::conn::BodyTimeout;
 use crate::error::ProxyError;
+use crate::json::stream::{TopFacts, TopScan};
 use crate::metrics::Metrics;
 use crate::runtime::SharedState;
 use crate::upstream::client::{Upstream, UpstreamClient};
@@ -419,7 +420,12 @@ impl Proxy {
         let limit = cfg.limits.max_body.as_u64();
         let first = exchange::first_chunk(&mut body, &parts.headers, limit).await?;
         let whole = first.as_ref().is_none_or(|_| body.is_end_stream());
-        if !whole && !work.synth && !work.decision.needs_body() {
+        let scanned = !work.synth && !work.decision.needs_body();
+        if scanned && whole {
+            let data = first.unwrap_or_default();
+            return self.scan_whole(work, parts, data, ex, buffered).await;
+        }
+        if scanned {
             let first = first.unwrap_or_default();
             // A step at the end may lengthen the body (usage, placeholders): then it goes
             // chunked; otherwise with the client's length.
@@ -462,6 +468,41 @@ impl Proxy {
         Ok((full_body(bytes), None))
     }
 
+    /// A body with nothing to mark that came whole in one chunk: read by the scan, as a
+    /// flowing one is, so the steps parse it only where the scan cannot settle an edit.
+    async fn scan_whole(
+        &self,
+        mut work: BodyWork,
+        parts: &mut http::request::Parts,
+        data: Bytes,
+        ex: &mut Exchange,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<(Body, Option<Flow>), ProxyError> {
+        reserve(buffered, data.len() as u64)?;
+        if let Some(log) = ex.log.as_mut() {
+            log.bytes_in = Some(data.len() as u64);
+        }
+        let mut scan = TopScan::default();
+        scan.feed(&data);
+        let facts = scan.finish().clone();
+        if !facts.may_edit(work.usage, work.placeholders) {
+            if work.model {
+                submit_to_model(&self.rt, &work, &parts.headers, (&data, None), None, ex);
+            }
+            return Ok((full_body(data), None));
+        }
+        let edited = self
+            .scanned_steps(&mut work, &parts.headers, &data, &facts, ex, buffered)
+            .await?;
+        let Some(bytes) = edited else {
+            return Ok((full_body(data), None));
+        };
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        Ok((full_body(bytes), None))
+    }
+
     /// Runs a flowing body's pump to the body's end, then the steps a collected body gets on
     /// it, and sends what lies past what already went. `Ok` also when the upstream stopped
     /// reading: its own answer (or error) is what the exchange reports.
@@ -483,33 +524,15 @@ impl Proxy {
         if let Some(log) = ex.log.as_mut() {
             log.bytes_in = Some(received.len() as u64);
         }
-        let facts = &received.facts;
-        let streams = facts.stream.as_ref().is_some_and(|s| s.1);
-        if facts.placeholder.is_some() || facts.doubtful || (work.usage && streams) {
-            // A step may edit: it reads the whole body, as a collected one.
+        if received.facts.may_edit(work.usage, work.placeholders) {
             let whole = received.whole();
-            let bytes = if facts.placeholder.is_some() || facts.doubtful {
-                let (bytes, _) = body_steps(
-                    &self.rt,
-                    &self.synth,
-                    &mut work,
-                    &headers,
-                    whole.clone(),
-                    ex,
-                    buffered,
-                )
+            let facts = received.facts.clone();
+            let edited = self
+                .scanned_steps(&mut work, &headers, &whole, &facts, ex, buffered)
                 .await?;
-                bytes
-            } else {
-                // Only usage: the scan's layout is all that step reads.
-                if work.model {
-                    submit_to_model(&self.rt, &work, &headers, (&whole, None), None, ex);
-                }
-                let edited = facts
-                    .usage_layout()
-                    .and_then(|l| usage::add_include_usage_at(&whole, &l));
-                ex.strip_usage |= edited.is_some();
-                edited.map_or_else(|| whole.clone(), Bytes::from)
+            let Some(bytes) = edited else {
+                let _ = received.send_held().await;
+                return Ok(());
             };
             let sent = received.sent;
             if bytes.get(..sent) != whole.get(..sent) {
@@ -519,7 +542,6 @@ impl Proxy {
                     "a streamed body's steps changed bytes already sent".into(),
                 ));
             }
-            reserve(buffered, (whole.len() + bytes.len()) as u64)?;
             // An upstream that stopped reading answers for itself.
             let _ = received.send_rest_of(&bytes).await;
             return Ok(());
@@ -531,6 +553,49 @@ impl Proxy {
             submit_to_model(&self.rt, &work, &headers, (&whole, None), None, ex);
         }
         Ok(())
+    }
+
+    /// The steps at the end of a body read by the scan (flowing, or whole in one chunk), when
+    /// [`TopFacts::may_edit`]: what the scan could not settle (a placeholder, a body it could
+    /// not follow) goes through the [`body_steps`] as a collected body; otherwise the usage step
+    /// reads only the scan's layout. Hands the body to the cache model. `Some`: the new body.
+    async fn scanned_steps(
+        &self,
+        work: &mut BodyWork,
+        headers: &http::HeaderMap,
+        whole: &Bytes,
+        facts: &TopFacts,
+        ex: &mut Exchange,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<Option<Bytes>, ProxyError> {
+        if (work.placeholders && facts.placeholder.is_some()) || facts.doubtful {
+            let (bytes, changed) = body_steps(
+                &self.rt,
+                &self.synth,
+                work,
+                headers,
+                whole.clone(),
+                ex,
+                buffered,
+            )
+            .await?;
+            if changed {
+                reserve(buffered, (whole.len() + bytes.len()) as u64)?;
+            }
+            return Ok(changed.then_some(bytes));
+        }
+        if work.model {
+            submit_to_model(&self.rt, work, headers, (whole, None), None, ex);
+        }
+        let edited = facts
+            .usage_layout()
+            .and_then(|l| usage::add_include_usage_at(whole, &l))
+            .map(Bytes::from);
+        if let Some(b) = &edited {
+            ex.strip_usage = true;
+            reserve(buffered, (whole.len() + b.len()) as u64)?;
+        }
+        Ok(edited)
     }
 
     /// Sends a request whose body is still flowing: its response waits for the pump; the

@@ -105,6 +105,7 @@ fn a_table_of_bodies_reads_as_the_parse_reads_them() {
         r#"{"m":"{{kvbus","n":"t:"}"#,
         r#"{"a":[[[]]],"b":{"c":{"d":"]]]}}}"}},"stream":1e5}"#,
         "{\n\t\"stream\"\r\n:\ttrue\n}\n",
+        r#"{"a":"\\\\\\\"x\\\\","b":["\\\"]\\\\"],"stream":true}"#,
     ];
     for b in bodies {
         check(b.as_bytes(), 1);

@@ -91,6 +91,11 @@ pub struct PromptLanes {
     tokenizer: Arc<Tokenizer>,
     style: RandomCorpusStyle,
     root: u64,
+    /// The root is the configured seed (`synth.placeholder_seed`): the next process draws the
+    /// same lane seeds, so an AIPerf coding pool built for a lane is worth a cache file. A drawn
+    /// root's pools are never asked for again: caching them would only fill the disk (one file
+    /// of megabytes per new prompt length).
+    seeded: bool,
     /// The root seed of the coding-exact corpus: fixed when unseeded, so its build is cached.
     coding_root: u64,
     depth: usize,
@@ -193,6 +198,7 @@ impl PromptLanes {
             tokenizer,
             style,
             root: seed.unwrap_or_else(rand::random),
+            seeded: seed.is_some(),
             coding_root: crate::synth::corpus::kvbust_coding::corpus_root(seed),
             depth,
             cache_dir,
@@ -239,7 +245,7 @@ impl PromptLanes {
 
     fn lane(&self, corpus: PromptCorpus, tokens: usize) -> Result<Arc<Lane>, SynthError> {
         let key = (corpus, tokens);
-        let seed = {
+        let (seed, reborn) = {
             let mut lanes = lock(&self.lanes);
             if let Some(l) = lanes.existing(key) {
                 return Ok(l);
@@ -252,21 +258,24 @@ impl PromptLanes {
                     tokens,
                     "placeholder lane made again on a fresh stream"
                 );
-                derive_seed(
+                let seed = derive_seed(
                     lane_seed(self.root, corpus, tokens),
                     &format!("kvbust.placeholder.rebirth.{}", lanes.rebirths),
-                )
+                );
+                (seed, true)
             } else {
-                lane_seed(self.root, corpus, tokens)
+                (lane_seed(self.root, corpus, tokens), false)
             }
         };
+        // A reborn lane's seed depends on this process's traffic: no later one asks for it.
+        let pool_cache = self.cache_dir.as_deref().filter(|_| self.seeded && !reborn);
         let stream = PromptStream::new(
             self.tokenizer.clone(),
             corpus,
             self.style,
             self.corpus(corpus)?,
             Some(seed),
-            self.cache_dir.as_deref(),
+            pool_cache,
         )?;
         let lane = Arc::new(Lane {
             tokens,
@@ -375,6 +384,28 @@ mod tests {
         static T: std::sync::OnceLock<Arc<Tokenizer>> = std::sync::OnceLock::new();
         T.get_or_init(|| Arc::new(Tokenizer::default_qwen3().unwrap()))
             .clone()
+    }
+
+    /// A coding lane's pool is cached only when the next process could ask for it again: with
+    /// `synth.placeholder_seed` set. Unseeded, every new length wrote a file of megabytes that
+    /// nothing ever read.
+    #[test]
+    fn only_a_seeded_coding_lane_writes_its_pool_to_the_cache() {
+        let files = |dir: &std::path::Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
+        for (seed, written) in [(None, false), (Some(9), true)] {
+            let dir = std::env::temp_dir().join(format!(
+                "kvbust-lane-cache-{}-{}",
+                std::process::id(),
+                seed.is_some()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let lanes =
+                PromptLanes::new(tok(), RandomCorpusStyle::Vllm, seed, 0, Some(dir.clone()));
+            lanes.take(PromptCorpus::Coding, 30).unwrap();
+            assert_eq!(files(&dir) > 0, written, "seed {seed:?}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     #[test]
