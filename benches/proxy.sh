@@ -32,6 +32,10 @@ fi
 # Each held stream costs kvbust a client socket (and an upstream one over HTTP/1.1): raise the
 # soft limit as far as the hard one allows.
 ulimit -n "$(ulimit -Hn)"
+# The script calls python3 for its arithmetic hundreds of times: call the interpreter itself, not
+# a version manager's shim in front of it (pyenv's adds about 0.2 s a call).
+PYTHON=$(python3 -c 'import sys; print(sys.executable)')
+python3() { "$PYTHON" "$@"; }
 
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen --example floor
 # BENCH_KVBUST: compare another build (e.g. an older release) with the same harness
@@ -183,7 +187,7 @@ wrk_cell() {
     non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
     sock=$(awk -F'[ ,]+' '/Socket errors/ {print $5 + $7 + $9 + $11}' <<<"$out")
     n=$(awk '/requests in/ {print $1}' <<<"$out")
-    echo "$rps $(to_us "$p50") $(to_us "$p99") ${non2xx:-0} ${sock:-0} $n"
+    echo "$(fmt "$rps" .0f) $(to_us "$p50") $(to_us "$p99") ${non2xx:-0} ${sock:-0} $n"
 }
 # The cache model's and capture's counters of the kvbust on data port $1 (admin port $1 + 1),
 # once the model has caught up with the requests sent: "tokens-modelled accounted queue-drops
@@ -192,6 +196,17 @@ model_counters() {
     local admin=$(($1 + 1)) pid
     pid=$(cat "$WORK/kvbust-$1.kpid")
     curl -s "http://127.0.0.1:$admin/report?wait=60s" >"$WORK/report-$1.json"
+    # The report waits for open requests; the model may still be working through its queue: wait
+    # (up to 5 minutes) until nothing is queued and its thread's CPU stands still.
+    local t a b q
+    for t in $(seq 1 600); do
+        q=$(metric "$admin" kvbust_cache_model_queue_bytes)
+        a=$(thread_cpu "$pid" kvbust-cache-mo)
+        sleep 0.5
+        b=$(thread_cpu "$pid" kvbust-cache-mo)
+        [ "${q:-0}" = 0 ] && [ "$a" = "$b" ] && break
+    done
+    curl -s "http://127.0.0.1:$admin/report" >"$WORK/report-$1.json"
     python3 - "$WORK/report-$1.json" \
         "$(metric "$admin" 'kvbust_cache_model_unaccounted_total{reason="queue_full"}')" \
         "$(metric "$admin" kvbust_capture_rows_total)" \
@@ -479,15 +494,15 @@ done
 echo
 echo "227 KiB chat body (232,448 B), c=20, wrk -t2. \"fresh\": the user turn differs on every request (\`benches/nginx/chat_fresh.lua\`), so the model tokenizes every body whole; otherwise the same body every request and the model finds its messages remembered. Tokens: the prompt tokens the model counted (\`GET /report\`), per CPU-second of its thread."
 echo
-echo "| row | req/s | vs nginx | p50 (ms) | p99 (ms) | CPU µs/req | model thread CPU s (share of a core) | tokens counted | tokens/s | M tokens per model CPU-s | accounted / requests | queue drops | capture rows |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| row | req/s | vs nginx | p50 (ms) | p99 (ms) | CPU µs/req | model thread CPU s | tokens counted | M tokens per model CPU-s | accounted / requests | queue drops | capture rows |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for cell in $FEAT_BIG; do
     n=${cell%%:*}; k=big,$n
     if [ -n "${LMCPU[$k]}" ] && [ "${LACC[$k]}" != 0 ]; then
-        model=$(python3 -c "m,t,d=${LMCPU[$k]},${LTOK[$k]},$DURATION; print(f'{m:.2f} ({m/d:.2f}) | {t:.0f} | {t/d:.0f} | {t/m/1e6 if m else 0:.2f}')")
+        model=$(python3 -c "m,t=${LMCPU[$k]},${LTOK[$k]}; print(f'{m:.2f} | {t:.0f} | {t/m/1e6 if m else 0:.2f}')")
         acc="${LACC[$k]} / ${LREQ[$k]} | ${LDROP[$k]} | ${LROWS[$k]}"
     else
-        model="— | — | — | —"; acc="— | — | —"
+        model="— | — | —"; acc="— | — | —"
     fi
     echo "| $n | ${LRPS[$k]} | $(ratio "${LRPS[$k]}" "${LRPS[big,nginx]}") | $(fmt "$(python3 -c "print(${LP50[$k]}/1000)")" .2f) | $(fmt "$(python3 -c "print(${LP99[$k]}/1000)")" .1f) | ${LCPU[$k]} | $model | $acc |"
 done
