@@ -3,20 +3,25 @@
 # least proxy hyper and tokio make) vs kvbust (targets `none` and `first_turn_prefix`), in one run
 # on this machine. Prints Markdown tables with ratios; every gap to nginx is split in two: floor vs
 # nginx (what hyper and the runtime cost) and kvbust vs floor (what kvbust adds).
-#   benches/proxy.sh                 # full run (about 4 minutes)
+#   benches/proxy.sh                 # full run (about 13 minutes)
 #   DURATION=5 benches/proxy.sh      # shorter runs
-#   SECTIONS="nonstream" benches/proxy.sh   # only some of: nonstream stream overhead memory
+#   SECTIONS="nonstream" benches/proxy.sh   # only some of: nonstream stream overhead memory large features
+# large: 16 KiB, 227 KiB and 1 MiB chat bodies at c=20 and c=150 (wrk -t2) through direct, nginx
+# (proxy_request_buffering off), the floor and kvbust none / first_turn_prefix / system_suffix.
+# features: the cache model and capture on and off (1 KB bodies at c=64; 227 KiB at c=20 with the
+# model's tokens per CPU-second and queue drops).
 # Installs nginx and wrk from the distribution when missing. Not part of .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DURATION=${DURATION:-10}
+LARGE_SIZES=${LARGE_SIZES:-16384 232448 1048576}
 STREAM_SECONDS=${STREAM_SECONDS:-10}
 HOLD_STREAMS=${HOLD_STREAMS:-10000}
 BASE=${PORT_BASE:-18100}
 WORK=$(mktemp -d /tmp/kvbust-bench.XXXXXX)
 OUT=${OUT:-$WORK/results.md}
-SECTIONS=${SECTIONS:-nonstream stream overhead memory}
+SECTIONS=${SECTIONS:-nonstream stream overhead memory large features}
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 need() { command -v "$1" >/dev/null 2>&1; }
@@ -27,6 +32,10 @@ fi
 # Each held stream costs kvbust a client socket (and an upstream one over HTTP/1.1): raise the
 # soft limit as far as the hard one allows.
 ulimit -n "$(ulimit -Hn)"
+# The script calls python3 for its arithmetic hundreds of times: call the interpreter itself, not
+# a version manager's shim in front of it (pyenv's adds about 0.2 s a call).
+PYTHON=$(python3 -c 'import sys; print(sys.executable)')
+python3() { "$PYTHON" "$@"; }
 
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen --example floor
 # BENCH_KVBUST: compare another build (e.g. an older release) with the same harness
@@ -46,6 +55,8 @@ P_KV_IDLE=$((BASE + 10))         # kvbust -> mock, for the RSS figures
 P_FLOOR=$((BASE + 16))           # the floor proxy -> upstream
 P_KV_NOMODEL=$((BASE + 18))      # kvbust target none, cache model off -> upstream
 P_KV_CAPTURE=$((BASE + 22))      # kvbust target none, capture on -> upstream
+P_NGINX_STREAM=$((BASE + 24))    # nginx proxy, proxy_request_buffering off -> upstream
+P_KV_SS=$((BASE + 26))           # kvbust system_suffix -> upstream
 
 PIDS=()
 cleanup() {
@@ -64,9 +75,9 @@ else
     NGINX_ACCESS=off
     NGINX_ACCESS_DESC=off
 fi
-nginx_conf() { # template port upstream
+nginx_conf() { # template port upstream [directives for proxy.conf's location block]
     sed -e "s#@ACCESS_LOG@#$NGINX_ACCESS#g" -e "s#@DIR@#$WORK#g" -e "s#@PORT@#$2#g" -e "s#@UPSTREAM@#${3:-0}#g" \
-        "$ROOT/benches/nginx/$1.conf" >"$WORK/$1-$2.conf"
+        -e "s#\# @LOCATION_EXTRA@#${4:-}#" "$ROOT/benches/nginx/$1.conf" >"$WORK/$1-$2.conf"
     nginx -c "$WORK/$1-$2.conf" -p "$WORK" -e "$WORK/nginx-$2.log"
 }
 . "$ROOT/benches/lib.sh"
@@ -100,8 +111,12 @@ port_pid() {
 
 nginx_conf upstream "$P_UP"
 nginx_conf proxy "$P_NGINX" "$P_UP"
+# For large bodies nginx streams the request body upstream as it arrives, as kvbust's floor does;
+# the other sections keep nginx's default (the body read whole first, past 16 KB into a file).
+nginx_conf proxy "$P_NGINX_STREAM" "$P_UP" "proxy_request_buffering off;"
 kvbust "$P_KV_NONE" $((P_KV_NONE + 1)) "$P_UP" none
 kvbust "$P_KV_FTP" $((P_KV_FTP + 1)) "$P_UP" first_turn_prefix
+kvbust "$P_KV_SS" $((P_KV_SS + 1)) "$P_UP" system_suffix
 # The cache model (on by default) costs a body collection and a queue hand-off per request on
 # the request path, and its worker thread's CPU beside it: the same kvbust with it off.
 KVBUST_CACHE_MODEL__ENABLED=false kvbust "$P_KV_NOMODEL" $((P_KV_NOMODEL + 1)) "$P_UP" none
@@ -117,7 +132,7 @@ PIDS+=($!)
 wait_port "$P_MOCK"
 nginx_conf proxy "$P_NGINX_MOCK" "$P_MOCK"
 kvbust "$P_KV_MOCK" $((P_KV_MOCK + 1)) "$P_MOCK" none
-for p in $P_UP $P_NGINX $P_NGINX_MOCK; do wait_port "$p"; done
+for p in $P_UP $P_NGINX $P_NGINX_MOCK $P_NGINX_STREAM; do wait_port "$p"; done
 KV_NONE_PID=$(cat "$WORK/kvbust-$P_KV_NONE.kpid")
 RSS_IDLE=n/a
 # BENCH_BASELINE=/path/to/older/kvbust adds a row for that build (target none), same run.
@@ -157,6 +172,79 @@ wrk_run() { # port connections
 }
 to_us() { # wrk prints 26.00us / 1.20ms / 1.00s
     awk -v v="$1" 'BEGIN { n=v+0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n*1000; else print n*1000000 }'
+}
+
+# wrk_cell threads connections lua-script port: one wrk cell on $BODY_FILE, as
+# "req/s p50-µs p99-µs non-2xx socket-errors requests".
+wrk_cell() {
+    local out
+    out=$(wrk -t"$1" -c"$2" -d"${DURATION}s" --latency -s "$ROOT/benches/nginx/$3" \
+        "http://127.0.0.1:$4/v1/chat/completions")
+    local rps p50 p99 non2xx sock n
+    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+    p50=$(awk '$1=="50%" {print $2}' <<<"$out")
+    p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+    non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
+    sock=$(awk -F'[ ,]+' '/Socket errors/ {print $5 + $7 + $9 + $11}' <<<"$out")
+    n=$(awk '/requests in/ {print $1}' <<<"$out")
+    echo "$(fmt "$rps" .0f) $(to_us "$p50") $(to_us "$p99") ${non2xx:-0} ${sock:-0} $n"
+}
+# The cache model's and capture's counters of the kvbust on data port $1 (admin port $1 + 1),
+# once the model has caught up with the requests sent: "tokens-modelled accounted queue-drops
+# capture-rows model-thread-cpu-s process-cpu-s" (tokens: the report's predicted prompt tokens).
+model_counters() {
+    local admin=$(($1 + 1)) pid
+    pid=$(cat "$WORK/kvbust-$1.kpid")
+    curl -s "http://127.0.0.1:$admin/report?wait=60s" >"$WORK/report-$1.json"
+    # The report waits for open requests; the model may still be working through its queue: wait
+    # (up to 5 minutes) until nothing is queued and its thread's CPU stands still.
+    local t a b q
+    for t in $(seq 1 600); do
+        q=$(metric "$admin" kvbust_cache_model_queue_bytes)
+        a=$(thread_cpu "$pid" kvbust-cache-mo)
+        sleep 0.5
+        b=$(thread_cpu "$pid" kvbust-cache-mo)
+        [ "${q:-0}" = 0 ] && [ "$a" = "$b" ] && break
+    done
+    curl -s "http://127.0.0.1:$admin/report" >"$WORK/report-$1.json"
+    python3 - "$WORK/report-$1.json" \
+        "$(metric "$admin" 'kvbust_cache_model_unaccounted_total{reason="queue_full"}')" \
+        "$(metric "$admin" kvbust_capture_rows_total)" \
+        "$(thread_cpu "$pid" kvbust-cache-mo)" "$(proc_cpu "$pid")" <<'PY'
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))["rows"]
+except (ValueError, KeyError):
+    rows = []  # the model is off: no report rows
+tok = sum(r["prompt_tokens"]["predicted"] for r in rows)
+acc = sum(r["accounted_requests"] for r in rows)
+num = lambda v: float(v) if v else 0.0
+print(tok, acc, num(sys.argv[2]), num(sys.argv[3]), num(sys.argv[4]), num(sys.argv[5]))
+PY
+}
+fmt() { python3 -c "import sys; print(format(float(sys.argv[1]), sys.argv[2]))" "$1" "$2"; }
+# A large-body cell: wrk on port $2 with $1 connections and script $3; fills the arrays below
+# under key $4. CPU is the serving process's (kvbust: after its cache model caught up, so the
+# model's work for these requests counts; its thread's share also in MCPU).
+declare -A LRPS LP50 LP99 LERR LCPU LMCPU LREQ LTOK LACC LDROP LROWS
+large_cell() { # connections port script key threads
+    local c=$1 p=$2 script=$3 key=$4 pid t0 t1 r a b e s n m0 m1
+    pid=$(port_pid "$p")
+    if [ -f "$WORK/kvbust-$p.kpid" ]; then read -r -a m0 < <(model_counters "$p"); fi
+    t0=$(cpu_ticks "$pid")
+    read -r r a b e s n < <(BODY_FILE=$BIG_BODY wrk_cell "${5:-2}" "$c" "$script" "$p")
+    if [ -f "$WORK/kvbust-$p.kpid" ]; then read -r -a m1 < <(model_counters "$p"); fi
+    t1=$(cpu_ticks "$pid")
+    LRPS[$key]=$r LP50[$key]=$a LP99[$key]=$b LERR[$key]="$e/$s" LREQ[$key]=$n
+    LCPU[$key]=$(python3 -c "import sys; t,tk,n=map(float,sys.argv[1:]); print(f'{t/tk*1e6/n:.0f}')" $((t1 - t0)) "$TICK" "$n")
+    LMCPU[$key]="" LTOK[$key]="" LACC[$key]="" LDROP[$key]="" LROWS[$key]=""
+    if [ -n "${m0:-}" ]; then
+        read -r "LTOK[$key]" "LACC[$key]" "LDROP[$key]" "LROWS[$key]" "LMCPU[$key]" < <(python3 -c "
+import sys
+a, b = [list(map(float, x.split())) for x in sys.argv[1:3]]
+d = [y - x for x, y in zip(a, b)]
+print(f'{d[0]:.0f} {d[1]:.0f} {d[2]:.0f} {d[3]:.0f} {d[4]:.2f}')" "${m0[*]}" "${m1[*]}")
+    fi
 }
 
 if has nonstream; then
@@ -230,6 +318,52 @@ H1_STREAMS=$(( ($(ulimit -n) - 200) / 2 ))
 [ "$H1_STREAMS" -gt "$HOLD_STREAMS" ] && H1_STREAMS=$HOLD_STREAMS
 read -r RSS_FRESH1 RSS_HELD1 HELD1 < <(hold $((P_KV_IDLE + 4)) "$H1_STREAMS" h1)
 fi
+# Large bodies (benches/chat_body.py: a system message and one long agentic user turn).
+body_file() { # size [--seq] -> path
+    local f=$WORK/body-$1${2:+-seq}.json
+    [ -f "$f" ] || python3 "$ROOT/benches/chat_body.py" "$1" "$f" ${2:+"$2"}
+    echo "$f"
+}
+if has large; then
+LARGE_PATHS="direct:$P_UP nginx:$P_NGINX_STREAM floor:$P_FLOOR kvbust-none:$P_KV_NONE kvbust-ftp:$P_KV_FTP kvbust-ss:$P_KV_SS"
+for size in $LARGE_SIZES; do
+    BIG_BODY=$(body_file "$size")
+    echo "warming up ($size B)" >&2
+    for name in $LARGE_PATHS; do
+        BODY_FILE=$BIG_BODY wrk -t2 -c20 -d1s -s "$ROOT/benches/nginx/chat.lua" \
+            "http://127.0.0.1:${name##*:}/v1/chat/completions" >/dev/null
+    done
+    for name in $LARGE_PATHS; do
+        for c in 20 150; do
+            echo "large $size B ${name%%:*} c=$c" >&2
+            large_cell "$c" "${name##*:}" chat.lua "$size,${name%%:*},$c"
+        done
+    done
+done
+fi
+if has features; then
+# 1 KB bodies at c=64 (wrk -t1, as the non-streaming section).
+FEAT_SMALL="nginx:$P_NGINX kvbust-none:$P_KV_NONE kvbust-none-nomodel:$P_KV_NOMODEL kvbust-none-capture:$P_KV_CAPTURE"
+BIG_BODY=$WORK/body.json
+for name in $FEAT_SMALL; do
+    wrk -t1 -c64 -d2s -s "$ROOT/benches/nginx/chat.lua" "http://127.0.0.1:${name##*:}/v1/chat/completions" >/dev/null
+    echo "features 1 KB ${name%%:*} c=64" >&2
+    large_cell 64 "${name##*:}" chat.lua "small,${name%%:*}" 1
+done
+# 227 KiB at c=20: the same body every request (the model finds its messages remembered after
+# the first), and a fresh user turn every request (chat_fresh.lua: every body tokenized whole).
+FEAT_BIG="nginx:$P_NGINX_STREAM:chat.lua kvbust-none:$P_KV_NONE:chat.lua kvbust-none-fresh:$P_KV_NONE:chat_fresh.lua kvbust-none-nomodel:$P_KV_NOMODEL:chat.lua kvbust-none-capture:$P_KV_CAPTURE:chat.lua kvbust-none-capture-fresh:$P_KV_CAPTURE:chat_fresh.lua"
+for cell in $FEAT_BIG; do
+    IFS=: read -r n p script <<<"$cell"
+    BIG_BODY=$(body_file 232448)
+    [ "$script" = chat_fresh.lua ] && BIG_BODY=$(body_file 232448 --seq)
+    BODY_FILE=$BIG_BODY wrk -t2 -c20 -d1s -s "$ROOT/benches/nginx/$script" \
+        "http://127.0.0.1:$p/v1/chat/completions" >/dev/null
+    echo "features 227 KiB $n c=20" >&2
+    large_cell 20 "$p" "$script" "big,$n"
+done
+fi
+
 per_stream() { python3 -c "import sys; print(f'{(int(sys.argv[2])-int(sys.argv[1]))/int(sys.argv[3]):.1f}')" "$@"; }
 
 j() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
@@ -318,6 +452,60 @@ echo "| just started | $RSS_FRESH KiB |"
 echo "| idle after the non-streaming runs | $RSS_IDLE KiB (at start $RSS_IDLE_START KiB) |"
 echo "| $HELD idle open streams (clients h2c, upstream HTTP/1.1) | $RSS_HELD KiB: $(per_stream "$RSS_FRESH" "$RSS_HELD" "$HELD") KiB per stream |"
 echo "| $HELD1 idle open streams (HTTP/1.1 both sides) | $RSS_HELD1 KiB: $(per_stream "$RSS_FRESH1" "$RSS_HELD1" "$HELD1") KiB per stream |"
+fi
+if has large; then
+echo
+echo "### Large bodies (wrk -t2, ${DURATION}s per cell; nginx with \`proxy_request_buffering off\`)"
+echo
+echo "CPU µs/req: the serving process's user+system CPU over the cell (for kvbust, until its cache model has caught up; in brackets its model thread's share), divided by the requests served; \"direct\" is the upstream nginx's own. GB/s per core: body bytes received per CPU-second of that process. Errors: non-2xx / socket errors."
+for size in $LARGE_SIZES; do
+    echo
+    echo "#### $size B ($(fmt "$(python3 -c "print($size/1024)")" .0f) KiB) chat body"
+    echo
+    echo "| path | c=20 req/s | vs nginx | p50 (ms) | p99 (ms) | CPU µs/req | GB/s per core | c=150 req/s | vs nginx | p50 (ms) | p99 (ms) | CPU µs/req | GB/s per core | errors c=20, c=150 |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    for name in $LARGE_PATHS; do
+        n=${name%%:*}
+        row="| $n"
+        for c in 20 150; do
+            k=$size,$n,$c
+            cpu=${LCPU[$k]}
+            [ -n "${LMCPU[$k]}" ] && cpu="$cpu ($(python3 -c "print(f'{${LMCPU[$k]}*1e6/${LREQ[$k]}:.0f}')"))"
+            row="$row | ${LRPS[$k]} | $(ratio "${LRPS[$k]}" "${LRPS[$size,nginx,$c]}") | $(fmt "$(python3 -c "print(${LP50[$k]}/1000)")" .2f) | $(fmt "$(python3 -c "print(${LP99[$k]}/1000)")" .1f) | $cpu | $(python3 -c "c=float('${LCPU[$k]}'); print(f'{$size/c/1e3:.2f}' if c else 'n/a')")"
+        done
+        echo "$row | ${LERR[$size,$n,20]}, ${LERR[$size,$n,150]} |"
+    done
+done
+fi
+if has features; then
+echo
+echo "### The cache model and capture, on and off (target \`none\`)"
+echo
+echo "1 KB chat body, c=64, wrk -t1, ${DURATION}s per cell. \"model µs/req\": the cache model thread's CPU per request; drops: \`kvbust_cache_model_unaccounted_total{reason=\"queue_full\"}\` over the cell."
+echo
+echo "| row | req/s | vs nginx | vs \`none\` (defaults) | p50 (µs) | added p50 vs \`none\` (µs) | p99 (µs) | CPU µs/req | model µs/req | queue drops / requests | capture rows |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for name in $FEAT_SMALL; do
+    n=${name%%:*}; k=small,$n
+    mcpu=—; [ -n "${LMCPU[$k]}" ] && mcpu=$(python3 -c "print(f'{${LMCPU[$k]}*1e6/${LREQ[$k]}:.1f}')")
+    drops=—; [ -n "${LDROP[$k]}" ] && drops="${LDROP[$k]} / ${LREQ[$k]}"
+    echo "| $n | ${LRPS[$k]} | $(ratio "${LRPS[$k]}" "${LRPS[small,nginx]}") | $(ratio "${LRPS[$k]}" "${LRPS[small,kvbust-none]}") | ${LP50[$k]} | $(signed "${LP50[$k]}" "${LP50[small,kvbust-none]}") | ${LP99[$k]} | ${LCPU[$k]} | $mcpu | $drops | ${LROWS[$k]:-—} |"
+done
+echo
+echo "227 KiB chat body (232,448 B), c=20, wrk -t2. \"fresh\": the user turn differs on every request (\`benches/nginx/chat_fresh.lua\`), so the model tokenizes every body whole; otherwise the same body every request and the model finds its messages remembered. Tokens: the prompt tokens the model counted (\`GET /report\`), per CPU-second of its thread."
+echo
+echo "| row | req/s | vs nginx | p50 (ms) | p99 (ms) | CPU µs/req | model thread CPU s | tokens counted | M tokens per model CPU-s | accounted / requests | queue drops | capture rows |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+for cell in $FEAT_BIG; do
+    n=${cell%%:*}; k=big,$n
+    if [ -n "${LMCPU[$k]}" ] && [ "${LACC[$k]}" != 0 ]; then
+        model=$(python3 -c "m,t=${LMCPU[$k]},${LTOK[$k]}; print(f'{m:.2f} | {t:.0f} | {t/m/1e6 if m else 0:.2f}')")
+        acc="${LACC[$k]} / ${LREQ[$k]} | ${LDROP[$k]} | ${LROWS[$k]}"
+    else
+        model="— | — | —"; acc="— | — | —"
+    fi
+    echo "| $n | ${LRPS[$k]} | $(ratio "${LRPS[$k]}" "${LRPS[big,nginx]}") | $(fmt "$(python3 -c "print(${LP50[$k]}/1000)")" .2f) | $(fmt "$(python3 -c "print(${LP99[$k]}/1000)")" .1f) | ${LCPU[$k]} | $model | $acc |"
+done
 fi
 } | tee "$OUT"
 echo "results: $OUT" >&2
