@@ -332,8 +332,14 @@ impl Pieces<'_> {
         let piece = &self.text[range.clone()];
         // Pieces come in order, so the first one that ends past the point holds it.
         if let Some(at) = self.at.filter(|&a| iso.is_none() && a < range.end) {
-            let before = tokens_before(self.tokenizer, piece, at.saturating_sub(range.start))?;
+            // One encoding with offsets gives both the point and the ids. The piece holds the
+            // request's marker, so no other request has it: it stays out of the memo, where it
+            // would only push out pieces that do come back.
+            let (before, got) =
+                tokens_before(self.tokenizer, piece, at.saturating_sub(range.start))?;
             *iso = Some(ids.len() + before);
+            ids.extend_from_slice(&got);
+            return Ok(());
         }
         let tokenizer = self.tokenizer;
         let got = self
@@ -356,13 +362,19 @@ fn next_cut<'c>(
         .min_by_key(|(p, c, _)| (*p, std::cmp::Reverse(c.len())))
 }
 
-/// Tokens of `piece` that end at or before byte `at` (the first token past them holds `at`).
-fn tokens_before(tokenizer: &Tokenizer, piece: &str, at: usize) -> Result<usize, EncodeError> {
+/// Tokens of `piece` that end at or before byte `at` (the first token past them holds `at`),
+/// and the piece's ids.
+fn tokens_before(
+    tokenizer: &Tokenizer,
+    piece: &str,
+    at: usize,
+) -> Result<(usize, Vec<u32>), EncodeError> {
     let enc = tokenizer
         .inner()
         .encode(piece, false)
         .map_err(|e| EncodeError::Tokenizer(e.to_string()))?;
-    Ok(enc.get_offsets().iter().take_while(|o| o.1 <= at).count())
+    let before = enc.get_offsets().iter().take_while(|o| o.1 <= at).count();
+    Ok((before, enc.get_ids().to_vec()))
 }
 
 fn hf_encode(tokenizer: &Tokenizer, text: &str, special: bool) -> Result<Vec<u32>, EncodeError> {
@@ -434,6 +446,35 @@ mod tests {
 
     fn msgs(pairs: &[(&str, &str)]) -> Vec<Message> {
         pairs.iter().map(|(r, c)| Message::new(*r, *c)).collect()
+    }
+
+    /// The piece that holds a request's marker is tokenized once (with offsets: the point and
+    /// the ids together), gives the ids the unmarked path gives, and stays out of the memo: no
+    /// other request has it, and a long one would push out pieces that come back.
+    #[test]
+    fn the_marked_piece_is_encoded_once_and_not_remembered() {
+        let vocab = Vocab::hf(qwen(), true).expect("template");
+        let long = "tool output line with numbers 12345 and words; ".repeat(200);
+        let m = msgs(&[
+            ("system", "Be brief."),
+            ("user", &format!("[rid:0123456789ab]\n\n{long}")),
+        ]);
+        let (mut plain, mut marked) = (Memo::new(1 << 20), Memo::new(1 << 20));
+        let a = encode(
+            &vocab,
+            &mut plain,
+            &Prompt::Messages(m.clone()),
+            &IsoHint::None,
+        )
+        .expect("encodes");
+        let rid = IsoHint::rid("0123456789ab");
+        let b = encode(&vocab, &mut marked, &Prompt::Messages(m), &rid).expect("encodes");
+        assert_eq!(a.ids, b.ids);
+        assert!(b.iso.is_some());
+        // The plain memo holds the long turn; the marked one only the short pieces.
+        assert!(plain.bytes() > 4 * 2000, "{}", plain.bytes());
+        assert!(marked.bytes() < 4 * 200, "{}", marked.bytes());
+        assert_eq!(marked.hits + marked.misses + 1, plain.hits + plain.misses);
     }
 
     /// The pieces between the template's special tokens tokenize to exactly what the mock (the
