@@ -87,13 +87,14 @@ pub fn upstream_request_headers(
     control: &[&str],
 ) {
     strip_hop_by_hop(headers);
-    let kvbust: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("x-kvbust-") || control.contains(&k.as_str()))
-        .cloned()
-        .collect();
-    for k in kvbust {
-        headers.remove(&k);
+    let ours =
+        |k: &HeaderName| k.as_str().starts_with("x-kvbust-") || control.contains(&k.as_str());
+    // Most requests carry none: then no list is built.
+    if headers.keys().any(ours) {
+        let kvbust: Vec<HeaderName> = headers.keys().filter(|k| ours(k)).cloned().collect();
+        for k in kvbust {
+            headers.remove(&k);
+        }
     }
     if !keep_host {
         // The client sets Host (HTTP/1.1) or :authority (HTTP/2) from the upstream URI.

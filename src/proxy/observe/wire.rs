@@ -141,6 +141,77 @@ impl JsonBody {
     }
 }
 
+/// The `usage` of a whole JSON response body, as [`JsonBody`] reads it. OpenAI-style servers
+/// (chat, completions; Anthropic too) write `usage` as the last member of the top-level object,
+/// so that member is found from the end and only its value is parsed; any other layout, or a
+/// `null` or unreadable value there, takes the full read.
+///
+/// The member is taken when the body is `{ ... , "usage" : V }` with V one whole JSON value, and
+/// a scan of the bytes before the key (strings and their escapes skipped, brackets counted)
+/// finds the key outside any string, one level deep, after a `,` or the `{`: a member of the
+/// object that the body's last byte closes. What comes before is only scanned, not validated:
+/// a body malformed there but ending in a whole `usage` member counts its tokens, where the full
+/// read would count none (what is not read is not validated).
+pub(super) fn json_usage(body: &[u8]) -> Option<UsageWire> {
+    match usage_at_end(body) {
+        Some(Some(u)) => Some(u),
+        _ => serde_json::from_slice::<JsonBody>(body)
+            .ok()
+            .and_then(JsonBody::usage),
+    }
+}
+
+/// The value of the top-level `usage` member when it is the body's last: `None` when the body
+/// is not laid out so or the value does not read as usage (then the caller reads it all).
+fn usage_at_end(body: &[u8]) -> Option<Option<UsageWire>> {
+    const KEY: &[u8] = b"\"usage\"";
+    let ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let close = body.iter().rposition(|b| !ws(b))?;
+    let open = body.iter().position(|b| !ws(b))?;
+    if body[open] != b'{' || body[close] != b'}' {
+        return None;
+    }
+    let key = memchr::memmem::rfind(&body[..close], KEY)?;
+    let before = body[..key].iter().rposition(|b| !ws(b))?;
+    if !matches!(body[before], b',' | b'{') || depth_outside_strings(&body[..key]) != Some(1) {
+        return None;
+    }
+    let after = key + KEY.len();
+    let colon = after + body[after..close].iter().position(|b| !ws(b))?;
+    if body[colon] != b':' {
+        return None;
+    }
+    // The value must be all that is left before the last `}`: `from_slice` reads exactly one
+    // value and allows only white space after it.
+    serde_json::from_slice::<Option<UsageWire>>(&body[colon + 1..close]).ok()
+}
+
+/// How many objects and arrays are open at the end of `b`, read from its start; `None` when
+/// `b` ends inside a string or closes more than it opened. No other byte is checked.
+fn depth_outside_strings(b: &[u8]) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.checked_sub(1)?,
+            b'"' => loop {
+                // Inside a string: only a backslash (which escapes the next byte) and the
+                // closing quote matter.
+                i += 1;
+                match b.get(i)? {
+                    b'\\' => i += 1,
+                    b'"' => break,
+                    _ => {}
+                }
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    Some(depth)
+}
+
 #[derive(Deserialize)]
 struct Nested {
     #[serde(default)]
@@ -224,5 +295,327 @@ impl Event<'_> {
             .into_iter()
             .chain(nested(&self.response))
             .chain(self.usage)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The full read, as the observer did it before the read from the end.
+    fn full(body: &[u8]) -> Option<UsageWire> {
+        serde_json::from_slice::<JsonBody>(body)
+            .ok()
+            .and_then(JsonBody::usage)
+    }
+
+    fn usage(p: u64, c: u64, cached: Option<u64>) -> UsageWire {
+        UsageWire {
+            prompt_tokens: Some(p),
+            completion_tokens: Some(c),
+            prompt_tokens_details: cached.map(|c| CachedDetails {
+                cached_tokens: Some(c),
+            }),
+            ..UsageWire::default()
+        }
+    }
+
+    #[test]
+    fn usage_read_from_the_end_matches_the_full_read_on_a_table() {
+        let u = Some(usage(7, 2, Some(3)));
+        let u_plain = Some(usage(7, 2, None));
+        // (body, what both reads give, whether the end alone answers it)
+        let cases: &[(&str, Option<UsageWire>, bool)] = &[
+            (
+                r#"{"id":"x","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":3}}}"#,
+                u,
+                true,
+            ),
+            (
+                " {\"id\":\"x\" ,\n \"usage\" :\t{\"prompt_tokens\":7,\"completion_tokens\":2} \n}\r\n",
+                u_plain,
+                true,
+            ),
+            (r#"{"usage":{"prompt_tokens":7,"completion_tokens":2}}"#, u_plain, true),
+            // Not last: the full read.
+            (
+                r#"{"usage":{"prompt_tokens":7,"completion_tokens":2},"id":"x"}"#,
+                u_plain,
+                false,
+            ),
+            // Nested in the last member, not a top-level member.
+            (
+                r#"{"id":"x","data":{"usage":{"prompt_tokens":1}}}"#,
+                None,
+                false,
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":7,"completion_tokens":2},"data":{"usage":{"prompt_tokens":1}}}"#,
+                u_plain,
+                false,
+            ),
+            // `"usage"` inside a string, escaped: never taken for the key.
+            (
+                r#"{"usage":{"prompt_tokens":7,"completion_tokens":2},"note":"a,\"usage\":{\"prompt_tokens\":1}}"}"#,
+                u_plain,
+                false,
+            ),
+            (
+                r#"{"note":"\\","usage":{"prompt_tokens":7,"completion_tokens":2}}"#,
+                u_plain,
+                true,
+            ),
+            // A `usage` key inside the usage object.
+            (
+                r#"{"usage":{"prompt_tokens":7,"completion_tokens":2,"x":{"usage":1}}}"#,
+                u_plain,
+                false,
+            ),
+            // Null at the top: the Responses / Anthropic nesting applies.
+            (
+                r#"{"response":{"usage":{"prompt_tokens":7,"completion_tokens":2}},"usage":null}"#,
+                u_plain,
+                false,
+            ),
+            (r#"{"usage":null}"#, None, false),
+            // Unreadable usage: nothing, from either read.
+            (r#"{"id":"x","usage":{"prompt_tokens":-1}}"#, None, false),
+            (r#"{"id":"x","usage":"many"}"#, None, false),
+            (r#"{"id":"x","usage":{"prompt_tokens":7}} x"#, None, false),
+            // Serde reads a struct from an array too (its members in order): not the end's.
+            (
+                r#"[{"usage":{"prompt_tokens":7}}]"#,
+                Some(UsageWire::default()),
+                false,
+            ),
+            (r#"{"usage":{"prompt_tokens":7}}}"#, None, false),
+            (r#""usage":{"prompt_tokens":7}}"#, None, false),
+            ("", None, false),
+            ("}", None, false),
+        ];
+        for (body, want, at_end) in cases {
+            let b = body.as_bytes();
+            assert_eq!(full(b), *want, "full read of {body}");
+            assert_eq!(json_usage(b), *want, "{body}");
+            assert_eq!(
+                usage_at_end(b).flatten().is_some(),
+                *at_end,
+                "read from the end: {body}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_comes_before_a_last_usage_member_is_not_validated() {
+        let body = br#"{"id":"x",,,"usage":{"prompt_tokens":7,"completion_tokens":2}}"#;
+        assert_eq!(full(body), None);
+        assert_eq!(json_usage(body), Some(usage(7, 2, None)));
+    }
+
+    /// SplitMix64: a deterministic generator, so a failing body can be rebuilt from its seed.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
+            of[self.below(of.len() as u64) as usize]
+        }
+    }
+
+    fn ws(r: &mut Rng, out: &mut String) {
+        for _ in 0..r.below(3) {
+            out.push_str(r.pick(&["", " ", "\n", "\t", "\r\n"]));
+        }
+    }
+
+    /// A random JSON value, at most `depth` levels deep; strings hold quotes, backslashes and
+    /// the text `"usage"` escaped.
+    fn value(r: &mut Rng, depth: u32, out: &mut String) {
+        let kinds = if depth == 0 { 4 } else { 6 };
+        match r.below(kinds) {
+            0 => out.push_str(r.pick(&["null", "true", "false"])),
+            1 => out.push_str(&r.below(100_000).to_string()),
+            2 => out.push_str(r.pick(&["-3", "1.5", "2e3", "0"])),
+            3 => {
+                let s = r.pick(&[
+                    r#""""#,
+                    r#""hi""#,
+                    r#""\\""#,
+                    r#""a,\"usage\":{\"prompt_tokens\":1}}""#,
+                    r#""\"usage\"""#,
+                    r#""usage""#,
+                    r#""}""#,
+                    r#""\u0022usage\u0022""#,
+                ]);
+                out.push_str(s);
+            }
+            4 => {
+                out.push('[');
+                for i in 0..r.below(3) {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    ws(r, out);
+                    value(r, depth - 1, out);
+                }
+                out.push(']');
+            }
+            _ => object(r, depth - 1, &["a", "usage", "b", "text"], out),
+        }
+    }
+
+    /// An object with distinct keys drawn from `keys`, random values.
+    fn object(r: &mut Rng, depth: u32, keys: &[&str], out: &mut String) {
+        out.push('{');
+        let mut first = true;
+        for k in keys {
+            if r.below(2) == 0 {
+                continue;
+            }
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            ws(r, out);
+            out.push_str(&format!("\"{k}\""));
+            ws(r, out);
+            out.push(':');
+            ws(r, out);
+            value(r, depth, out);
+            ws(r, out);
+        }
+        out.push('}');
+    }
+
+    /// A usage object: mostly readable, now and then a field of the wrong type or unknown.
+    fn usage_value(r: &mut Rng, out: &mut String, may_break: bool) {
+        if may_break && r.below(8) == 0 {
+            out.push_str(r.pick(&["null", "\"x\"", "[]", "{\"prompt_tokens\":-1}"]));
+            return;
+        }
+        let fields = [
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+            "input_tokens",
+            "output_tokens",
+            "cache_read_input_tokens",
+        ];
+        out.push('{');
+        let mut first = true;
+        for f in fields {
+            if r.below(2) == 0 {
+                continue;
+            }
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            ws(r, out);
+            out.push_str(&format!("\"{f}\":{}", r.below(5000)));
+        }
+        if r.below(3) == 0 {
+            if !first {
+                out.push(',');
+            }
+            let d = r.pick(&["prompt_tokens_details", "input_tokens_details"]);
+            out.push_str(&format!("\"{d}\":{{\"cached_tokens\":{}}}", r.below(5000)));
+            if r.below(4) == 0 {
+                out.push_str(r#","usage":{"x":1}"#);
+            }
+        }
+        out.push('}');
+    }
+
+    /// A response-like body: random members in random order, `usage` among them (last in most).
+    fn body(r: &mut Rng) -> String {
+        let mut members: Vec<String> = Vec::new();
+        let names = [
+            "id", "object", "choices", "model", "response", "message", "data",
+        ];
+        for name in names {
+            if r.below(2) == 0 {
+                continue;
+            }
+            let mut m = format!("\"{name}\"");
+            ws(r, &mut m);
+            m.push(':');
+            ws(r, &mut m);
+            match name {
+                // The Responses / Anthropic nesting, always readable (a broken one fails the
+                // full read, which the read from the end does not look at).
+                "response" | "message" => {
+                    m.push_str("{\"usage\":");
+                    usage_value(r, &mut m, false);
+                    m.push('}');
+                }
+                _ => value(r, 3, &mut m),
+            }
+            members.push(m);
+        }
+        if r.below(6) != 0 {
+            let mut m = String::from("\"usage\"");
+            ws(r, &mut m);
+            m.push(':');
+            ws(r, &mut m);
+            usage_value(r, &mut m, true);
+            ws(r, &mut m);
+            let at = if r.below(4) == 0 {
+                r.below(members.len() as u64 + 1) as usize
+            } else {
+                members.len()
+            };
+            members.insert(at, m);
+        }
+        let mut out = String::new();
+        ws(r, &mut out);
+        out.push('{');
+        for (i, m) in members.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            ws(r, &mut out);
+            out.push_str(m);
+            ws(r, &mut out);
+        }
+        out.push('}');
+        ws(r, &mut out);
+        out
+    }
+
+    #[test]
+    fn usage_read_from_the_end_matches_the_full_read_on_random_bodies() {
+        let mut r = Rng(0x6b76_6275_7374);
+        let mut from_end = 0;
+        for i in 0..20_000 {
+            let b = body(&mut r);
+            let b = b.as_bytes();
+            let want = full(b);
+            assert_eq!(
+                json_usage(b),
+                want,
+                "body {i}: {}",
+                String::from_utf8_lossy(b)
+            );
+            if let Some(Some(u)) = usage_at_end(b) {
+                from_end += 1;
+                assert_eq!(Some(u), want, "body {i} from the end");
+            }
+            // Every cut of a body that ends in a member is no longer a whole object: neither
+            // read may find more in it than the full read.
+            let cut = &b[..(r.below(b.len() as u64) as usize)];
+            assert_eq!(json_usage(cut), full(cut), "body {i} cut");
+        }
+        // Most bodies end in their usage member: the read from the end is what answered them.
+        assert!(from_end > 10_000, "{from_end}");
     }
 }
