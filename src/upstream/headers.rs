@@ -49,9 +49,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for token in tokens {
         let token = token.trim();
         // A hop-by-hop name goes anyway: no need to look for it.
-        if let Some(k) = headers.keys().find(|k| {
-            k.as_str().eq_ignore_ascii_case(token) && !is_hop_by_hop(k)
-        }) {
+        if let Some(k) = headers
+            .keys()
+            .find(|k| k.as_str().eq_ignore_ascii_case(token) && !is_hop_by_hop(k))
+        {
             named.push(k.clone());
         }
     }

@@ -147,9 +147,9 @@ impl JsonBody {
 /// `null` or unreadable value there, takes the full read.
 ///
 /// The member is taken when the body is `{ ... , "usage" : V }` with V one whole JSON value, and
-/// a scan of the bytes before the key (strings and their escapes skipped, brackets counted)
-/// finds the key outside any string, one level deep, after a `,` or the `{`: a member of the
-/// object that the body's last byte closes. What comes before is only scanned, not validated:
+/// a scan of the bytes before the key (strings and their escapes skipped, braces counted) finds
+/// the key outside any string, one object deep, after a `,` or the `{`: a member of the object
+/// that the body's last byte closes. What comes before is only scanned, not validated:
 /// a body malformed there but ending in a whole `usage` member counts its tokens, where the full
 /// read would count none (what is not read is not validated).
 pub(super) fn json_usage(body: &[u8]) -> Option<UsageWire> {
@@ -171,9 +171,13 @@ fn usage_at_end(body: &[u8]) -> Option<Option<UsageWire>> {
     if body[open] != b'{' || body[close] != b'}' {
         return None;
     }
-    let key = memchr::memmem::rfind(&body[..close], KEY)?;
+    // The last `"usage"`: looked for by hand, it is near the end (a reverse substring search
+    // costs more to set up than this walk).
+    let key = (open..close.checked_sub(KEY.len())?)
+        .rev()
+        .find(|&i| body[i] == b'"' && body[i..].starts_with(KEY))?;
     let before = body[..key].iter().rposition(|b| !ws(b))?;
-    if !matches!(body[before], b',' | b'{') || depth_outside_strings(&body[..key]) != Some(1) {
+    if !matches!(body[before], b',' | b'{') || brace_depth(&body[..key]) != Some(1) {
         return None;
     }
     let after = key + KEY.len();
@@ -182,34 +186,253 @@ fn usage_at_end(body: &[u8]) -> Option<Option<UsageWire>> {
         return None;
     }
     // The value must be all that is left before the last `}`: `from_slice` reads exactly one
-    // value and allows only white space after it.
-    serde_json::from_slice::<Option<UsageWire>>(&body[colon + 1..close]).ok()
+    // value and allows only white space after it; the plain reading does the same.
+    let value = &body[colon + 1..close];
+    match plain::usage(value) {
+        Some(u) => Some(u),
+        None => serde_json::from_slice::<Option<UsageWire>>(value).ok(),
+    }
 }
 
-/// How many objects and arrays are open at the end of `b`, read from its start; `None` when
-/// `b` ends inside a string or closes more than it opened. No other byte is checked.
-fn depth_outside_strings(b: &[u8]) -> Option<usize> {
+/// Eight bytes at a time: which of them equal `c` (a nonzero result: at least one; the bytes are
+/// then looked at one by one, so the rare false hint above a match costs nothing).
+fn has_byte(word: u64, c: u8) -> u64 {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let x = word ^ (LO * u64::from(c));
+    x.wrapping_sub(LO) & !x & HI
+}
+
+/// The first index from `i` whose byte is one of `set` (or `b.len()`), skipping eight bytes at a
+/// time while none of them is.
+fn skip_to(b: &[u8], mut i: usize, set: &[u8]) -> usize {
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        if set.iter().any(|&c| has_byte(word, c) != 0) {
+            break;
+        }
+        i += 8;
+    }
+    while i < b.len() && !set.contains(&b[i]) {
+        i += 1;
+    }
+    i
+}
+
+/// How many objects are open at the end of `b`, read from its start; `None` when `b` ends
+/// inside a string or closes more than it opened. Strings and their escapes are skipped; no
+/// other byte is checked. Arrays need no count: a key one object deep inside an array would be
+/// an array element followed by a `:`, which is not JSON.
+fn brace_depth(b: &[u8]) -> Option<usize> {
     let mut depth = 0usize;
     let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => depth = depth.checked_sub(1)?,
-            b'"' => loop {
-                // Inside a string: only a backslash (which escapes the next byte) and the
-                // closing quote matter.
-                i += 1;
+    loop {
+        i = skip_to(b, i, b"\"{}");
+        match b.get(i) {
+            None => return Some(depth),
+            Some(b'{') => depth += 1,
+            Some(b'}') => depth = depth.checked_sub(1)?,
+            // A string: only a backslash (which escapes the next byte) and the closing quote
+            // matter inside.
+            Some(_) => loop {
+                i = skip_to(b, i + 1, b"\"\\");
                 match b.get(i)? {
                     b'\\' => i += 1,
-                    b'"' => break,
-                    _ => {}
+                    _ => break,
                 }
             },
-            _ => {}
         }
         i += 1;
     }
-    Some(depth)
+}
+
+/// A `usage` value read by hand when it is plain: an object of unsigned integers (or `null`),
+/// the two `*_details` objects, and unknown members whose values are numbers, literals, strings
+/// without escapes or objects of those. Anything else (escapes, fractions, signs, arrays, bytes
+/// past ASCII, a repeated field) is left to serde, which reads every case, so the answer never
+/// differs from serde's: `None` means "not sure", `Some(None)` is a `null` usage.
+mod plain {
+    use super::{CachedDetails, UsageWire};
+
+    struct Scan<'a> {
+        b: &'a [u8],
+        i: usize,
+    }
+
+    const COUNTS: [&[u8]; 6] = [
+        b"prompt_tokens",
+        b"completion_tokens",
+        b"input_tokens",
+        b"output_tokens",
+        b"cache_read_input_tokens",
+        b"cache_creation_input_tokens",
+    ];
+
+    pub(super) fn usage(value: &[u8]) -> Option<Option<UsageWire>> {
+        let mut s = Scan { b: value, i: 0 };
+        let u = if s.literal(b"null") {
+            None
+        } else {
+            Some(s.usage()?)
+        };
+        s.ws();
+        (s.i == value.len()).then_some(u)
+    }
+
+    impl<'a> Scan<'a> {
+        fn ws(&mut self) {
+            while matches!(self.b.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+                self.i += 1;
+            }
+        }
+
+        fn eat(&mut self, c: u8) -> bool {
+            self.ws();
+            let hit = self.b.get(self.i) == Some(&c);
+            self.i += usize::from(hit);
+            hit
+        }
+
+        fn literal(&mut self, word: &[u8]) -> bool {
+            self.ws();
+            let hit = self.b[self.i..].starts_with(word);
+            if hit {
+                self.i += word.len();
+            }
+            hit
+        }
+
+        /// A string of printable ASCII without escapes; its bytes, quotes left out.
+        fn string(&mut self) -> Option<&'a [u8]> {
+            if !self.eat(b'"') {
+                return None;
+            }
+            let start = self.i;
+            loop {
+                match *self.b.get(self.i)? {
+                    b'"' => break,
+                    b'\\' | 0..=0x1f | 0x80.. => return None,
+                    _ => self.i += 1,
+                }
+            }
+            self.i += 1;
+            let b: &'a [u8] = self.b;
+            Some(&b[start..self.i - 1])
+        }
+
+        /// An unsigned integer as JSON writes it (no leading zero, no fraction, no exponent), or
+        /// `null`: what serde reads into an `Option<u64>`.
+        fn count(&mut self) -> Option<Option<u64>> {
+            if self.literal(b"null") {
+                return Some(None);
+            }
+            let rest = &self.b[self.i..];
+            let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+            let leading_zero = digits > 1 && rest[0] == b'0';
+            // 19 digits always fit a u64; a longer number is left to serde.
+            if digits == 0 || digits > 19 || leading_zero {
+                return None;
+            }
+            if matches!(rest.get(digits), Some(b'.' | b'e' | b'E')) {
+                return None;
+            }
+            let n = rest[..digits]
+                .iter()
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            self.i += digits;
+            Some(Some(n))
+        }
+
+        /// An object's members: `member` reads each value after its key.
+        fn members(
+            &mut self,
+            mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>,
+        ) -> Option<()> {
+            if !self.eat(b'{') {
+                return None;
+            }
+            if self.eat(b'}') {
+                return Some(());
+            }
+            loop {
+                let key = self.string()?;
+                if !self.eat(b':') {
+                    return None;
+                }
+                member(self, key)?;
+                if self.eat(b'}') {
+                    return Some(());
+                }
+                if !self.eat(b',') {
+                    return None;
+                }
+            }
+        }
+
+        /// Skips an unknown member's value, one level of objects deep.
+        fn skip(&mut self, nested: bool) -> Option<()> {
+            self.ws();
+            match self.b.get(self.i)? {
+                b'"' => self.string().map(drop),
+                b'{' if !nested => self.members(|s, _| s.skip(true)),
+                b'0'..=b'9' | b'n' => self.count().map(drop),
+                _ => (self.literal(b"true") || self.literal(b"false")).then_some(()),
+            }
+        }
+
+        fn details(&mut self) -> Option<Option<CachedDetails>> {
+            if self.literal(b"null") {
+                return Some(None);
+            }
+            let mut d = CachedDetails::default();
+            let mut seen = false;
+            self.members(|s, key| {
+                if key != b"cached_tokens" {
+                    return s.skip(true);
+                }
+                // A repeated field is serde's error to make.
+                if std::mem::replace(&mut seen, true) {
+                    return None;
+                }
+                d.cached_tokens = s.count()?;
+                Some(())
+            })?;
+            Some(Some(d))
+        }
+
+        fn usage(&mut self) -> Option<UsageWire> {
+            let mut u = UsageWire::default();
+            let mut seen = 0u8;
+            self.members(|s, key| {
+                let index = COUNTS.iter().position(|c| *c == key).or(match key {
+                    b"prompt_tokens_details" => Some(6),
+                    b"input_tokens_details" => Some(7),
+                    _ => None,
+                });
+                let Some(index) = index else {
+                    return s.skip(false);
+                };
+                if seen & (1 << index) != 0 {
+                    return None;
+                }
+                seen |= 1 << index;
+                match index {
+                    0 => u.prompt_tokens = s.count()?,
+                    1 => u.completion_tokens = s.count()?,
+                    2 => u.input_tokens = s.count()?,
+                    3 => u.output_tokens = s.count()?,
+                    4 => u.cache_read_input_tokens = s.count()?,
+                    5 => u.cache_creation_input_tokens = s.count()?,
+                    6 => u.prompt_tokens_details = s.details()?,
+                    _ => u.input_tokens_details = s.details()?,
+                }
+                Some(())
+            })?;
+            Some(u)
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -412,6 +635,68 @@ mod tests {
         assert_eq!(json_usage(body), Some(usage(7, 2, None)));
     }
 
+    #[test]
+    fn the_plain_reading_of_a_usage_value_is_serdes_or_none() {
+        let serde = |v: &str| serde_json::from_slice::<Option<UsageWire>>(v.as_bytes()).ok();
+        // (value, whether the plain reading answers it itself)
+        let cases: &[(&str, bool)] = &[
+            ("null", true),
+            (" {} ", true),
+            (
+                r#"{"prompt_tokens":0,"completion_tokens":18446744073709551}"#,
+                true,
+            ),
+            (
+                r#"{"prompt_tokens":null,"prompt_tokens_details":null}"#,
+                true,
+            ),
+            (
+                r#"{ "input_tokens" : 5 , "input_tokens_details" : { "cached_tokens" : 2 } }"#,
+                true,
+            ),
+            (
+                r#"{"total_tokens":9,"x":"y","t":true,"f":false,"n":null,"o":{"a":1,"b":"c"}}"#,
+                true,
+            ),
+            (
+                r#"{"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0}}"#,
+                true,
+            ),
+            (
+                r#"{"prompt_tokens_details":{"cached_tokens":1,"audio_tokens":0}}"#,
+                true,
+            ),
+            // Left to serde: what it reads in ways worth not copying, or refuses.
+            (r#"{"prompt_tokens":1,"prompt_tokens":2}"#, false),
+            (
+                r#"{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":1}}"#,
+                false,
+            ),
+            (r#"{"prompt_tokens":1.0}"#, false),
+            (r#"{"prompt_tokens":1e3}"#, false),
+            (r#"{"prompt_tokens":-1}"#, false),
+            (r#"{"prompt_tokens":01}"#, false),
+            (r#"{"prompt_tokens":99999999999999999999}"#, false),
+            (r#"{"prompt\u005ftokens":3}"#, false),
+            (r#"{"x":"\"","prompt_tokens":3}"#, false),
+            (r#"{"x":"é","prompt_tokens":3}"#, false),
+            (r#"{"x":[1],"prompt_tokens":3}"#, false),
+            (r#"{"x":{"y":{}},"prompt_tokens":3}"#, false),
+            (r#"{"prompt_tokens":3,}"#, false),
+            (r#"{"prompt_tokens":3} x"#, false),
+            (r#"[1,2]"#, false),
+            (r#"{"prompt_tokens":nul}"#, false),
+            ("", false),
+        ];
+        for (v, plain) in cases {
+            let got = plain::usage(v.as_bytes());
+            assert_eq!(got.is_some(), *plain, "{v}");
+            if let Some(u) = got {
+                assert_eq!(Some(u), serde(v), "{v}");
+            }
+        }
+    }
+
     /// SplitMix64: a deterministic generator, so a failing body can be rebuilt from its seed.
     struct Rng(u64);
 
@@ -590,6 +875,33 @@ mod tests {
         out.push('}');
         ws(r, &mut out);
         out
+    }
+
+    #[test]
+    fn the_plain_reading_matches_serde_on_random_usage_values() {
+        let mut r = Rng(0x7573_6167_65);
+        let mut plain_read = 0;
+        for i in 0..20_000 {
+            let mut v = String::new();
+            if r.below(3) == 0 {
+                // Any object: unknown members of every kind, known ones of any value.
+                let keys = [
+                    "prompt_tokens",
+                    "input_tokens_details",
+                    "a",
+                    "prompt_tokens",
+                ];
+                object(&mut r, 2, &keys, &mut v);
+            } else {
+                usage_value(&mut r, &mut v, true);
+            }
+            let want = serde_json::from_slice::<Option<UsageWire>>(v.as_bytes()).ok();
+            if let Some(u) = plain::usage(v.as_bytes()) {
+                plain_read += 1;
+                assert_eq!(Some(u), want, "value {i}: {v}");
+            }
+        }
+        assert!(plain_read > 10_000, "{plain_read}");
     }
 
     #[test]
