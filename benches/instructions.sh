@@ -11,9 +11,17 @@
 #       and (`kvbust-stream*`) the same prompt streamed, 16 tokens from the built-in mock (no
 #       pacing; its own process, not counted), without `include_usage`, so kvbust asks for it
 #       and strips it when on.
+#   PATHS="kvbust-none-nomodel kvbust-ftp-nomodel" benches/instructions.sh
+#       the same with the cache model off (`cache_model.enabled = false`; `-nomodel` combines
+#       with the other suffixes, e.g. `kvbust-none-nousage-nomodel`).
 #   BENCH_KVBUST=/path/to/other/kvbust benches/instructions.sh   # another build
 #   (BENCH_FLOOR and BENCH_LOADGEN likewise; the floor reads FLOOR_* knobs from the environment)
-# Prints "path Ir/request" lines and keeps each profile (callgrind_annotate FILE) in $WORK.
+# Every thread is profiled apart (`--separate-threads=yes`). Prints one line per path:
+#   path  request-path  model  total  Ir/request
+# `request-path` sums every thread but the cache model's (`kvbust-cache-model`, which tokenizes
+# each request off the request path) and capture's writer; `model` is the cache model's thread;
+# `total` is all threads, what one callgrind run without the split counts. Each thread's profile
+# is kept in $WORK (callgrind_annotate --inclusive=yes FILE).
 # Knobs: REQUESTS (2000), WARMUP (200), CONNECTIONS (1), PATHS, PORT_BASE (18300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,19 +79,21 @@ for path in $PATHS; do
     port=$((BASE + 2 * i))
     out=$WORK/callgrind.$path
     case $path in
-        kvbust-none | kvbust-ftp | kvbust-none-nousage | kvbust-stream | kvbust-stream-nousage)
+        kvbust-none* | kvbust-ftp* | kvbust-stream*)
             target=none
-            [ "$path" = kvbust-ftp ] && target=first_turn_prefix
-            up=$P_UP body=$WORK/body.json usage=true
+            case $path in kvbust-ftp*) target=first_turn_prefix ;; esac
+            up=$P_UP body=$WORK/body.json usage=true model=true
             case $path in kvbust-stream*) up=$P_MOCK body=$WORK/stream.json ;; esac
-            case $path in *-nousage) usage=false ;; esac
-            KVBUST_OBSERVE__REQUEST_USAGE=$usage RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out.%p" \
+            case $path in *-nousage*) usage=false ;; esac
+            case $path in *-nomodel) model=false ;; esac
+            KVBUST_OBSERVE__REQUEST_USAGE=$usage KVBUST_CACHE_MODEL__ENABLED=$model RUST_LOG=warn \
+                valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out.%p" \
                 "$KVBUST" serve --listen 127.0.0.1:$port --admin-listen 127.0.0.1:$((port + 1)) \
                 --upstream "http://127.0.0.1:$up" --cache-bust $target >"$WORK/$path.log" 2>&1 &
             ;;
         floor)
             body=$WORK/body.json
-            valgrind --tool=callgrind --callgrind-out-file="$out.%p" \
+            valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out.%p" \
                 "$FLOOR" 127.0.0.1:$port 127.0.0.1:$P_UP >"$WORK/$path.log" 2>&1 &
             ;;
         *) echo "unknown path $path" >&2; exit 2 ;;
@@ -98,8 +108,21 @@ for path in $PATHS; do
     callgrind_control -d "$pid" >/dev/null 2>&1
     kill "$pid"
     wait "$pid" 2>/dev/null || true
-    # The dump after zeroing is part 1 (`FILE.PID.1`); its summary counts only the measured run.
-    dump=$(ls "$out.$pid".1 2>/dev/null || ls "$out.$pid"-* | head -1)
-    ir=$(awk '/^summary:/ {print $2}' "$dump")
-    echo "$path $((ir / REQUESTS)) Ir/request ($REQUESTS requests, $CONNECTIONS connections; $result; profile $dump)"
+    # The dump after zeroing is part 1 (`FILE.PID.1-TT`, one file per thread TT); its summary
+    # counts only the measured run. A thread is the cache model's (or capture's) when its own
+    # profile runs that thread's loop.
+    all=0 model=0 side=0
+    for dump in "$out.$pid".1-*; do
+        ir=$(awk '/^summary:/ {print $2}' "$dump")
+        all=$((all + ir))
+        if grep -q 'cache_model::worker::Worker::run' "$dump"; then
+            model=$((model + ir))
+        elif grep -q 'capture::file::Writer::run' "$dump"; then
+            side=$((side + ir))
+        fi
+    done
+    req=$((all - model - side))
+    printf '%s %d %d %d Ir/request (request path, cache model, total; %d requests, %d connections; %s; profiles %s)\n' \
+        "$path" $((req / REQUESTS)) $((model / REQUESTS)) $((all / REQUESTS)) "$REQUESTS" \
+        "$CONNECTIONS" "$result" "$out.$pid.1-*"
 done

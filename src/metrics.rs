@@ -77,6 +77,72 @@ pub struct Families {
     pub model_queue: IntGauge,
 }
 
+/// The labelled series the request path counts on every request, kept per thread: a
+/// `with_label_values` hashes every label and takes the family's lock, about 200 instructions,
+/// where a look here compares a few pointers. Keyed by the registry (the entry holds it, so its
+/// address is not reused while kept), the family and the labels' addresses: kvbust's labels are
+/// `&'static str`s, and two copies of one label only cost two entries for one series. At most
+/// [`SERIES_KEPT`] entries (the label sets are bounded; a full cache starts again).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Requests,
+    Duration,
+    PromptTokens,
+    CachedTokens,
+    CompletionTokens,
+}
+
+#[derive(Clone, Copy)]
+struct Key {
+    family: Family,
+    labels: [&'static str; 3],
+    status: u16,
+}
+
+impl Key {
+    fn same(&self, other: &Key) -> bool {
+        self.family == other.family
+            && self.status == other.status
+            && self
+                .labels
+                .iter()
+                .zip(&other.labels)
+                .all(|(a, b)| std::ptr::eq(*a, *b))
+    }
+}
+
+#[derive(Clone)]
+enum Series {
+    Counter(IntCounter),
+    Histogram(Histogram),
+    /// Never kept: what [`Metrics::series`] answers should its `resolve` already have run.
+    None,
+}
+
+impl Series {
+    fn inc(&self) {
+        self.inc_by(1);
+    }
+
+    fn inc_by(&self, n: u64) {
+        if let Series::Counter(c) = self {
+            c.inc_by(n);
+        }
+    }
+}
+
+struct Cached {
+    owner: Metrics,
+    key: Key,
+    series: Series,
+}
+
+const SERIES_KEPT: usize = 64;
+
+thread_local! {
+    static SERIES: std::cell::RefCell<Vec<Cached>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// One family's name (before the `kvbust_` prefix), help text and label names (none for a plain
 /// counter, gauge or histogram). Kept as a table so `Metrics::new` reads as the list of families.
 struct Def {
@@ -392,6 +458,99 @@ impl Metrics {
             registry: r,
             process: process_registry(),
         }))
+    }
+
+    /// `requests_total{route, phase, target, status}` + 1.
+    pub fn count_request(
+        &self,
+        [route, phase, target]: [&'static str; 3],
+        status: http::StatusCode,
+    ) {
+        let key = Key {
+            family: Family::Requests,
+            labels: [route, phase, target],
+            status: status.as_u16(),
+        };
+        self.series(key, || {
+            Series::Counter(self.requests.with_label_values(&[
+                route,
+                phase,
+                target,
+                status.as_str(),
+            ]))
+        })
+        .inc();
+    }
+
+    /// The `request_duration_seconds{route, phase, target}` series.
+    pub fn duration_of(&self, labels: [&'static str; 3]) -> Histogram {
+        let key = Key {
+            family: Family::Duration,
+            labels,
+            status: 0,
+        };
+        match self.series(key, || {
+            Series::Histogram(self.duration.with_label_values(&labels))
+        }) {
+            Series::Histogram(h) => h,
+            // Only a histogram is ever kept under `Family::Duration`.
+            _ => self.duration.with_label_values(&labels),
+        }
+    }
+
+    /// Adds the upstream-reported tokens to `upstream_*_tokens_total{phase, target}`.
+    pub fn count_tokens(&self, [phase, target]: [&'static str; 2], tokens: crate::usage::Tokens) {
+        for (n, family) in [
+            (tokens.prompt, Family::PromptTokens),
+            (tokens.cached, Family::CachedTokens),
+            (tokens.completion, Family::CompletionTokens),
+        ] {
+            let Some(n) = n else { continue };
+            let key = Key {
+                family,
+                labels: [phase, target, ""],
+                status: 0,
+            };
+            let vec = match family {
+                Family::PromptTokens => &self.prompt_tokens,
+                Family::CachedTokens => &self.cached_tokens,
+                _ => &self.completion_tokens,
+            };
+            self.series(key, || {
+                Series::Counter(vec.with_label_values(&[phase, target]))
+            })
+            .inc_by(n);
+        }
+    }
+
+    /// The series `key` names, from this thread's cache, or `resolve`d and kept there.
+    fn series(&self, key: Key, resolve: impl FnOnce() -> Series) -> Series {
+        let mut resolve = Some(resolve);
+        let mut resolved = || resolve.take().map(|r| r());
+        let found = SERIES.try_with(|cache| {
+            let mut cache = cache.borrow_mut();
+            if let Some(hit) = cache
+                .iter()
+                .find(|c| Arc::ptr_eq(&c.owner.0, &self.0) && c.key.same(&key))
+            {
+                return Some(hit.series.clone());
+            }
+            let series = resolved()?;
+            if cache.len() >= SERIES_KEPT {
+                cache.clear();
+            }
+            cache.push(Cached {
+                owner: self.clone(),
+                key,
+                series: series.clone(),
+            });
+            Some(series)
+        });
+        // `resolve` runs once: in the cache, or here while the thread's locals are torn down.
+        match found {
+            Ok(Some(series)) => series,
+            _ => resolved().unwrap_or(Series::None),
+        }
     }
 
     pub fn error(&self, source: &str, code: &str) {

@@ -280,16 +280,10 @@ impl Proxy {
                 resp.map(|b| b.map_err(|never| match never {}).boxed())
             }
         };
-        self.rt
-            .metrics
-            .requests
-            .with_label_values(&[
-                route.label(),
-                ex.phase_label(),
-                ex.target.as_str(),
-                resp.status().as_str(),
-            ])
-            .inc();
+        self.rt.metrics.count_request(
+            [route.label(), ex.phase_label(), ex.target.as_str()],
+            resp.status(),
+        );
         resp
     }
 

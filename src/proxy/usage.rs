@@ -13,8 +13,26 @@ use crate::json::{self, Json, Kind, Layout};
 /// The body with `include_usage` turned on, when `body` is a streaming request that does not ask
 /// for usage itself; `None` leaves the request (and its response) alone.
 pub fn add_include_usage(body: &[u8]) -> Option<Vec<u8>> {
+    if !may_stream(body) {
+        return None;
+    }
     let top = json::top_object(body).ok()?;
     add_include_usage_at(body, &Layout::of(body, &top)?)
+}
+
+/// Whether some member of `body` may have the value `true`: a `true` after a `:` (white space
+/// between). A streaming request's `"stream": true` is one, so a body without one (most
+/// non-streaming requests) is told apart by a scan instead of a parse. Keys with escapes make no
+/// difference: only the value's bytes are looked for, and the literal `true` has no other
+/// spelling.
+fn may_stream(body: &[u8]) -> bool {
+    memchr::memmem::find_iter(body, b"true").any(|at| {
+        body[..at]
+            .iter()
+            .rev()
+            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+            == Some(&b':')
+    })
 }
 
 /// [`add_include_usage`] reading `body` through the layout an earlier step made of it: no parse,
@@ -261,6 +279,35 @@ mod tests {
         for (body, want) in cases {
             let got = add_include_usage(body.as_bytes()).map(|b| String::from_utf8(b).unwrap());
             assert_eq!(got.as_deref(), *want, "{body}");
+        }
+    }
+
+    #[test]
+    fn a_body_without_a_true_member_is_not_parsed() {
+        let cases: &[(&str, bool)] = &[
+            (
+                r#"{"stream": false, "messages": [{"content": "true"}]}"#,
+                false,
+            ),
+            (r#"{"stream":false,"x":[true]}"#, false),
+            (r#"{"messages":"a: true"}"#, true),
+            ("{\"str\\u0065am\" :\n\ttrue}", true),
+            (r#"{"stream":true}"#, true),
+        ];
+        for (body, parsed) in cases {
+            let before = crate::json::body_parses();
+            let got = add_include_usage(body.as_bytes());
+            assert_eq!(
+                crate::json::body_parses() - before,
+                usize::from(*parsed),
+                "{body}"
+            );
+            // Whether parsed or not, the answer is the parse's.
+            let parse = json::top_object(body.as_bytes())
+                .ok()
+                .and_then(|t| Layout::of(body.as_bytes(), &t))
+                .and_then(|l| add_include_usage_at(body.as_bytes(), &l));
+            assert_eq!(got, parse, "{body}");
         }
     }
 

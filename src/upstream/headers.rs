@@ -9,20 +9,33 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Whether `name` describes one connection, not the message (RFC 9110 §7.6.1): `connection`,
 /// `keep-alive`, `proxy-connection`, `te`, `trailer`, `transfer-encoding`, `upgrade`. Told by
-/// comparing names, without hashing or parsing one.
+/// one look at the name's text (a `match` on it compares lengths first), without hashing.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TE
-        || name == header::TRAILER
-        || name == header::TRANSFER_ENCODING
-        || name == header::UPGRADE
-        || matches!(name.as_str(), "keep-alive" | "proxy-connection")
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
 }
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names first: most messages carry none, and a removal hashes each name.
-    if !headers.keys().any(is_hop_by_hop) {
+    // One pass over the names finds the hop-by-hop ones (each name comes once, so at most
+    // seven): most messages carry none or only `Connection`, and a removal hashes each name.
+    let mut hop: [Option<HeaderName>; 7] = Default::default();
+    let mut n = 0;
+    for k in headers.keys().filter(|k| is_hop_by_hop(k)) {
+        if let Some(slot) = hop.get_mut(n) {
+            *slot = Some(k.clone());
+            n += 1;
+        }
+    }
+    if n == 0 {
         return;
     }
     // The present names `Connection` lists: a name equals `HeaderName::from_bytes` of a trimmed
@@ -35,19 +48,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','));
     for token in tokens {
         let token = token.trim();
+        // A hop-by-hop name goes anyway: no need to look for it.
         if let Some(k) = headers
             .keys()
-            .find(|k| k.as_str().eq_ignore_ascii_case(token))
+            .find(|k| k.as_str().eq_ignore_ascii_case(token) && !is_hop_by_hop(k))
         {
             named.push(k.clone());
         }
     }
-    for name in &named {
+    for name in named.iter().chain(hop.iter().flatten()) {
         headers.remove(name);
-    }
-    // Only the names present are removed: removing an absent name still hashes it.
-    while let Some(name) = headers.keys().find(|k| is_hop_by_hop(k)).cloned() {
-        headers.remove(&name);
     }
 }
 
@@ -87,13 +97,14 @@ pub fn upstream_request_headers(
     control: &[&str],
 ) {
     strip_hop_by_hop(headers);
-    let kvbust: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("x-kvbust-") || control.contains(&k.as_str()))
-        .cloned()
-        .collect();
-    for k in kvbust {
-        headers.remove(&k);
+    let ours =
+        |k: &HeaderName| k.as_str().starts_with("x-kvbust-") || control.contains(&k.as_str());
+    // Most requests carry none: then no list is built.
+    if headers.keys().any(ours) {
+        let kvbust: Vec<HeaderName> = headers.keys().filter(|k| ours(k)).cloned().collect();
+        for k in kvbust {
+            headers.remove(&k);
+        }
     }
     if !keep_host {
         // The client sets Host (HTTP/1.1) or :authority (HTTP/2) from the upstream URI.

@@ -28,14 +28,15 @@ pub fn seen(headers: &HeaderMap, token: &str) -> bool {
 
 /// Appends `1.1 <token>` to the request's `via` (one header line, entries comma-joined).
 pub fn add(headers: &mut HeaderMap, token: &str) {
-    let ours = format!("1.1 {token}");
-    let joined: Vec<&str> = headers
-        .get_all(VIA)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .chain(std::iter::once(ours.as_str()))
-        .collect();
-    if let Ok(v) = HeaderValue::from_str(&joined.join(", ")) {
+    // Built in one string: on every request, so no formatter, list or second join.
+    let mut joined = String::with_capacity(token.len() + 4);
+    for v in headers.get_all(VIA).iter().filter_map(|v| v.to_str().ok()) {
+        joined.push_str(v);
+        joined.push_str(", ");
+    }
+    joined.push_str("1.1 ");
+    joined.push_str(token);
+    if let Ok(v) = HeaderValue::from_str(&joined) {
         headers.insert(VIA, v);
     }
 }

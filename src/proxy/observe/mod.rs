@@ -10,8 +10,8 @@ mod body;
 mod wire;
 
 pub use body::{IdleTimeout, Observed, TotalTimeout};
+use wire::Event;
 pub use wire::{CachedDetails, UsageWire};
-use wire::{Event, JsonBody};
 
 use std::time::{Duration, Instant};
 
@@ -103,9 +103,7 @@ impl Observer {
             in_flight: None,
             ticket: None,
             inter_token: None,
-            duration: metrics
-                .duration
-                .with_label_values(&[route.label(), phase, target]),
+            duration: metrics.duration_of([route.label(), phase, target]),
             metrics,
             route,
             phase,
@@ -251,22 +249,11 @@ impl Observer {
             ..
         } = &self.mode
         {
-            if let Ok(body) = serde_json::from_slice::<JsonBody>(copy) {
-                self.usage = body.usage().map(Box::new);
-            }
+            self.usage = wire::json_usage(copy).map(Box::new);
         }
         let tokens = self.tokens();
         self.hand_in(true);
-        let labels = [self.phase, self.target];
-        for (n, family) in [
-            (tokens.prompt, &self.metrics.prompt_tokens),
-            (tokens.cached, &self.metrics.cached_tokens),
-            (tokens.completion, &self.metrics.completion_tokens),
-        ] {
-            if let Some(n) = n {
-                family.with_label_values(&labels).inc_by(n);
-            }
-        }
+        self.metrics.count_tokens([self.phase, self.target], tokens);
     }
 
     fn abort(&mut self, reason: &'static str) {
