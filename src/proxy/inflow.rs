@@ -299,7 +299,7 @@ mod tests {
         let budget = budget::BodyBudget::new(1 << 30);
         let mut held = budget.reservation();
         let got = inflow.run(first, &mut held).await.expect("no client error");
-        let got = got.ok().expect("the reader is there");
+        let got = got.expect("the reader is there");
         assert_eq!(&got.whole()[..], &body[..]);
         // Everything before the closing brace went as it came.
         assert_eq!(got.sent, body.len() - 1);
