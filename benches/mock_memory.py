@@ -6,16 +6,18 @@ seconds it took, and the mock's peak RSS (VmHWM, reset before each where the ker
 RSS after. Then a burst (BURST copies of the largest chat at once) and the RSS right after it and
 SETTLE seconds later (default 60): what is given back after a peak. The burst is BURST (30)
 concurrent chats of one 100,000-token message each (within the mock's 131,072-token context).
-Do not burst the 64 MB chat: each is tokenized whole before the context check (~7 GB apiece;
-three at once held 21.9 GB here).
+With BIG=1, the 64 MB chat once and then BIG_BURST (3) of them at once. Before the mock counted a
+large prompt chunk by chunk and stopped past the context length, each was tokenized whole (~7 GB
+apiece; three at once held 21.9 GB): run an older binary with BIG=1 BIG_BURST=0 only.
 
   benches/mock_memory.py                               # target/release/kvbust
   KVBUST=/tmp/other/kvbust SETTLE=60 BURST=6 benches/mock_memory.py
+  BIG=1 SETTLE=0 BURST=0 benches/mock_memory.py        # the 64 MB chat, once and 3 at once
 
 Bodies (each within the mock's element bounds, src/mock/bounds.rs, and mock.max_body 64 MiB):
   chat-empty    100,000 chat messages with empty content (the issue's 2,000,000 are refused now)
   chat-64mb     100,000 chat messages of 630 bytes each (~64 MB, the largest accepted chat;
-                only with BIG=1: 31.5M tokens, tokenized whole, then refused for its length)
+                only with BIG=1: 31.5M tokens, refused for its length)
   chat-100k     one message of 100,000 tokens (200 KB), the burst's body
   prompt-ids    a /v1/completions prompt of 2,097,152 token ids
 """
@@ -99,9 +101,36 @@ def main():
                 flush=True,
             )
         if os.environ.get("BIG"):
+            huge = chat(100_000, "x " * 315)
             reset_peak(pid)
-            status, secs, _ = post("/v1/chat/completions", chat(100_000, "x " * 315))
-            print(f"chat-64mb: status {status}, {secs:.2f} s, peak RSS {status_kb(pid, 'VmHWM') / 1024:.0f} MB", flush=True)
+            status, secs, out = post("/v1/chat/completions", huge)
+            print(
+                f"chat-64mb: {len(huge) / 1e6:.1f} MB body, status {status}, {secs:.2f} s, peak RSS "
+                f"{status_kb(pid, 'VmHWM') / 1024:.0f} MB, RSS after {status_kb(pid, 'VmRSS') / 1024:.0f} MB "
+                f"{out[:160].decode(errors='replace')}",
+                flush=True,
+            )
+            n = int(os.environ.get("BIG_BURST", "3"))
+            if n:
+                reset_peak(pid)
+                results = []
+                threads = [
+                    threading.Thread(target=lambda: results.append(post("/v1/chat/completions", huge)[:2]))
+                    for _ in range(n)
+                ]
+                t0 = time.monotonic()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                print(
+                    f"chat-64mb x {n} at once: statuses {sorted(s for s, _ in results)}, "
+                    f"{time.monotonic() - t0:.2f} s, peak RSS {status_kb(pid, 'VmHWM') / 1024:.0f} MB, "
+                    f"RSS after {status_kb(pid, 'VmRSS') / 1024:.0f} MB",
+                    flush=True,
+                )
+        if not BURST:
+            return 0
         big = bodies[1][2]
         reset_peak(pid)
         results = []

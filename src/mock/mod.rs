@@ -84,6 +84,7 @@ use request::{ApiError, GenRequest, Prompt, Usage};
 use responses::{ResponseEvents, ResponseInfo};
 pub use server::serve;
 use sse::{after, Events, SseBody, StreamPlan};
+use tokenize::Counted;
 pub use tokenize::MockTokenizer;
 
 /// Header: delay before anything is sent (see the module documentation).
@@ -97,6 +98,11 @@ pub const HEADER_CACHED_TOKENS: &str = "x-mock-cached-tokens";
 
 /// Largest `mock.max_body` accepted (the largest request body the mock can be told to read).
 pub const MAX_BODY_BYTES: usize = 256 << 20;
+
+/// Prompt tokens the mock reads when `mock.max_model_len` is 0 (no context limit): a larger
+/// prompt is a 400 `context_length_exceeded`, found by counting no further than this. As many as
+/// the longest token-id `prompt` list the mock takes ([`bounds::MAX_PROMPT_ENTRIES`]).
+pub const MAX_PROMPT_TOKENS: usize = bounds::MAX_PROMPT_ENTRIES;
 
 /// `created` of every response and model: fixed, so output is fully deterministic (2025-01-01T00:00:00Z).
 pub const CREATED: u64 = 1_735_689_600;
@@ -486,15 +492,19 @@ impl Mock {
         Bytes::from(v.to_string())
     }
 
-    /// The prompt's token ids, rendered and encoded on a blocking thread when that is expensive.
-    async fn tokenize(&self, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+    /// The prompt's token ids, or a lower bound once it is known to hold more than `limit`
+    /// ([`MockTokenizer::prompt_tokens_within`]); rendered and encoded on a blocking thread when
+    /// that is expensive.
+    async fn tokenize(&self, prompt: Prompt, limit: usize) -> Result<Counted, ApiError> {
         if !self.tokenizer.is_expensive()
             || MockTokenizer::prompt_bytes(&prompt) <= BLOCKING_TOKENIZE_BYTES
         {
-            return self.tokenizer.prompt_tokens(&prompt);
+            return self.tokenizer.prompt_tokens_within(&prompt, limit);
         }
         let tokenizer = self.tokenizer.clone();
-        match tokio::task::spawn_blocking(move || tokenizer.prompt_tokens(&prompt)).await {
+        match tokio::task::spawn_blocking(move || tokenizer.prompt_tokens_within(&prompt, limit))
+            .await
+        {
             Ok(tokens) => tokens,
             Err(e) => Err(ApiError {
                 status: StatusCode::INTERNAL_SERVER_ERROR,
@@ -505,22 +515,53 @@ impl Mock {
         }
     }
 
+    /// The most prompt tokens that fit beside `completion_tokens` of output: `mock.max_model_len`
+    /// less the output, or [`MAX_PROMPT_TOKENS`] when `mock.max_model_len` is 0.
+    fn prompt_room(&self, completion_tokens: u32) -> usize {
+        match self.cfg.max_model_len {
+            0 => MAX_PROMPT_TOKENS,
+            max => max.saturating_sub(completion_tokens as usize),
+        }
+    }
+
     /// A 400 `context_length_exceeded` when the prompt plus the requested output would not fit
-    /// `mock.max_model_len` (0: no limit), worded as vLLM words it.
+    /// `mock.max_model_len`, worded as vLLM words it; with no limit (0), when the prompt holds
+    /// more than [`MAX_PROMPT_TOKENS`].
     fn check_context(&self, prompt_tokens: usize, completion_tokens: u32) -> Result<(), ApiError> {
-        let requested = prompt_tokens.saturating_add(completion_tokens as usize);
-        if self.cfg.max_model_len > 0 && requested > self.cfg.max_model_len {
-            return Err(ApiError::bad_request(
-                "context_length_exceeded",
-                format!(
-                    "This model's maximum context length is {} tokens. However, you requested {requested} tokens \
-                     ({prompt_tokens} in the messages, {completion_tokens} in the completion). Please reduce the length of the \
-                     messages or completion.",
-                    self.cfg.max_model_len,
-                ),
-            ));
+        let over = match self.cfg.max_model_len {
+            0 => prompt_tokens > MAX_PROMPT_TOKENS,
+            max => prompt_tokens.saturating_add(completion_tokens as usize) > max,
+        };
+        if over {
+            return Err(self.context_error(prompt_tokens, completion_tokens, ""));
         }
         Ok(())
+    }
+
+    /// The 400 for a prompt of `prompt_tokens` (`at_least` before the figures when counting
+    /// stopped early) that does not fit beside `completion_tokens` of output.
+    fn context_error(
+        &self,
+        prompt_tokens: usize,
+        completion_tokens: u32,
+        at_least: &str,
+    ) -> ApiError {
+        let message = match self.cfg.max_model_len {
+            0 => format!(
+                "This model's maximum context length is unlimited, but the mock reads at most {MAX_PROMPT_TOKENS} \
+                 prompt tokens. However, you requested {at_least}{prompt_tokens} tokens in the messages. Please \
+                 reduce the length of the messages."
+            ),
+            max => {
+                let requested = prompt_tokens.saturating_add(completion_tokens as usize);
+                format!(
+                    "This model's maximum context length is {max} tokens. However, you requested {at_least}{requested} tokens \
+                     ({at_least}{prompt_tokens} in the messages, {completion_tokens} in the completion). Please reduce the length of the \
+                     messages or completion.",
+                )
+            }
+        };
+        ApiError::bad_request("context_length_exceeded", message)
     }
 
     /// The override, else the base delay plus prefill for the `uncached` prompt tokens.
@@ -581,11 +622,16 @@ impl Mock {
             return resp;
         }
         let prompt = std::mem::replace(&mut req.prompt, Prompt::Raw(Vec::new()));
-        let tokens = match self.tokenize(prompt).await {
-            Ok(t) => t,
+        let completion_tokens = req.max_tokens.unwrap_or(self.cfg.default_max_tokens).max(1);
+        let room = self.prompt_room(completion_tokens);
+        let tokens = match self.tokenize(prompt, room).await {
+            Ok(Counted::Tokens(t)) => t,
+            Ok(Counted::Over(n)) => {
+                let e = self.context_error(n, completion_tokens, "at least ");
+                return error_response_for(endpoint, &e);
+            }
             Err(e) => return error_response_for(endpoint, &e),
         };
-        let completion_tokens = req.max_tokens.unwrap_or(self.cfg.default_max_tokens).max(1);
         if let Err(e) = self.check_context(tokens.len(), completion_tokens) {
             return error_response_for(endpoint, &e);
         }
@@ -958,6 +1004,113 @@ mod tests {
         assert_eq!(
             body_json(resp).await["error"]["code"],
             "context_length_exceeded"
+        );
+    }
+
+    fn owned(path: &str, body: String) -> Request<Full<Bytes>> {
+        Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .body(Full::new(Bytes::from(body)))
+            .expect("valid request")
+    }
+
+    /// The figures of a `context_length_exceeded` message: (requested, in the messages).
+    fn figures(message: &str) -> (usize, usize) {
+        let numbers: Vec<usize> = message
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        (numbers[1], numbers[2])
+    }
+
+    #[tokio::test]
+    async fn a_huge_chat_is_refused_after_counting_a_chunk_past_the_context() {
+        let qwen = MockTokenizer::load(&crate::mock::config::MockTokenizerSetting::Qwen3).unwrap();
+        let mock = Mock::new(quick(), Some(qwen.clone()));
+        // 8 MiB of text in 2,048 messages: about 2 million tokens, 16 times the context.
+        let content = "The quick brown fox jumps over the lazy dog. ".repeat(90);
+        let message = serde_json::json!({"role": "user", "content": content}).to_string();
+        let messages = vec![message; 2048].join(",");
+        let body = format!(r#"{{"model":"m","max_tokens":7,"messages":[{messages}]}}"#);
+        let resp = mock
+            .clone()
+            .handle(owned("/v1/chat/completions", body))
+            .await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let v = body_json(resp).await;
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+        let text = v["error"]["message"].as_str().unwrap();
+        assert!(text.starts_with("This model's maximum context length is 131072 tokens. However, you requested at least "), "{text}");
+        let (requested, prompt) = figures(text);
+        assert_eq!(requested, prompt + 7, "{text}");
+        // Counting stopped within a chunk of text past the room for the prompt.
+        assert!(
+            prompt > 131_072 - 7 && prompt <= 131_072 + tokenize::COUNT_CHUNK_BYTES,
+            "{text}"
+        );
+
+        // A prompt of more bytes than that room that still fits is counted exactly, as before.
+        let fits = format!(
+            r#"{{"model":"m","max_tokens":7,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+            content.repeat(40)
+        );
+        assert!(fits.len() > 131_072);
+        let resp = mock
+            .clone()
+            .handle(owned("/v1/chat/completions", fits))
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let all = qwen
+            .prompt_tokens(&Prompt::Messages(vec![request::Message::new(
+                "user",
+                content.repeat(40),
+            )]))
+            .unwrap();
+        assert_eq!(body_json(resp).await["usage"]["prompt_tokens"], all.len());
+    }
+
+    #[tokio::test]
+    async fn with_no_context_limit_a_prompt_stops_at_the_ceiling() {
+        let mock = Mock::new(
+            MockConfig {
+                max_model_len: 0,
+                ..quick()
+            },
+            None,
+        );
+        // Built-in tokenizer: " a" is one token; 3 million of them are past the ceiling.
+        let body = format!(
+            r#"{{"prompt":"{}","max_tokens":1}}"#,
+            " a".repeat(3_000_000)
+        );
+        let resp = mock.clone().handle(owned("/v1/completions", body)).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let v = body_json(resp).await;
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+        let text = v["error"]["message"].as_str().unwrap();
+        assert!(text.contains(&format!("the mock reads at most {MAX_PROMPT_TOKENS} prompt tokens. However, you requested at least ")), "{text}");
+        let n: usize = text
+            .split("at least ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            n > MAX_PROMPT_TOKENS && n <= MAX_PROMPT_TOKENS + tokenize::COUNT_CHUNK_BYTES,
+            "{text}"
+        );
+        // Up to the ceiling, a prompt is still read whole.
+        let body = format!(
+            r#"{{"prompt":"{}","max_tokens":1}}"#,
+            " a".repeat(MAX_PROMPT_TOKENS)
+        );
+        let resp = mock.clone().handle(owned("/v1/completions", body)).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            body_json(resp).await["usage"]["prompt_tokens"],
+            MAX_PROMPT_TOKENS
         );
     }
 }

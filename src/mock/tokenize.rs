@@ -8,6 +8,7 @@
 //! message plus 3 for the assistant header). A tokenizer without a chat template, and the built-in one, count
 //! `role\ncontent\n` per message instead.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::config::MockTokenizerSetting;
@@ -15,6 +16,65 @@ use super::request::{ApiError, Message, Prompt, PromptPart};
 use crate::synth::error::SynthError;
 use crate::synth::tokenizer::chat_template::ChatTemplate;
 use crate::synth::tokenizer::Tokenizer;
+
+/// Bytes of text counted at a time when a large prompt is checked against the context length
+/// ([`MockTokenizer::prompt_tokens_within`]): the tokenizer's working memory is for this much.
+pub const COUNT_CHUNK_BYTES: usize = 64 << 10;
+
+/// Tokens a cut between two chunks may add to their count over the whole text's: none at the
+/// cuts [`chunk_end`] looks for, a few when a chunk has no such place and is cut mid-word.
+pub const CUT_SLACK: usize = 16;
+
+/// A prompt's token ids, or, once it went past the limit it was checked against, a lower bound
+/// on their count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Counted {
+    /// Every token id: the prompt was tokenized whole.
+    Tokens(Vec<u32>),
+    /// At least this many tokens, more than the limit; counting stopped there.
+    Over(usize),
+}
+
+/// A piece of what a prompt makes the tokenizer read, in order.
+enum Part<'a> {
+    /// Text, and whether the tokenizer's special tokens are added to it.
+    Text(Cow<'a, str>, bool),
+    /// Token ids taken as they are.
+    Ids(&'a [u32]),
+}
+
+impl Part<'_> {
+    fn bytes(&self) -> usize {
+        match self {
+            Part::Text(t, _) => t.len(),
+            // A token id stands for at least a byte of text.
+            Part::Ids(ids) => ids.len(),
+        }
+    }
+}
+
+/// Where the chunk at the start of `text` ends: all of it when it holds at most
+/// [`COUNT_CHUNK_BYTES`], else the last space in the chunk's second half that follows a
+/// non-space and precedes a letter or digit (`" word"` begins a piece in every usual
+/// pre-tokenizer, byte-level, Metaspace or whitespace, so the chunks count as the whole does),
+/// else the last character boundary within the chunk.
+fn chunk_end(text: &str) -> usize {
+    if text.len() <= COUNT_CHUNK_BYTES {
+        return text.len();
+    }
+    let b = text.as_bytes();
+    (COUNT_CHUNK_BYTES / 2..COUNT_CHUNK_BYTES)
+        .rev()
+        .find(|&i| {
+            b[i] == b' ' && !b[i - 1].is_ascii_whitespace() && b[i + 1].is_ascii_alphanumeric()
+        })
+        .or_else(|| {
+            (1..=COUNT_CHUNK_BYTES)
+                .rev()
+                .find(|&i| text.is_char_boundary(i))
+        })
+        .unwrap_or(text.len())
+}
 
 /// The tokenizer the mock counts prompt tokens with.
 #[derive(Clone)]
@@ -112,7 +172,32 @@ impl MockTokenizer {
     /// The prompt's token ids (see the module documentation); a chat template that refuses the messages (say,
     /// roles that do not alternate) is a 400, as in vLLM.
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
-        match prompt {
+        let parts = self.parts(prompt)?;
+        Ok(self.encode_parts(&parts))
+    }
+
+    /// The prompt's token ids when it can hold at most `limit` tokens, else [`Counted::Over`] with
+    /// a lower bound past `limit`: a prompt of more bytes than `limit` (and than one chunk) is
+    /// first counted chunk by chunk, stopping as soon as the count passes `limit`, so a 64 MB
+    /// prompt costs the tokenizer's memory for one chunk, not for 30 million tokens. A prompt
+    /// that passes the count is then tokenized whole, as [`MockTokenizer::prompt_tokens`] does:
+    /// the ids of a prompt that fits never depend on the chunks.
+    pub fn prompt_tokens_within(&self, prompt: &Prompt, limit: usize) -> Result<Counted, ApiError> {
+        let parts = self.parts(prompt)?;
+        // Below a byte per token no tokenizer the mock ships goes past `limit`; a prompt this
+        // small costs little to tokenize whole even if one did (the exact check follows).
+        let bytes: usize = parts.iter().map(Part::bytes).sum();
+        if bytes > limit.max(COUNT_CHUNK_BYTES) {
+            if let Some(n) = self.count_past(&parts, limit) {
+                return Ok(Counted::Over(n));
+            }
+        }
+        Ok(Counted::Tokens(self.encode_parts(&parts)))
+    }
+
+    /// What `prompt` makes the tokenizer read: chat messages rendered (a template error is a 400).
+    fn parts<'a>(&self, prompt: &'a Prompt) -> Result<Vec<Part<'a>>, ApiError> {
+        Ok(match prompt {
             Prompt::Messages(messages) => {
                 let text = match self {
                     MockTokenizer::Hf {
@@ -125,18 +210,75 @@ impl MockTokenizer {
                     })?,
                     _ => plain_render(messages),
                 };
-                Ok(self.encode_inner(&text, false))
+                vec![Part::Text(Cow::Owned(text), false)]
             }
-            Prompt::Raw(parts) => {
-                let mut out = Vec::new();
-                for part in parts {
-                    match part {
-                        PromptPart::Text(t) => out.extend(self.encode_inner(t, true)),
-                        PromptPart::Tokens(t) => out.extend_from_slice(t),
-                    }
+            Prompt::Raw(parts) => parts
+                .iter()
+                .map(|part| match part {
+                    PromptPart::Text(t) => Part::Text(Cow::Borrowed(t.as_str()), true),
+                    PromptPart::Tokens(t) => Part::Ids(t),
+                })
+                .collect(),
+        })
+    }
+
+    fn encode_parts(&self, parts: &[Part<'_>]) -> Vec<u32> {
+        if let [Part::Text(text, special)] = parts {
+            return self.encode_inner(text, *special);
+        }
+        let mut out = Vec::new();
+        for part in parts {
+            match part {
+                Part::Text(text, special) => out.extend(self.encode_inner(text, *special)),
+                Part::Ids(ids) => out.extend_from_slice(ids),
+            }
+        }
+        out
+    }
+
+    /// A lower bound on the tokens of `parts` once it passes `limit`, counted a chunk of text at a
+    /// time ([`chunk_end`]) and stopped there; `None` when all of them were counted without
+    /// passing it. Each cut may split what the whole text makes one token, so [`CUT_SLACK`] per
+    /// cut is taken off; special tokens are left out (they only add).
+    fn count_past(&self, parts: &[Part<'_>], limit: usize) -> Option<usize> {
+        let mut sum = 0usize;
+        let mut cuts = 0usize;
+        for part in parts {
+            let mut rest: &str = match part {
+                Part::Ids(ids) => {
+                    sum = sum.saturating_add(ids.len());
+                    ""
                 }
-                Ok(out)
+                Part::Text(text, _) => text,
+            };
+            loop {
+                let lower = sum.saturating_sub(cuts.saturating_mul(CUT_SLACK));
+                if lower > limit {
+                    return Some(lower);
+                }
+                if rest.is_empty() {
+                    break;
+                }
+                let (chunk, tail) = rest.split_at(chunk_end(rest));
+                sum = sum.saturating_add(self.count(chunk));
+                if !tail.is_empty() {
+                    cuts += 1;
+                }
+                rest = tail;
             }
+        }
+        None
+    }
+
+    /// The number of tokens of `text` (without special tokens), as [`MockTokenizer::encode`] makes.
+    pub fn count(&self, text: &str) -> usize {
+        match self {
+            MockTokenizer::Hf { tokenizer, .. } => match tokenizer.inner().encode_fast(text, false)
+            {
+                Ok(enc) => enc.len(),
+                Err(_) => Pieces(text).count(),
+            },
+            MockTokenizer::Builtin => Pieces(text).count(),
         }
     }
 
@@ -186,8 +328,19 @@ pub const MAX_PIECE_BYTES: usize = 4;
 /// its own piece. The pieces concatenate back to `text` exactly.
 pub fn builtin_pieces(text: &str) -> Vec<&str> {
     let mut pieces = Vec::with_capacity(text.len() / 3 + 1);
-    let mut rest = text;
-    while let Some(first) = rest.chars().next() {
+    pieces.extend(Pieces(text));
+    pieces
+}
+
+/// [`builtin_pieces`] one at a time, so they can be counted without a list.
+struct Pieces<'a>(&'a str);
+
+impl<'a> Iterator for Pieces<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let rest = self.0;
+        let first = rest.chars().next()?;
         let mut len = 0;
         let mut lead = first;
         // A single space attaches to the following non-space character when the pair fits in a piece.
@@ -210,10 +363,9 @@ pub fn builtin_pieces(text: &str) -> Vec<&str> {
             }
         }
         let (piece, tail) = rest.split_at(len);
-        pieces.push(piece);
-        rest = tail;
+        self.0 = tail;
+        Some(piece)
     }
-    pieces
 }
 
 /// Token id of a built-in piece: FNV-1a over its bytes (deterministic across runs and platforms).
@@ -310,6 +462,80 @@ pub(crate) mod tests {
         // Completions text is the text's own tokens (Qwen3 adds no BOS).
         let raw = Prompt::Raw(vec![PromptPart::Text(content.into())]);
         assert_eq!(t.prompt_tokens(&raw).expect("encodes").len(), n);
+    }
+
+    /// Real text of many chunks: the project's own documentation, repeated.
+    fn docs(bytes: usize) -> String {
+        let one = concat!(
+            include_str!("../../README.md"),
+            include_str!("../../config/README.md")
+        );
+        one.repeat(bytes / one.len() + 1)
+    }
+
+    #[test]
+    fn chunks_count_as_the_whole_text_does() {
+        let qwen = MockTokenizer::load(&MockTokenizerSetting::Qwen3).expect("shipped tokenizer");
+        let text = docs(3 * COUNT_CHUNK_BYTES);
+        for t in [&qwen, &MockTokenizer::Builtin] {
+            let (mut rest, mut sum, mut cuts) = (text.as_str(), 0, 0);
+            while !rest.is_empty() {
+                let (chunk, tail) = rest.split_at(chunk_end(rest));
+                assert!(
+                    chunk.len() <= COUNT_CHUNK_BYTES && chunk.len() > COUNT_CHUNK_BYTES / 2
+                        || tail.is_empty()
+                );
+                sum += t.count(chunk);
+                cuts += usize::from(!tail.is_empty());
+                rest = tail;
+            }
+            assert!(cuts >= 3, "{cuts}");
+            assert_eq!(sum, t.encode(&text).len(), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn a_prompt_past_the_limit_is_counted_no_further_than_a_chunk_past_it() {
+        let text = docs(16 * COUNT_CHUNK_BYTES);
+        let raw = Prompt::Raw(vec![PromptPart::Text(text.clone())]);
+        let chat = Prompt::Messages(vec![Message::new("user", text.clone())]);
+        let qwen = MockTokenizer::load(&MockTokenizerSetting::Qwen3).expect("shipped tokenizer");
+        for t in [&qwen, &MockTokenizer::Builtin] {
+            let whole = t.prompt_tokens(&raw).expect("encodes").len();
+            for limit in [0, 1000, whole / 3] {
+                for prompt in [&raw, &chat] {
+                    let Ok(Counted::Over(n)) = t.prompt_tokens_within(prompt, limit) else {
+                        panic!("{t:?}: {limit} is not past the limit");
+                    };
+                    // Stopped within one chunk past the limit (a token is at least a byte), not
+                    // after the 1 MiB of text the whole prompt holds.
+                    assert!(
+                        n > limit && n <= limit + COUNT_CHUNK_BYTES,
+                        "{t:?} {limit}: {n}"
+                    );
+                    assert!(n < whole, "{t:?} {limit}: {n} of {whole}");
+                }
+            }
+            // A prompt that fits is tokenized whole, the same ids as without a limit.
+            for prompt in [&raw, &chat] {
+                let all = t.prompt_tokens(prompt).expect("encodes");
+                for limit in [all.len(), usize::MAX] {
+                    assert_eq!(
+                        t.prompt_tokens_within(prompt, limit),
+                        Ok(Counted::Tokens(all.clone()))
+                    );
+                }
+            }
+            // Token ids count one each, and ids past the limit stop the count too.
+            let ids = Prompt::Raw(vec![
+                PromptPart::Tokens(vec![7; 2 * COUNT_CHUNK_BYTES]),
+                PromptPart::Text(text.clone()),
+            ]);
+            assert_eq!(
+                t.prompt_tokens_within(&ids, COUNT_CHUNK_BYTES),
+                Ok(Counted::Over(2 * COUNT_CHUNK_BYTES))
+            );
+        }
     }
 
     proptest::proptest! {
