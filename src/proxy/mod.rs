@@ -594,8 +594,8 @@ impl Proxy {
 
     /// Sends a request whose body is still flowing: its response waits for the pump; the
     /// upstream's first-byte window opens once the body is sent, so a slow client is not the
-    /// upstream's timeout. An upstream that answers before the body ended is answered with what
-    /// it said, and the rest of the body is cut (its connection is closed, not reused).
+    /// upstream's timeout. An upstream that answers before the body ended gets the rest of it
+    /// too, then its answer goes to the client.
     async fn send_flowing<S, P>(
         &self,
         sent: S,
@@ -617,7 +617,15 @@ impl Proxy {
             resp = &mut sent => Some(resp),
         };
         match early {
-            Some(resp) => resp,
+            Some(resp) => {
+                // Answered before the body ended (nginx's `return`, an auth error): the rest
+                // still goes, so the client's connection and the upstream's stay usable, as
+                // nginx does; an upstream that stops reading holds it `upstream.idle_timeout` at
+                // most. What the pump then finds wrong is moot: the answer stands.
+                let idle = self.rt.config.upstream.idle_timeout;
+                let _ = tokio::time::timeout(idle, pump).await;
+                resp
+            }
             None => self.first_byte_within(sent, turn, overhead).await,
         }
     }

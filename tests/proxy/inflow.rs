@@ -308,3 +308,76 @@ async fn a_flowing_body_past_max_body_is_a_413_and_never_reaches_the_upstream_wh
     );
     h.shutdown().await;
 }
+
+/// An upstream that answers as soon as it has a request's head (nginx's `return`), then reads
+/// and discards the body.
+async fn early_upstream() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (never, _) = mpsc::channel(1);
+                let mut r = BufReader::new(sock);
+                loop {
+                    let answer = br#"{"id":"early","object":"chat.completion","choices":[]}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        answer.len()
+                    );
+                    // Answer first: peek for the head, then reply before reading the body.
+                    if r.fill_buf().await.map_or(true, |b| b.is_empty()) {
+                        return;
+                    }
+                    let sock = r.get_mut();
+                    if sock.write_all(head.as_bytes()).await.is_err() || sock.write_all(answer).await.is_err() {
+                        return;
+                    }
+                    if read_request(&mut r, usize::MAX, &never).await.is_none() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn an_upstream_that_answers_early_still_gets_the_body_and_the_client_keeps_its_connection() {
+    let upstream = early_upstream().await;
+    let h = start_proxy(&upstream, |_| {}).await;
+    let body = big_chat(512 * 1024, "");
+    let mut sock = TcpStream::connect(h.proxy_addr).await.unwrap();
+    let (head, rest) = body.as_bytes().split_at(100 * 1024);
+    for round in 0..2 {
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        sock.write_all(req.as_bytes()).await.unwrap();
+        sock.write_all(head).await.unwrap();
+        sock.flush().await.unwrap();
+        sock.write_all(rest).await.unwrap();
+        // The response, whole: its status line, headers and content-length's worth of body.
+        let mut r = BufReader::new(&mut sock);
+        let mut status = String::new();
+        r.read_line(&mut status).await.unwrap();
+        assert!(status.starts_with("HTTP/1.1 200"), "round {round}: {status:?}");
+        let mut len = 0;
+        loop {
+            let mut line = String::new();
+            r.read_line(&mut line).await.unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length: ") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        let mut answer = vec![0; len];
+        r.read_exact(&mut answer).await.unwrap();
+        assert!(answer.starts_with(br#"{"id":"early""#));
+    }
+    h.shutdown().await;
+}
