@@ -498,12 +498,17 @@ impl Metrics {
         }
     }
 
-    /// Adds the upstream-reported tokens to `upstream_*_tokens_total{phase, target}`.
-    pub fn count_tokens(&self, [phase, target]: [&'static str; 2], tokens: crate::usage::Tokens) {
+    /// Adds the upstream-reported tokens (prompt, cached, completion) to
+    /// `upstream_*_tokens_total{phase, target}`. Plain numbers: metrics sit below `usage`.
+    pub fn count_tokens(
+        &self,
+        [phase, target]: [&'static str; 2],
+        [prompt, cached, completion]: [Option<u64>; 3],
+    ) {
         for (n, family) in [
-            (tokens.prompt, Family::PromptTokens),
-            (tokens.cached, Family::CachedTokens),
-            (tokens.completion, Family::CompletionTokens),
+            (prompt, Family::PromptTokens),
+            (cached, Family::CachedTokens),
+            (completion, Family::CompletionTokens),
         ] {
             let Some(n) = n else { continue };
             let key = Key {

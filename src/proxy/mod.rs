@@ -338,7 +338,9 @@ impl Proxy {
         let resp = match flowing {
             None => self.first_byte_within(sent, turn, overhead).await?,
             Some(flow) => {
-                let pump = self.pump(flow, ex, &mut buffered);
+                // Boxed: inline, its state (the steps' futures among it) would grow every
+                // request's future, which `handle` copies into its box, flowing or not.
+                let pump = Box::pin(self.pump(flow, ex, &mut buffered));
                 self.send_flowing(sent, pump, turn, overhead).await?
             }
         };
@@ -443,7 +445,9 @@ impl Proxy {
         if let Some(log) = ex.log.as_mut() {
             log.bytes_in = Some(original.len() as u64);
         }
-        let (bytes, changed) = body_steps(
+        // Boxed: the steps' state (synthesis among it) would otherwise size every request's
+        // future, which `handle` copies into its box.
+        let (bytes, changed) = Box::pin(body_steps(
             &self.rt,
             &self.synth,
             &mut work,
@@ -451,7 +455,7 @@ impl Proxy {
             original,
             ex,
             buffered,
-        )
+        ))
         .await?;
         if changed {
             reserve(buffered, bytes.len() as u64)?;
@@ -485,9 +489,10 @@ impl Proxy {
             }
             return Ok((full_body(data), None));
         }
-        let edited = self
-            .scanned_steps(&mut work, &parts.headers, &data, &facts, ex, buffered)
-            .await?;
+        // Boxed, as the pump is: the rare path's state stays out of every request's future.
+        let edited =
+            Box::pin(self.scanned_steps(&mut work, &parts.headers, &data, &facts, ex, buffered))
+                .await?;
         let Some(bytes) = edited else {
             return Ok((full_body(data), None));
         };

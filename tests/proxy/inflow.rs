@@ -330,7 +330,9 @@ async fn early_upstream() -> String {
                         return;
                     }
                     let sock = r.get_mut();
-                    if sock.write_all(head.as_bytes()).await.is_err() || sock.write_all(answer).await.is_err() {
+                    if sock.write_all(head.as_bytes()).await.is_err()
+                        || sock.write_all(answer).await.is_err()
+                    {
                         return;
                     }
                     if read_request(&mut r, usize::MAX, &never).await.is_none() {
@@ -363,7 +365,10 @@ async fn an_upstream_that_answers_early_still_gets_the_body_and_the_client_keeps
         let mut r = BufReader::new(&mut sock);
         let mut status = String::new();
         r.read_line(&mut status).await.unwrap();
-        assert!(status.starts_with("HTTP/1.1 200"), "round {round}: {status:?}");
+        assert!(
+            status.starts_with("HTTP/1.1 200"),
+            "round {round}: {status:?}"
+        );
         let mut len = 0;
         loop {
             let mut line = String::new();

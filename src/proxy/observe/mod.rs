@@ -253,7 +253,10 @@ impl Observer {
         }
         let tokens = self.tokens();
         self.hand_in(true);
-        self.metrics.count_tokens([self.phase, self.target], tokens);
+        self.metrics.count_tokens(
+            [self.phase, self.target],
+            [tokens.prompt, tokens.cached, tokens.completion],
+        );
     }
 
     fn abort(&mut self, reason: &'static str) {
