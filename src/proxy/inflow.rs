@@ -31,8 +31,8 @@ enum Msg {
 }
 
 /// The upstream request's body: what [`Inflow`] sends. A pump dropped before the end (the
-/// client went, a limit was hit, the request was answered early) ends it with an error, so the
-/// upstream connection is closed rather than handed a short body as if whole.
+/// client went, a limit was hit, an upstream that answered early stopped reading) ends it with
+/// an error, so the upstream connection is closed rather than handed a short body as if whole.
 pub(super) struct Piped {
     rx: mpsc::Receiver<Msg>,
     /// Its length, when it goes with the client's `content-length`.
@@ -104,8 +104,9 @@ pub(super) struct Received {
 }
 
 impl Inflow {
-    /// The pump for `client` (whose first chunk is `first`) and the body the upstream request
-    /// carries; `len`: the length to declare, when the body is known to go unchanged in size.
+    /// The pump for `client` (its first chunk already read: [`Inflow::run`] takes it) and the
+    /// body the upstream request carries; `len`: the length to declare, when the body is known
+    /// to go unchanged in size.
     pub(super) fn new(client: Body, limit: u64, len: Option<u64>) -> (Self, Piped) {
         let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
         let piped = Piped {
