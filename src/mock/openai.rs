@@ -6,27 +6,34 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use serde_json::value::RawValue;
+
 use super::request::{
-    content_text, field, json_object, max_tokens, model, opt_bool, ApiError, GenRequest, Message,
-    Prompt, PromptPart, Usage,
+    content_text, field, json_object, json_object_with_raw, max_tokens, model, opt_bool, ApiError,
+    GenRequest, Message, Prompt, PromptPart, Usage,
 };
 use crate::api::Shape;
 
-fn chat_prompt(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
-    let Some(Value::Array(messages)) = field(obj, "messages") else {
-        return Err(ApiError::bad_request(
+/// A chat's messages from the raw `messages` ([`json_object_with_raw`]), each element read
+/// into a value, made a [`Message`] and dropped before the next.
+fn chat_prompt(messages: Option<&RawValue>) -> Result<Vec<Message>, ApiError> {
+    let missing = || {
+        ApiError::bad_request(
             "missing_messages",
             "`messages` must be a non-empty list of messages",
-        ));
+        )
     };
-    if messages.is_empty() {
-        return Err(ApiError::bad_request(
-            "missing_messages",
-            "`messages` must be a non-empty list of messages",
-        ));
+    let Some(list) = messages.filter(|m| m.get().starts_with('[')) else {
+        return Err(missing());
+    };
+    let items: Vec<&RawValue> = serde_json::from_str(list.get()).map_err(|_| missing())?;
+    if items.is_empty() {
+        return Err(missing());
     }
-    let mut out = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
+    let mut out = Vec::with_capacity(items.len());
+    for (i, raw) in items.iter().enumerate() {
+        // Valid JSON (the whole body parsed): only a bug could fail here.
+        let m: Value = serde_json::from_str(raw.get()).map_err(|_| missing())?;
         let Some(role) = m.get("role").and_then(Value::as_str) else {
             return Err(ApiError::bad_request(
                 "invalid_message",
@@ -85,7 +92,11 @@ pub fn parse_request(
         Shape::Messages => return super::anthropic::parse_request(body, default_model),
         Shape::Chat | Shape::Completions => {}
     }
-    let obj = json_object(body)?;
+    // A chat's messages stay raw until the prompt is read: no tree of a long chat is built.
+    let (obj, messages) = match endpoint {
+        Shape::Chat => json_object_with_raw(body, "messages")?,
+        _ => (json_object(body)?, None),
+    };
     let model = model(&obj, default_model)?;
     if let Some(n) = field(&obj, "n") {
         if n.as_u64() != Some(1) {
@@ -97,7 +108,7 @@ pub fn parse_request(
     }
     let prompt = match endpoint {
         Shape::Completions => Prompt::Raw(completion_prompt(&obj)?),
-        _ => Prompt::Messages(chat_prompt(&obj)?),
+        _ => Prompt::Messages(chat_prompt(messages)?),
     };
     let stream = opt_bool(&obj, "stream", "stream")?;
     let include_usage = match field(&obj, "stream_options") {
@@ -224,6 +235,91 @@ mod tests {
 
     fn parse(endpoint: Shape, body: &str) -> Result<GenRequest, ApiError> {
         parse_request(endpoint, body.as_bytes(), "dflt")
+    }
+
+    /// The chat parse as it was, one tree of values for the whole body: the reference the
+    /// message-at-a-time parse must answer exactly as.
+    fn parse_as_one_tree(body: &str) -> Result<GenRequest, ApiError> {
+        let obj = json_object(body.as_bytes())?;
+        let model = model(&obj, "dflt")?;
+        if let Some(n) = field(&obj, "n") {
+            if n.as_u64() != Some(1) {
+                return Err(ApiError::bad_request(
+                    "unsupported_value",
+                    format!("the mock supports only `n` = 1, got {n}"),
+                ));
+            }
+        }
+        let missing = || {
+            ApiError::bad_request(
+                "missing_messages",
+                "`messages` must be a non-empty list of messages",
+            )
+        };
+        let Some(Value::Array(messages)) = field(&obj, "messages") else {
+            return Err(missing());
+        };
+        if messages.is_empty() {
+            return Err(missing());
+        }
+        let mut out = Vec::new();
+        for (i, m) in messages.iter().enumerate() {
+            let Some(role) = m.get("role").and_then(Value::as_str) else {
+                return Err(ApiError::bad_request(
+                    "invalid_message",
+                    format!("`messages[{i}].role` must be a string"),
+                ));
+            };
+            let content = content_text(m.get("content"), &format!("messages[{i}].content"))?;
+            out.push(Message::new(role, content));
+        }
+        let mut req = parse(
+            Shape::Chat,
+            r#"{"messages":[{"role":"user","content":"x"}]}"#,
+        )?;
+        req.model = model;
+        req.prompt = Prompt::Messages(out);
+        req.stream = opt_bool(&obj, "stream", "stream")?;
+        req.include_usage = match field(&obj, "stream_options") {
+            None => false,
+            Some(Value::Object(o)) => opt_bool(o, "include_usage", "stream_options.include_usage")?,
+            Some(other) => {
+                return Err(ApiError::bad_request(
+                    "invalid_type",
+                    format!("`stream_options` must be an object, got {other}"),
+                ))
+            }
+        };
+        req.max_tokens = max_tokens(&obj, &["max_completion_tokens", "max_tokens"])?;
+        Ok(req)
+    }
+
+    #[test]
+    fn a_chat_read_message_by_message_answers_as_the_whole_tree_did() {
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{}},{"type":"text","text":"b"}]},{"role":"assistant","content":null}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"{"messages":[{"role":"user","content":"x","name":"n","extra":{"deep":[1,2]}}]}"#,
+            r#"{"messages":[{"role":"user","content":"first"}],"messages":[{"role":"user","content":"last wins"}]}"#,
+            r#"{"mess\u0061ges":[{"role":"user","content":"escaped key"}]}"#,
+            r#"{"model":"m"}"#,
+            r#"{"messages":null}"#,
+            r#"{"messages":[]}"#,
+            r#"{"messages":{"role":"user"}}"#,
+            r#"{"messages":["hi"]}"#,
+            r#"{"messages":[{"content":"no role"}]}"#,
+            r#"{"messages":[{"role":7,"content":"x"}]}"#,
+            r#"{"messages":[{"role":"user","content":7}]}"#,
+            r#"{"model":7,"messages":[]}"#,
+            r#"{"n":2,"messages":7}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#,
+            r#"{"messages":[{"role":"user","content":"x"}],"stream_options":[1]}"#,
+            r#"[{"role":"user"}]"#,
+            r#"{"messages":[{"role":"user","content":"x"}"#,
+            r#"  {"messages":[{"role":"user","content":"\u00e9\n"}]}  "#,
+        ];
+        for body in bodies {
+            assert_eq!(parse(Shape::Chat, body), parse_as_one_tree(body), "{body}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use bytes::Bytes;
 use http::StatusCode;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::api::Shape;
@@ -175,22 +176,55 @@ pub(crate) fn model(obj: &Map<String, Value>, default_model: &str) -> Result<Str
     }
 }
 
+fn invalid_json(e: serde_json::Error) -> ApiError {
+    ApiError::bad_request(
+        "invalid_json",
+        format!("The request body is not valid JSON: {e}"),
+    )
+}
+
+/// [`json_object`] with the member `list` left as its raw text: a chat's `messages`, the bulk of
+/// a long body. The other members become values; the caller reads the list's elements one at a
+/// time, so a long chat never becomes one tree of values (a 64 MB chat's tree was most of the
+/// mock's memory for it). The same checks, errors and last-member-wins as [`json_object`].
+pub(crate) fn json_object_with_raw<'a>(
+    body: &'a [u8],
+    list: &str,
+) -> Result<(Map<String, Value>, Option<&'a RawValue>), ApiError> {
+    super::bounds::check(body).map_err(|e| ApiError::bad_request(e.code, e.message))?;
+    let top: &RawValue = serde_json::from_slice(body).map_err(invalid_json)?;
+    if !top.get().starts_with('{') {
+        return Err(not_an_object());
+    }
+    let members: std::collections::BTreeMap<String, &RawValue> =
+        serde_json::from_str(top.get()).map_err(invalid_json)?;
+    let mut obj = Map::new();
+    let mut raw = None;
+    for (key, value) in members {
+        if key == list {
+            raw = Some(value);
+        } else {
+            obj.insert(
+                key,
+                serde_json::from_str(value.get()).map_err(invalid_json)?,
+            );
+        }
+    }
+    Ok((obj, raw))
+}
+
+fn not_an_object() -> ApiError {
+    ApiError::bad_request("invalid_json", "The request body must be a JSON object")
+}
+
 /// The body as a JSON object, once its element counts are within [`super::bounds`] (checked
 /// before anything is built: a body past them is a 400 naming the list, its count and the limit).
 pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     super::bounds::check(body).map_err(|e| ApiError::bad_request(e.code, e.message))?;
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(
-            "invalid_json",
-            format!("The request body is not valid JSON: {e}"),
-        )
-    })?;
+    let value: Value = serde_json::from_slice(body).map_err(invalid_json)?;
     match value {
         Value::Object(obj) => Ok(obj),
-        _ => Err(ApiError::bad_request(
-            "invalid_json",
-            "The request body must be a JSON object",
-        )),
+        _ => Err(not_an_object()),
     }
 }
 
