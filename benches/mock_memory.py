@@ -67,6 +67,23 @@ def chat(n, content):
     return ('{"model":"m","max_tokens":1,"messages":[' + ",".join([msg] * n) + "]}").encode()
 
 
+
+def burst(pid, body, n):
+    """Posts `body` as a chat `n` times at once, the peak RSS reset first: the sorted statuses
+    and the seconds until the last answer."""
+    reset_peak(pid)
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(post("/v1/chat/completions", body)[:2]))
+        for _ in range(n)
+    ]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(s for s, _ in results), time.monotonic() - t0
+
 def main():
     proc = subprocess.Popen(
         [KVBUST, "mock", "--listen", f"127.0.0.1:{PORT}", "--inter-token", "0ms", "--base-delay", "0ms"],
@@ -112,40 +129,20 @@ def main():
             )
             n = int(os.environ.get("BIG_BURST", "3"))
             if n:
-                reset_peak(pid)
-                results = []
-                threads = [
-                    threading.Thread(target=lambda: results.append(post("/v1/chat/completions", huge)[:2]))
-                    for _ in range(n)
-                ]
-                t0 = time.monotonic()
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                statuses, secs = burst(pid, huge, n)
                 print(
-                    f"chat-64mb x {n} at once: statuses {sorted(s for s, _ in results)}, "
-                    f"{time.monotonic() - t0:.2f} s, peak RSS {status_kb(pid, 'VmHWM') / 1024:.0f} MB, "
+                    f"chat-64mb x {n} at once: statuses {statuses}, "
+                    f"{secs:.2f} s, peak RSS {status_kb(pid, 'VmHWM') / 1024:.0f} MB, "
                     f"RSS after {status_kb(pid, 'VmRSS') / 1024:.0f} MB",
                     flush=True,
                 )
         if not BURST:
             return 0
         big = bodies[1][2]
-        reset_peak(pid)
-        results = []
-        threads = [
-            threading.Thread(target=lambda: results.append(post("/v1/chat/completions", big)[:2]))
-            for _ in range(BURST)
-        ]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        statuses, secs = burst(pid, big, BURST)
         print(
-            f"burst of {BURST} x {len(big) / 1e6:.0f} MB: statuses {sorted(s for s, _ in results)}, "
-            f"{time.monotonic() - t0:.1f} s, peak RSS {status_kb(pid, 'VmHWM') / 1024:.0f} MB, "
+            f"burst of {BURST} x {len(big) / 1e6:.0f} MB: statuses {statuses}, "
+            f"{secs:.1f} s, peak RSS {status_kb(pid, 'VmHWM') / 1024:.0f} MB, "
             f"RSS after {status_kb(pid, 'VmRSS') / 1024:.0f} MB",
             flush=True,
         )

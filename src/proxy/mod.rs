@@ -457,13 +457,11 @@ impl Proxy {
             buffered,
         ))
         .await?;
-        if changed {
-            reserve(buffered, bytes.len() as u64)?;
-            parts
-                .headers
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        if !changed {
+            return Ok((full_body(bytes), None));
         }
-        Ok((full_body(bytes), None))
+        reserve(buffered, bytes.len() as u64)?;
+        Ok((resized(parts, bytes), None))
     }
 
     /// A body with nothing to mark that came whole in one chunk: read by the scan, as a
@@ -493,13 +491,11 @@ impl Proxy {
         let edited =
             Box::pin(self.scanned_steps(&mut work, &parts.headers, &data, &facts, ex, buffered))
                 .await?;
-        let Some(bytes) = edited else {
-            return Ok((full_body(data), None));
+        let body = match edited {
+            Some(bytes) => resized(parts, bytes),
+            None => full_body(data),
         };
-        parts
-            .headers
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-        Ok((full_body(bytes), None))
+        Ok((body, None))
     }
 
     /// Runs a flowing body's pump to the body's end, then the steps a collected body gets on
@@ -798,6 +794,14 @@ impl Proxy {
         .boxed();
         Response::from_parts(parts, body)
     }
+}
+
+/// A changed body, whole, with its new `content-length`.
+fn resized(parts: &mut http::request::Parts, bytes: Bytes) -> Body {
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    full_body(bytes)
 }
 
 /// The conversation a synthetic request names (`headers.synth_conversation`), percent-decoded;
