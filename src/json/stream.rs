@@ -36,6 +36,25 @@ pub(crate) struct TopFacts {
     /// The body is not an object the scan could follow (not one at all, an escaped top-level
     /// key, text after the object): its edits are for a whole-body read to find.
     pub doubtful: bool,
+    /// The first top-level `messages` member, as far as read (marking as the body flows reads
+    /// the conversation's first messages from it).
+    pub messages: Option<Items>,
+    /// How many top-level `messages` members were read: past one, the last is the one that
+    /// counts, and a marker placed in the first is in the wrong place.
+    pub messages_members: usize,
+}
+
+/// The elements of a top-level array value, as far as the scan has read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Items {
+    /// Offset of the value's first byte (`[` when it is an array).
+    pub open: usize,
+    /// The elements read whole, in order (only while every element is an object).
+    pub items: Vec<Range<usize>>,
+    /// Offset of the closing `]`, once read.
+    pub close: Option<usize>,
+    /// The value is not an array of objects: the elements are for a whole-body read.
+    pub odd: bool,
 }
 
 impl TopFacts {
@@ -94,6 +113,8 @@ enum State {
 enum Member {
     Stream,
     Options,
+    /// The first `messages` (its elements are tracked).
+    Messages,
     Other,
 }
 
@@ -107,6 +128,8 @@ pub(crate) struct TopScan {
     depth: u32,
     /// Inside a string in [`State::Nested`], and after a backslash in any string.
     nested_string: bool,
+    /// Where the element of the first `messages` being read began (depth 2 and below).
+    item_start: usize,
     escaped: bool,
     /// The key being read: where it starts, its first bytes, whether it had an escape.
     key_start: usize,
@@ -135,6 +158,7 @@ impl Default for TopScan {
             pos: 0,
             depth: 0,
             nested_string: false,
+            item_start: 0,
             escaped: false,
             key_start: 0,
             key: [0; KEY_MAX],
@@ -333,6 +357,13 @@ impl TopScan {
             Member::Options
         } else if self.key_len == 6 && key == b"stream" {
             Member::Stream
+        } else if self.key_len == 8 && key == b"messages" {
+            self.facts.messages_members += 1;
+            if self.facts.messages_members == 1 {
+                Member::Messages
+            } else {
+                Member::Other
+            }
         } else {
             Member::Other
         };
@@ -343,6 +374,13 @@ impl TopScan {
             return;
         }
         self.value_start = at;
+        if self.member == Member::Messages {
+            self.facts.messages = Some(Items {
+                open: at,
+                odd: b != b'[',
+                ..Items::default()
+            });
+        }
         match b {
             b'"' => self.state = State::Str,
             b'{' | b'[' => {
@@ -371,12 +409,13 @@ impl TopScan {
                 self.facts.stream = Some((range, is_true));
             }
             Member::Options => self.facts.options = Some(range),
-            Member::Other => {}
+            Member::Messages | Member::Other => {}
         }
         self.state = State::After;
     }
 
     fn nested(&mut self, chunk: &[u8], i: usize, base: usize) -> usize {
+        let items = self.member == Member::Messages;
         let mut j = i;
         while j < chunk.len() {
             if self.nested_string {
@@ -387,11 +426,18 @@ impl TopScan {
                 }
                 continue;
             }
-            match chunk[j] {
+            let b = chunk[j];
+            if items && self.depth == 1 {
+                self.between_items(b, base + j);
+            }
+            match b {
                 b'"' => self.nested_string = true,
                 b'{' | b'[' => self.depth += 1,
                 b'}' | b']' => {
                     self.depth -= 1;
+                    if items && self.depth == 1 {
+                        self.item_read(base + j + 1);
+                    }
                     if self.depth == 0 {
                         self.value_ends(base + j + 1);
                         return j + 1;
@@ -402,6 +448,30 @@ impl TopScan {
             j += 1;
         }
         j
+    }
+
+    /// A byte of the first `messages` array between its elements: an object opens one, the
+    /// bracket closes the array; any other element makes it odd.
+    fn between_items(&mut self, b: u8, at: usize) {
+        let Some(m) = self.facts.messages.as_mut() else {
+            return;
+        };
+        match b {
+            b'{' => self.item_start = at,
+            b']' => m.close = Some(at),
+            b',' => {}
+            _ if is_space(b) => {}
+            _ => m.odd = true,
+        }
+    }
+
+    /// An element of the first `messages` array ended at `end` (exclusive).
+    fn item_read(&mut self, end: usize) {
+        if let Some(m) = self.facts.messages.as_mut() {
+            if !m.odd {
+                m.items.push(self.item_start..end);
+            }
+        }
     }
 
     fn close(&mut self, at: usize) {

@@ -85,7 +85,45 @@ fn check(body: &[u8], stride: usize) {
         );
         assert_eq!(facts.placeholder, *ph, "placeholder: {}", show(body));
         assert_eq!(facts.members, layout.members(), "members: {}", show(body));
+        let (first, count) = first_messages(body);
+        assert_eq!(facts.messages, first, "messages: {}", show(body));
+        assert_eq!(facts.messages_members, count, "{}", show(body));
     }
+}
+
+/// What a whole-body parse says of the first top-level `messages` member: its elements up to
+/// the first that is not an object, where it closes, whether it is an array of objects; and how
+/// many `messages` members there are.
+fn first_messages(body: &[u8]) -> (Option<Items>, usize) {
+    use crate::json::{array, span, Kind};
+    let top = top_object(body).expect("valid");
+    let all: Vec<_> = top
+        .object
+        .members()
+        .filter(|(k, _)| *k == "messages")
+        .map(|(_, v)| v)
+        .collect();
+    let Some(raw) = all.first().copied() else {
+        return (None, 0);
+    };
+    let whole = span(body, raw).expect("inside");
+    let mut m = Items {
+        open: whole.start,
+        ..Items::default()
+    };
+    if Kind::of(raw) == Kind::Array {
+        m.close = Some(whole.end - 1);
+        for e in array(raw).expect("an array") {
+            if Kind::of(e) != Kind::Object {
+                m.odd = true;
+                break;
+            }
+            m.items.push(span(body, e).expect("inside"));
+        }
+    } else {
+        m.odd = true;
+    }
+    (Some(m), all.len())
 }
 
 #[test]
@@ -106,6 +144,10 @@ fn a_table_of_bodies_reads_as_the_parse_reads_them() {
         r#"{"a":[[[]]],"b":{"c":{"d":"]]]}}}"}},"stream":1e5}"#,
         "{\n\t\"stream\"\r\n:\ttrue\n}\n",
         r#"{"a":"\\\\\\\"x\\\\","b":["\\\"]\\\\"],"stream":true}"#,
+        r#"{"messages":[ {"role":"system","content":[{"type":"text","text":"]}"}]} , {"a":{}} ]}"#,
+        r#"{"messages":[{"a":1},"x",{"b":2}],"messages":[{}]}"#,
+        r#"{"messages":{"role":"user"},"x":[{"messages":[]}]}"#,
+        r#"{"messages":[],"stream":true}"#,
     ];
     for b in bodies {
         check(b.as_bytes(), 1);
