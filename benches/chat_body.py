@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a chat request body of exactly SIZE bytes for the large-body benchmarks.
 
-    python3 benches/chat_body.py SIZE OUT [--seq]
+    python3 benches/chat_body.py SIZE OUT [--seq] [--agentic]
 
 A system message (instructions, about 1.5 KB) and one long user turn shaped like an agent's
 context: prose, source code, a file listing and tool output, JSON-escaped as a client sends them
@@ -9,7 +9,9 @@ context: prose, source code, a file listing and tool output, JSON-escaped as a c
 by SIZE, so a size always gives the same bytes. Real text, not one repeated character: a
 tokenizer and a scanner then do the work they do on a real agentic context (about 4 bytes a
 token). With --seq the user turn starts with `@SEQ@`, which benches/nginx/chat_fresh.lua
-replaces with a number per request (the body stays within a few bytes of SIZE).
+replaces with a number per request (the body stays within a few bytes of SIZE). With --agentic
+the first user turn is the task alone (one sentence) and the long context is an assistant turn
+after it: the shape of an agent's later turns, where the first user turn comes early.
 """
 import json
 import random
@@ -87,15 +89,20 @@ def user_text(r, want):
     return "\n\n".join(parts)
 
 
-def body(size, seq):
+TASK = "Fix the failing test in tests/proxy/large.rs and report the test output."
+
+
+def body(size, seq, agentic=False):
     r = random.Random(size)
     head = "@SEQ@ " if seq else ""
     text = head + "Here is the context of the task so far. " + user_text(r, size)
 
     def encode(t):
+        turns = [{"role": "user", "content": t}]
+        if agentic:
+            turns = [{"role": "user", "content": TASK}, {"role": "assistant", "content": t}]
         return json.dumps({"model": "bench", "messages": [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": t}], "max_tokens": 64, "stream": False})
+            {"role": "system", "content": SYSTEM}] + turns, "max_tokens": 64, "stream": False})
 
     # Cut the text until the encoded body fits (an escape costs two bytes), then pad with words.
     out = encode(text)
@@ -114,4 +121,4 @@ def body(size, seq):
 if __name__ == "__main__":
     size, path = int(sys.argv[1]), sys.argv[2]
     with open(path, "w") as f:
-        f.write(body(size, "--seq" in sys.argv[3:]))
+        f.write(body(size, "--seq" in sys.argv[3:], "--agentic" in sys.argv[3:]))

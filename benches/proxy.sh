@@ -5,9 +5,11 @@
 # nginx (what hyper and the runtime cost) and kvbust vs floor (what kvbust adds).
 #   benches/proxy.sh                 # full run (about 13 minutes)
 #   DURATION=5 benches/proxy.sh      # shorter runs
-#   SECTIONS="nonstream" benches/proxy.sh   # only some of: nonstream stream overhead memory large features
+#   SECTIONS="nonstream" benches/proxy.sh   # only some of: nonstream stream overhead memory large agentic features
 # large: 16 KiB, 227 KiB and 1 MiB chat bodies at c=20 and c=150 (wrk -t2) through direct, nginx
 # (proxy_request_buffering off), the floor and kvbust none / first_turn_prefix / system_suffix.
+# agentic: 227 KiB bodies shaped as an agent's later turns (short first user turn), marked with and
+# without a session header (marked as they flow, or collected).
 # features: the cache model and capture on and off (1 KB bodies at c=64; 227 KiB at c=20 with the
 # model's tokens per CPU-second and queue drops).
 # Installs nginx and wrk from the distribution when missing. Not part of .ci/run.
@@ -21,7 +23,7 @@ HOLD_STREAMS=${HOLD_STREAMS:-10000}
 BASE=${PORT_BASE:-18100}
 WORK=$(mktemp -d /tmp/kvbust-bench.XXXXXX)
 OUT=${OUT:-$WORK/results.md}
-SECTIONS=${SECTIONS:-nonstream stream overhead memory large features}
+SECTIONS=${SECTIONS:-nonstream stream overhead memory large agentic features}
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 need() { command -v "$1" >/dev/null 2>&1; }
@@ -319,8 +321,8 @@ H1_STREAMS=$(( ($(ulimit -n) - 200) / 2 ))
 read -r RSS_FRESH1 RSS_HELD1 HELD1 < <(hold $((P_KV_IDLE + 4)) "$H1_STREAMS" h1)
 fi
 # Large bodies (benches/chat_body.py: a system message and one long agentic user turn).
-body_file() { # size [--seq] -> path
-    local f=$WORK/body-$1${2:+-seq}.json
+body_file() { # size [--seq | --agentic] -> path
+    local f=$WORK/body-$1${2:-}.json
     [ -f "$f" ] || python3 "$ROOT/benches/chat_body.py" "$1" "$f" ${2:+"$2"}
     echo "$f"
 }
@@ -337,6 +339,30 @@ for size in $LARGE_SIZES; do
         for c in 20 150; do
             echo "large $size B ${name%%:*} c=$c" >&2
             large_cell "$c" "${name##*:}" chat.lua "$size,${name%%:*},$c"
+        done
+    done
+done
+fi
+# Agentic bodies (chat_body.py --agentic: system, a one-sentence first user turn, then the long
+# context as an assistant turn). With a session header (SESSION, sent by chat.lua as
+# x-correlation-id) kvbust marks them as they flow (cache_bust.mark_in_flight); without one the
+# default session sources need the whole body.
+if has agentic; then
+AGENTIC_SIZES=${AGENTIC_SIZES:-232448}
+AGENTIC_PATHS="nginx:$P_NGINX_STREAM: kvbust-none:$P_KV_NONE: kvbust-ftp:$P_KV_FTP: kvbust-ftp-session:$P_KV_FTP:bench kvbust-ss-session:$P_KV_SS:bench"
+for size in $AGENTIC_SIZES; do
+    BIG_BODY=$(body_file "$size" --agentic)
+    for cell in $AGENTIC_PATHS; do
+        IFS=: read -r n p session <<<"$cell"
+        SESSION=$session BODY_FILE=$BIG_BODY wrk -t2 -c20 -d1s -s "$ROOT/benches/nginx/chat.lua" \
+            "http://127.0.0.1:$p/v1/chat/completions" >/dev/null
+        for c in 20 150; do
+            echo "agentic $size B $n c=$c" >&2
+            if [ -n "$session" ]; then
+                SESSION=$session large_cell "$c" "$p" chat.lua "agentic,$size,$n,$c"
+            else
+                large_cell "$c" "$p" chat.lua "agentic,$size,$n,$c"
+            fi
         done
     done
 done
@@ -474,6 +500,30 @@ for size in $LARGE_SIZES; do
             row="$row | ${LRPS[$k]} | $(ratio "${LRPS[$k]}" "${LRPS[$size,nginx,$c]}") | $(fmt "$(python3 -c "print(${LP50[$k]}/1000)")" .2f) | $(fmt "$(python3 -c "print(${LP99[$k]}/1000)")" .1f) | $cpu | $(python3 -c "c=float('${LCPU[$k]}'); print(f'{$size/c/1e3:.2f}' if c else 'n/a')")"
         done
         echo "$row | ${LERR[$size,$n,20]}, ${LERR[$size,$n,150]} |"
+    done
+done
+fi
+if has agentic; then
+echo
+echo "### Agentic bodies (wrk -t2, ${DURATION}s per cell; nginx with \`proxy_request_buffering off\`)"
+echo
+echo "System, a one-sentence first user turn, the long context as an assistant turn (\`chat_body.py --agentic\`). \"-session\": every request carries \`x-correlation-id: bench\`, so kvbust marks the body as it flows; without it the default session sources need the whole body. Columns as in the large-body tables."
+for size in $AGENTIC_SIZES; do
+    echo
+    echo "#### $size B agentic chat body"
+    echo
+    echo "| path | c=20 req/s | vs nginx | p50 (ms) | p99 (ms) | CPU µs/req | c=150 req/s | vs nginx | p50 (ms) | p99 (ms) | CPU µs/req | errors c=20, c=150 |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    for cell in $AGENTIC_PATHS; do
+        n=${cell%%:*}
+        row="| $n"
+        for c in 20 150; do
+            k=agentic,$size,$n,$c
+            cpu=${LCPU[$k]}
+            [ -n "${LMCPU[$k]}" ] && cpu="$cpu ($(python3 -c "print(f'{${LMCPU[$k]}*1e6/${LREQ[$k]}:.0f}')"))"
+            row="$row | ${LRPS[$k]} | $(ratio "${LRPS[$k]}" "${LRPS[agentic,$size,nginx,$c]}") | $(fmt "$(python3 -c "print(${LP50[$k]}/1000)")" .2f) | $(fmt "$(python3 -c "print(${LP99[$k]}/1000)")" .1f) | $cpu"
+        done
+        echo "$row | ${LERR[agentic,$size,$n,20]}, ${LERR[agentic,$size,$n,150]} |"
     done
 done
 fi

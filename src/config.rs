@@ -421,6 +421,10 @@ pub struct CacheBustConfig {
     pub on_unparseable: OnUnparseable,
     /// Add `x-kvbust-rid`, `x-kvbust-phase` and `x-kvbust-overhead-us` to responses.
     pub response_headers: bool,
+    /// Place a chat body's marker as the body flows, once the messages it depends on have
+    /// come, when the session is known by then (a header, or the first user turn), instead
+    /// of collecting the body first.
+    pub mark_in_flight: bool,
 }
 
 impl Default for CacheBustConfig {
@@ -444,6 +448,7 @@ impl Default for CacheBustConfig {
             max_marked_prompts: 4096,
             on_unparseable: OnUnparseable::Reject,
             response_headers: true,
+            mark_in_flight: true,
         }
     }
 }

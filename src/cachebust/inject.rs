@@ -512,6 +512,14 @@ fn is_system_role(role: Option<&str>) -> bool {
     matches!(role, Some("system" | "developer"))
 }
 
+/// Whether the chat message `raw` (element `index` of `messages`) is a user turn, as the
+/// first-user rule reads it; the error that rule's read of it gives.
+pub(crate) fn is_user_message(index: usize, raw: Json<'_>) -> Result<bool, RewriteError> {
+    let path = Path::top("messages").at(index);
+    let obj = message(path, raw)?;
+    Ok(role(path, &obj)?.as_deref() == Some("user"))
+}
+
 /// The `(skip+1)`-th message with role `user`.
 fn nth_user<'a>(
     root: &'static str,
@@ -544,6 +552,9 @@ fn leading_system<'a>(
     Ok(is_system_role(role(path, &obj)?.as_deref()).then_some(Message { index: 0, obj }))
 }
 
+/// One edit of a body: the range replaced and the bytes that replace it.
+pub(crate) type Edit = (std::ops::Range<usize>, Vec<u8>);
+
 /// Collects insertions for one plan.
 struct Injector<'p> {
     body: &'p [u8],
@@ -553,7 +564,7 @@ struct Injector<'p> {
     text_type: &'static str,
     max_prompts: usize,
     /// `(range of the body replaced, new bytes)`; an empty range is an insertion.
-    edits: Vec<(std::ops::Range<usize>, Vec<u8>)>,
+    edits: Vec<Edit>,
 }
 
 /// `s` as a JSON string literal (serde_json spelling = orjson's).
@@ -826,11 +837,44 @@ impl<'a> Parsed<'a> {
         layout: Option<&mut Layout>,
         admit: impl FnOnce(usize) -> Result<(), E>,
     ) -> Result<Result<Outcome, E>, RewriteError> {
-        if plan.target.is_none() || plan.marker.is_empty() {
+        let Some((inj, location)) = self.injector(plan)? else {
             return Ok(Ok(Outcome {
                 body: None,
                 location: None,
             }));
+        };
+        if !inj.edits.is_empty() {
+            if let Err(e) = admit(inj.out_len()) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(Outcome {
+            body: inj.finish(layout),
+            location,
+        }))
+    }
+
+    /// The edits [`Parsed::apply_admitting`] would make, not made: each a range of the body and
+    /// the bytes that replace it (an empty range: an insertion), in no particular order and
+    /// never overlapping, and where the marker is. For a caller that splices as the body goes.
+    pub(crate) fn plan_edits(
+        &self,
+        plan: &Plan,
+    ) -> Result<(Vec<Edit>, Option<Location>), RewriteError> {
+        Ok(match self.injector(plan)? {
+            Some((inj, location)) => (inj.edits, location),
+            None => (Vec::new(), None),
+        })
+    }
+
+    /// The injector with the plan's edits collected, and where the marker is; `None` for an
+    /// empty plan.
+    fn injector<'p>(
+        &'p self,
+        plan: &Plan<'p>,
+    ) -> Result<Option<(Injector<'p>, Option<Location>)>, RewriteError> {
+        if plan.target.is_none() || plan.marker.is_empty() {
+            return Ok(None);
         }
         let mut inj = Injector {
             body: self.body,
@@ -855,15 +899,7 @@ impl<'a> Parsed<'a> {
         } else {
             None
         };
-        if !inj.edits.is_empty() {
-            if let Err(e) = admit(inj.out_len()) {
-                return Ok(Err(e));
-            }
-        }
-        Ok(Ok(Outcome {
-            body: inj.finish(layout),
-            location,
-        }))
+        Ok(Some((inj, location)))
     }
 
     /// Marks the system prompt; false when the body has none.

@@ -1,11 +1,14 @@
 //! A request body forwarded as it arrives. When nothing on the request needs the body before
-//! it goes (no marker, no synthesis: only the placeholder scan, the usage step and the cache
-//! model's copy), [`Inflow`] sends each chunk upstream as it comes, up to the first place one of
-//! those steps could edit ([`TopScan`]), and holds the rest; at the end the caller runs the
-//! steps a collected body gets and sends what lies past what already went. Owns the upstream
-//! side of the body ([`Piped`]) and the chunk bookkeeping; never decides what a body needs and
-//! never edits one (that is `super::body_steps`').
+//! it goes (no synthesis; a marker only when [`InMark`] can place it as the body flows: then
+//! the placeholder scan, the usage step and the cache model's copy), [`Inflow`] sends each
+//! chunk upstream as it comes, up to the first place one of those steps could edit
+//! ([`TopScan`]) or the marker's place is not settled, with the marker's edits spliced in as
+//! they are passed, and holds the rest; at the end the caller runs the steps a collected body
+//! gets and sends what lies past what already went. Owns the upstream side of the body
+//! ([`Piped`]) and the chunk bookkeeping; never decides what a body needs and never plans an
+//! edit (that is `super::body_steps`' and `super::inmark`'s).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -20,6 +23,7 @@ use crate::error::ProxyError;
 use crate::json::stream::{TopFacts, TopScan};
 
 use super::exchange::reserve;
+use super::inmark::{Edit, InMark};
 
 /// Chunks in flight between the pump and the upstream connection: enough to keep both busy,
 /// few enough that a slow upstream holds the client back (the pump waits for room).
@@ -89,17 +93,35 @@ pub(super) struct Inflow {
     /// cache model read the body whole.
     chunks: Vec<Bytes>,
     received: u64,
-    /// Bytes sent upstream so far, all from the start of the body.
+    /// Bytes of the body as received that went upstream so far, all from its start.
     sent: usize,
+    /// Bytes that went upstream so far (the marker's edits made).
+    out_sent: usize,
     limit: u64,
+    /// Marking as the body flows, when the request's marker can be.
+    mark: Option<InMark>,
+    /// The marker's edits (offsets of the body as received, sorted), and those not yet passed.
+    edits: Vec<Edit>,
+    pending: VecDeque<Edit>,
+    /// How much longer the edits make the body.
+    grown: u64,
 }
 
 /// A body read to its end: its chunks as received, what went already, and what the scan saw.
 pub(super) struct Received {
     chunks: Vec<Bytes>,
     len: usize,
+    /// Bytes of the body as it goes upstream (edits made) that went already.
     pub sent: usize,
+    /// What the scan saw, in the offsets of the body as it goes.
     pub facts: TopFacts,
+    /// The marking as the body flowed, when there was one.
+    pub mark: Option<InMark>,
+    /// What the scan saw, in the offsets of the body as received.
+    pub received_facts: TopFacts,
+    edits: Vec<Edit>,
+    /// Edits not passed yet (at or past what went of the body as received).
+    pending: usize,
     tx: mpsc::Sender<Msg>,
 }
 
@@ -121,9 +143,20 @@ impl Inflow {
             chunks: Vec::new(),
             received: 0,
             sent: 0,
+            out_sent: 0,
             limit,
+            mark: None,
+            edits: Vec::new(),
+            pending: VecDeque::new(),
+            grown: 0,
         };
         (inflow, piped)
+    }
+
+    /// The pump marks the body as it flows with `mark`.
+    pub(super) fn with_mark(mut self, mark: InMark) -> Self {
+        self.mark = Some(mark);
+        self
     }
 
     /// Reads the client's body to its end (`first` is the chunk already read), sending what
@@ -149,11 +182,19 @@ impl Inflow {
             next = frame.into_data().ok();
         }
         self.scan.finish();
+        if let Some(m) = self.mark.as_mut() {
+            m.at_end();
+        }
+        let received_facts = self.scan.facts().clone();
         Ok(Ok(Received {
             chunks: self.chunks,
             len: self.received as usize,
-            sent: self.sent,
-            facts: self.scan.facts().clone(),
+            sent: self.out_sent,
+            facts: shifted(&received_facts, &self.edits),
+            received_facts,
+            mark: self.mark,
+            pending: self.pending.len(),
+            edits: self.edits,
             tx: self.tx,
         }))
     }
@@ -164,41 +205,104 @@ impl Inflow {
         buffered: &mut budget::Reservation<'_>,
     ) -> Result<(), ProxyError> {
         self.received += data.len() as u64;
-        if self.received > self.limit {
+        if self.received + self.grown > self.limit {
             return Err(ProxyError::BodyTooLarge { limit: self.limit });
         }
         reserve(buffered, self.received)?;
         self.scan.feed(&data);
         self.chunks.push(data);
+        if let Some(mark) = self.mark.as_mut() {
+            if let Some(edits) = mark.after_chunk(self.scan.facts(), &self.chunks)? {
+                for (range, bytes) in &edits {
+                    let len = (bytes.len() as u64).saturating_sub(range.len() as u64);
+                    self.grown = self.grown.saturating_add(len);
+                }
+                if self.received + self.grown > self.limit {
+                    return Err(ProxyError::BodyTooLarge { limit: self.limit });
+                }
+                self.pending.extend(edits.iter().cloned());
+                self.edits = edits;
+            }
+        }
         Ok(())
     }
 
-    /// Sends what the scan lets go and has not gone yet.
+    /// Sends what the scan and the marking let go and has not gone yet, the marker's edits
+    /// made as they are passed.
     async fn flush(&mut self) -> Result<(), Gone> {
-        let safe = self.scan.safe_len();
-        if safe <= self.sent {
-            return Ok(());
+        let mut safe = self.scan.safe_len();
+        if let Some(hold) = self.mark.as_ref().and_then(|m| m.hold(self.scan.facts())) {
+            safe = safe.min(hold);
         }
-        // The chunks that hold bytes sent..safe, cut to that range without copying.
-        let mut start = 0;
-        for chunk in &self.chunks {
-            let end = start + chunk.len();
-            if end > self.sent && start < safe {
-                let from = self.sent.max(start) - start;
-                let to = safe.min(end) - start;
-                self.tx
-                    .send(Msg::Data(chunk.slice(from..to)))
-                    .await
-                    .map_err(|_| Gone)?;
-            }
-            start = end;
-            if start >= safe {
+        while self.sent < safe {
+            let next = self
+                .pending
+                .front()
+                .filter(|e| e.0.start < safe && e.0.end <= safe);
+            let until = next.map_or(safe, |e| e.0.start);
+            let edit = next.map(|e| (e.0.end, e.1.clone()));
+            send_span(&self.tx, &self.chunks, self.sent..until).await?;
+            self.out_sent += until - self.sent;
+            self.sent = until;
+            let Some((end, bytes)) = edit else {
                 break;
-            }
+            };
+            self.out_sent += bytes.len();
+            self.tx.send(Msg::Data(bytes)).await.map_err(|_| Gone)?;
+            self.sent = end;
+            self.pending.pop_front();
         }
-        self.sent = safe;
         Ok(())
     }
+}
+
+/// Sends the bytes `span` of the body received as `chunks`, cut from them without copying.
+async fn send_span(
+    tx: &mpsc::Sender<Msg>,
+    chunks: &[Bytes],
+    span: std::ops::Range<usize>,
+) -> Result<(), Gone> {
+    let mut start = 0;
+    for chunk in chunks {
+        let end = start + chunk.len();
+        if end > span.start && start < span.end {
+            let from = span.start.max(start) - start;
+            let to = span.end.min(end) - start;
+            tx.send(Msg::Data(chunk.slice(from..to)))
+                .await
+                .map_err(|_| Gone)?;
+        }
+        start = end;
+        if start >= span.end {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// `facts` of a body as received, moved onto the body `edits` make of it (edits lie inside
+/// `messages`: never across a position the facts name).
+pub(super) fn shifted(facts: &TopFacts, edits: &[Edit]) -> TopFacts {
+    if edits.is_empty() {
+        return facts.clone();
+    }
+    let at = |pos: usize| {
+        edits
+            .iter()
+            .filter(|e| e.0.end <= pos)
+            .fold(pos, |p, e| (p + e.1.len()).saturating_sub(e.0.len()))
+    };
+    let mut out = facts.clone();
+    out.stream = facts
+        .stream
+        .as_ref()
+        .map(|(r, t)| (at(r.start)..at(r.end), *t));
+    out.options = facts.options.as_ref().map(|r| at(r.start)..at(r.end));
+    out.close = facts.close.map(at);
+    out.placeholder = facts.placeholder.map(at);
+    // What the marking read is in the offsets it was read in; nothing after it reads them.
+    out.messages = None;
+    out
 }
 
 impl Received {
@@ -207,23 +311,45 @@ impl Received {
         join(&self.chunks, self.len)
     }
 
+    /// The body as it goes upstream (the marker's edits made), in one buffer.
+    pub(super) fn output(&self) -> Bytes {
+        edited(self.whole(), &self.edits)
+    }
+
     /// The body's length as received.
     pub(super) fn len(&self) -> usize {
         self.len
     }
 
-    /// Sends the end of the body as received (what was held back) and ends it.
+    /// Whether the body goes as it came (no marker's edits).
+    pub(super) fn unedited(&self) -> bool {
+        self.edits.is_empty()
+    }
+
+    /// Sends the end of the body (what was held back, the edits not passed yet made) and ends
+    /// it.
     pub(super) async fn send_held(&self) -> Result<(), Gone> {
+        if self.pending > 0 {
+            return self.send_rest_of(&self.output()).await;
+        }
+        let sent = self.received_sent();
         let mut start = 0;
         for chunk in &self.chunks {
             let end = start + chunk.len();
-            if end > self.sent {
-                let from = self.sent.max(start) - start;
+            if end > sent {
+                let from = sent.max(start) - start;
                 self.send(chunk.slice(from..)).await?;
             }
             start = end;
         }
         self.tx.send(Msg::End).await.map_err(|_| Gone)
+    }
+
+    /// What went of the body as received (every edit before it was passed).
+    fn received_sent(&self) -> usize {
+        let grown: usize = self.edits.iter().map(|e| e.1.len()).sum();
+        let shrunk: usize = self.edits.iter().map(|e| e.0.len()).sum();
+        (self.sent + shrunk).saturating_sub(grown)
     }
 
     /// Sends the end of `body` (the steps' rewrite of the whole body, which leaves the part
@@ -238,6 +364,23 @@ impl Received {
     async fn send(&self, data: Bytes) -> Result<(), Gone> {
         self.tx.send(Msg::Data(data)).await.map_err(|_| Gone)
     }
+}
+
+/// `body` with `edits` (sorted, not overlapping) made; itself when there are none.
+pub(super) fn edited(body: Bytes, edits: &[Edit]) -> Bytes {
+    if edits.is_empty() {
+        return body;
+    }
+    let extra: usize = edits.iter().map(|e| e.1.len()).sum();
+    let mut out = BytesMut::with_capacity(body.len() + extra);
+    let mut at = 0;
+    for (range, bytes) in edits {
+        out.extend_from_slice(&body[at..range.start]);
+        out.extend_from_slice(bytes);
+        at = range.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    out.freeze()
 }
 
 /// The chunks as one buffer; one chunk is kept as it is.

@@ -12,6 +12,7 @@
 
 pub mod exchange;
 mod inflow;
+mod inmark;
 pub mod observe;
 pub mod rewrite;
 pub mod synthesize;
@@ -102,6 +103,10 @@ struct BodyWork {
     client: Option<std::net::IpAddr>,
     /// Hand the forwarded body to the cache model (`cache_model.enabled`).
     model: bool,
+    /// The marker was placed as the body flowed ([`inmark`]): the steps at the end leave it.
+    marked: bool,
+    /// The body before that marker, for capture (which records the workload, not the busting).
+    unmarked: Option<Bytes>,
 }
 
 impl BodyWork {
@@ -395,6 +400,8 @@ impl Proxy {
             usage: cfg.observe.request_usage && matches!(shape, Shape::Chat | Shape::Completions),
             client: Some(client),
             model: model.enabled(),
+            marked: false,
+            unmarked: None,
         };
         Ok(work.needs_body().then_some(work))
     }
@@ -421,18 +428,34 @@ impl Proxy {
             let data = first.unwrap_or_default();
             return self.scan_whole(work, parts, data, ex, buffered).await;
         }
-        if scanned {
+        // A marker that can be placed as the body flows lets a body still coming flow; one
+        // that came whole is read the same way.
+        let mark = (!scanned && !work.synth)
+            .then(|| {
+                inmark::InMark::for_request(&work.decision, work.shape, &parts.headers, &self.rt)
+            })
+            .flatten();
+        if whole {
+            if let Some(m) = mark {
+                let data = first.unwrap_or_default();
+                return Box::pin(self.mark_whole(work, parts, data, m, ex, buffered)).await;
+            }
+        }
+        if scanned || mark.is_some() {
             let first = first.unwrap_or_default();
-            // A step at the end may lengthen the body (usage, placeholders): then it goes
+            // A step may lengthen the body (a marker, usage, placeholders): then it goes
             // chunked; otherwise with the client's length.
-            let may_grow = work.usage || work.placeholders;
+            let may_grow = work.usage || work.placeholders || mark.is_some();
             if may_grow {
                 parts.headers.remove(header::CONTENT_LENGTH);
             }
             let len = (!may_grow)
                 .then(|| exchange::declared_len(&parts.headers))
                 .flatten();
-            let (inflow, piped) = inflow::Inflow::new(body, limit, len);
+            let (mut inflow, piped) = inflow::Inflow::new(body, limit, len);
+            if let Some(m) = mark {
+                inflow = inflow.with_mark(m);
+            }
             let flow = Flow {
                 inflow,
                 first,
@@ -498,6 +521,91 @@ impl Proxy {
         Ok((body, None))
     }
 
+    /// A body to mark that came whole in one chunk, when its marker can be placed as a
+    /// flowing body's is: read the same way (the scan, then the engine on its first messages
+    /// only), so what kvbust reads and validates of a body does not depend on how it arrived.
+    async fn mark_whole(
+        &self,
+        mut work: BodyWork,
+        parts: &mut http::request::Parts,
+        data: Bytes,
+        mut mark: inmark::InMark,
+        ex: &mut Exchange,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<(Body, Option<Flow>), ProxyError> {
+        reserve(buffered, data.len() as u64)?;
+        if let Some(log) = ex.log.as_mut() {
+            log.bytes_in = Some(data.len() as u64);
+        }
+        let mut scan = TopScan::default();
+        scan.feed(&data);
+        let facts = scan.finish().clone();
+        let edits = mark
+            .after_chunk(&facts, std::slice::from_ref(&data))?
+            .unwrap_or_default();
+        mark.at_end();
+        if *mark.stage() != inmark::Stage::Placed {
+            // Not settled from its first messages: marked whole, as a collected body is.
+            let (bytes, changed) = body_steps(
+                &self.rt,
+                &self.synth,
+                &mut work,
+                &parts.headers,
+                data,
+                ex,
+                buffered,
+            )
+            .await?;
+            if !changed {
+                return Ok((full_body(bytes), None));
+            }
+            reserve(buffered, bytes.len() as u64)?;
+            return Ok((resized(parts, bytes), None));
+        }
+        mark.check_end(&facts, || data.clone())?;
+        ex.rid = mark.rid.take();
+        work.marked = true;
+        let max_body = self.rt.config.limits.max_body.as_u64();
+        let output = inflow::edited(data.clone(), &edits);
+        if output.len() as u64 > max_body {
+            return Err(ProxyError::BodyTooLarge { limit: max_body });
+        }
+        if !edits.is_empty() {
+            reserve(buffered, (data.len() + output.len()) as u64)?;
+            if work.model && self.rt.cache_model.capturing() {
+                work.unmarked = Some(data);
+            }
+        }
+        let facts = inflow::shifted(&facts, &edits);
+        let changed = !edits.is_empty();
+        if !facts.may_edit(work.usage, work.placeholders) {
+            if work.model {
+                let unmarked = work.unmarked.take();
+                submit_to_model(
+                    &self.rt,
+                    &work,
+                    &parts.headers,
+                    (&output, unmarked),
+                    None,
+                    ex,
+                );
+            }
+        } else if let Some(bytes) =
+            Box::pin(self.scanned_steps(&mut work, &parts.headers, &output, &facts, ex, buffered))
+                .await?
+        {
+            return Ok((resized(parts, bytes), None));
+        }
+        Ok((
+            if changed {
+                resized(parts, output)
+            } else {
+                full_body(output)
+            },
+            None,
+        ))
+    }
+
     /// Runs a flowing body's pump to the body's end, then the steps a collected body gets on
     /// it, and sends what lies past what already went. `Ok` also when the upstream stopped
     /// reading: its own answer (or error) is what the exchange reports.
@@ -519,8 +627,20 @@ impl Proxy {
         if let Some(log) = ex.log.as_mut() {
             log.bytes_in = Some(received.len() as u64);
         }
+        if let Some(mark) = &received.mark {
+            if *mark.stage() != inmark::Stage::Placed {
+                // Not settled as it flowed: marked whole, as a collected body is.
+                return Box::pin(self.collect_end(received, work, &headers, ex, buffered)).await;
+            }
+            mark.check_end(&received.received_facts, || received.whole())?;
+            ex.rid = mark.rid.clone();
+            work.marked = true;
+            if work.model && self.rt.cache_model.capturing() && !received.unedited() {
+                work.unmarked = Some(received.whole());
+            }
+        }
         if received.facts.may_edit(work.usage, work.placeholders) {
-            let whole = received.whole();
+            let whole = received.output();
             let facts = received.facts.clone();
             let edited = self
                 .scanned_steps(&mut work, &headers, &whole, &facts, ex, buffered)
@@ -544,9 +664,46 @@ impl Proxy {
         // Nothing to edit: the held bytes go first, the cache model's copy after.
         let _ = received.send_held().await;
         if work.model {
-            let whole = received.whole();
-            submit_to_model(&self.rt, &work, &headers, (&whole, None), None, ex);
+            let whole = received.output();
+            let unmarked = work.unmarked.take();
+            submit_to_model(&self.rt, &work, &headers, (&whole, unmarked), None, ex);
         }
+        Ok(())
+    }
+
+    /// The end of a flowing body whose marker could not be placed as it flowed: the steps a
+    /// collected body gets, marking among them, on the whole body; nothing they may edit went.
+    async fn collect_end(
+        &self,
+        received: inflow::Received,
+        mut work: BodyWork,
+        headers: &http::HeaderMap,
+        ex: &mut Exchange,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<(), ProxyError> {
+        let whole = received.whole();
+        let (bytes, changed) = body_steps(
+            &self.rt,
+            &self.synth,
+            &mut work,
+            headers,
+            whole.clone(),
+            ex,
+            buffered,
+        )
+        .await?;
+        if !changed {
+            let _ = received.send_held().await;
+            return Ok(());
+        }
+        reserve(buffered, (whole.len() + bytes.len()) as u64)?;
+        let sent = received.sent;
+        if bytes.get(..sent) != whole.get(..sent) {
+            return Err(ProxyError::Internal(
+                "a streamed body's steps changed bytes already sent".into(),
+            ));
+        }
+        let _ = received.send_rest_of(&bytes).await;
         Ok(())
     }
 
@@ -580,7 +737,8 @@ impl Proxy {
             return Ok(changed.then_some(bytes));
         }
         if work.model {
-            submit_to_model(&self.rt, work, headers, (whole, None), None, ex);
+            let unmarked = work.unmarked.take();
+            submit_to_model(&self.rt, work, headers, (whole, unmarked), None, ex);
         }
         let edited = facts
             .usage_layout()
@@ -904,8 +1062,8 @@ async fn body_steps(
         }
     }
     // Capture records the workload, not kvbust's busting: the body before its marker.
-    let mut workload = None;
-    if work.decision.needs_body() {
+    let mut workload = work.unmarked.take();
+    if work.decision.needs_body() && !work.marked {
         let before = (work.model && rt.cache_model.capturing()).then(|| bytes.clone());
         let (d, shape, session) = (&work.decision, work.shape, session.as_deref());
         let out = rewrite::apply_laid_out(
@@ -1200,6 +1358,8 @@ mod tests {
                 usage: s.usage,
                 client: None,
                 model: false,
+                marked: false,
+                unmarked: None,
             };
             let mut ex = Exchange {
                 route: Route::Api(Shape::Chat),

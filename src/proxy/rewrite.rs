@@ -7,7 +7,7 @@ use http::HeaderMap;
 
 use crate::api::Shape;
 use crate::budget::Reservation;
-use crate::cachebust::inject::{parse_laid_out, Parsed};
+use crate::cachebust::inject::{parse_laid_out, Edit, Parsed};
 use crate::cachebust::{
     digest, marker::marker_for_digest, DigestInputs, ListParts, Phase, Plan, RewriteError, Target,
 };
@@ -289,29 +289,13 @@ pub(crate) fn apply_laid_out(
             Err(e) => return unparseable(e, rt),
         },
     };
-    let inputs = digest_inputs(d, headers, rt, session, &parsed)?;
-    // The digest once: it is both the RID reported and the one in the marker. Warm-up
-    // isolation markers carry none (`inputs` is `None` for them).
-    let rid = inputs.as_ref().map(digest);
-    let marker = marker_for_digest(d.target, d.phase, rid.as_deref());
-    let Some(marker) = marker else {
+    let Some((rid, marker)) = marker_of(d, (headers, rt, session), &parsed)? else {
         return Ok(Rewritten {
             body: None,
             rid: None,
         });
     };
-    let plan = Plan {
-        target: d.target,
-        marker: &marker,
-        user_context_messages: d.user_context_messages,
-        list_parts: match cfg.list_parts {
-            ListPartsMode::OwnPart => ListParts::OwnPart,
-            ListPartsMode::InlineText => ListParts::InlineText,
-        },
-        // Only kvbust's own synthesis knows where a merged system prompt ends.
-        system_prompt_bytes: None,
-        max_prompts: cfg.max_marked_prompts,
-    };
+    let plan = plan(d, cfg, &marker);
     let max_body = rt.config.limits.max_body.as_u64();
     let admit = |len: usize| {
         if len as u64 > max_body {
@@ -335,16 +319,93 @@ pub(crate) fn apply_laid_out(
         }
         Err(e) => return unparseable(e, rt),
     };
-    if let Some(loc) = outcome.location {
+    count_marker(d, outcome.location, rt);
+    Ok(Rewritten {
+        body: outcome.body.map(Bytes::from),
+        rid,
+    })
+}
+
+/// A marker's edits of a chat body, planned but not made, and its RID.
+#[derive(Debug, Default)]
+pub(crate) struct Marks {
+    pub edits: Vec<Edit>,
+    pub rid: Option<String>,
+}
+
+/// The edits [`apply_laid_out`] would splice into `body` (for marking as a body flows: the
+/// first messages read so far, as a body of their own), with the same session, errors and
+/// metrics; none when the body is to go as it came (already marked, nowhere to mark, or
+/// unparseable under `on_unparseable = "passthrough"`).
+pub(crate) fn plan_marks(
+    d: &Decision,
+    shape: Shape,
+    body: &[u8],
+    headers: &HeaderMap,
+    rt: &SharedState,
+) -> Result<Marks, ProxyError> {
+    let passthrough = |r: Result<Rewritten, ProxyError>| r.map(|_| Marks::default());
+    let parsed = match parse_laid_out(shape, body) {
+        Ok((p, _)) => p,
+        Err(e) => return passthrough(unparseable(e, rt)),
+    };
+    let Some((rid, marker)) = marker_of(d, (headers, rt, None), &parsed)? else {
+        return Ok(Marks::default());
+    };
+    let (edits, location) = match parsed.plan_edits(&plan(d, &rt.config.cache_bust, &marker)) {
+        Ok(planned) => planned,
+        Err(RewriteError::TooManyPrompts { limit }) => {
+            return Err(ProxyError::bad_request(
+                "too_many_prompts",
+                RewriteError::TooManyPrompts { limit }.to_string(),
+            ))
+        }
+        Err(e) => return passthrough(unparseable(e, rt)),
+    };
+    count_marker(d, location, rt);
+    Ok(Marks { edits, rid })
+}
+
+/// The session's RID (none for warm-up isolation) and the marker it gives; `None` when no
+/// marker applies.
+fn marker_of(
+    d: &Decision,
+    (headers, rt, session): (&HeaderMap, &SharedState, Option<&str>),
+    parsed: &Parsed<'_>,
+) -> Result<Option<(Option<String>, String)>, ProxyError> {
+    let inputs = digest_inputs(d, headers, rt, session, parsed)?;
+    // The digest once: it is both the RID reported and the one in the marker. Warm-up
+    // isolation markers carry none (`inputs` is `None` for them).
+    let rid = inputs.as_ref().map(digest);
+    Ok(marker_for_digest(d.target, d.phase, rid.as_deref()).map(|m| (rid, m)))
+}
+
+fn plan<'m>(d: &Decision, cfg: &crate::config::CacheBustConfig, marker: &'m str) -> Plan<'m> {
+    Plan {
+        target: d.target,
+        marker,
+        user_context_messages: d.user_context_messages,
+        list_parts: match cfg.list_parts {
+            ListPartsMode::OwnPart => ListParts::OwnPart,
+            ListPartsMode::InlineText => ListParts::InlineText,
+        },
+        // Only kvbust's own synthesis knows where a merged system prompt ends.
+        system_prompt_bytes: None,
+        max_prompts: cfg.max_marked_prompts,
+    }
+}
+
+fn count_marker(
+    d: &Decision,
+    location: Option<crate::cachebust::inject::Location>,
+    rt: &SharedState,
+) {
+    if let Some(loc) = location {
         rt.metrics
             .markers
             .with_label_values(&[d.target.as_str(), d.phase.as_str(), loc.as_str()])
             .inc();
     }
-    Ok(Rewritten {
-        body: outcome.body.map(Bytes::from),
-        rid,
-    })
 }
 
 /// What the session's RID digest is made of: the request's explicit digest headers, or its
@@ -441,6 +502,46 @@ pub fn header_session_key(
         }
     }
     Ok(None)
+}
+
+/// How far into a body its session key lies, by the first configured source that could yield
+/// it (for marking as a body flows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SessionReach {
+    /// Nowhere in the body: a header names the session, or no source can (a random key).
+    Headers,
+    /// The first user turn; `then_user`: when there is none, the body's `user` is next.
+    FirstUserTurn { then_user: bool },
+    /// The top-level `user` member, which may come anywhere up to the body's end.
+    WholeBody,
+}
+
+/// Where `sources` find the request's session key, reading the headers; `None` when a header
+/// is not a usable value (the marking step words that 400).
+pub(crate) fn session_reach(
+    sources: &[SessionSource],
+    headers: &HeaderMap,
+    names: &HeaderNames,
+    limit: usize,
+) -> Option<SessionReach> {
+    for (i, s) in sources.iter().enumerate() {
+        match s {
+            SessionSource::BodyUser => return Some(SessionReach::WholeBody),
+            SessionSource::FirstUserTurn => {
+                let then_user = sources[i..].contains(&SessionSource::BodyUser);
+                return Some(SessionReach::FirstUserTurn { then_user });
+            }
+            header => {
+                if header_source(*header, headers, names, limit)
+                    .ok()?
+                    .is_some()
+                {
+                    return Some(SessionReach::Headers);
+                }
+            }
+        }
+    }
+    Some(SessionReach::Headers)
 }
 
 /// Each configured session source with its header's digest (body sources: `None`), for the

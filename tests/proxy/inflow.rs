@@ -13,7 +13,7 @@ use crate::common::*;
 
 /// A chat body of about `size` bytes whose user turn is varied text, with `extra` members
 /// after `messages`.
-fn big_chat(size: usize, extra: &str) -> String {
+pub(crate) fn big_chat(size: usize, extra: &str) -> String {
     let mut text = String::with_capacity(size);
     let mut i = 0u64;
     while text.len() < size {
@@ -26,15 +26,17 @@ fn big_chat(size: usize, extra: &str) -> String {
 }
 
 /// What the raw upstream saw of one request.
-struct Seen {
-    head: String,
-    body: Vec<u8>,
+pub(crate) struct Seen {
+    pub head: String,
+    pub body: Vec<u8>,
 }
 
 /// An upstream on port 0 that reads one request at a time, reports through `progress` once
 /// `watch` body bytes have come (before it has the rest), and answers 200 with a small chat
 /// completion once the body ends.
-async fn raw_upstream(watch: usize) -> (String, mpsc::Receiver<usize>, mpsc::Receiver<Seen>) {
+pub(crate) async fn raw_upstream(
+    watch: usize,
+) -> (String, mpsc::Receiver<usize>, mpsc::Receiver<Seen>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (ptx, prx) = mpsc::channel(16);
@@ -131,9 +133,20 @@ async fn raw_post(
     split: usize,
     go: oneshot::Receiver<()>,
 ) -> String {
+    raw_post_with(proxy, "", body, split, go).await
+}
+
+/// [`raw_post`] with `headers` (lines ending in `\r\n`) added to the head.
+pub(crate) async fn raw_post_with(
+    proxy: std::net::SocketAddr,
+    headers: &str,
+    body: Bytes,
+    split: usize,
+    go: oneshot::Receiver<()>,
+) -> String {
     let mut sock = TcpStream::connect(proxy).await.unwrap();
     let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n",
         body.len()
     );
     sock.write_all(head.as_bytes()).await.unwrap();

@@ -21,6 +21,7 @@ mod fuzz_regressions;
 mod hardening_server;
 mod hardening_synth;
 mod inflow;
+mod inmark;
 mod mock_server;
 mod monitoring;
 mod probe;
