@@ -145,17 +145,21 @@ impl InMark {
         while self.read < m.items.len() {
             let item = m.items[self.read].clone();
             let bytes = gather(chunks, item);
-            // An element the rule's read fails on ends the read: the engine words the error,
-            // on these messages, as it would on the whole body.
-            let user = Json::at(&bytes, 0..bytes.len())
-                .is_none_or(|raw| is_user_message(self.read, raw).unwrap_or(true));
+            let read = Json::at(&bytes, 0..bytes.len()).map(|raw| is_user_message(self.read, raw));
             self.read += 1;
-            if user {
-                self.users += 1;
-                if self.users > self.skip {
+            match read {
+                Some(Ok(false)) => continue,
+                Some(Ok(true)) => self.users += 1,
+                // An element the rule's read fails on ends the read: the engine words the
+                // error, on these messages, as it would on the whole body.
+                Some(Err(_)) | None => {
                     upto = Some(self.read);
                     break;
                 }
+            }
+            if self.users > self.skip {
+                upto = Some(self.read);
+                break;
             }
         }
         if upto.is_none() && m.close.is_some() {

@@ -141,6 +141,10 @@ async fn marked_alike(long: String) {
             r#"{{"messages":[{{"role":"developer","content":"d\n\"q\""}},{{"role":"user","content":"u\u00e9"}},{{"role":"user","content":"{long}"}}]}}"#
         ),
         format!(r#"{{"messages":[{{"role":"system","content":"{long}"}}],"user":"u1"}}"#),
+        // A role the rule cannot read: the same 400 either way.
+        format!(
+            r#"{{"messages":[{{"role":5,"content":"{long}"}},{{"role":"user","content":"y"}}]}}"#
+        ),
         format!(
             r#"{{"messages":[{{"role":"user","content":"{{{{kvbust:prompt:8}}}} {long}"}}],"max_tokens":4}}"#
         ),
