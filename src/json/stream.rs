@@ -42,6 +42,8 @@ pub(crate) struct TopFacts {
     /// How many top-level `messages` members were read: past one, the last is the one that
     /// counts, and a marker placed in the first is in the wrong place.
     pub messages_members: usize,
+    /// Where the last top-level `user` value is (a session source).
+    pub user: Option<Range<usize>>,
 }
 
 /// The elements of a top-level array value, as far as the scan has read it.
@@ -115,6 +117,7 @@ enum Member {
     Options,
     /// The first `messages` (its elements are tracked).
     Messages,
+    User,
     Other,
 }
 
@@ -357,6 +360,8 @@ impl TopScan {
             Member::Options
         } else if self.key_len == 6 && key == b"stream" {
             Member::Stream
+        } else if self.key_len == 4 && key == b"user" {
+            Member::User
         } else if self.key_len == 8 && key == b"messages" {
             self.facts.messages_members += 1;
             if self.facts.messages_members == 1 {
@@ -409,6 +414,7 @@ impl TopScan {
                 self.facts.stream = Some((range, is_true));
             }
             Member::Options => self.facts.options = Some(range),
+            Member::User => self.facts.user = Some(range),
             Member::Messages | Member::Other => {}
         }
         self.state = State::After;

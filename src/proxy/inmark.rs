@@ -49,6 +49,8 @@ pub(super) struct InMark {
     skip: usize,
     /// With no user turn at all, the session would come from the body's `user`: collect.
     then_user: bool,
+    /// The body came whole: its last top-level `user` member goes with the first messages.
+    whole: bool,
     /// Elements of `messages` whose role was read, and the user turns among them.
     read: usize,
     users: usize,
@@ -61,12 +63,15 @@ impl InMark {
     /// The marking for a request whose body is about to flow, when its marker can be placed
     /// before the body ends: a chat body (`shape`), uncompressed, whose session key (when the
     /// marker carries one) comes from a header, explicit digest headers, or the first user
-    /// turn. `None`: the body is collected and marked whole, as without this.
+    /// turn; or, for a body that came `whole`, any session source (its `user` member, wherever
+    /// it is, is then read from the scan). `None`: the body is collected and marked whole, as
+    /// without this.
     pub(super) fn for_request(
         decision: &Decision,
         shape: Shape,
         headers: &HeaderMap,
         rt: &Arc<SharedState>,
+        whole: bool,
     ) -> Option<InMark> {
         let cfg = &rt.config;
         if !cfg.cache_bust.mark_in_flight || shape != Shape::Chat || !decision.needs_body() {
@@ -90,6 +95,7 @@ impl InMark {
         };
         let then_user = match reach {
             SessionReach::Headers => false,
+            _ if whole => false,
             SessionReach::FirstUserTurn { then_user } => then_user,
             SessionReach::WholeBody => return None,
         };
@@ -99,6 +105,7 @@ impl InMark {
             rt: rt.clone(),
             skip: decision.user_context_messages,
             then_user,
+            whole,
             read: 0,
             users: 0,
             stage: Stage::Reading,
@@ -206,10 +213,19 @@ impl InMark {
         }
         const HEAD: &[u8] = b"{\"messages\":[";
         let inner = gather(chunks, from..to);
-        let mut own = Vec::with_capacity(HEAD.len() + inner.len() + 2);
+        // A whole body's session may be its `user`: that member goes too, as it came.
+        let user = facts.user.clone().filter(|_| self.whole);
+        let user = user.map(|r| gather(chunks, r));
+        let tail = user.as_ref().map_or(0, |u| u.len() + 10);
+        let mut own = Vec::with_capacity(HEAD.len() + inner.len() + tail + 2);
         own.extend_from_slice(HEAD);
         own.extend_from_slice(&inner);
-        own.extend_from_slice(b"]}");
+        own.push(b']');
+        if let Some(u) = &user {
+            own.extend_from_slice(b",\"user\":");
+            own.extend_from_slice(u);
+        }
+        own.push(b'}');
         let marks =
             rewrite::plan_marks(&self.decision, Shape::Chat, &own, &self.headers, &self.rt)?;
         let mut edits = Vec::with_capacity(marks.edits.len());

@@ -432,7 +432,8 @@ impl Proxy {
         // that came whole is read the same way.
         let mark = (!scanned && !work.synth)
             .then(|| {
-                inmark::InMark::for_request(&work.decision, work.shape, &parts.headers, &self.rt)
+                let (d, shape, rt) = (&work.decision, work.shape, &self.rt);
+                inmark::InMark::for_request(d, shape, &parts.headers, rt, whole)
             })
             .flatten();
         if whole {

@@ -288,3 +288,39 @@ async fn what_is_not_read_is_not_validated() {
     flow.shutdown().await;
     whole.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_whole_body_without_a_session_header_is_read_only_up_to_its_first_user_turn() {
+    let (flow, _progress, mut seen) = proxy(Target::FirstTurnPrefix, true).await;
+    let (whole, _, mut seen_whole) = proxy(Target::FirstTurnPrefix, false).await;
+    // Small bodies sent at once come whole in one read. The session is the `user` member
+    // (after `messages`, read from the scan) or, without one, the first user turn's hash.
+    let bodies = [
+        r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"task"},{"role":"assistant","content":"a"}],"user":"alice","max_tokens":3}"#,
+        r#"{"user":"bob","messages":[{"role":"user","content":"task"}],"user":" carol "}"#,
+        r#"{"messages":[{"role":"user","content":"task two"}],"stream":true}"#,
+        r#"{"messages":[{"role":"user","content":"task"}],"user":7}"#,
+    ];
+    for body in bodies {
+        let (s1, got) = send(&flow, None, &mut seen, ("", body, body.len())).await;
+        let (s2, want) = send(&whole, None, &mut seen_whole, ("", body, body.len())).await;
+        assert!(s1.starts_with("HTTP/1.1 200") && s2 == s1, "{s1} {s2}");
+        let (got, want) = (got.unwrap().body, want.unwrap().body);
+        assert!(
+            got == want,
+            "{}\n{}",
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&want)
+        );
+    }
+    // Read only that far: a bad literal after `messages` reaches the upstream, marked.
+    let bad = r#"{"messages":[{"role":"user","content":"task"}],"user":"dave","temperature":tru}"#;
+    let (status, got) = send(&flow, None, &mut seen, ("", bad, bad.len())).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let got = String::from_utf8(got.unwrap().body).unwrap();
+    assert!(got.contains(r#""content":"[rid:"#), "{got}");
+    let (status, _) = send(&whole, None, &mut seen_whole, ("", bad, bad.len())).await;
+    assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+    flow.shutdown().await;
+    whole.shutdown().await;
+}

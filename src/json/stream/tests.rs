@@ -85,6 +85,7 @@ fn check(body: &[u8], stride: usize) {
         );
         assert_eq!(facts.placeholder, *ph, "placeholder: {}", show(body));
         assert_eq!(facts.members, layout.members(), "members: {}", show(body));
+        assert_eq!(facts.user, layout.get("user"), "user: {}", show(body));
         let (first, count) = first_messages(body);
         assert_eq!(facts.messages, first, "messages: {}", show(body));
         assert_eq!(facts.messages_members, count, "{}", show(body));
@@ -258,7 +259,15 @@ fn value(r: &mut Rng, depth: u32, out: &mut String) {
 }
 
 fn object(r: &mut Rng, depth: u32, out: &mut String) {
-    const KEYS: [&str; 6] = ["stream", "stream_options", "messages", "x", "streams", "s"];
+    const KEYS: [&str; 7] = [
+        "stream",
+        "stream_options",
+        "messages",
+        "x",
+        "streams",
+        "s",
+        "user",
+    ];
     out.push('{');
     for i in 0..r.below(5) {
         if i > 0 {
