@@ -504,6 +504,10 @@ pub struct CacheModelConfig {
     /// `auto`: `sidecar` when the upstream is on this host (or the built-in mock), else `shared`
     /// (a Service that may spread requests over several engine replicas).
     pub topology: Topology,
+    /// The model's thread's nice value (Linux), 0 to 19; 0: as the process. Higher: the thread
+    /// gets only the CPU the data workers leave, so a saturated proxy drops model jobs
+    /// (`queue_full`) instead of forwarding slower.
+    pub nice: i32,
 }
 
 impl Default for CacheModelConfig {
@@ -517,6 +521,7 @@ impl Default for CacheModelConfig {
             max_memory: ByteSize(256 << 20),
             queue: 1024,
             topology: Topology::Auto,
+            nice: 19,
         }
     }
 }
@@ -959,6 +964,29 @@ mod tests {
         err(&[]).unwrap();
         assert!(dir.join("traces").is_dir());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cache_model_nice_is_layered_and_checked_at_start_naming_the_key() {
+        let load = |v: &str| {
+            Config::load(
+                None,
+                &env(&[("KVBUST_CACHE_MODEL__NICE", v)]),
+                &CliOverrides::default(),
+            )
+        };
+        assert_eq!(Config::default().cache_model.nice, 19);
+        assert_eq!(load("0").unwrap().cache_model.nice, 0);
+        assert_eq!(load("7").unwrap().cache_model.nice, 7);
+        assert_eq!(load("19").unwrap().cache_model.nice, 19);
+        for bad in ["20", "-1"] {
+            let e = load(bad).expect_err("out of range").to_string();
+            assert!(e.contains("cache_model.nice"), "{e}");
+            assert!(
+                e.contains("0 (the model's thread runs as the process) to 19"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 pub mod attribution;
 pub mod index;
 pub mod ledger;
+mod priority;
 pub mod tokens;
 mod worker;
 
@@ -202,6 +203,8 @@ pub(crate) struct Settings {
     pub memo_tokens: usize,
     /// Sessions whose last prompt is remembered (for collisions).
     pub sessions: NonZeroUsize,
+    /// The worker thread's nice value (`cache_model.nice`).
+    pub nice: i32,
 }
 
 /// The model and the run ledger.
@@ -249,6 +252,7 @@ impl CacheModel {
             memo_tokens: usize::try_from(max_memory / 4 / 4).unwrap_or(usize::MAX),
             sessions: NonZeroUsize::new(config.cache_bust.ledger_capacity.max(1))
                 .unwrap_or(NonZeroUsize::MIN),
+            nice: c.nice,
         };
         let capture_settings = capture_settings(config, &tokenizer);
         Self {
@@ -406,9 +410,15 @@ impl CacheModel {
             self.queued_bytes.clone(),
             self.capture(),
         );
+        let nice = self.settings.nice;
         let spawned = std::thread::Builder::new()
             .name("kvbust-cache-model".into())
-            .spawn(move || model.run(rx));
+            .spawn(move || {
+                // Set from inside: a nice value is the thread's own, and taking it before the
+                // tokenizer loads keeps even that off the data workers' CPU.
+                priority::lower_this_thread(nice);
+                model.run(rx)
+            });
         match spawned {
             Ok(_) => Some(tx),
             Err(e) => {

@@ -568,7 +568,7 @@ fn validate_capture(c: &CaptureConfig, model: &CacheModelConfig) -> Result<(), C
     Ok(())
 }
 
-/// `[cache_model]`: sizes that make sense, a tokenizer that exists.
+/// `[cache_model]`: sizes that make sense, a nice value in range, a tokenizer that exists.
 fn validate_cache_model(c: &CacheModelConfig) -> Result<(), ConfigError> {
     if !(1..=4096).contains(&c.block_size) {
         return Err(ConfigError::new(
@@ -585,6 +585,16 @@ fn validate_cache_model(c: &CacheModelConfig) -> Result<(), ConfigError> {
             "cache_model.queue",
             "must be at least 1 (the default is 1024); set cache_model.enabled = false to turn \
              the model off",
+        ));
+    }
+    if !(0..=19).contains(&c.nice) {
+        return Err(ConfigError::new(
+            "cache_model.nice",
+            format!(
+                "{} is not a nice value kvbust sets: use 0 (the model's thread runs as the \
+                 process) to 19 (it gets only the CPU forwarding leaves; the default)",
+                c.nice
+            ),
         ));
     }
     if c.max_memory.as_u64() < (1 << 20) {

@@ -608,3 +608,65 @@ fn the_binary_logs_a_breach_and_the_report_table_on_sigterm() {
         "{table}"
     );
 }
+
+/// A thread's nice value: field 19 of its `stat`, counted after the `)` that ends its name.
+#[cfg(target_os = "linux")]
+fn nice_in(stat: &std::path::Path) -> i32 {
+    let text = std::fs::read_to_string(stat).unwrap();
+    let (_, rest) = text.rsplit_once(')').unwrap();
+    // `rest` starts at field 3 (the state).
+    rest.split_whitespace()
+        .nth(19 - 3)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The nice value of every thread of this process named `name`.
+#[cfg(target_os = "linux")]
+fn nices_of_threads(name: &str) -> Vec<i32> {
+    // `comm` holds the first 15 bytes of a thread's name ("kvbust-cache-mo").
+    let name = &name[..name.len().min(15)];
+    let mut nices = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        // A thread may end between the listing and the read: skip it.
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        if comm.trim_end() == name && dir.join("stat").exists() {
+            nices.push(nice_in(&dir.join("stat")));
+        }
+    }
+    nices
+}
+
+/// The model's thread runs at `cache_model.nice`, so on a saturated machine it gets only the
+/// CPU forwarding leaves; the rest of the process keeps its own. Other tests in this binary run
+/// models of their own at the default (19), so the check is that one model thread runs at the
+/// value this one configures, 7, which no other test sets. A process already running above 7
+/// keeps its value for the model too (lowering the nice back needs privilege).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_models_thread_runs_at_the_configured_nice_value() {
+    let own = std::path::Path::new("/proc/thread-self/stat");
+    let base = nice_in(own);
+    let h = common::start(|c| c.cache_model.nice = 7).await;
+    say(&h, &[("system", SYSTEM), ("user", OPENING)], &[]).await;
+    // Accounted: the model's thread has served the request, so it set its nice value first.
+    let accounted: u64 = report(&h)
+        .await
+        .rows
+        .iter()
+        .map(|r| r.accounted_requests)
+        .sum();
+    assert_eq!(accounted, 1);
+    let nices = nices_of_threads("kvbust-cache-model");
+    assert!(
+        nices.contains(&7.max(base)),
+        "model threads' nice values: {nices:?}"
+    );
+    // Only that thread: the one that started kvbust (and, through it, the model) is unchanged.
+    assert_eq!(nice_in(own), base);
+    h.shutdown().await;
+}
