@@ -570,6 +570,85 @@ fn json_string_inner(s: &str) -> Result<String, RewriteError> {
         .to_owned())
 }
 
+/// Whether the string `raw` already carries `marker`: its text starts or ends with it, or, when
+/// the string is not decodable as text (a lone surrogate escape), its JSON spelling starts or
+/// ends with `inner` (the marker's spelling).
+fn already_marked(raw: Json<'_>, marker: &str, inner: &str) -> bool {
+    let lit = raw.get();
+    let body = lit.get(1..lit.len().saturating_sub(1)).unwrap_or_default();
+    let spelled = body.starts_with(inner) || body.ends_with(inner);
+    // The ends alone give the text's answer when the whole string decodes; when it does not
+    // (a lone surrogate anywhere), the answer is `spelled`. Where the two agree, that is the
+    // answer either way, and the string (a whole first turn, often hundreds of KB) is not
+    // decoded. Only where they differ does the whole string have to say which case it is.
+    if ends_marked(body, marker) == Some(spelled) {
+        return spelled;
+    }
+    match json::string(raw) {
+        Ok(s) => s.starts_with(marker) || s.ends_with(marker),
+        Err(_) => spelled,
+    }
+}
+
+/// Raw bytes per decoded byte, at most: an escape `\u0041` is 6 bytes for 1 byte of text
+/// (`\uD83D\uDE00` is 12 for 4, a literal character as many as it decodes to).
+const RAW_PER_BYTE: usize = 6;
+/// How far [`ends_marked`] looks for a cut it can decode from before giving up.
+const CUT_SEARCH: usize = 64;
+
+/// `Some(text.starts_with(marker) || text.ends_with(marker))` for the `text` the JSON string
+/// contents `body` decode to, read from its two ends only and assuming the whole decodes (see
+/// [`already_marked`]); `None` when the ends cannot tell cheaply (a short string, no cut found,
+/// an end that does not decode on its own). Testing the ends for backslashes alone would not do:
+/// a marker's own newlines are escapes (`\n`), so every marked string has them at an end.
+fn ends_marked(body: &str, marker: &str) -> Option<bool> {
+    // Each end is decoded from `RAW_PER_BYTE * marker.len()` raw bytes or more, which hold at
+    // least `marker.len()` bytes of text; a string shorter than both ends is decoded whole.
+    let reach = RAW_PER_BYTE.checked_mul(marker.len())?;
+    if body.len() <= 2 * (reach + CUT_SEARCH) {
+        return None;
+    }
+    let head_end = (reach..reach + CUT_SEARCH).find(|&at| is_cut(body, at))?;
+    let tail_start = (body.len() - reach - CUT_SEARCH..=body.len() - reach)
+        .rev()
+        .find(|&at| is_cut(body, at))?;
+    let head = decode_piece(body.get(..head_end)?)?;
+    let tail = decode_piece(body.get(tail_start..)?)?;
+    if head.len() < marker.len() || tail.len() < marker.len() {
+        return None;
+    }
+    Some(head.starts_with(marker) || tail.ends_with(marker))
+}
+
+/// True when the JSON string contents `body` can be cut at `at` into two pieces that decode on
+/// their own, the text of the whole being the two texts joined. An escape is `\` and one of
+/// `"\/bfnrt`, or `\u` and four hex digits: all ASCII, and every byte of one but its last is `\`,
+/// `u` or a hex digit. So an ASCII byte before `at` that is none of those ends a literal character
+/// or an escape, and a non-ASCII byte is part of a literal character, which ends where a
+/// character boundary is. Nor can such a cut part a surrogate pair (`\uD83D\uDE00`): its halves
+/// meet after a hex digit. (This misses some cuts, after `\b` or `\\` for instance; a missed cut
+/// only means looking one byte further.)
+fn is_cut(body: &str, at: usize) -> bool {
+    match at.checked_sub(1).and_then(|i| body.as_bytes().get(i)) {
+        Some(&c) if c.is_ascii() => c != b'\\' && c != b'u' && !c.is_ascii_hexdigit(),
+        Some(_) => body.is_char_boundary(at),
+        None => at == 0,
+    }
+}
+
+/// The text of a piece of JSON string contents cut by [`is_cut`]; `None` when it does not decode
+/// (a lone surrogate).
+fn decode_piece(piece: &str) -> Option<Cow<'_, str>> {
+    if memchr::memchr(b'\\', piece.as_bytes()).is_none() {
+        return Some(Cow::Borrowed(piece));
+    }
+    let mut lit = String::with_capacity(piece.len() + 2);
+    lit.push('"');
+    lit.push_str(piece);
+    lit.push('"');
+    serde_json::from_str::<String>(&lit).ok().map(Cow::Owned)
+}
+
 /// The `text` value of a part `{"type": text_type, "text": <string>, ...}`.
 fn text_of_part<'a>(part: Json<'a>, text_type: &str) -> Option<Json<'a>> {
     if Kind::of(part) != Kind::Object {
@@ -606,16 +685,7 @@ impl<'p> Injector<'p> {
     fn string(&mut self, raw: Json<'_>) -> Result<(), RewriteError> {
         let span = self.span(raw)?;
         let inner = json_string_inner(self.marker)?;
-        let already = match json::string(raw) {
-            Ok(s) => s.starts_with(self.marker) || s.ends_with(self.marker),
-            // Not decodable as text (a lone surrogate escape): compare the JSON spelling.
-            Err(_) => {
-                let lit = raw.get();
-                let body = lit.get(1..lit.len().saturating_sub(1)).unwrap_or_default();
-                body.starts_with(&inner) || body.ends_with(&inner)
-            }
-        };
-        if !already {
+        if !already_marked(raw, self.marker, &inner) {
             let at = if self.prefix {
                 span.start + 1
             } else {
