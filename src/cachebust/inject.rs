@@ -1108,9 +1108,8 @@ impl<'a> Parsed<'a> {
         h.update(b"kvbust-first-user-turn-v1\0");
         match Kind::of(content) {
             Kind::String => {
-                let s = json::string(content).ok()?;
                 h.update(b"s\0");
-                h.update(unmarked(&s).as_bytes());
+                hash_unmarked_string(&mut h, content)?;
             }
             Kind::Array => {
                 let serde_json::Value::Array(mut parts) =
@@ -1128,6 +1127,101 @@ impl<'a> Parsed<'a> {
         }
         let digest = h.finalize();
         Some(hex::encode(&digest[..8]))
+    }
+}
+
+/// Feeds `h` the [`unmarked`] text of the string `raw`; `None` when it is not decodable as text
+/// (a lone surrogate escape). The text is decoded into a buffer this thread keeps, not a new
+/// allocation per turn (a first turn is often hundreds of KB), and hashed where it lies.
+fn hash_unmarked_string(h: &mut Sha256, raw: Json<'_>) -> Option<()> {
+    thread_local! {
+        static TEXT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    /// A buffer grown past this is let go after use, so one huge turn does not stay held.
+    const KEEP: usize = 4 << 20;
+    let lit = raw.get();
+    let contents = lit.get(1..lit.len().saturating_sub(1))?;
+    if memchr::memchr(b'\\', contents.as_bytes()).is_none() {
+        h.update(unmarked(contents).as_bytes());
+        return Some(());
+    }
+    let hashed = TEXT.try_with(|text| {
+        // A reentrant call (there is none) would find the buffer taken: it decodes apart.
+        let Ok(mut text) = text.try_borrow_mut() else {
+            return None;
+        };
+        let out = decode_string(contents, &mut text).map(|()| h.update(unmarked(&text).as_bytes()));
+        if text.capacity() > KEEP {
+            *text = String::new();
+        }
+        Some(out)
+    });
+    match hashed {
+        Ok(Some(out)) => out,
+        _ => {
+            let mut text = String::new();
+            decode_string(contents, &mut text)?;
+            h.update(unmarked(&text).as_bytes());
+            Some(())
+        }
+    }
+}
+
+/// Decodes validated JSON string contents (between the quotes) into `out`, as serde_json does;
+/// `None` on a lone surrogate escape, which serde refuses as text too. The caller's contents come
+/// from a parsed body, so their escapes are well formed and they hold no control character; a
+/// malformed escape gives `None` all the same.
+fn decode_string(contents: &str, out: &mut String) -> Option<()> {
+    out.clear();
+    out.reserve(contents.len());
+    let b = contents.as_bytes();
+    let mut at = 0;
+    while let Some(k) = memchr::memchr(b'\\', b.get(at..)?) {
+        let esc = at + k;
+        out.push_str(contents.get(at..esc)?);
+        let (c, len) = match *b.get(esc + 1)? {
+            b'"' => ('"', 2),
+            b'\\' => ('\\', 2),
+            b'/' => ('/', 2),
+            b'b' => ('\u{8}', 2),
+            b'f' => ('\u{c}', 2),
+            b'n' => ('\n', 2),
+            b'r' => ('\r', 2),
+            b't' => ('\t', 2),
+            b'u' => unicode_escape(b, esc)?,
+            _ => return None,
+        };
+        out.push(c);
+        at = esc + len;
+    }
+    out.push_str(contents.get(at..)?);
+    Some(())
+}
+
+/// The character of the `\uXXXX` escape at `esc` (with its low half when it is a high
+/// surrogate) and how many bytes it spans; `None` for a lone surrogate.
+fn unicode_escape(b: &[u8], esc: usize) -> Option<(char, usize)> {
+    let hex4 = |at: usize| -> Option<u32> {
+        let digits = std::str::from_utf8(b.get(at..at + 4)?).ok()?;
+        if !digits.bytes().all(|d| d.is_ascii_hexdigit()) {
+            return None;
+        }
+        u32::from_str_radix(digits, 16).ok()
+    };
+    let hi = hex4(esc + 2)?;
+    match hi {
+        0xD800..=0xDBFF => {
+            if b.get(esc + 6..esc + 8)? != b"\\u" {
+                return None;
+            }
+            let lo = hex4(esc + 8)?;
+            if !(0xDC00..=0xDFFF).contains(&lo) {
+                return None;
+            }
+            let c = char::from_u32(0x1_0000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))?;
+            Some((c, 12))
+        }
+        _ => Some((char::from_u32(hi)?, 6)),
     }
 }
 
@@ -1211,46 +1305,82 @@ fn canonical(v: &serde_json::Value, out: &mut String) {
 /// user turn again with every turn, and the hash (decode, strip markers, SHA-256) is most of what
 /// marking a body costs; a turn seen again is compared byte for byte with the one kept, so a hit
 /// is exactly the hash the turn would get. Per thread (each data worker has one), so no lock.
+/// Agentic first turns are long (hundreds of KB to a few MB), so what is kept is bounded by a
+/// byte budget as well as a count, the least recently used turn going first.
 mod first_turns {
     use std::cell::RefCell;
     use std::collections::VecDeque;
 
-    /// Turns kept per thread, most recent first.
-    const ENTRIES: usize = 8;
-    /// Longer turns are hashed every time, so a thread holds at most `ENTRIES` × this.
-    const MAX_LEN: usize = 64 << 10;
+    /// Turns kept per thread at most.
+    pub(super) const ENTRIES: usize = 8;
+    /// Bytes of kept turns per thread at most; a longer turn is hashed every time.
+    pub(super) const BUDGET: usize = 4 << 20;
 
     /// A kept turn: its raw JSON and its hash.
     type Entry = (Box<str>, String);
 
+    /// Turns most recently used first, and the sum of their lengths.
+    #[derive(Default)]
+    pub(super) struct Kept {
+        turns: VecDeque<Entry>,
+        bytes: usize,
+    }
+
+    impl Kept {
+        /// The hash kept for `content`, which becomes the most recently used.
+        fn get(&mut self, content: &str) -> Option<String> {
+            let i = self.turns.iter().position(|(turn, _)| &**turn == content)?;
+            let entry = self.turns.remove(i)?;
+            let digest = entry.1.clone();
+            self.turns.push_front(entry);
+            Some(digest)
+        }
+
+        /// Keeps `content`'s hash, letting the least recently used turns go until it fits.
+        fn put(&mut self, content: &str, digest: String) {
+            if content.len() > BUDGET {
+                return;
+            }
+            while self.turns.len() >= ENTRIES || self.bytes + content.len() > BUDGET {
+                match self.turns.pop_back() {
+                    Some((turn, _)) => self.bytes -= turn.len(),
+                    None => break,
+                }
+            }
+            self.bytes += content.len();
+            self.turns.push_front((content.into(), digest));
+        }
+
+        /// The kept turns' lengths, most recently used first, and their sum.
+        #[cfg(test)]
+        pub(super) fn lengths(&self) -> (Vec<usize>, usize) {
+            (
+                self.turns.iter().map(|(t, _)| t.len()).collect(),
+                self.bytes,
+            )
+        }
+    }
+
     thread_local! {
-        static KEPT: RefCell<VecDeque<Entry>> = const { RefCell::new(VecDeque::new()) };
+        static KEPT: RefCell<Kept> = RefCell::new(Kept::default());
     }
 
     /// The hash of `content` (a turn's raw JSON): kept, or `compute`d and kept.
     pub(super) fn hash(content: &str, compute: impl FnOnce() -> Option<String>) -> Option<String> {
-        if content.len() > MAX_LEN {
+        if content.len() > BUDGET {
             return compute();
         }
-        let hit = KEPT.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            let i = kept.iter().position(|(turn, _)| &**turn == content)?;
-            let entry = kept.remove(i)?;
-            let digest = entry.1.clone();
-            kept.push_front(entry);
-            Some(digest)
-        });
-        if let Ok(Some(digest)) = hit {
+        if let Ok(Some(digest)) = KEPT.try_with(|kept| kept.borrow_mut().get(content)) {
             return Some(digest);
         }
         let digest = compute()?;
-        let _ = KEPT.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.len() >= ENTRIES {
-                kept.pop_back();
-            }
-            kept.push_front((content.into(), digest.clone()));
-        });
+        let _ = KEPT.try_with(|kept| kept.borrow_mut().put(content, digest.clone()));
         Some(digest)
+    }
+
+    /// This thread's kept turns, for tests.
+    #[cfg(test)]
+    pub(super) fn with_kept<T>(f: impl FnOnce(&Kept) -> T) -> T {
+        KEPT.with(|kept| f(&kept.borrow()))
     }
 }

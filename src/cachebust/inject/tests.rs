@@ -1471,3 +1471,154 @@ fn already_marked_equals_decoding_on_random_strings() {
         "{from_ends} of {long} from the ends"
     );
 }
+
+/// The string decoder the session hash uses gives what serde_json gives, text or refusal, for
+/// random strings of every kind of escape, lone surrogates and broken escapes among them.
+#[test]
+fn decode_string_equals_serde() {
+    use rand::{Rng as _, SeedableRng as _};
+    let odd = [
+        r"\ud800",
+        r"\udfff",
+        r"\ud800\u0041",
+        r"\ud800\n",
+        r"\ud800x",
+        r"\udbff\udfff",
+        r"\ud800\ud800",
+        r"\u0000",
+    ];
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(34);
+    let mut buf = String::from("left over");
+    let (mut text, mut refused) = (0, 0);
+    for _ in 0..30_000 {
+        let mut body = random_spelling(&mut rng, 30);
+        if rng.random_bool(0.2) {
+            let at = rng.random_range(0..=body.len());
+            if body.is_char_boundary(at) {
+                body.insert_str(at, odd[rng.random_range(0..odd.len())]);
+            }
+        }
+        let l = format!("\"{body}\"");
+        // The decoder is given what a parse accepted: well-formed escapes, no bare quote.
+        if serde_json::from_str::<&RawValue>(&l).is_err() {
+            continue;
+        }
+        let by_serde = serde_json::from_str::<String>(&l).ok();
+        let mine = decode_string(&body, &mut buf).map(|()| buf.clone());
+        assert_eq!(mine, by_serde, "{body}");
+        if by_serde.is_some() {
+            text += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    assert!(
+        text > 20_000 && refused > 1_000,
+        "{text} decoded, {refused} refused"
+    );
+}
+
+/// The session hash of a string turn is SHA-256 over the documented bytes, whatever spelling the
+/// client used: a fixed value, then random strings against the reference (serde decodes, markers
+/// out, SHA-256).
+#[test]
+fn the_string_turn_hash_is_the_documented_digest() {
+    use rand::SeedableRng as _;
+    let reference = |text: &str| {
+        let mut h = Sha256::new();
+        h.update(b"kvbust-first-user-turn-v1\0s\0");
+        h.update(unmarked(text).as_bytes());
+        hex::encode(&h.finalize()[..8])
+    };
+    // sha256(b"kvbust-first-user-turn-v1\0s\0Hi")[:8], by Python's hashlib.
+    assert_eq!(reference("Hi"), "a1888c97cc9ac7e4");
+    for l in [r#""Hi""#, r#""\u0048i\n""#, r#""[warmup]\n\nH\u0069""#] {
+        assert_eq!(
+            Parsed::content_hash(lit(l)).as_deref(),
+            Some("a1888c97cc9ac7e4"),
+            "{l}"
+        );
+    }
+    assert_eq!(Parsed::content_hash(lit(r#""a\ud800b""#)), None);
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(35);
+    for round in 0..5_000 {
+        let mut body = random_spelling(&mut rng, 60);
+        if round % 3 == 0 {
+            body.insert_str(0, r"[rid:0123456789ab]\n\n");
+        }
+        if round % 5 == 0 {
+            body.push_str(r"[warmup]\u000a");
+        }
+        let l = format!("\"{body}\"");
+        let text: String = serde_json::from_str(&l).unwrap();
+        assert_eq!(Parsed::content_hash(lit(&l)), Some(reference(&text)), "{l}");
+    }
+}
+
+/// The per-thread memo of first turns keeps at most `ENTRIES` turns and `BUDGET` bytes of them,
+/// letting the least recently used go first; a turn longer than the budget is hashed each time;
+/// a kept turn is only ever matched byte for byte.
+#[test]
+fn the_first_turn_memo_keeps_long_turns_within_its_budget() {
+    use std::cell::Cell;
+    let computed = Cell::new(0);
+    let hash = |turn: &str| {
+        first_turns::hash(turn, || {
+            computed.set(computed.get() + 1);
+            Some(format!("h{}", turn.len()))
+        })
+    };
+    let kb = 1 << 10;
+    let mb = 1 << 20;
+    let turn = |len: usize, fill: char| format!("\"{}\"", fill.to_string().repeat(len - 2));
+    // A 300 KB turn (past the old 64 KB limit) sent again is not hashed again.
+    let long = turn(300 * kb, 'a');
+    assert_eq!(hash(&long).as_deref(), Some("h307200"));
+    assert_eq!(hash(&long).as_deref(), Some("h307200"));
+    assert_eq!(computed.get(), 1);
+    // Same length, one byte different: a miss.
+    let mut other = long.clone();
+    other.replace_range(1000..1001, "b");
+    hash(&other);
+    assert_eq!(computed.get(), 2);
+    // Nine small turns: the count bound lets the two long ones and the first small one go.
+    let smalls: Vec<String> = (0..9).map(|i| turn(10 + i, 'c')).collect();
+    for s in &smalls {
+        hash(s);
+    }
+    first_turns::with_kept(|k| {
+        let (lens, bytes) = k.lengths();
+        assert_eq!(lens, (11..=18).rev().collect::<Vec<_>>());
+        assert_eq!(bytes, (11..=18).sum::<usize>());
+    });
+    // Using the oldest makes it the newest: the next turn evicts another.
+    hash(&smalls[1]);
+    hash(&turn(100, 'd'));
+    first_turns::with_kept(|k| assert_eq!(k.lengths().0[..3], [100, 11, 18]));
+    let before = computed.get();
+    hash(&smalls[1]);
+    assert_eq!(computed.get(), before);
+    hash(&smalls[2]);
+    assert_eq!(computed.get(), before + 1);
+    // Two 3 MB turns do not fit the 4 MB budget together: the older goes.
+    let three_a = turn(3 * mb, 'e');
+    let three_b = turn(3 * mb, 'f');
+    hash(&three_a);
+    hash(&three_b);
+    first_turns::with_kept(|k| {
+        let (lens, bytes) = k.lengths();
+        assert_eq!(lens[0], 3 * mb);
+        assert_eq!(lens.iter().filter(|&&l| l == 3 * mb).count(), 1);
+        assert!(bytes <= first_turns::BUDGET && lens.len() <= first_turns::ENTRIES);
+        assert_eq!(bytes, lens.iter().sum::<usize>());
+    });
+    let before = computed.get();
+    hash(&three_a);
+    assert_eq!(computed.get(), before + 1);
+    // Past the budget: hashed every time, never kept.
+    let huge = turn(first_turns::BUDGET + 1, 'g');
+    hash(&huge);
+    hash(&huge);
+    assert_eq!(computed.get(), before + 3);
+    first_turns::with_kept(|k| assert!(!k.lengths().0.contains(&huge.len())));
+}
