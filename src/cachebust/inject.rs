@@ -581,6 +581,85 @@ fn json_string_inner(s: &str) -> Result<String, RewriteError> {
         .to_owned())
 }
 
+/// Whether the string `raw` already carries `marker`: its text starts or ends with it, or, when
+/// the string is not decodable as text (a lone surrogate escape), its JSON spelling starts or
+/// ends with `inner` (the marker's spelling).
+fn already_marked(raw: Json<'_>, marker: &str, inner: &str) -> bool {
+    let lit = raw.get();
+    let body = lit.get(1..lit.len().saturating_sub(1)).unwrap_or_default();
+    let spelled = body.starts_with(inner) || body.ends_with(inner);
+    // The ends alone give the text's answer when the whole string decodes; when it does not
+    // (a lone surrogate anywhere), the answer is `spelled`. Where the two agree, that is the
+    // answer either way, and the string (a whole first turn, often hundreds of KB) is not
+    // decoded. Only where they differ does the whole string have to say which case it is.
+    if ends_marked(body, marker) == Some(spelled) {
+        return spelled;
+    }
+    match json::string(raw) {
+        Ok(s) => s.starts_with(marker) || s.ends_with(marker),
+        Err(_) => spelled,
+    }
+}
+
+/// Raw bytes per decoded byte, at most: an escape `\u0041` is 6 bytes for 1 byte of text
+/// (`\uD83D\uDE00` is 12 for 4, a literal character as many as it decodes to).
+const RAW_PER_BYTE: usize = 6;
+/// How far [`ends_marked`] looks for a cut it can decode from before giving up.
+const CUT_SEARCH: usize = 64;
+
+/// `Some(text.starts_with(marker) || text.ends_with(marker))` for the `text` the JSON string
+/// contents `body` decode to, read from its two ends only and assuming the whole decodes (see
+/// [`already_marked`]); `None` when the ends cannot tell cheaply (a short string, no cut found,
+/// an end that does not decode on its own). Testing the ends for backslashes alone would not do:
+/// a marker's own newlines are escapes (`\n`), so every marked string has them at an end.
+fn ends_marked(body: &str, marker: &str) -> Option<bool> {
+    // Each end is decoded from `RAW_PER_BYTE * marker.len()` raw bytes or more, which hold at
+    // least `marker.len()` bytes of text; a string shorter than both ends is decoded whole.
+    let reach = RAW_PER_BYTE.checked_mul(marker.len())?;
+    if body.len() <= 2 * (reach + CUT_SEARCH) {
+        return None;
+    }
+    let head_end = (reach..reach + CUT_SEARCH).find(|&at| is_cut(body, at))?;
+    let tail_start = (body.len() - reach - CUT_SEARCH..=body.len() - reach)
+        .rev()
+        .find(|&at| is_cut(body, at))?;
+    let head = decode_piece(body.get(..head_end)?)?;
+    let tail = decode_piece(body.get(tail_start..)?)?;
+    if head.len() < marker.len() || tail.len() < marker.len() {
+        return None;
+    }
+    Some(head.starts_with(marker) || tail.ends_with(marker))
+}
+
+/// True when the JSON string contents `body` can be cut at `at` into two pieces that decode on
+/// their own, the text of the whole being the two texts joined. An escape is `\` and one of
+/// `"\/bfnrt`, or `\u` and four hex digits: all ASCII, and every byte of one but its last is `\`,
+/// `u` or a hex digit. So an ASCII byte before `at` that is none of those ends a literal character
+/// or an escape, and a non-ASCII byte is part of a literal character, which ends where a
+/// character boundary is. Nor can such a cut part a surrogate pair (`\uD83D\uDE00`): its halves
+/// meet after a hex digit. (This misses some cuts, after `\b` or `\\` for instance; a missed cut
+/// only means looking one byte further.)
+fn is_cut(body: &str, at: usize) -> bool {
+    match at.checked_sub(1).and_then(|i| body.as_bytes().get(i)) {
+        Some(&c) if c.is_ascii() => c != b'\\' && c != b'u' && !c.is_ascii_hexdigit(),
+        Some(_) => body.is_char_boundary(at),
+        None => at == 0,
+    }
+}
+
+/// The text of a piece of JSON string contents cut by [`is_cut`]; `None` when it does not decode
+/// (a lone surrogate).
+fn decode_piece(piece: &str) -> Option<Cow<'_, str>> {
+    if memchr::memchr(b'\\', piece.as_bytes()).is_none() {
+        return Some(Cow::Borrowed(piece));
+    }
+    let mut lit = String::with_capacity(piece.len() + 2);
+    lit.push('"');
+    lit.push_str(piece);
+    lit.push('"');
+    serde_json::from_str::<String>(&lit).ok().map(Cow::Owned)
+}
+
 /// The `text` value of a part `{"type": text_type, "text": <string>, ...}`.
 fn text_of_part<'a>(part: Json<'a>, text_type: &str) -> Option<Json<'a>> {
     if Kind::of(part) != Kind::Object {
@@ -617,16 +696,7 @@ impl<'p> Injector<'p> {
     fn string(&mut self, raw: Json<'_>) -> Result<(), RewriteError> {
         let span = self.span(raw)?;
         let inner = json_string_inner(self.marker)?;
-        let already = match json::string(raw) {
-            Ok(s) => s.starts_with(self.marker) || s.ends_with(self.marker),
-            // Not decodable as text (a lone surrogate escape): compare the JSON spelling.
-            Err(_) => {
-                let lit = raw.get();
-                let body = lit.get(1..lit.len().saturating_sub(1)).unwrap_or_default();
-                body.starts_with(&inner) || body.ends_with(&inner)
-            }
-        };
-        if !already {
+        if !already_marked(raw, self.marker, &inner) {
             let at = if self.prefix {
                 span.start + 1
             } else {
@@ -1074,9 +1144,8 @@ impl<'a> Parsed<'a> {
         h.update(b"kvbust-first-user-turn-v1\0");
         match Kind::of(content) {
             Kind::String => {
-                let s = json::string(content).ok()?;
                 h.update(b"s\0");
-                h.update(unmarked(&s).as_bytes());
+                hash_unmarked_string(&mut h, content)?;
             }
             Kind::Array => {
                 let serde_json::Value::Array(mut parts) =
@@ -1094,6 +1163,101 @@ impl<'a> Parsed<'a> {
         }
         let digest = h.finalize();
         Some(hex::encode(&digest[..8]))
+    }
+}
+
+/// Feeds `h` the [`unmarked`] text of the string `raw`; `None` when it is not decodable as text
+/// (a lone surrogate escape). The text is decoded into a buffer this thread keeps, not a new
+/// allocation per turn (a first turn is often hundreds of KB), and hashed where it lies.
+fn hash_unmarked_string(h: &mut Sha256, raw: Json<'_>) -> Option<()> {
+    thread_local! {
+        static TEXT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    /// A buffer grown past this is let go after use, so one huge turn does not stay held.
+    const KEEP: usize = 4 << 20;
+    let lit = raw.get();
+    let contents = lit.get(1..lit.len().saturating_sub(1))?;
+    if memchr::memchr(b'\\', contents.as_bytes()).is_none() {
+        h.update(unmarked(contents).as_bytes());
+        return Some(());
+    }
+    let hashed = TEXT.try_with(|text| {
+        // A reentrant call (there is none) would find the buffer taken: it decodes apart.
+        let Ok(mut text) = text.try_borrow_mut() else {
+            return None;
+        };
+        let out = decode_string(contents, &mut text).map(|()| h.update(unmarked(&text).as_bytes()));
+        if text.capacity() > KEEP {
+            *text = String::new();
+        }
+        Some(out)
+    });
+    match hashed {
+        Ok(Some(out)) => out,
+        _ => {
+            let mut text = String::new();
+            decode_string(contents, &mut text)?;
+            h.update(unmarked(&text).as_bytes());
+            Some(())
+        }
+    }
+}
+
+/// Decodes validated JSON string contents (between the quotes) into `out`, as serde_json does;
+/// `None` on a lone surrogate escape, which serde refuses as text too. The caller's contents come
+/// from a parsed body, so their escapes are well formed and they hold no control character; a
+/// malformed escape gives `None` all the same.
+fn decode_string(contents: &str, out: &mut String) -> Option<()> {
+    out.clear();
+    out.reserve(contents.len());
+    let b = contents.as_bytes();
+    let mut at = 0;
+    while let Some(k) = memchr::memchr(b'\\', b.get(at..)?) {
+        let esc = at + k;
+        out.push_str(contents.get(at..esc)?);
+        let (c, len) = match *b.get(esc + 1)? {
+            b'"' => ('"', 2),
+            b'\\' => ('\\', 2),
+            b'/' => ('/', 2),
+            b'b' => ('\u{8}', 2),
+            b'f' => ('\u{c}', 2),
+            b'n' => ('\n', 2),
+            b'r' => ('\r', 2),
+            b't' => ('\t', 2),
+            b'u' => unicode_escape(b, esc)?,
+            _ => return None,
+        };
+        out.push(c);
+        at = esc + len;
+    }
+    out.push_str(contents.get(at..)?);
+    Some(())
+}
+
+/// The character of the `\uXXXX` escape at `esc` (with its low half when it is a high
+/// surrogate) and how many bytes it spans; `None` for a lone surrogate.
+fn unicode_escape(b: &[u8], esc: usize) -> Option<(char, usize)> {
+    let hex4 = |at: usize| -> Option<u32> {
+        let digits = std::str::from_utf8(b.get(at..at + 4)?).ok()?;
+        if !digits.bytes().all(|d| d.is_ascii_hexdigit()) {
+            return None;
+        }
+        u32::from_str_radix(digits, 16).ok()
+    };
+    let hi = hex4(esc + 2)?;
+    match hi {
+        0xD800..=0xDBFF => {
+            if b.get(esc + 6..esc + 8)? != b"\\u" {
+                return None;
+            }
+            let lo = hex4(esc + 8)?;
+            if !(0xDC00..=0xDFFF).contains(&lo) {
+                return None;
+            }
+            let c = char::from_u32(0x1_0000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))?;
+            Some((c, 12))
+        }
+        _ => Some((char::from_u32(hi)?, 6)),
     }
 }
 
@@ -1177,46 +1341,82 @@ fn canonical(v: &serde_json::Value, out: &mut String) {
 /// user turn again with every turn, and the hash (decode, strip markers, SHA-256) is most of what
 /// marking a body costs; a turn seen again is compared byte for byte with the one kept, so a hit
 /// is exactly the hash the turn would get. Per thread (each data worker has one), so no lock.
+/// Agentic first turns are long (hundreds of KB to a few MB), so what is kept is bounded by a
+/// byte budget as well as a count, the least recently used turn going first.
 mod first_turns {
     use std::cell::RefCell;
     use std::collections::VecDeque;
 
-    /// Turns kept per thread, most recent first.
-    const ENTRIES: usize = 8;
-    /// Longer turns are hashed every time, so a thread holds at most `ENTRIES` × this.
-    const MAX_LEN: usize = 64 << 10;
+    /// Turns kept per thread at most.
+    pub(super) const ENTRIES: usize = 8;
+    /// Bytes of kept turns per thread at most; a longer turn is hashed every time.
+    pub(super) const BUDGET: usize = 4 << 20;
 
     /// A kept turn: its raw JSON and its hash.
     type Entry = (Box<str>, String);
 
+    /// Turns most recently used first, and the sum of their lengths.
+    #[derive(Default)]
+    pub(super) struct Kept {
+        turns: VecDeque<Entry>,
+        bytes: usize,
+    }
+
+    impl Kept {
+        /// The hash kept for `content`, which becomes the most recently used.
+        fn get(&mut self, content: &str) -> Option<String> {
+            let i = self.turns.iter().position(|(turn, _)| &**turn == content)?;
+            let entry = self.turns.remove(i)?;
+            let digest = entry.1.clone();
+            self.turns.push_front(entry);
+            Some(digest)
+        }
+
+        /// Keeps `content`'s hash, letting the least recently used turns go until it fits.
+        fn put(&mut self, content: &str, digest: String) {
+            if content.len() > BUDGET {
+                return;
+            }
+            while self.turns.len() >= ENTRIES || self.bytes + content.len() > BUDGET {
+                match self.turns.pop_back() {
+                    Some((turn, _)) => self.bytes -= turn.len(),
+                    None => break,
+                }
+            }
+            self.bytes += content.len();
+            self.turns.push_front((content.into(), digest));
+        }
+
+        /// The kept turns' lengths, most recently used first, and their sum.
+        #[cfg(test)]
+        pub(super) fn lengths(&self) -> (Vec<usize>, usize) {
+            (
+                self.turns.iter().map(|(t, _)| t.len()).collect(),
+                self.bytes,
+            )
+        }
+    }
+
     thread_local! {
-        static KEPT: RefCell<VecDeque<Entry>> = const { RefCell::new(VecDeque::new()) };
+        static KEPT: RefCell<Kept> = RefCell::new(Kept::default());
     }
 
     /// The hash of `content` (a turn's raw JSON): kept, or `compute`d and kept.
     pub(super) fn hash(content: &str, compute: impl FnOnce() -> Option<String>) -> Option<String> {
-        if content.len() > MAX_LEN {
+        if content.len() > BUDGET {
             return compute();
         }
-        let hit = KEPT.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            let i = kept.iter().position(|(turn, _)| &**turn == content)?;
-            let entry = kept.remove(i)?;
-            let digest = entry.1.clone();
-            kept.push_front(entry);
-            Some(digest)
-        });
-        if let Ok(Some(digest)) = hit {
+        if let Ok(Some(digest)) = KEPT.try_with(|kept| kept.borrow_mut().get(content)) {
             return Some(digest);
         }
         let digest = compute()?;
-        let _ = KEPT.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.len() >= ENTRIES {
-                kept.pop_back();
-            }
-            kept.push_front((content.into(), digest.clone()));
-        });
+        let _ = KEPT.try_with(|kept| kept.borrow_mut().put(content, digest.clone()));
         Some(digest)
+    }
+
+    /// This thread's kept turns, for tests.
+    #[cfg(test)]
+    pub(super) fn with_kept<T>(f: impl FnOnce(&Kept) -> T) -> T {
+        KEPT.with(|kept| f(&kept.borrow()))
     }
 }

@@ -84,28 +84,60 @@ fn skip_ws(b: &[u8], mut at: usize) -> usize {
     at
 }
 
-/// No byte below 0x20. Written as a fold, not `any`, so it compiles to wide compares: most of a
-/// body is the text of its strings.
+/// Bytes [`next_special`] tests at once: one SSE2 register, so a chunk's test compiles to a few
+/// wide compares.
+const LANES: usize = 16;
+/// Chunks [`next_special`] tests before it takes the rest of a run to `memchr2`.
+const SHORT_RUN_CHUNKS: usize = 4;
+
+/// A byte that ends a run of a string's plain text: the closing quote, an escape's backslash, or
+/// a control character (which JSON forbids raw). Bitwise, not short-circuit, so that a fold of it
+/// over a chunk has no branch.
+fn is_special(c: u8) -> bool {
+    (c == b'"') | (c == b'\\') | (c < 0x20)
+}
+
+/// No byte below 0x20. Written as a fold, not `any`, so it compiles to wide compares.
 fn no_control(s: &[u8]) -> bool {
     s.iter().fold(true, |ok, &c| ok & (c >= 0x20))
 }
 
+/// The offset of the first [`is_special`] byte of `rest`. Agentic text has an escape every few
+/// dozen bytes (newlines, quotes in code): runs too short for a `memchr2` call to pay for itself,
+/// and each run then needed a second pass for control characters. So the first chunks are
+/// tested for all three at once (the chunk that holds the hit then byte by byte); a run longer
+/// than that (prose) goes to `memchr2` and a pass for control characters, faster per byte.
+fn next_special(rest: &[u8]) -> Option<usize> {
+    let mut chunks = rest.chunks_exact(LANES);
+    let mut base = 0;
+    for chunk in (&mut chunks).take(SHORT_RUN_CHUNKS) {
+        if chunk.iter().fold(false, |hit, &c| hit | is_special(c)) {
+            return chunk.iter().position(|&c| is_special(c)).map(|i| base + i);
+        }
+        base += LANES;
+    }
+    let rest = rest.get(base..)?;
+    let end = memchr::memchr2(b'"', b'\\', rest);
+    let run = rest.get(..end.unwrap_or(rest.len()))?;
+    if no_control(run) {
+        return end.map(|k| base + k);
+    }
+    run.iter().position(|&c| c < 0x20).map(|i| base + i)
+}
+
 /// The string opening at `open`, checked: the offset of its closing quote and whether it holds
-/// an escape.
+/// an escape. (The body's UTF-8 was checked whole, before the scan.)
 fn string(b: &[u8], open: usize) -> Option<(usize, bool)> {
     let mut at = open + 1;
     let mut escaped = false;
     loop {
-        let rest = b.get(at..)?;
-        let k = memchr::memchr2(b'"', b'\\', rest)?;
-        if !no_control(rest.get(..k)?) {
-            return None;
+        let q = at + next_special(b.get(at..)?)?;
+        match *b.get(q)? {
+            b'"' => return Some((q, escaped)),
+            b'\\' => escaped = true,
+            // A raw control character.
+            _ => return None,
         }
-        let q = at + k;
-        if b.get(q) == Some(&b'"') {
-            return Some((q, escaped));
-        }
-        escaped = true;
         at = match *b.get(q + 1)? {
             b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => q + 2,
             b'u' if b.get(q + 2..q + 6)?.iter().all(u8::is_ascii_hexdigit) => q + 6,

@@ -1242,3 +1242,383 @@ fn the_kept_first_user_pick_changes_nothing() {
         );
     }
 }
+
+/// A JSON string literal as the parser hands it over.
+fn lit(s: &str) -> Json<'_> {
+    Json::at(s.as_bytes(), 0..s.len()).unwrap()
+}
+
+/// What [`already_marked`] must answer: the whole string decoded (its JSON spelling when it is
+/// not decodable), as the marking decided before it read only the ends.
+fn already_by_decoding(raw: Json<'_>, marker: &str) -> bool {
+    let inner = json_string_inner(marker).unwrap();
+    match json::string(raw) {
+        Ok(s) => s.starts_with(marker) || s.ends_with(marker),
+        Err(_) => {
+            let body = &raw.get()[1..raw.get().len() - 1];
+            body.starts_with(&inner) || body.ends_with(&inner)
+        }
+    }
+}
+
+/// Spellings of characters in a JSON string, escapes of every kind among them.
+const PIECES: &[&str] = &[
+    "a",
+    "b",
+    " ",
+    "[",
+    "]",
+    "n",
+    "u",
+    "0",
+    "f",
+    "é",
+    "😀",
+    r"\n",
+    r"\\",
+    r#"\""#,
+    r"\/",
+    r"\u000a",
+    r"\u000A",
+    r"\u0041",
+    r"\ud83d\ude00",
+    r"\b",
+    r"\t",
+    r"\u005c",
+    r"\u00e9",
+];
+
+/// Up to `max` random [`PIECES`].
+fn random_spelling(rng: &mut impl rand::Rng, max: usize) -> String {
+    let n = rng.random_range(0..max);
+    (0..n)
+        .map(|_| PIECES[rng.random_range(0..PIECES.len())])
+        .collect()
+}
+
+/// The marking's "already marked" test reads only the string's ends when that gives the answer
+/// decoding the whole string gives, and gives it for every kind of string: table first.
+#[test]
+fn already_marked_reads_the_ends_as_decoding_does() {
+    let long = "x".repeat(400);
+    let esc = r"ab\n\\c\u00e9\ud83d\ude00/".repeat(40);
+    let cjk = "漢字かな".repeat(50);
+    let rid = "[rid:0123456789ab]\n\n";
+    let rid_s = "\n\n[rid:0123456789ab]";
+    let warm = "[warmup]\n\n";
+    // (literal, marker, already marked, read from the ends alone)
+    let cases: Vec<(String, &str, bool, bool)> = vec![
+        (format!(r#""{long}""#), rid, false, true),
+        (format!(r#""{esc}""#), rid, false, true),
+        (format!(r#""[rid:0123456789ab]\n\n{esc}""#), rid, true, true),
+        (
+            format!(r#""{esc}\n\n[rid:0123456789ab]""#),
+            rid_s,
+            true,
+            true,
+        ),
+        (format!(r#""{esc}[warmup]\n\n""#), warm, true, true),
+        (format!(r#""[warmup]\n\n{long}""#), warm, true, true),
+        // Text without ASCII near the ends is cut between its characters.
+        (format!(r#""[warmup]\n\n{cjk}""#), warm, true, true),
+        (
+            format!(r#""{cjk}\n\n[rid:0123456789ab]""#),
+            rid_s,
+            true,
+            true,
+        ),
+        // Another spelling of the same text: marked, though the spelling differs.
+        (
+            format!(r#""[rid:0123456789ab]\u000a\n{esc}""#),
+            rid,
+            true,
+            false,
+        ),
+        (
+            format!(r#""{esc}\u000A\u000a[rid:0123456789ab]""#),
+            rid_s,
+            true,
+            false,
+        ),
+        // Looks marked in JSON but is not: `\\n` is a backslash and an `n`.
+        (
+            format!(r#""{esc}\\n\n[rid:0123456789ab]""#),
+            rid_s,
+            false,
+            false,
+        ),
+        (format!(r#""[warmup]\n\\n{esc}""#), warm, false, true),
+        // A lone surrogate in the middle: the JSON spelling decides.
+        (
+            format!(r#""[warmup]\n\n{esc}\ud800{esc}""#),
+            warm,
+            true,
+            true,
+        ),
+        (
+            format!(r#""[warmup]\u000a\n{esc}\ud800{esc}""#),
+            warm,
+            false,
+            false,
+        ),
+        (
+            format!(r#""{esc}\udc00{esc}\u000a\u000a[rid:0123456789ab]""#),
+            rid_s,
+            false,
+            false,
+        ),
+        // Short strings are decoded whole.
+        (r#""[warmup]\n\nHi""#.to_owned(), warm, true, false),
+        (r#""Hi""#.to_owned(), warm, false, false),
+        (r#""""#.to_owned(), rid, false, false),
+    ];
+    for (l, marker, want, from_ends) in &cases {
+        let inner = json_string_inner(marker).unwrap();
+        assert_eq!(
+            already_marked(lit(l), marker, &inner),
+            *want,
+            "{l} {marker:?}"
+        );
+        assert_eq!(already_by_decoding(lit(l), marker), *want, "{l} {marker:?}");
+        let body = &l[1..l.len() - 1];
+        let spelled = body.starts_with(&inner) || body.ends_with(&inner);
+        let ends = ends_marked(body, marker);
+        assert_eq!(
+            ends == Some(spelled),
+            *from_ends,
+            "{l} {marker:?}: {ends:?}"
+        );
+    }
+}
+
+/// Many random strings with escapes crowding both ends (and a marker in some spelling at an end
+/// now and then, a lone surrogate in the middle in a few): the answer is always the one decoding
+/// the whole string gives, and long strings are almost always answered from their ends.
+#[test]
+fn already_marked_equals_decoding_on_random_strings() {
+    use rand::{Rng as _, SeedableRng as _};
+    let markers = [
+        "[rid:0123456789ab]\n\n",
+        "\n\n[rid:0123456789ab]",
+        "[warmup]\n\n",
+        "[rid:0123456789ab]",
+    ];
+    let spellings = |m: &str| -> Vec<String> {
+        let inner = json_string_inner(m).unwrap();
+        vec![
+            inner.clone(),
+            inner.replace(r"\n", r"\u000a"),
+            inner.replacen(r"\n", r"\u000A", 1),
+            inner.replacen(r"\n", r"\\n", 1),
+            inner.replacen('[', r"\u005b", 1),
+            inner
+                .strip_suffix(r"\n")
+                .unwrap_or(&inner[..inner.len() - 1])
+                .to_owned(),
+            inner[1..].to_owned(),
+        ]
+    };
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(33);
+    // Spellings of the marker that are not serde's (the ends and the JSON spelling disagree).
+    let odd_forms = [1, 2, 4];
+    let (mut long, mut from_ends, mut marked) = (0, 0, 0);
+    for round in 0..40_000 {
+        let marker = markers[round % markers.len()];
+        let forms = spellings(marker);
+        let mut body = String::new();
+        let mut odd = false;
+        if rng.random_bool(0.4) {
+            let f = rng.random_range(0..forms.len());
+            odd |= odd_forms.contains(&f);
+            body.push_str(&forms[f]);
+        }
+        body.push_str(&random_spelling(&mut rng, 40));
+        if rng.random_bool(0.7) {
+            body.push_str(&"plain text ".repeat(rng.random_range(0..40)));
+        }
+        if rng.random_bool(0.03) {
+            odd = true;
+            body.push_str([r"\ud800", r"\udc00", r"\udbff\u0041"][rng.random_range(0..3)]);
+        }
+        body.push_str(&random_spelling(&mut rng, 40));
+        if rng.random_bool(0.4) {
+            let f = rng.random_range(0..forms.len());
+            odd |= odd_forms.contains(&f);
+            body.push_str(&forms[f]);
+        }
+        let l = format!("\"{body}\"");
+        serde_json::from_str::<&RawValue>(&l).expect("a JSON string");
+        let inner = json_string_inner(marker).unwrap();
+        let want = already_by_decoding(lit(&l), marker);
+        assert_eq!(
+            already_marked(lit(&l), marker, &inner),
+            want,
+            "{l} {marker:?}"
+        );
+        marked += usize::from(want);
+        if body.len() > 400 && !odd {
+            long += 1;
+            let spelled = body.starts_with(&inner) || body.ends_with(&inner);
+            from_ends += usize::from(ends_marked(&body, marker) == Some(spelled));
+        }
+    }
+    assert!(
+        marked > 5_000 && long > 5_000,
+        "{marked} marked, {long} long"
+    );
+    assert!(
+        from_ends * 100 >= long * 97,
+        "{from_ends} of {long} from the ends"
+    );
+}
+
+/// The string decoder the session hash uses gives what serde_json gives, text or refusal, for
+/// random strings of every kind of escape, lone surrogates and broken escapes among them.
+#[test]
+fn decode_string_equals_serde() {
+    use rand::{Rng as _, SeedableRng as _};
+    let odd = [
+        r"\ud800",
+        r"\udfff",
+        r"\ud800\u0041",
+        r"\ud800\n",
+        r"\ud800x",
+        r"\udbff\udfff",
+        r"\ud800\ud800",
+        r"\u0000",
+    ];
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(34);
+    let mut buf = String::from("left over");
+    let (mut text, mut refused) = (0, 0);
+    for _ in 0..30_000 {
+        let mut body = random_spelling(&mut rng, 30);
+        if rng.random_bool(0.2) {
+            let at = rng.random_range(0..=body.len());
+            if body.is_char_boundary(at) {
+                body.insert_str(at, odd[rng.random_range(0..odd.len())]);
+            }
+        }
+        let l = format!("\"{body}\"");
+        // The decoder is given what a parse accepted: well-formed escapes, no bare quote.
+        if serde_json::from_str::<&RawValue>(&l).is_err() {
+            continue;
+        }
+        let by_serde = serde_json::from_str::<String>(&l).ok();
+        let mine = decode_string(&body, &mut buf).map(|()| buf.clone());
+        assert_eq!(mine, by_serde, "{body}");
+        if by_serde.is_some() {
+            text += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    assert!(
+        text > 20_000 && refused > 1_000,
+        "{text} decoded, {refused} refused"
+    );
+}
+
+/// The session hash of a string turn is SHA-256 over the documented bytes, whatever spelling the
+/// client used: a fixed value, then random strings against the reference (serde decodes, markers
+/// out, SHA-256).
+#[test]
+fn the_string_turn_hash_is_the_documented_digest() {
+    use rand::SeedableRng as _;
+    let reference = |text: &str| {
+        let mut h = Sha256::new();
+        h.update(b"kvbust-first-user-turn-v1\0s\0");
+        h.update(unmarked(text).as_bytes());
+        hex::encode(&h.finalize()[..8])
+    };
+    // sha256(b"kvbust-first-user-turn-v1\0s\0Hi")[:8], by Python's hashlib.
+    assert_eq!(reference("Hi"), "a1888c97cc9ac7e4");
+    for l in [r#""Hi""#, r#""\u0048i\n""#, r#""[warmup]\n\nH\u0069""#] {
+        assert_eq!(
+            Parsed::content_hash(lit(l)).as_deref(),
+            Some("a1888c97cc9ac7e4"),
+            "{l}"
+        );
+    }
+    assert_eq!(Parsed::content_hash(lit(r#""a\ud800b""#)), None);
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(35);
+    for round in 0..5_000 {
+        let mut body = random_spelling(&mut rng, 60);
+        if round % 3 == 0 {
+            body.insert_str(0, r"[rid:0123456789ab]\n\n");
+        }
+        if round % 5 == 0 {
+            body.push_str(r"[warmup]\u000a");
+        }
+        let l = format!("\"{body}\"");
+        let text: String = serde_json::from_str(&l).unwrap();
+        assert_eq!(Parsed::content_hash(lit(&l)), Some(reference(&text)), "{l}");
+    }
+}
+
+/// The per-thread memo of first turns keeps at most `ENTRIES` turns and `BUDGET` bytes of them,
+/// letting the least recently used go first; a turn longer than the budget is hashed each time;
+/// a kept turn is only ever matched byte for byte.
+#[test]
+fn the_first_turn_memo_keeps_long_turns_within_its_budget() {
+    use std::cell::Cell;
+    let computed = Cell::new(0);
+    let hash = |turn: &str| {
+        first_turns::hash(turn, || {
+            computed.set(computed.get() + 1);
+            Some(format!("h{}", turn.len()))
+        })
+    };
+    let kb = 1 << 10;
+    let mb = 1 << 20;
+    let turn = |len: usize, fill: char| format!("\"{}\"", fill.to_string().repeat(len - 2));
+    // A 300 KB turn (past the old 64 KB limit) sent again is not hashed again.
+    let long = turn(300 * kb, 'a');
+    assert_eq!(hash(&long).as_deref(), Some("h307200"));
+    assert_eq!(hash(&long).as_deref(), Some("h307200"));
+    assert_eq!(computed.get(), 1);
+    // Same length, one byte different: a miss.
+    let mut other = long.clone();
+    other.replace_range(1000..1001, "b");
+    hash(&other);
+    assert_eq!(computed.get(), 2);
+    // Nine small turns: the count bound lets the two long ones and the first small one go.
+    let smalls: Vec<String> = (0..9).map(|i| turn(10 + i, 'c')).collect();
+    for s in &smalls {
+        hash(s);
+    }
+    first_turns::with_kept(|k| {
+        let (lens, bytes) = k.lengths();
+        assert_eq!(lens, (11..=18).rev().collect::<Vec<_>>());
+        assert_eq!(bytes, (11..=18).sum::<usize>());
+    });
+    // Using the oldest makes it the newest: the next turn evicts another.
+    hash(&smalls[1]);
+    hash(&turn(100, 'd'));
+    first_turns::with_kept(|k| assert_eq!(k.lengths().0[..3], [100, 11, 18]));
+    let before = computed.get();
+    hash(&smalls[1]);
+    assert_eq!(computed.get(), before);
+    hash(&smalls[2]);
+    assert_eq!(computed.get(), before + 1);
+    // Two 3 MB turns do not fit the 4 MB budget together: the older goes.
+    let three_a = turn(3 * mb, 'e');
+    let three_b = turn(3 * mb, 'f');
+    hash(&three_a);
+    hash(&three_b);
+    first_turns::with_kept(|k| {
+        let (lens, bytes) = k.lengths();
+        assert_eq!(lens[0], 3 * mb);
+        assert_eq!(lens.iter().filter(|&&l| l == 3 * mb).count(), 1);
+        assert!(bytes <= first_turns::BUDGET && lens.len() <= first_turns::ENTRIES);
+        assert_eq!(bytes, lens.iter().sum::<usize>());
+    });
+    let before = computed.get();
+    hash(&three_a);
+    assert_eq!(computed.get(), before + 1);
+    // Past the budget: hashed every time, never kept.
+    let huge = turn(first_turns::BUDGET + 1, 'g');
+    hash(&huge);
+    hash(&huge);
+    assert_eq!(computed.get(), before + 3);
+    first_turns::with_kept(|k| assert!(!k.lengths().0.contains(&huge.len())));
+}

@@ -214,3 +214,57 @@ fn strings_of_every_length_and_every_special_position() {
         }
     }
 }
+
+/// Long strings dense with escapes, as agentic text is (a backslash every few dozen bytes), half
+/// of them broken at a random byte (a control character, a bad escape, a byte that is not UTF-8,
+/// a stray quote or backslash): the scan and serde agree on every one, in a value and in the
+/// split array, and the scan reads every valid one.
+#[test]
+fn long_escaped_strings_never_make_the_scan_and_serde_disagree() {
+    let pieces: &[&[u8]] = &[
+        b"a",
+        b"plain text ",
+        b"0123456789abcdef",
+        br"\n",
+        br#"\""#,
+        br"\\",
+        br"\/",
+        br"\t",
+        br"\u00e9",
+        br"\ud83d\ude00",
+        br"\ud800",
+        "é".as_bytes(),
+        "😀".as_bytes(),
+    ];
+    let broken: &[&[u8]] = &[
+        b"\x00", b"\x01", b"\n", b"\x1f", br"\x", br"\u12", br"\u12g4", b"\xff", b"\xc3", b"\"",
+        b"\\",
+    ];
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(33);
+    let (mut read, mut refused) = (0, 0);
+    for round in 0..6_000 {
+        let mut text = Vec::new();
+        for _ in 0..rng.random_range(0..120) {
+            text.extend_from_slice(pieces[rng.random_range(0..pieces.len())]);
+        }
+        if round % 2 == 1 {
+            let at = rng.random_range(0..=text.len());
+            let bad = broken[rng.random_range(0..broken.len())];
+            text.splice(at..at, bad.iter().copied());
+        }
+        let mut body = br#"{"k":""#.to_vec();
+        body.extend_from_slice(&text);
+        body.extend_from_slice(br#"","messages":[""#);
+        body.extend_from_slice(&text);
+        body.extend_from_slice(br#""]}"#);
+        match judge(&body) {
+            Some(true) => read += 1,
+            Some(false) => panic!("left to serde: {}", String::from_utf8_lossy(&body)),
+            None => refused += 1,
+        }
+    }
+    assert!(
+        read > 3_000 && refused > 2_000,
+        "{read} read, {refused} refused"
+    );
+}
