@@ -115,7 +115,8 @@ for path in $PATHS; do
     for dump in "$out.$pid".1-*; do
         ir=$(awk '/^summary:/ {print $2}' "$dump")
         all=$((all + ir))
-        if grep -q 'cache_model::worker::Worker::run' "$dump"; then
+        # Its loop (`Worker::run`) may be inlined away; only that thread tokenizes.
+        if grep -qE 'cache_model::worker::Worker::run|cache_model::tokens::encode' "$dump"; then
             model=$((model + ir))
         elif grep -q 'capture::file::Writer::run' "$dump"; then
             side=$((side + ir))

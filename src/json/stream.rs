@@ -131,6 +131,8 @@ pub(crate) struct TopScan {
     depth: u32,
     /// Inside a string in [`State::Nested`], and after a backslash in any string.
     nested_string: bool,
+    /// Read the first `messages` array's elements ([`TopScan::reading_messages`]).
+    track_messages: bool,
     /// Where the element of the first `messages` being read began (depth 2 and below).
     item_start: usize,
     escaped: bool,
@@ -161,6 +163,7 @@ impl Default for TopScan {
             pos: 0,
             depth: 0,
             nested_string: false,
+            track_messages: false,
             item_start: 0,
             escaped: false,
             key_start: 0,
@@ -181,6 +184,16 @@ impl Default for TopScan {
 }
 
 impl TopScan {
+    /// A scan that also reads the first top-level `messages` array's elements and counts the
+    /// `messages` members ([`TopFacts::messages`]), for marking as a body flows; the plain
+    /// scan leaves them out (a body with nothing to mark need not pay for them).
+    pub(crate) fn reading_messages() -> Self {
+        Self {
+            track_messages: true,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn facts(&self) -> &TopFacts {
         &self.facts
     }
@@ -362,7 +375,7 @@ impl TopScan {
             Member::Stream
         } else if self.key_len == 4 && key == b"user" {
             Member::User
-        } else if self.key_len == 8 && key == b"messages" {
+        } else if self.track_messages && self.key_len == 8 && key == b"messages" {
             self.facts.messages_members += 1;
             if self.facts.messages_members == 1 {
                 Member::Messages

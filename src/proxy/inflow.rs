@@ -156,6 +156,7 @@ impl Inflow {
     /// The pump marks the body as it flows with `mark`.
     pub(super) fn with_mark(mut self, mark: InMark) -> Self {
         self.mark = Some(mark);
+        self.scan = TopScan::reading_messages();
         self
     }
 

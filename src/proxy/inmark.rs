@@ -305,3 +305,68 @@ pub(super) fn gather(chunks: &[Bytes], range: Range<usize>) -> Cow<'_, [u8]> {
     }
     Cow::Owned(out.unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cachebust::{Phase, Target};
+    use crate::json::stream::TopScan;
+    use crate::metrics::Metrics;
+
+    fn rt() -> Arc<SharedState> {
+        let mut c = crate::config::Config::default();
+        c.cache_bust.benchmark_id = Some("0123456789ab".into());
+        SharedState::new(Arc::new(c), Metrics::new())
+    }
+
+    fn decision() -> Decision {
+        Decision {
+            phase: Phase::Profiling,
+            target: Target::FirstTurnPrefix,
+            explicit: None,
+            user_context_messages: 0,
+        }
+    }
+
+    /// What a body that came whole gets, as `Proxy::mark_whole` reads it: the stage, the
+    /// edits and the RID.
+    fn whole(rt: &Arc<SharedState>, body: &str) -> (Stage, Vec<Edit>, Option<String>) {
+        let mut m = InMark::for_request(&decision(), Shape::Chat, &HeaderMap::new(), rt, true)
+            .expect("a whole chat body is read apart");
+        let mut scan = TopScan::reading_messages();
+        scan.feed(body.as_bytes());
+        let facts = scan.finish().clone();
+        let data = Bytes::from(body.to_string());
+        let edits = m
+            .after_chunk(&facts, std::slice::from_ref(&data))
+            .expect("no error")
+            .unwrap_or_default();
+        m.at_end();
+        (m.stage().clone(), edits, m.rid.clone())
+    }
+
+    #[test]
+    fn a_whole_body_is_read_to_its_first_user_turn_and_its_user_member_and_no_further() {
+        // A bad literal after `messages` and `user`: never read.
+        let bad = r#"{"messages":[{"role":"user","content":"task"},{"role":"assistant","content":"x"}],"user":"dave","temperature":tru}"#;
+        let (stage, edits, rid) = whole(&rt(), bad);
+        assert_eq!(stage, Stage::Placed);
+        // A whole-body parse of the valid body, on a ledger as fresh, finds the same session
+        // (`user` "dave", after `messages`) and the same edit.
+        let good = bad.replace("tru}", "true}");
+        let none = HeaderMap::new();
+        let want = rewrite::plan_marks(&decision(), Shape::Chat, good.as_bytes(), &none, &rt())
+            .expect("marks");
+        assert_eq!(rid, want.rid);
+        let got: Vec<_> = edits.iter().map(|(r, b)| (r.clone(), b.to_vec())).collect();
+        assert_eq!(got, want.edits);
+        // Without the `user` member the session is the first user turn's: another RID, so the
+        // member was read.
+        let anon = good.replace(r#","user":"dave""#, "");
+        let other = rewrite::plan_marks(&decision(), Shape::Chat, anon.as_bytes(), &none, &rt())
+            .expect("marks");
+        assert_ne!(rid, other.rid);
+        // Still arriving, the `user` member could come after the marker has gone: collected.
+        assert!(InMark::for_request(&decision(), Shape::Chat, &none, &rt(), false).is_none());
+    }
+}

@@ -17,7 +17,7 @@ fn parsed(body: &[u8]) -> Option<(Layout, Option<usize>)> {
 /// Feeds `body` in chunks cut at `cuts`, checking at every step that nothing an edit may touch
 /// was let go; returns the final facts.
 fn scan(body: &[u8], cuts: &[usize], parse: Option<&(Layout, Option<usize>)>) -> TopFacts {
-    let mut s = TopScan::default();
+    let mut s = TopScan::reading_messages();
     let mut from = 0;
     let ends = cuts.iter().copied().chain([body.len()]);
     for end in ends.filter(|&e| e <= body.len()) {
@@ -87,6 +87,16 @@ fn check(body: &[u8], stride: usize) {
         assert_eq!(facts.members, layout.members(), "members: {}", show(body));
         assert_eq!(facts.user, layout.get("user"), "user: {}", show(body));
         let (first, count) = first_messages(body);
+        // The plain scan leaves the conversation alone.
+        let mut plain = TopScan::default();
+        plain.feed(body);
+        assert_eq!(
+            (
+                plain.facts().messages.as_ref(),
+                plain.facts().messages_members
+            ),
+            (None, 0)
+        );
         assert_eq!(facts.messages, first, "messages: {}", show(body));
         assert_eq!(facts.messages_members, count, "{}", show(body));
     }
