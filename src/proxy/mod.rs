@@ -6,10 +6,11 @@
 //! step must read it before any of it goes (synthesis, a marker whose place or session the
 //! first messages cannot settle: [`inmark`]) or when it came whole in its first chunk; any
 //! other body on an API route flows upstream as it arrives ([`inflow`]), its marker spliced in
-//! once its first messages are read, and the steps run at its end, on what was held back. The body is parsed once: the first step that
-//! must read it parses it, and every step hands the next the body's layout (`json::Layout`),
-//! moved over its own splice, so no step parses bytes a step before already read; one that
-//! finds nothing to do copies nothing. Everything else streams through. Never collects a response body.
+//! once its first messages are read, and the steps run at its end, on what was held back. The
+//! body is parsed once: the first step that must read it parses it, and every step hands the
+//! next the body's layout (`json::Layout`), moved over its own splice, so no step parses bytes
+//! a step before already read; one that finds nothing to do copies nothing. Everything else
+//! streams through. Never collects a response body.
 
 pub mod exchange;
 mod inflow;
@@ -527,9 +528,10 @@ impl Proxy {
         Ok((body, None))
     }
 
-    /// A body to mark that came whole in one chunk, when its marker can be placed as a
-    /// flowing body's is: read the same way (the scan, then the engine on its first messages
-    /// only), so what kvbust reads and validates of a body does not depend on how it arrived.
+    /// A body to mark that came whole in one chunk (16 KiB or more), when its marker can be
+    /// placed as a flowing body's is: read the same way (the scan, then the engine on its first
+    /// messages only), so what kvbust reads and validates of it does not depend on how it
+    /// arrived.
     async fn mark_whole(
         &self,
         mut work: BodyWork,
