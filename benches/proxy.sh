@@ -479,6 +479,15 @@ echo "| idle after the non-streaming runs | $RSS_IDLE KiB (at start $RSS_IDLE_ST
 echo "| $HELD idle open streams (clients h2c, upstream HTTP/1.1) | $RSS_HELD KiB: $(per_stream "$RSS_FRESH" "$RSS_HELD" "$HELD") KiB per stream |"
 echo "| $HELD1 idle open streams (HTTP/1.1 both sides) | $RSS_HELD1 KiB: $(per_stream "$RSS_FRESH1" "$RSS_HELD1" "$HELD1") KiB per stream |"
 fi
+# A large-body cell's columns: req/s, the ratio to nginx's cell, p50 and p99 (ms), CPU µs per
+# request (kvbust's model thread's share in brackets).
+cell_cols() { # key nginx-key
+    local k=$1 cpu=${LCPU[$1]}
+    if [ -n "${LMCPU[$k]}" ]; then
+        cpu="$cpu ($(python3 -c "print(f'{${LMCPU[$k]}*1e6/${LREQ[$k]}:.0f}')"))"
+    fi
+    echo " | ${LRPS[$k]} | $(ratio "${LRPS[$k]}" "${LRPS[$2]}") | $(fmt "$(python3 -c "print(${LP50[$k]}/1000)")" .2f) | $(fmt "$(python3 -c "print(${LP99[$k]}/1000)")" .1f) | $cpu"
+}
 if has large; then
 echo
 echo "### Large bodies (wrk -t2, ${DURATION}s per cell; nginx with \`proxy_request_buffering off\`)"
@@ -495,9 +504,7 @@ for size in $LARGE_SIZES; do
         row="| $n"
         for c in 20 150; do
             k=$size,$n,$c
-            cpu=${LCPU[$k]}
-            [ -n "${LMCPU[$k]}" ] && cpu="$cpu ($(python3 -c "print(f'{${LMCPU[$k]}*1e6/${LREQ[$k]}:.0f}')"))"
-            row="$row | ${LRPS[$k]} | $(ratio "${LRPS[$k]}" "${LRPS[$size,nginx,$c]}") | $(fmt "$(python3 -c "print(${LP50[$k]}/1000)")" .2f) | $(fmt "$(python3 -c "print(${LP99[$k]}/1000)")" .1f) | $cpu | $(python3 -c "c=float('${LCPU[$k]}'); print(f'{$size/c/1e3:.2f}' if c else 'n/a')")"
+            row="$row$(cell_cols "$k" "$size,nginx,$c") | $(python3 -c "c=float('${LCPU[$k]}'); print(f'{$size/c/1e3:.2f}' if c else 'n/a')")"
         done
         echo "$row | ${LERR[$size,$n,20]}, ${LERR[$size,$n,150]} |"
     done
@@ -518,10 +525,7 @@ for size in $AGENTIC_SIZES; do
         n=${cell%%:*}
         row="| $n"
         for c in 20 150; do
-            k=agentic,$size,$n,$c
-            cpu=${LCPU[$k]}
-            [ -n "${LMCPU[$k]}" ] && cpu="$cpu ($(python3 -c "print(f'{${LMCPU[$k]}*1e6/${LREQ[$k]}:.0f}')"))"
-            row="$row | ${LRPS[$k]} | $(ratio "${LRPS[$k]}" "${LRPS[agentic,$size,nginx,$c]}") | $(fmt "$(python3 -c "print(${LP50[$k]}/1000)")" .2f) | $(fmt "$(python3 -c "print(${LP99[$k]}/1000)")" .1f) | $cpu"
+            row="$row$(cell_cols "agentic,$size,$n,$c" "agentic,$size,nginx,$c")"
         done
         echo "$row | ${LERR[agentic,$size,$n,20]}, ${LERR[agentic,$size,$n,150]} |"
     done

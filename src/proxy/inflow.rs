@@ -355,11 +355,34 @@ impl Received {
 
     /// Sends the end of `body` (the steps' rewrite of the whole body, which leaves the part
     /// already sent as it was) and ends it.
-    pub(super) async fn send_rest_of(&self, body: &Bytes) -> Result<(), Gone> {
+    async fn send_rest_of(&self, body: &Bytes) -> Result<(), Gone> {
         if body.len() > self.sent {
             self.send(body.slice(self.sent..)).await?;
         }
         self.tx.send(Msg::End).await.map_err(|_| Gone)
+    }
+
+    /// Sends the end of the body once the steps at its end ran on `base` (the body as it goes,
+    /// edits made): `edited`, their new body, from what already went, or else what was held.
+    /// The steps edit only where the scan held back: a new body that changes bytes already sent
+    /// is a bug, and the upstream must not get a body spliced from two versions. An upstream
+    /// that stopped reading answers for itself.
+    pub(super) async fn send_edited(
+        &self,
+        base: &Bytes,
+        edited: Option<&Bytes>,
+    ) -> Result<(), ProxyError> {
+        let Some(bytes) = edited else {
+            let _ = self.send_held().await;
+            return Ok(());
+        };
+        if bytes.get(..self.sent) != base.get(..self.sent) {
+            return Err(ProxyError::Internal(
+                "a streamed body's steps changed bytes already sent".into(),
+            ));
+        }
+        let _ = self.send_rest_of(bytes).await;
+        Ok(())
     }
 
     async fn send(&self, data: Bytes) -> Result<(), Gone> {

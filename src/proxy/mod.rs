@@ -487,11 +487,7 @@ impl Proxy {
             buffered,
         ))
         .await?;
-        if !changed {
-            return Ok((full_body(bytes), None));
-        }
-        reserve(buffered, bytes.len() as u64)?;
-        Ok((resized(parts, bytes), None))
+        stepped(parts, (bytes, changed), buffered)
     }
 
     /// A body with nothing to mark that came whole in one chunk: read by the scan, as a
@@ -504,13 +500,7 @@ impl Proxy {
         ex: &mut Exchange,
         buffered: &mut budget::Reservation<'_>,
     ) -> Result<(Body, Option<Flow>), ProxyError> {
-        reserve(buffered, data.len() as u64)?;
-        if let Some(log) = ex.log.as_mut() {
-            log.bytes_in = Some(data.len() as u64);
-        }
-        let mut scan = TopScan::default();
-        scan.feed(&data);
-        let facts = scan.finish().clone();
+        let facts = scanned(TopScan::default(), &data, ex, buffered)?;
         if !facts.may_edit(work.usage, work.placeholders) {
             if work.model {
                 submit_to_model(&self.rt, &work, &parts.headers, (&data, None), None, ex);
@@ -541,13 +531,7 @@ impl Proxy {
         ex: &mut Exchange,
         buffered: &mut budget::Reservation<'_>,
     ) -> Result<(Body, Option<Flow>), ProxyError> {
-        reserve(buffered, data.len() as u64)?;
-        if let Some(log) = ex.log.as_mut() {
-            log.bytes_in = Some(data.len() as u64);
-        }
-        let mut scan = TopScan::reading_messages();
-        scan.feed(&data);
-        let facts = scan.finish().clone();
+        let facts = scanned(TopScan::reading_messages(), &data, ex, buffered)?;
         let edits = mark
             .after_chunk(&facts, std::slice::from_ref(&data))?
             .unwrap_or_default();
@@ -564,11 +548,7 @@ impl Proxy {
                 buffered,
             )
             .await?;
-            if !changed {
-                return Ok((full_body(bytes), None));
-            }
-            reserve(buffered, bytes.len() as u64)?;
-            return Ok((resized(parts, bytes), None));
+            return stepped(parts, (bytes, changed), buffered);
         }
         mark.check_end(&facts, || data.clone())?;
         ex.rid = mark.rid.take();
@@ -653,21 +633,7 @@ impl Proxy {
             let edited = self
                 .scanned_steps(&mut work, &headers, &whole, &facts, ex, buffered)
                 .await?;
-            let Some(bytes) = edited else {
-                let _ = received.send_held().await;
-                return Ok(());
-            };
-            let sent = received.sent;
-            if bytes.get(..sent) != whole.get(..sent) {
-                // The steps edit only where the scan held back; anything else is a bug, and
-                // the upstream must not get a body spliced from two versions.
-                return Err(ProxyError::Internal(
-                    "a streamed body's steps changed bytes already sent".into(),
-                ));
-            }
-            // An upstream that stopped reading answers for itself.
-            let _ = received.send_rest_of(&bytes).await;
-            return Ok(());
+            return received.send_edited(&whole, edited.as_ref()).await;
         }
         // Nothing to edit: the held bytes go first, the cache model's copy after.
         let _ = received.send_held().await;
@@ -700,19 +666,12 @@ impl Proxy {
             buffered,
         )
         .await?;
-        if !changed {
-            let _ = received.send_held().await;
-            return Ok(());
+        if changed {
+            reserve(buffered, (whole.len() + bytes.len()) as u64)?;
         }
-        reserve(buffered, (whole.len() + bytes.len()) as u64)?;
-        let sent = received.sent;
-        if bytes.get(..sent) != whole.get(..sent) {
-            return Err(ProxyError::Internal(
-                "a streamed body's steps changed bytes already sent".into(),
-            ));
-        }
-        let _ = received.send_rest_of(&bytes).await;
-        Ok(())
+        received
+            .send_edited(&whole, changed.then_some(&bytes))
+            .await
     }
 
     /// The steps at the end of a body read by the scan (flowing, or whole in one chunk), when
@@ -1026,6 +985,36 @@ fn synth_headers(h: &mut http::HeaderMap, names: &ResponseHeaders, s: topology::
             set(&names.synth_next_after, after);
         }
     }
+}
+
+/// A body read whole by `scan`: charged to the buffered budget, counted in the access line,
+/// and what the scan saw of it.
+fn scanned(
+    mut scan: TopScan,
+    data: &Bytes,
+    ex: &mut Exchange,
+    buffered: &mut budget::Reservation<'_>,
+) -> Result<TopFacts, ProxyError> {
+    reserve(buffered, data.len() as u64)?;
+    if let Some(log) = ex.log.as_mut() {
+        log.bytes_in = Some(data.len() as u64);
+    }
+    scan.feed(data);
+    Ok(scan.finish().clone())
+}
+
+/// The body [`body_steps`] left: as it came, or changed (its new length declared, its bytes
+/// charged).
+fn stepped(
+    parts: &mut http::request::Parts,
+    (bytes, changed): (Bytes, bool),
+    buffered: &mut budget::Reservation<'_>,
+) -> Result<(Body, Option<Flow>), ProxyError> {
+    if !changed {
+        return Ok((full_body(bytes), None));
+    }
+    reserve(buffered, bytes.len() as u64)?;
+    Ok((resized(parts, bytes), None))
 }
 
 /// The body steps on a collected body, in order: synthesize, expand placeholders, mark, ask for

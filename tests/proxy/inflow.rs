@@ -375,27 +375,33 @@ async fn an_upstream_that_answers_early_still_gets_the_body_and_the_client_keeps
         sock.flush().await.unwrap();
         sock.write_all(rest).await.unwrap();
         // The response, whole: its status line, headers and content-length's worth of body.
-        let mut r = BufReader::new(&mut sock);
-        let mut status = String::new();
-        r.read_line(&mut status).await.unwrap();
+        let (status, answer) = response(&mut sock).await;
         assert!(
             status.starts_with("HTTP/1.1 200"),
             "round {round}: {status:?}"
         );
-        let mut len = 0;
-        loop {
-            let mut line = String::new();
-            r.read_line(&mut line).await.unwrap();
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length: ") {
-                len = v.trim().parse().unwrap();
-            }
-        }
-        let mut answer = vec![0; len];
-        r.read_exact(&mut answer).await.unwrap();
-        assert!(answer.starts_with(br#"{"id":"early""#));
+        assert!(answer.starts_with(r#"{"id":"early""#));
     }
     h.shutdown().await;
+}
+
+/// Reads a response's status line and its content-length body.
+pub(crate) async fn response(sock: &mut TcpStream) -> (String, String) {
+    let mut r = BufReader::new(sock);
+    let mut status = String::new();
+    r.read_line(&mut status).await.unwrap();
+    let mut len = 0;
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).await.unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length: ") {
+            len = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).await.unwrap();
+    (status, String::from_utf8(body).unwrap())
 }

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::common::*;
-use crate::inflow::{big_chat, raw_post_with, raw_upstream, Seen};
+use crate::inflow::{big_chat, raw_post_with, raw_upstream, response, Seen};
 
 use kvbust::cachebust::Target;
 
@@ -149,15 +149,8 @@ async fn marked_alike(long: String) {
             r#"{{"messages":[{{"role":"user","content":"{{{{kvbust:prompt:8}}}} {long}"}}],"max_tokens":4}}"#
         ),
     ];
-    let targets = [
-        Target::SystemPrefix,
-        Target::SystemSuffix,
-        Target::FirstTurnPrefix,
-        Target::FirstTurnSuffix,
-        Target::WarmupIsolationSystem,
-        Target::WarmupIsolationFirstTurn,
-    ];
-    for target in targets {
+    // Every target that marks (`none` does not).
+    for target in Target::ALL.into_iter().filter(|t| *t != Target::None) {
         let (flow, mut progress, mut seen) = proxy(target, true).await;
         let (whole, _, mut seen_whole) = proxy(target, false).await;
         let mut n = 0;
@@ -199,27 +192,6 @@ async fn marked_alike(long: String) {
         flow.shutdown().await;
         whole.shutdown().await;
     }
-}
-
-/// Reads a response's status line and its content-length body.
-async fn response(sock: &mut TcpStream) -> (String, String) {
-    let mut r = BufReader::new(sock);
-    let mut status = String::new();
-    r.read_line(&mut status).await.unwrap();
-    let mut len = 0;
-    loop {
-        let mut line = String::new();
-        r.read_line(&mut line).await.unwrap();
-        if line == "\r\n" {
-            break;
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length: ") {
-            len = v.trim().parse().unwrap();
-        }
-    }
-    let mut body = vec![0; len];
-    r.read_exact(&mut body).await.unwrap();
-    (status, String::from_utf8(body).unwrap())
 }
 
 #[tokio::test]
