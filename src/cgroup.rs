@@ -30,8 +30,7 @@ mod tests {
     use super::*;
 
     fn fake_root(name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
-        let root =
-            std::env::temp_dir().join(format!("kvbust-cgroup-{name}-{}", std::process::id()));
+        let root = crate::test_support::test_dir().join(name);
         let _ = std::fs::remove_dir_all(&root);
         for (path, text) in files {
             let p = root.join(path);

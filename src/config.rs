@@ -919,7 +919,7 @@ mod tests {
 
     #[test]
     fn capture_settings_are_checked_at_start_naming_the_key() {
-        let dir = std::env::temp_dir().join(format!("kvbust-capcfg-{}", std::process::id()));
+        let dir = crate::test_support::test_dir();
         let key = dir.join("short.key");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(&key, "too short\n").unwrap();
@@ -991,7 +991,7 @@ mod tests {
 
     #[test]
     fn layers_file_then_env_then_cli() {
-        let dir = std::env::temp_dir().join(format!("kvbust-cfg-{}", std::process::id()));
+        let dir = crate::test_support::test_dir();
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("k.toml");
         std::fs::write(
@@ -1046,7 +1046,7 @@ mod tests {
 
     #[test]
     fn yaml_files_work_and_unknown_keys_fail() {
-        let dir = std::env::temp_dir().join(format!("kvbust-cfg-y-{}", std::process::id()));
+        let dir = crate::test_support::test_dir();
         std::fs::create_dir_all(&dir).unwrap();
         let good = dir.join("k.yaml");
         std::fs::write(&good, "shutdown:\n  grace: 2s\nlimits:\n  max_body: 1KiB\n").unwrap();

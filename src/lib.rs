@@ -143,3 +143,6 @@ pub mod tls;
 pub mod units;
 pub mod upstream;
 pub mod usage;
+
+#[cfg(test)]
+mod test_support;

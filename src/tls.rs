@@ -286,7 +286,7 @@ mod tests {
     }
 
     fn files(tag: &str, (cert, key): &(String, String)) -> TlsFiles {
-        let dir = std::env::temp_dir().join(format!("kvbust-tlsmod-{tag}-{}", std::process::id()));
+        let dir = crate::test_support::test_dir().join(tag);
         std::fs::create_dir_all(&dir).unwrap();
         let f = TlsFiles {
             cert: dir.join("tls.crt"),

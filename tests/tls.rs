@@ -26,7 +26,7 @@ struct Certs {
 
 fn self_signed(tag: &str) -> Certs {
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let dir = std::env::temp_dir().join(format!("kvbust-tls-{tag}-{}", std::process::id()));
+    let dir = test_dir().join(format!("tls-{tag}"));
     std::fs::create_dir_all(&dir).unwrap();
     let cert = dir.join("cert.pem");
     let key = dir.join("key.pem");
@@ -178,7 +178,7 @@ struct Leaf {
 
 impl Pki {
     fn new(tag: &str) -> Pki {
-        let dir = std::env::temp_dir().join(format!("kvbust-pki-{tag}-{}", std::process::id()));
+        let dir = test_dir().join(format!("pki-{tag}"));
         std::fs::create_dir_all(&dir).unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::cachebust::{Phase, Target};
 use crate::metrics::Metrics;
-use crate::report::{self, Breaches, Bucket, Pair, Quantiles, Reuse, Row, Timeline};
+use crate::report::{self, Breaches, Bucket, Pair, Reuse, Row, Stats, Timeline};
 use crate::usage::Tokens;
 
 use super::attribution::{self, Breach};
@@ -45,6 +45,8 @@ pub struct Outcome {
     /// Streamed events that carried generated content (the output length when the server
     /// reported no usage).
     pub content_events: u64,
+    /// When the response ended (or was cut off).
+    pub ended: Option<Instant>,
 }
 
 /// One finished request.
@@ -300,7 +302,9 @@ fn report_of(run: &Run, silence: &Silence, model: report::ModelFacts) -> report:
                 started_at: rfc3339(run.started_wall),
                 generated_at: rfc3339(now),
                 elapsed_s: run.started.elapsed().as_secs_f64(),
+                ..report::Run::default()
             },
+            verdict: report::Verdict::default(),
             cache_model: model,
             upstream: report::UpstreamFacts {
                 reports_cached_tokens: if silence.reported {
@@ -363,10 +367,11 @@ fn add_reported(pair: &mut Pair, v: Option<u64>) {
 
 fn finish_row(acc: &RowAcc) -> Row {
     let mut row = acc.row.clone();
-    row.ttft_ms = Quantiles {
+    row.latency.ttft_ms = Stats {
         count: acc.ttft.n,
         p50: acc.ttft.quantile(0.5),
         p99: acc.ttft.quantile(0.99),
+        ..Stats::default()
     };
     row
 }
@@ -527,6 +532,7 @@ mod tests {
                 },
                 ttft: ttft_ms.map(Duration::from_millis),
                 complete: true,
+                ended: None,
             }),
         }
     }
@@ -574,8 +580,8 @@ mod tests {
             }
         );
         assert_eq!(p.divergent_requests, 1);
-        assert_eq!(p.ttft_ms.count, 2);
-        let p50 = p.ttft_ms.p50.expect("samples");
+        assert_eq!(p.latency.ttft_ms.count, 2);
+        let p50 = p.latency.ttft_ms.p50.expect("samples");
         assert!((p50 - 5.0).abs() / 5.0 < 0.03, "{p50}");
         let text = String::from_utf8(m.render()).expect("utf-8");
         assert!(text.contains("kvbust_cache_model_divergence_total{direction=\"reported_lower\",phase=\"profiling\",target=\"first_turn_prefix\"} 1"), "{text}");

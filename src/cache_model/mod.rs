@@ -107,7 +107,13 @@ impl Drop for TicketInner {
                 Some(_) => Err(capture::Left::Cancelled),
                 None => Err(capture::Left::Failed),
             };
-            let end = Instant::now();
+            // The response's end, not this drop's: the model may take the request well after
+            // its answer ended, and a later turn's delay counts from the answer.
+            let end = record
+                .outcome
+                .as_ref()
+                .and_then(|o| o.ended)
+                .unwrap_or_else(Instant::now);
             c.finished(capture::Done {
                 pending,
                 at: record.at.unwrap_or(end),
@@ -159,6 +165,7 @@ impl Ticket {
                 ttft,
                 complete,
                 content_events: events,
+                ended: Some(Instant::now()),
             })
         });
     }

@@ -1233,8 +1233,7 @@ mod tests {
     ];
 
     fn trace_path() -> std::path::PathBuf {
-        let name = format!("kvbust-parse-once-trace-{}.jsonl", std::process::id());
-        std::env::temp_dir().join(name)
+        crate::test_support::test_dir().join("parse-once-trace.jsonl")
     }
 
     /// A folder holding one Weka trace (agentic_traces.json's compaction case).
@@ -1243,8 +1242,7 @@ mod tests {
             .join("tests/fixtures/synth/agentic_traces.json");
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
-        let dir =
-            std::env::temp_dir().join(format!("kvbust-parse-once-weka-{}", std::process::id()));
+        let dir = crate::test_support::test_dir().join("parse-once-weka");
         std::fs::create_dir_all(&dir).unwrap();
         let trace = &v["cases"]["weka_compaction"]["input"]["files"]["trace-d.json"];
         std::fs::write(dir.join("trace-d.json"), trace.to_string()).unwrap();

@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 
 pub mod render;
 
-/// The report's schema version: bumped when a field changes meaning or goes away.
-pub const SCHEMA: u32 = 1;
+/// The report's schema version: bumped when a field changes meaning or goes away (2: runs,
+/// the verdict, the client's summary per row, errors).
+pub const SCHEMA: u32 = 2;
 
 /// One run's report, as `GET /report` answers it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -16,6 +17,8 @@ pub struct Report {
     /// [`SCHEMA`].
     pub schema: u32,
     pub run: Run,
+    /// The one sentence a person reads first, and the figures behind it.
+    pub verdict: Verdict,
     pub cache_model: ModelFacts,
     pub upstream: UpstreamFacts,
     /// One row per phase × target that saw a request, warmup first, targets in their order.
@@ -24,17 +27,83 @@ pub struct Report {
     pub timeline: Timeline,
 }
 
-/// When the run started and what it is called.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What the run is called, when it started and ended, and whether its report is whole.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Run {
-    /// The benchmark id in force (a new one starts a new run).
+    /// The run's name (`POST /runs`, `x-kvbust-run`, `kvbust run --name`, or generated).
+    pub name: String,
+    /// How the run was opened: `start`, `admin`, `header`, `idle_gap`.
+    pub opened_by: String,
+    /// The benchmark id in force (the RID digests' first input).
     pub benchmark_id: String,
     /// RFC 3339, UTC, millisecond precision.
     pub started_at: String,
+    /// RFC 3339, UTC: when the run closed; `None` while it is open.
+    pub ended_at: Option<String>,
     /// RFC 3339, UTC: when this report was taken.
     pub generated_at: String,
-    /// Seconds from `started_at` to `generated_at`.
+    /// Seconds from `started_at` to `ended_at` (or to `generated_at` while open).
     pub elapsed_s: f64,
+    /// Every request of the run answered and modelled. `false` names why in `unaccounted`.
+    pub complete: bool,
+    /// Requests not (yet) in the figures, by reason: `in_flight` (not answered or not modelled
+    /// yet), and the model's reasons (`queue_full`, `too_large`, ...).
+    pub unaccounted: std::collections::BTreeMap<String, u64>,
+    /// `warmup` requests of the run by count (`auto_warmup_requests` or the run's own).
+    pub warmup_requests: Option<u64>,
+    /// What happened to the upstream's cache during the run (resets), in order.
+    pub events: Vec<RunEvent>,
+    /// The client command, when `kvbust run` started the run.
+    pub command: Option<Vec<String>>,
+}
+
+/// Something that happened during a run, on its time line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEvent {
+    /// Seconds from the run's start.
+    pub at_s: f64,
+    /// `cache_reset`: the upstream's prefix cache was emptied, and the model's index with it.
+    pub kind: String,
+    /// Who did it: `forwarded POST /reset_prefix_cache`, `admin`, `run open`.
+    pub by: String,
+}
+
+/// Whether isolation held: the sentence every report opens with.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub isolation: Isolation,
+    /// Profiling prompt tokens served from blocks warmup put there: past the isolation point
+    /// (a breach) under isolation, all of them under target `none`.
+    pub reused_from_warmup_tokens: u64,
+    /// Prompt tokens served past the isolation point from blocks another session put there.
+    pub cross_session_tokens: u64,
+    /// Under target `none`: the share of profiling prompt tokens served from warmup's cache.
+    pub warmup_share: Option<f64>,
+    /// The sentence.
+    pub message: String,
+}
+
+/// The verdict's word.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// Isolation was requested and no token crossed it.
+    Held,
+    /// Tokens crossed it (or two conversations shared one session key).
+    Breached,
+    /// Target `none`: nothing was isolated.
+    #[default]
+    NotRequested,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Held => "held",
+            Isolation::Breached => "breached",
+            Isolation::NotRequested => "not_requested",
+        }
+    }
 }
 
 /// How the cache model is set up, and what its figures assume.
@@ -98,8 +167,66 @@ pub struct Row {
     pub breaches: Breaches,
     /// Requests whose reported cached tokens differ from the prediction.
     pub divergent_requests: u64,
-    /// Time to first token, milliseconds (streamed responses).
-    pub ttft_ms: Quantiles,
+    /// Sessions cut back to an earlier prefix once and grown from there (agentic compaction):
+    /// counted, not breaches.
+    pub compactions: u64,
+    /// Latencies measured on the wire, milliseconds.
+    pub latency: Latency,
+    /// Over the row's duration (first arrival to last response end).
+    pub throughput: Throughput,
+    /// Failed requests: never counted as accounted successes.
+    pub errors: Errors,
+}
+
+/// A client's latency summary, measured on the wire by kvbust.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    /// Time to first token (first content event of a stream; a whole response's end).
+    pub ttft_ms: Stats,
+    /// Inter-token latency: the gaps between content events of streamed responses.
+    pub itl_ms: Stats,
+    /// Time per output token after the first: (e2e - ttft) / (output tokens - 1), per request.
+    pub tpot_ms: Stats,
+    /// Request latency: arrival to the response's end.
+    pub e2e_ms: Stats,
+}
+
+/// Summary statistics of one latency, milliseconds; `None` without samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub count: u64,
+    pub avg: Option<f64>,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    pub std: Option<f64>,
+}
+
+/// Requests and output tokens per second over a row's duration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Throughput {
+    /// Seconds from the row's first arrival to its last response's end.
+    pub duration_s: f64,
+    /// Successful requests per second.
+    pub requests_per_s: Option<f64>,
+    /// Output tokens of successful requests per second.
+    pub output_tokens_per_s: Option<f64>,
+    /// Output tokens of successful requests (usage, else content events).
+    pub output_tokens: u64,
+    /// Requests answered 2xx whose body ended normally.
+    pub successful_requests: u64,
+}
+
+/// Failed requests by status and by side.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Errors {
+    pub count: u64,
+    /// HTTP status (`"502"`), or `"aborted"` for a response cut off after its status.
+    pub by_status: std::collections::BTreeMap<String, u64>,
+    /// `client`, `upstream` or `kvbust` (internal).
+    pub by_side: std::collections::BTreeMap<String, u64>,
 }
 
 /// A reported figure beside the modelled one. `reported` is `None` when no response of the row
@@ -170,13 +297,30 @@ impl Bucket {
     }
 }
 
-/// Quantiles of a latency, milliseconds; `None` without samples.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Quantiles {
-    pub count: u64,
-    pub p50: Option<f64>,
-    pub p99: Option<f64>,
+/// One run in `GET /runs`: enough to pick it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub name: String,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+    pub complete: bool,
+    pub verdict: Isolation,
+    pub message: String,
+    pub requests: u64,
 }
+
+/// A closed run as `run.results_dir` saves it: the report, and what produced it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunFile {
+    /// [`RUN_FILE_SCHEMA`].
+    pub kvbust_run: u32,
+    /// sha256 of the effective configuration (secrets redacted), hex.
+    pub config_digest: String,
+    pub report: Report,
+}
+
+/// The run file's schema version.
+pub const RUN_FILE_SCHEMA: u32 = 1;
 
 /// Equal-width time buckets from the run's start.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -36,6 +36,19 @@ pub struct Harness {
     mock_stop: Option<oneshot::Sender<()>>,
 }
 
+/// This test's own scratch folder: made on its first use in the test's thread (libtest runs each
+/// test on a thread of its own), removed when that thread ends. Two tests never share one, so
+/// none can remove or overwrite what another is writing.
+pub fn test_dir() -> std::path::PathBuf {
+    thread_local! {
+        static DIR: tempfile::TempDir = tempfile::Builder::new()
+            .prefix("kvbust-test-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
+    }
+    DIR.with(|d| d.path().to_path_buf())
+}
+
 pub fn quick_mock() -> MockConfig {
     MockConfig {
         base_delay: Duration::from_millis(1),

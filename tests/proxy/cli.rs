@@ -51,8 +51,7 @@ fn serve_help_lists_the_cache_bust_values_and_the_upstream_root() {
 #[test]
 fn mock_logs_its_served_model_names_at_start() {
     use std::io::{BufRead, BufReader};
-    let config = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("mock-served-{}.toml", std::process::id()));
+    let config = crate::common::test_dir().join("mock-served.toml");
     std::fs::write(
         &config,
         "[mock]\nserved_model_names = [\"qwen\", \"qwen-lora\"]\n",

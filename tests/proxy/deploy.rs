@@ -507,11 +507,7 @@ fn check_kvbust_container(
         std::fs::read_to_string(repo().join("deploy/k8s/base/kvbust.toml")).unwrap(),
         "{ctx}: the ConfigMap is deploy/k8s/base/kvbust.toml, as in the image"
     );
-    let scratch = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "deploy-{}-{}",
-        ctx.replace(['/', ' '], "_"),
-        std::process::id()
-    ));
+    let scratch = test_dir().join(format!("deploy-{}", ctx.replace(['/', ' '], "_")));
     std::fs::create_dir_all(&scratch).unwrap();
     let local = scratch.join(file);
     std::fs::write(&local, text).unwrap();
@@ -1306,8 +1302,7 @@ fn the_model_overlays_patch_points_apply_when_uncommented() {
             })
             .collect();
         assert!(!block.is_empty(), "{overlay}: no commented patches block");
-        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("patch-points-{overlay}-{}", std::process::id()));
+        let scratch = test_dir().join(format!("patch-points-{overlay}"));
         std::fs::create_dir_all(&scratch).unwrap();
         std::fs::write(
             scratch.join("kustomization.yaml"),
@@ -1360,8 +1355,7 @@ fn the_model_patch_point_applies_in_an_overlay_on_top() {
         "sidecar-vllm-capture",
     ] {
         let dir = repo().join("deploy/k8s/overlays").join(overlay);
-        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("model-patch-{overlay}-{}", std::process::id()));
+        let scratch = test_dir().join(format!("model-patch-{overlay}"));
         std::fs::create_dir_all(&scratch).unwrap();
         std::fs::write(
             scratch.join("kustomization.yaml"),

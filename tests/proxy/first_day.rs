@@ -29,9 +29,7 @@ fn stderr(o: &Output) -> String {
 }
 
 fn scratch(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvbust-first-day-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
+    let p = test_dir().join(name);
     std::fs::write(&p, text).unwrap();
     p
 }
@@ -49,7 +47,7 @@ fn dataset_config(name: &str, input_file: &std::path::Path) -> PathBuf {
 
 #[test]
 fn config_check_and_serve_refuse_a_missing_or_broken_input_file_with_exit_64() {
-    let missing = std::env::temp_dir().join("kvbust-first-day-no-such-trace.jsonl");
+    let missing = test_dir().join("no-such-trace.jsonl");
     let broken = scratch("broken.jsonl", "{\"input_length\": \"lots\"}\n");
     for (what, trace) in [("missing", missing), ("broken", broken)] {
         let cfg = dataset_config(&format!("{what}.toml"), &trace);

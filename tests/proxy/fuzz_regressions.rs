@@ -151,7 +151,7 @@ fn inline_text_on_an_empty_first_text_part_keeps_the_session_hash() {
 /// (stderr, logs). Errors now redact URL credentials as `/config` does.
 #[test]
 fn config_parse_errors_do_not_show_url_passwords() {
-    let dir = std::env::temp_dir().join(format!("kvbust-fuzzreg-{}", std::process::id()));
+    let dir = crate::common::test_dir();
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("bad.toml");
     std::fs::write(

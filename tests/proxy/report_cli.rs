@@ -12,8 +12,8 @@ use std::process::{Command, Output};
 use std::thread::JoinHandle;
 
 use kvbust::report::{
-    Breaches, Bucket, ModelFacts, Pair, Quantiles, Report, Reuse, Row, Run, Timeline,
-    UpstreamFacts, SCHEMA,
+    Breaches, Bucket, Latency, ModelFacts, Pair, Report, Reuse, Row, Run, Stats, Timeline,
+    UpstreamFacts, Verdict, SCHEMA,
 };
 
 /// A server answering every request with one status and body, recording request lines, until a
@@ -144,11 +144,16 @@ pub fn realistic() -> Report {
         },
         breaches: Breaches::default(),
         divergent_requests: requests / 40,
-        ttft_ms: Quantiles {
-            count: requests,
-            p50: Some(60.0 + 200.0 * (1.0 - hit)),
-            p99: Some(410.25 + 300.0 * (1.0 - hit)),
+        latency: Latency {
+            ttft_ms: Stats {
+                count: requests,
+                p50: Some(60.0 + 200.0 * (1.0 - hit)),
+                p99: Some(410.25 + 300.0 * (1.0 - hit)),
+                ..Stats::default()
+            },
+            ..Latency::default()
         },
+        ..Row::default()
     };
     let mut breached = row("profiling", "first_turn_prefix", 212, 566_311, 0.58);
     breached.breaches = Breaches {
@@ -160,11 +165,15 @@ pub fn realistic() -> Report {
     Report {
         schema: SCHEMA,
         run: Run {
+            name: "c8".into(),
             benchmark_id: "aiperf-7f3a9c".into(),
             started_at: "2026-12-02T09:00:00.000Z".into(),
             generated_at: "2026-12-02T09:05:00.412Z".into(),
             elapsed_s: 300.412,
+            complete: true,
+            ..Run::default()
         },
+        verdict: Verdict::default(),
         cache_model: ModelFacts {
             enabled: true,
             block_size: 16,
@@ -375,11 +384,11 @@ fn check_table(nodes: &[Node], r: &Report) {
             cell("requests").0,
             format!("{}/{}", row.accounted_requests, row.requests)
         );
-        assert_eq!(cell("ttft_p50_ms").1, row.ttft_ms.p50);
-        assert_eq!(cell("ttft_p99_ms").1, row.ttft_ms.p99);
+        assert_eq!(cell("ttft_p50_ms").1, row.latency.ttft_ms.p50);
+        assert_eq!(cell("ttft_p99_ms").1, row.latency.ttft_ms.p99);
         assert_eq!(
             cell("ttft_p99_ms").0,
-            format!("{:.0}", row.ttft_ms.p99.unwrap())
+            format!("{:.0}", row.latency.ttft_ms.p99.unwrap())
         );
     }
 }
@@ -567,7 +576,7 @@ fn report_renders_every_format_from_the_admin_port() {
     assert!(md.contains("| benchmark | `aiperf-7f3a9c` |"), "{md}");
 
     // HTML into a file (-o): parsed, and its figures checked against the JSON.
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = &crate::common::test_dir();
     // The JSON beside the page, for a person to serve and look at both.
     std::fs::write(dir.join("kvbust-report.json"), &body).unwrap();
     let path = dir.join("kvbust-report.html");

@@ -416,7 +416,7 @@ async fn the_authority_override_reaches_http1_and_h2c_upstreams() {
 async fn over_tls_the_authority_override_leaves_sni_alone() {
     // A certificate for `localhost`, reached by IP with upstream.tls.server_name = localhost.
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let dir = std::env::temp_dir().join(format!("kvbust-authority-{}", std::process::id()));
+    let dir = crate::common::test_dir();
     std::fs::create_dir_all(&dir).unwrap();
     let ca = dir.join("cert.pem");
     std::fs::write(&ca, ck.cert.pem()).unwrap();

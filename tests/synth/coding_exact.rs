@@ -210,10 +210,7 @@ fn no_chat_template_tokens_in_the_corpus() {
 }
 
 fn scratch_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("synth-coding-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+    crate::common::test_dir()
 }
 
 fn scratch(name: &str) -> PathBuf {

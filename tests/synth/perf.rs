@@ -37,7 +37,7 @@ fn synthesis_timings() {
         "/tests/fixtures/synth/tokenizers/llama-3.2"
     )))
     .unwrap();
-    let dir = std::env::temp_dir().join(format!("kvbust-perf-{}", std::process::id()));
+    let dir = crate::common::test_dir();
     let t = Instant::now();
     TokenCorpus::build_cached(SHAKESPEARE, &llama, Some(&dir)).unwrap();
     println!(

@@ -351,8 +351,7 @@ async fn placeholder_amplifiers_are_refused_and_nothing_is_forwarded() {
 
 #[tokio::test]
 async fn a_trace_dataset_replays_its_entries_in_order_with_their_timestamps() {
-    let trace = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("proxy-trace-{}.jsonl", std::process::id()));
+    let trace = crate::common::test_dir().join("proxy-trace.jsonl");
     std::fs::write(
         &trace,
         concat!(
@@ -407,8 +406,7 @@ fn agentic_params(case: &str, seed: u64) -> SynthParams {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/synth/agentic_traces.json");
     let vectors: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("proxy-agentic-{case}-{}", std::process::id()));
+    let dir = crate::common::test_dir().join(format!("proxy-agentic-{case}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for (file, trace) in vectors["cases"][case]["input"]["files"]
@@ -829,8 +827,7 @@ async fn the_k6_script_follows_aiperfs_schedule_for_the_weka_cases() {
         let p = agentic_params(case, seed);
         let ds = build_dataset(&p, tokenizer()).unwrap();
         let h = start(|c| c.synth.dataset = Some(p.clone())).await;
-        let log_path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("smoke-{case}-{}.json", std::process::id()));
+        let log_path = crate::common::test_dir().join(format!("smoke-{case}.json"));
         let base = h.url("");
         let roots = ds
             .conversations
@@ -941,8 +938,7 @@ fn check_schedule(case: &str, ds: &Dataset, log: &[Value], scale: f64) {
 /// dataset too (a hash-id trace here), as AIPerf's `--model` does: the client's is replaced.
 #[tokio::test]
 async fn the_dataset_model_reaches_the_upstream_for_every_dataset_type() {
-    let trace = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("proxy-model-{}.jsonl", std::process::id()));
+    let trace = crate::common::test_dir().join("proxy-model.jsonl");
     std::fs::write(&trace, "{\"input_length\": 20, \"output_length\": 3}\n").unwrap();
     let p = SynthParams {
         input_file: Some(trace.clone()),

@@ -336,7 +336,7 @@ fn a_warmed_piece_memo_changes_no_prompt() {
 
 #[test]
 fn a_piece_memo_read_from_its_cache_file_changes_no_prompt() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("piece-memo-cache");
+    let dir = crate::common::test_dir().join("piece-memo-cache");
     let _ = std::fs::remove_dir_all(&dir);
     let first = Tokenizer::default_qwen3().unwrap();
     assert!(!random::load_piece_memo(&first, &dir), "no file yet");

@@ -27,10 +27,10 @@ pub struct Wrapper {
     pub args: SynthArgs,
 }
 
-/// `name` in this run's scratch folder for the test area `area` (the folder exists).
+/// `name` in this test's own scratch folder for the test area `area` (the folder exists; see
+/// `common::test_dir`: no other test writes or removes it).
 pub fn scratch(area: &str, name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("synth-{area}-{}", std::process::id()));
+    let dir = crate::common::test_dir().join(format!("synth-{area}"));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }

@@ -4,18 +4,27 @@
 use std::collections::BTreeMap;
 
 use crate::report::{
-    Breaches, Bucket, ModelFacts, Pair, Quantiles, Report, Reuse, Row, Run, Timeline,
-    UpstreamFacts, SCHEMA,
+    Breaches, Bucket, Latency, ModelFacts, Pair, Report, Reuse, Row, Run, Stats, Timeline,
+    UpstreamFacts, Verdict, SCHEMA,
 };
 
 pub(crate) fn empty() -> Report {
     Report {
         schema: SCHEMA,
         run: Run {
+            name: "run-1".into(),
+            opened_by: "start".into(),
             benchmark_id: "bench-empty".into(),
             started_at: "2026-05-01T10:00:00.000Z".into(),
+            ended_at: None,
             generated_at: "2026-05-01T10:00:03.500Z".into(),
             elapsed_s: 3.5,
+            complete: true,
+            ..Run::default()
+        },
+        verdict: Verdict {
+            message: "isolation not requested (target none)".into(),
+            ..Verdict::default()
         },
         cache_model: ModelFacts {
             enabled: true,
@@ -67,11 +76,16 @@ pub(crate) fn row(phase: &str, target: &str, requests: u64, hit: f64, reported: 
         },
         breaches: Breaches::default(),
         divergent_requests: 0,
-        ttft_ms: Quantiles {
-            count: requests,
-            p50: Some(40.0 + hit * 10.0),
-            p99: Some(180.5),
+        latency: Latency {
+            ttft_ms: Stats {
+                count: requests,
+                p50: Some(40.0 + hit * 10.0),
+                p99: Some(180.5),
+                ..Stats::default()
+            },
+            ..Latency::default()
         },
+        ..Row::default()
     }
 }
 

@@ -202,7 +202,7 @@ mod tests {
                 row.cached_tokens.reported.map(|n| n as f64)
             );
             assert_eq!(v("breaches"), Some(row.breaches.total() as f64));
-            assert_eq!(v("ttft_p50_ms"), row.ttft_ms.p50);
+            assert_eq!(v("ttft_p50_ms"), row.latency.ttft_ms.p50);
         }
         assert!(
             page.contains("<td class=\"num bad\" data-col=\"breaches\" data-value=\"4\">4</td>")

@@ -108,7 +108,7 @@ mod tests {
             assert_eq!(cells[4], int(row.prompt_tokens.predicted));
             assert_eq!(cells[7], pct(row.reported_hit_rate().unwrap()));
             assert_eq!(cells[12], row.breaches.total().to_string());
-            assert_eq!(cells[14], ms(row.ttft_ms.p50.unwrap()));
+            assert_eq!(cells[14], ms(row.latency.ttft_ms.p50.unwrap()));
         }
         // The heading and the alignment row have as many cells as the rows.
         let head = md.lines().find(|l| l.starts_with("| phase")).unwrap();

@@ -225,8 +225,8 @@ fn line(row: &Row) -> Line {
             Col::ReuseWarmup => Cell::count(row.reuse.warmup),
             Col::Breaches => flag(row.breaches.total(), Tone::Bad),
             Col::Divergent => flag(row.divergent_requests, Tone::Warn),
-            Col::TtftP50 => Cell::maybe(row.ttft_ms.p50, ms),
-            Col::TtftP99 => Cell::maybe(row.ttft_ms.p99, ms),
+            Col::TtftP50 => Cell::maybe(row.latency.ttft_ms.p50, ms),
+            Col::TtftP99 => Cell::maybe(row.latency.ttft_ms.p99, ms),
         })
         .collect();
     Line {
@@ -381,7 +381,7 @@ mod tests {
                 cell(line, Col::Breaches).value,
                 Some(row.breaches.total() as f64)
             );
-            assert_eq!(cell(line, Col::TtftP99).value, row.ttft_ms.p99);
+            assert_eq!(cell(line, Col::TtftP99).value, row.latency.ttft_ms.p99);
         }
     }
 

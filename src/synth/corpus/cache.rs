@@ -36,7 +36,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_corruption() {
-        let dir = std::env::temp_dir().join(format!("kvbust-coding-cache-{}", std::process::id()));
+        let dir = crate::test_support::test_dir();
         let p = path(&dir, "0123456789abcdef0123", "some text");
         write(
             &p,

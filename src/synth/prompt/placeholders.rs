@@ -393,11 +393,8 @@ mod tests {
     fn only_a_seeded_coding_lane_writes_its_pool_to_the_cache() {
         let files = |dir: &std::path::Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
         for (seed, written) in [(None, false), (Some(9), true)] {
-            let dir = std::env::temp_dir().join(format!(
-                "kvbust-lane-cache-{}-{}",
-                std::process::id(),
-                seed.is_some()
-            ));
+            let dir =
+                crate::test_support::test_dir().join(format!("lane-cache-{}", seed.is_some()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
             let lanes =

@@ -86,7 +86,7 @@ mod tests {
     }
 
     fn file(name: &str, text: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("kvbust-precheck-{}", std::process::id()));
+        let dir = crate::test_support::test_dir();
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join(name);
         std::fs::write(&p, text).unwrap();
@@ -105,7 +105,7 @@ mod tests {
 
     #[test]
     fn a_missing_file_an_empty_one_and_a_bad_first_record_are_refused() {
-        let missing = std::env::temp_dir().join("kvbust-precheck-no-such-file.jsonl");
+        let missing = crate::test_support::test_dir().join("no-such-file.jsonl");
         let e = check_input_file(&params(&missing, None)).unwrap_err();
         assert!(e.to_string().contains("no-such-file"), "{e}");
         let empty = file("empty.jsonl", "\n\n");
