@@ -144,6 +144,19 @@ pub struct Outcome {
     pub tokens: Tokens,
     /// `complete`, or why the body ended early (`client_disconnect`, `upstream_error`, ...).
     pub end: &'static str,
+    /// The run the request belonged to, and the cache model's prediction for it (filled when
+    /// the model took the request: the line then waits for it).
+    pub run: Option<String>,
+    pub predicted: Option<Predicted>,
+}
+
+/// The cache model's figure for one request, beside the server's `cached_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Predicted {
+    pub cached_tokens: u64,
+    /// Who put the larger share of the reused blocks there: `same_session`, `other_session`,
+    /// `warmup`, or `none` (no hit).
+    pub source: &'static str,
 }
 
 impl Entry {
@@ -254,6 +267,8 @@ impl Entry {
             bytes_out: resp.body().size_hint().exact().unwrap_or(0),
             tokens: Tokens::default(),
             end: "complete",
+            run: None,
+            predicted: None,
         });
     }
 
@@ -323,6 +338,13 @@ impl Entry {
         line.num(key!("prompt_tokens"), o.tokens.prompt);
         line.num(key!("cached_tokens"), o.tokens.cached);
         line.num(key!("completion_tokens"), o.tokens.completion);
+        if let Some(p) = &o.predicted {
+            line.num(key!("predicted_cached_tokens"), Some(p.cached_tokens));
+            line.word(key!("reuse_source"), p.source);
+        }
+        if let Some(run) = &o.run {
+            line.text(key!("run"), run);
+        }
         line.word(key!("end"), o.end);
         if let Some(e) = self.error {
             line.word(key!("error"), e);
@@ -623,6 +645,8 @@ mod tests {
                 completion: Some(4),
             },
             end: "complete",
+            run: None,
+            predicted: None,
         }
     }
 
@@ -702,6 +726,8 @@ mod tests {
                 events: None,
                 tokens: Tokens::default(),
                 end: "client_disconnect",
+                run: None,
+                predicted: None,
                 ..outcome()
             };
             for (e, o) in [(&full, outcome()), (&sparse, bare), (&odd, outcome())] {

@@ -294,8 +294,8 @@ mod tests {
         };
         assert!(invalid(b"<html>hello</html>").contains("not JSON"));
         assert!(invalid(b"{\"status\":\"ok\"}").contains("schema"));
-        assert!(invalid(b"{\"schema\":1}").contains("missing field"));
-        assert!(matches!(parse(b"{\"schema\":2}"), Err(Parsed::Schema(2))));
+        assert!(invalid(b"{\"schema\":2}").contains("missing field"));
+        assert!(matches!(parse(b"{\"schema\":1}"), Err(Parsed::Schema(1))));
         let good = serde_json::to_vec(&crate::report::render::fixtures::one_phase()).unwrap();
         assert!(parse(&good).is_ok());
     }

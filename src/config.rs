@@ -38,12 +38,44 @@ pub struct Config {
     pub synth: SynthConfig,
     pub cache_model: CacheModelConfig,
     pub capture: CaptureConfig,
+    pub run: RunConfig,
     pub headers: HeaderNames,
     pub log: LogConfig,
     /// Changes kvbust made to the loaded values at start (e.g. [`Config::fit_memory_limit`]),
     /// each a sentence; shown as comments at the top of `GET /config`.
     #[serde(skip)]
     pub adjustments: Vec<String>,
+}
+
+/// Runs (`[run]`): a benchmark run as a named, judged, saved object (see the contract's "Runs").
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Opens a new current run after this long without a request (`0s`: off, the default).
+    /// Header-named runs close after it without a request of their own (60 s when off).
+    #[serde(with = "crate::units::duration")]
+    pub idle_gap: Duration,
+    /// Runs held (open and closed); past it the oldest closed run is forgotten.
+    pub keep: usize,
+    /// Writes each closed run as one JSON file here (none by default).
+    pub results_dir: Option<PathBuf>,
+    /// Empties the upstream's prefix cache (and the model's index) when a run opens.
+    pub reset_upstream_cache: bool,
+    /// How long closing a run waits for its requests to be answered and modelled.
+    #[serde(with = "crate::units::duration")]
+    pub close_wait: Duration,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            idle_gap: Duration::ZERO,
+            keep: 64,
+            results_dir: None,
+            reset_upstream_cache: false,
+            close_wait: Duration::from_secs(30),
+        }
+    }
 }
 
 /// The data listener (`[listen]`): address, workers, connection caps and timeouts, HTTP/2 settings, TLS.
@@ -703,6 +735,8 @@ pub struct HeaderNames {
     /// Names the dataset conversation a synthetic request gets (a child conversation the
     /// client was told to spawn), percent-encoded as the response headers spell ids.
     pub synth_conversation: String,
+    /// The run a request belongs to (`x-kvbust-run: NAME`; a name not seen opens it).
+    pub run: String,
     pub correlation_id: String,
     pub session_id: String,
     /// The RID digest of the request, or `none` (with `cache_bust.response_headers`).
@@ -746,6 +780,7 @@ impl Default for HeaderNames {
             user_context_messages: s("x-kvbust-user-context-messages"),
             synth: s("x-kvbust-synth"),
             synth_conversation: s("x-kvbust-synth-conversation"),
+            run: s("x-kvbust-run"),
             correlation_id: s("x-correlation-id"),
             session_id: s("x-session-id"),
             response_rid: s("x-kvbust-rid"),
@@ -764,7 +799,7 @@ impl Default for HeaderNames {
 }
 
 impl HeaderNames {
-    fn all(&self) -> [(&'static str, &String); 21] {
+    fn all(&self) -> [(&'static str, &String); 22] {
         [
             ("phase", &self.phase),
             ("target", &self.target),
@@ -775,6 +810,7 @@ impl HeaderNames {
             ("user_context_messages", &self.user_context_messages),
             ("synth", &self.synth),
             ("synth_conversation", &self.synth_conversation),
+            ("run", &self.run),
             ("correlation_id", &self.correlation_id),
             ("session_id", &self.session_id),
             ("response_rid", &self.response_rid),
@@ -797,7 +833,7 @@ impl HeaderNames {
     }
 
     /// The kvbust control headers, which never reach the upstream.
-    pub fn control(&self) -> [&str; 9] {
+    pub fn control(&self) -> [&str; 10] {
         [
             &self.phase,
             &self.target,
@@ -808,6 +844,7 @@ impl HeaderNames {
             &self.user_context_messages,
             &self.synth,
             &self.synth_conversation,
+            &self.run,
         ]
     }
 }

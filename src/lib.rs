@@ -15,7 +15,7 @@
 //! | transport | [`tls`], [`upstream`] (one `Transport::send` per worker), [`access_log`], then [`health`] |
 //! | seeing the cache | [`cache_model`] (the upstream's prefix cache, the run ledger) |
 //! | shared state | [`runtime`] |
-//! | the request path and the admin port | [`proxy`] (one phase per method of `Proxy::forward`), [`admin`], [`probe`], [`served_models`] |
+//! | the request path and the admin port | [`proxy`] (one phase per method of `Proxy::forward`), [`admin`], [`run_store`] (finishing and saving runs), [`probe`], [`served_models`] |
 //! | edges | [`server`] (listeners, lifecycle), [`cli`] (flags; `cli::synth` runs the offline commands), [`admin_client`] |
 //! | entry | [`app`] (runs a command) |
 //!
@@ -134,6 +134,7 @@ pub mod mock;
 pub mod probe;
 pub mod proxy;
 pub mod report;
+pub mod run_store;
 pub mod runtime;
 pub mod served_models;
 pub mod server;

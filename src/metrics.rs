@@ -75,6 +75,8 @@ pub struct Families {
     pub model_blocks: IntGauge,
     pub model_memory: IntGauge,
     pub model_queue: IntGauge,
+    pub run_info: IntGaugeVec,
+    pub cache_resets: IntCounterVec,
 }
 
 /// The labelled series the request path counts on every request, kept per thread: a
@@ -311,6 +313,16 @@ const UPSTREAM_REPORTS_CACHED: Def = Def {
     help: "1 once the upstream's usage carried a cached-token field; 0 after enough responses with usage and none (-1 until then).",
     labels: &[],
 };
+const RUN_INFO: Def = Def {
+    name: "run_info",
+    help: "1 for the current run (its name in `run`), for dashboards to annotate run boundaries.",
+    labels: &["run"],
+};
+const CACHE_RESETS: Def = Def {
+    name: "cache_resets_total",
+    help: "Upstream prefix-cache resets the cache model followed, by who asked: forwarded (a client's POST /reset_prefix_cache or /flush_cache), admin, run_open.",
+    labels: &["by"],
+};
 const MODEL_BLOCKS: Def = Def {
     name: "cache_model_blocks",
     help: "Blocks in the cache model's index.",
@@ -447,6 +459,8 @@ impl Metrics {
             reuse_tokens: counter_vec(&r, &REUSE_TOKENS),
             isolation_breaches: counter_vec(&r, &ISOLATION_BREACHES),
             model_divergence: counter_vec(&r, &MODEL_DIVERGENCE),
+            run_info: gauge_vec(&r, &RUN_INFO),
+            cache_resets: counter_vec(&r, &CACHE_RESETS),
             upstream_reports_cached: {
                 let g = gauge(&r, &UPSTREAM_REPORTS_CACHED);
                 g.set(-1);

@@ -3,7 +3,7 @@
 //! metrics, and the budget for buffered request bodies ([`crate::budget`]). Holds no I/O handles.
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::budget;
@@ -34,12 +34,15 @@ pub struct SharedState {
     /// `[synth.dataset]` is being built ([`DATASET_BUILDING`]) or failed to ([`DATASET_FAILED`]):
     /// not ready. Set from the start when a dataset is configured.
     dataset: AtomicU8,
-    /// API requests seen without a phase header, for `cache_bust.auto_warmup_requests`.
-    unphased_requests: AtomicU64,
     /// `None` in `cache_bust.ledger = "stateless"` mode, which keeps no per-session state.
     ledger: Option<Mutex<Ledger>>,
-    /// The model of the upstream's prefix cache, and the run ledger behind `/report`.
+    /// The model of the upstream's prefix cache, and the runs behind `/report` and `/runs`.
     pub cache_model: crate::cache_model::CacheModel,
+    /// The upstream and a client for it, for the admin port's cache resets (set when serving).
+    pub upstream_reset: std::sync::OnceLock<(
+        crate::upstream::client::Upstream,
+        crate::upstream::client::UpstreamClient,
+    )>,
 }
 
 impl SharedState {
@@ -72,7 +75,6 @@ impl SharedState {
             } else {
                 DATASET_READY
             }),
-            unphased_requests: AtomicU64::new(0),
             ledger: match config.cache_bust.ledger {
                 LedgerMode::Local => Some(Mutex::new(Ledger::new(cap))),
                 LedgerMode::Stateless => None,
@@ -83,6 +85,7 @@ impl SharedState {
                 benchmark_id.clone(),
             ),
             benchmark_id,
+            upstream_reset: std::sync::OnceLock::new(),
             via: crate::upstream::loop_guard::via_token(rand::random()),
             metrics,
             config,
@@ -112,16 +115,6 @@ impl SharedState {
     /// Sets the default phase, returning the previous one.
     pub fn set_default_phase(&self, p: Phase) -> Phase {
         u8_to_phase(self.default_phase.swap(phase_to_u8(p), Ordering::Relaxed))
-    }
-
-    /// The phase of a request that carried no phase header.
-    pub fn unphased_request_phase(&self) -> Phase {
-        if let Some(n) = self.config.cache_bust.auto_warmup_requests {
-            if self.unphased_requests.fetch_add(1, Ordering::Relaxed) < n {
-                return Phase::Warmup;
-            }
-        }
-        self.default_phase()
     }
 
     pub fn is_draining(&self) -> bool {

@@ -188,6 +188,11 @@ pub async fn run(
     );
 
     let models_check = spawn_models_check(&parts);
+    let _ = rt.upstream_reset.set((
+        parts.upstream.clone(),
+        client::build_client(&config.upstream, parts.client_tls.clone(), &parts.upstream),
+    ));
+    let ticker = crate::run_store::spawn_ticker(rt.clone(), stop_rx.clone());
 
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(admin::serve(
@@ -208,6 +213,7 @@ pub async fn run(
     if let Some(w) = tls_watch {
         w.abort();
     }
+    let _ = ticker.await;
     log_report(&rt).await;
     rt.cache_model.finish_capture().await;
     let _ = admin_stop_tx.send(());
@@ -399,18 +405,19 @@ fn spawn_worker(
 /// Logs the run's report table once, when the run saw a generation request: what a person
 /// reads at the end of a benchmark, in the log of a container that is going away. Waits a
 /// moment for the cache model to count the last requests.
+/// Closes the open runs (each waits for its requests within `run.close_wait`, and is saved
+/// with `run.results_dir`) and logs each one that saw requests.
 async fn log_report(rt: &SharedState) {
-    rt.cache_model
-        .settle(std::time::Duration::from_secs(2))
-        .await;
-    let report = rt.cache_model.report();
-    if report.rows.is_empty() {
-        return;
+    for report in crate::run_store::close_all(rt).await {
+        if report.rows.is_empty() {
+            continue;
+        }
+        tracing::info!(
+            "run {}'s report (kvbust report):\n{}",
+            report.run.name,
+            crate::report::render::table(&report)
+        );
     }
-    tracing::info!(
-        "the run's report (GET /report, kvbust report):\n{}",
-        crate::report::render::table(&report)
-    );
 }
 
 /// Turns readiness 503, tells every worker to stop accepting and waits for them to drain;

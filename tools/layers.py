@@ -62,9 +62,10 @@ LAYERS = {
         ["cache_model"],
         # The run-time state the pipeline and the admin port share.
         ["runtime"],
-        # The request pipeline and the admin port; `kvbust probe`, a client of the upstream
+        # The request pipeline and the admin port (and `run_store`: finishing and saving its
+        # runs); `kvbust probe`, a client of the upstream
         # transport that reads synthesis's corpus.
-        ["proxy", "admin", "probe", "served_models"],
+        ["proxy", "admin", "run_store", "probe", "served_models"],
         # The edges: serving, the command lines (`cli::synth` runs the offline commands), the
         # admin port's client (`kvbust report`), and the entry points.
         ["server", "cli", "admin_client"],

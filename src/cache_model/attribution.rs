@@ -4,6 +4,7 @@
 //! extends that session's previous one. Owns those rules only; never reads a body, never logs.
 
 use crate::cachebust::{Phase, Target};
+use crate::report::verdict::BreachTokens;
 use crate::report::{Breaches, Reuse};
 
 use super::index::Owner;
@@ -93,6 +94,34 @@ pub fn attribute(owners: &[Owner], block_size: usize, me: &Requester) -> (Reuse,
         }
     }
     (reuse, breaches)
+}
+
+/// Tokens of a hit past the isolation point that the request's target promised to keep out:
+/// other sessions' blocks under a RID target, warmup's blocks for a profiling request under a
+/// warmup-isolation target (the verdict's token counts; [`attribute`] decides the breaches).
+pub fn breach_tokens(owners: &[Owner], block_size: usize, me: &Requester) -> BreachTokens {
+    let mut t = BreachTokens::default();
+    let bs = block_size as u64;
+    for (i, o) in owners.iter().enumerate() {
+        let private = me.iso_block.is_some_and(|b| i >= b) || o.past_iso;
+        if !private {
+            continue;
+        }
+        match me.target {
+            Target::None => {}
+            x if x.is_warmup_isolation() => {
+                if o.phase == Phase::Warmup && me.phase == Phase::Profiling {
+                    t.warmup_reuse += bs;
+                }
+            }
+            _ => {
+                if o.session != me.session {
+                    t.cross_session += bs;
+                }
+            }
+        }
+    }
+    t
 }
 
 /// What a request must share with its session's last prompt to extend it: that prompt's tokens

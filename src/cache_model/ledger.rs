@@ -1,15 +1,14 @@
-//! The run ledger behind `GET /report`: per phase × target, what was sent, what the upstream
-//! said and what the model predicted, with TTFT quantiles and a time line; the run's start and
-//! benchmark id; and whether the upstream reports cached tokens at all. Fed one finished
-//! request at a time ([`RunLedger::record`]); read as a [`crate::report::Report`]. Owns the
-//! counting only; never tokenizes, never does I/O beyond one warning log line.
+//! One run's counting: per phase × target, what was sent, what the upstream said and what the
+//! model predicted, the client's summary measured on the wire (latencies, throughput, errors),
+//! and a time line from the run's start. Fed one finished request at a time
+//! ([`Acc::record`]); read as a [`crate::report::Report`] by [`super::runs`]. Owns the counting
+//! only; never tokenizes, never does I/O.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::cachebust::{Phase, Target};
-use crate::metrics::Metrics;
+use crate::report::verdict::BreachTokens;
 use crate::report::{self, Breaches, Bucket, Pair, Reuse, Row, Stats, Timeline};
 use crate::usage::Tokens;
 
@@ -33,10 +32,14 @@ pub struct Prediction {
     pub cached: u64,
     pub reuse: Reuse,
     pub breaches: Vec<Breach>,
+    /// Tokens of the hit past the isolation point, by whose blocks they were.
+    pub breach_tokens: BreachTokens,
+    /// The request cut its session's context back to an earlier prefix (a compaction).
+    pub compaction: bool,
 }
 
 /// What the response said.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Outcome {
     pub tokens: Tokens,
     pub ttft: Option<Duration>,
@@ -47,6 +50,35 @@ pub struct Outcome {
     pub content_events: u64,
     /// When the response ended (or was cut off).
     pub ended: Option<Instant>,
+    /// Why a body ended early (`client_disconnect`, `upstream_error`, ...).
+    pub aborted: Option<&'static str>,
+    /// The gaps between a stream's content events, milliseconds (inter-token latency).
+    pub gaps_ms: Vec<f32>,
+}
+
+/// Who a failed request's failure belongs to (the report's `errors.by_side`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Upstream,
+    Kvbust,
+}
+
+impl Side {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Upstream => "upstream",
+            Side::Kvbust => "kvbust",
+        }
+    }
+}
+
+/// A request that failed: its status (or `aborted`) and whose fault it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub status: String,
+    pub side: Side,
 }
 
 /// One finished request.
@@ -55,12 +87,37 @@ pub struct Record {
     pub at: Option<Instant>,
     pub phase: Option<Phase>,
     pub target: Option<Target>,
-    /// An explicit benchmark id the request carried (a new one starts a new run).
-    pub benchmark_id: Option<String>,
     pub prediction: Option<Prediction>,
     pub outcome: Option<Outcome>,
+    /// The request failed before or instead of a successful response.
+    pub failure: Option<Failure>,
+    /// The request was handed to the model; with no prediction, why it was not modelled.
+    pub submitted: bool,
+    pub unaccounted: Option<&'static str>,
     /// The request's capture row, waiting for its response.
     pub capture: Option<crate::capture::Pending>,
+}
+
+impl Record {
+    /// The failure this record stands for: one set outright, else a response that did not end
+    /// well (an error status, a body cut off).
+    fn failed(&self) -> Option<Failure> {
+        if let Some(f) = &self.failure {
+            return Some(f.clone());
+        }
+        let o = self.outcome.as_ref()?;
+        if o.complete {
+            return None;
+        }
+        let side = match o.aborted {
+            Some("client_disconnect") => Side::Client,
+            _ => Side::Upstream,
+        };
+        Some(Failure {
+            status: "aborted".into(),
+            side,
+        })
+    }
 }
 
 /// Time to first token in log buckets 4% wide from 10 µs: about 460 counters cover 10 minutes.
@@ -109,10 +166,64 @@ impl LogHistogram {
     }
 }
 
+/// A latency's summary: the histogram for quantiles (within 2%), exact count, sum, squares,
+/// least and most. Bounded whatever the number of samples.
+#[derive(Debug, Clone, Default)]
+struct Summary {
+    hist: LogHistogram,
+    sum: f64,
+    squares: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Summary {
+    fn add(&mut self, ms: f64) {
+        if !ms.is_finite() {
+            return;
+        }
+        if self.hist.n == 0 || ms < self.min {
+            self.min = ms;
+        }
+        if self.hist.n == 0 || ms > self.max {
+            self.max = ms;
+        }
+        self.hist.add(ms);
+        self.sum += ms;
+        self.squares += ms * ms;
+    }
+
+    fn stats(&self) -> Stats {
+        let n = self.hist.n;
+        if n == 0 {
+            return Stats::default();
+        }
+        let avg = self.sum / n as f64;
+        // Population deviation, as numpy's std (AIPerf, vLLM) computes it.
+        let var = (self.squares / n as f64 - avg * avg).max(0.0);
+        let q = |p| self.hist.quantile(p).map(|v| v.clamp(self.min, self.max));
+        Stats {
+            count: n,
+            avg: Some(avg),
+            min: Some(self.min),
+            max: Some(self.max),
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+            std: Some(var.sqrt()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct RowAcc {
     row: Row,
-    ttft: LogHistogram,
+    ttft: Summary,
+    itl: Summary,
+    tpot: Summary,
+    e2e: Summary,
+    first_at: Option<Instant>,
+    last_end: Option<Instant>,
 }
 
 /// One phase's time line bucket, accumulating.
@@ -146,41 +257,61 @@ fn add_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     }
 }
 
-struct Run {
-    benchmark_id: String,
+/// One run's figures, accumulating.
+#[derive(Debug, Clone)]
+pub struct Acc {
     started: Instant,
-    started_wall: SystemTime,
     rows: BTreeMap<(usize, usize), RowAcc>,
     bucket: Duration,
     /// Per phase (warmup, profiling).
     timeline: [Vec<BucketAcc>; 2],
+    breach_tokens: BreachTokens,
+    /// Requests handed to the model that it did not account for, by reason.
+    unaccounted: BTreeMap<&'static str, u64>,
 }
 
-impl Run {
-    fn new(benchmark_id: String) -> Self {
-        Self {
-            benchmark_id,
-            started: Instant::now(),
-            started_wall: SystemTime::now(),
-            rows: BTreeMap::new(),
-            bucket: Duration::from_secs(1),
-            timeline: [Vec::new(), Vec::new()],
+/// Whether the upstream reports cached tokens (process-wide: a new run does not forget it).
+#[derive(Debug, Default)]
+pub struct Silence {
+    pub with_usage: u64,
+    pub reported: bool,
+    pub warned: bool,
+}
+
+impl Silence {
+    /// Notes one response; `Some(true)` the first time a cached-token field is seen, `Some(false)`
+    /// when the upstream is first judged silent (the caller sets the metric and warns).
+    pub fn watch(&mut self, o: &Outcome) -> Option<bool> {
+        if !o.complete || o.tokens.prompt.is_none() {
+            return None;
+        }
+        self.with_usage += 1;
+        if o.tokens.cached.is_some() {
+            let first = !self.reported;
+            self.reported = true;
+            return first.then_some(true);
+        }
+        if !self.reported && !self.warned && self.with_usage >= SILENT_AFTER {
+            self.warned = true;
+            return Some(false);
+        }
+        None
+    }
+
+    pub fn facts(&self) -> report::UpstreamFacts {
+        report::UpstreamFacts {
+            reports_cached_tokens: if self.reported {
+                Some(true)
+            } else if self.with_usage >= SILENT_AFTER {
+                Some(false)
+            } else {
+                None
+            },
+            responses_with_usage: self.with_usage,
+            hint: (!self.reported && self.with_usage >= SILENT_AFTER)
+                .then(|| CACHED_TOKENS_HINT.to_string()),
         }
     }
-}
-
-/// Whether the upstream reports cached tokens (process-wide: a run reset does not forget it).
-#[derive(Default)]
-struct Silence {
-    with_usage: u64,
-    reported: bool,
-    warned: bool,
-}
-
-/// The run ledger: the current run, and the upstream's reporting.
-pub struct RunLedger {
-    metrics: Metrics,
-    inner: Mutex<(Run, Silence)>,
 }
 
 fn phase_index(p: Phase) -> usize {
@@ -194,52 +325,33 @@ fn target_index(t: Target) -> usize {
     Target::ALL.iter().position(|x| *x == t).unwrap_or(0)
 }
 
-impl RunLedger {
-    pub fn new(metrics: Metrics, benchmark_id: String) -> Self {
+impl Acc {
+    pub fn new(started: Instant) -> Self {
         Self {
-            metrics,
-            inner: Mutex::new((Run::new(benchmark_id), Silence::default())),
+            started,
+            rows: BTreeMap::new(),
+            bucket: Duration::from_secs(1),
+            timeline: [Vec::new(), Vec::new()],
+            breach_tokens: BreachTokens::default(),
+            unaccounted: BTreeMap::new(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Run, Silence)> {
-        // A panic while counting leaves counts, not broken invariants: keep serving.
-        crate::sync::lock(&self.inner)
-    }
-
-    /// Starts a new run (`POST /report/reset`), under `benchmark_id` or the current one, and
-    /// returns the report of the run it closed (taken under the same lock: no request is lost
-    /// between the two).
-    pub fn reset(&self, benchmark_id: Option<String>, model: report::ModelFacts) -> report::Report {
-        let mut g = self.lock();
-        let closed = report_of(&g.0, &g.1, model);
-        let id = benchmark_id.unwrap_or_else(|| g.0.benchmark_id.clone());
-        g.0 = Run::new(id);
-        closed
-    }
-
-    /// Counts one finished request.
-    pub fn record(&self, r: Record) {
-        let (Some(phase), Some(target)) = (r.phase, r.target) else {
-            return;
-        };
-        let mut g = self.lock();
-        let (run, silence) = &mut *g;
-        if let Some(id) = r
-            .benchmark_id
-            .as_deref()
-            .filter(|id| *id != run.benchmark_id)
-        {
-            tracing::info!(
-                benchmark_id = id,
-                "a new benchmark id: the report starts a new run"
-            );
-            *run = Run::new(id.to_string());
+    /// Counts one finished request; returns the divergence direction when the upstream's
+    /// cached tokens differ from the prediction (for the metric).
+    pub fn record(&mut self, r: &Record) -> Option<&'static str> {
+        let (phase, target) = (r.phase?, r.target?);
+        if r.submitted && r.prediction.is_none() {
+            *self
+                .unaccounted
+                .entry(r.unaccounted.unwrap_or("not_modelled"))
+                .or_default() += 1;
         }
-        if let Some(o) = &r.outcome {
-            self.watch_silence(silence, o);
+        if let Some(p) = &r.prediction {
+            self.breach_tokens.cross_session += p.breach_tokens.cross_session;
+            self.breach_tokens.warmup_reuse += p.breach_tokens.warmup_reuse;
         }
-        let acc = run
+        let acc = self
             .rows
             .entry((phase_index(phase), target_index(target)))
             .or_insert_with(|| RowAcc {
@@ -250,100 +362,65 @@ impl RunLedger {
                 },
                 ..RowAcc::default()
             });
-        let divergence = count_row(acc, &r);
-        if let Some(direction) = divergence {
-            self.metrics
-                .model_divergence
-                .with_label_values(&[phase.as_str(), target.as_str(), direction])
-                .inc();
-        }
+        let divergence = count_row(acc, r);
         let at =
-            r.at.map_or(Duration::ZERO, |t| t.saturating_duration_since(run.started));
-        add_to_timeline(run, phase, at, &r);
+            r.at.map_or(Duration::ZERO, |t| t.saturating_duration_since(self.started));
+        add_to_timeline(self, phase, at, r);
+        divergence
     }
 
-    fn watch_silence(&self, s: &mut Silence, o: &Outcome) {
-        if !o.complete || o.tokens.prompt.is_none() {
-            return;
-        }
-        s.with_usage += 1;
-        if o.tokens.cached.is_some() {
-            if !s.reported {
-                s.reported = true;
-                self.metrics.upstream_reports_cached.set(1);
-            }
-            return;
-        }
-        if !s.reported && !s.warned && s.with_usage >= SILENT_AFTER {
-            s.warned = true;
-            self.metrics.upstream_reports_cached.set(0);
-            tracing::warn!(
-                responses = s.with_usage,
-                "{CACHED_TOKENS_HINT}; until then kvbust's report shows only the cache model's predictions"
-            );
-        }
+    /// Whether no request was counted.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
     }
 
-    /// The report of the run so far (model facts are the caller's: see `CacheModel::report`).
-    pub fn snapshot(&self, model: report::ModelFacts) -> report::Report {
-        let g = self.lock();
-        report_of(&g.0, &g.1, model)
+    /// Requests handed to the model that it did not account for, by reason.
+    pub fn unaccounted(&self) -> &BTreeMap<&'static str, u64> {
+        &self.unaccounted
     }
-}
 
-fn report_of(run: &Run, silence: &Silence, model: report::ModelFacts) -> report::Report {
-    {
-        let now = SystemTime::now();
-        let rows = run.rows.values().map(finish_row).collect();
-        report::Report {
-            schema: report::SCHEMA,
-            run: report::Run {
-                benchmark_id: run.benchmark_id.clone(),
-                started_at: rfc3339(run.started_wall),
-                generated_at: rfc3339(now),
-                elapsed_s: run.started.elapsed().as_secs_f64(),
-                ..report::Run::default()
-            },
-            verdict: report::Verdict::default(),
-            cache_model: model,
-            upstream: report::UpstreamFacts {
-                reports_cached_tokens: if silence.reported {
-                    Some(true)
-                } else if silence.with_usage >= SILENT_AFTER {
-                    Some(false)
-                } else {
-                    None
-                },
-                responses_with_usage: silence.with_usage,
-                hint: (!silence.reported && silence.with_usage >= SILENT_AFTER)
-                    .then(|| CACHED_TOKENS_HINT.to_string()),
-            },
-            rows,
-            timeline: timeline(run),
-        }
+    /// The rows, the verdict and the time line as the report shows them.
+    pub fn figures(&self) -> (Vec<Row>, report::Verdict, Timeline) {
+        let rows: Vec<Row> = self.rows.values().map(finish_row).collect();
+        let verdict = report::verdict::judge(&rows, self.breach_tokens);
+        (rows, verdict, timeline(self))
     }
 }
 
 /// Adds `r` to its row; returns the divergence direction when the upstream's cached tokens
 /// differ from the prediction.
 fn count_row(acc: &mut RowAcc, r: &Record) -> Option<&'static str> {
-    let row = &mut acc.row;
-    row.requests += 1;
+    acc.row.requests += 1;
+    if let Some(at) = r.at {
+        acc.first_at = Some(acc.first_at.map_or(at, |f| f.min(at)));
+    }
     if let Some(p) = &r.prediction {
+        let row = &mut acc.row;
         row.accounted_requests += 1;
         row.prompt_tokens.predicted += p.prompt_tokens;
         row.cached_tokens.predicted += p.cached;
         row.reuse.same_session += p.reuse.same_session;
         row.reuse.other_session += p.reuse.other_session;
         row.reuse.warmup += p.reuse.warmup;
+        row.compactions += u64::from(p.compaction);
         for b in &p.breaches {
             attribution::count(&mut row.breaches, *b);
         }
     }
-    let o = r.outcome.as_ref()?;
-    if let Some(t) = o.ttft {
-        acc.ttft.add(t.as_secs_f64() * 1000.0);
+    if let Some(f) = r.failed() {
+        let e = &mut acc.row.errors;
+        e.count += 1;
+        *e.by_status.entry(f.status).or_default() += 1;
+        *e.by_side.entry(f.side.as_str().into()).or_default() += 1;
     }
+    let o = r.outcome.as_ref()?;
+    if let Some(end) = o.ended {
+        acc.last_end = Some(acc.last_end.map_or(end, |l| l.max(end)));
+    }
+    if o.complete && r.failure.is_none() {
+        count_success(acc, r.at, o);
+    }
+    let row = &mut acc.row;
     let tokens = o.tokens;
     add_reported(&mut row.prompt_tokens, tokens.prompt);
     add_reported(&mut row.cached_tokens, tokens.cached);
@@ -359,6 +436,31 @@ fn count_row(acc: &mut RowAcc, r: &Record) -> Option<&'static str> {
     })
 }
 
+/// A successful request's latencies and output, as a client's summary counts them: TTFT to
+/// the first content, ITL every gap between content events, TPOT (e2e - TTFT) / (output - 1)
+/// per request with more than one output token, e2e arrival to end.
+fn count_success(acc: &mut RowAcc, at: Option<Instant>, o: &Outcome) {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let output = o.tokens.completion.unwrap_or(o.content_events);
+    let t = &mut acc.row.throughput;
+    t.successful_requests += 1;
+    t.output_tokens += output;
+    if let Some(ttft) = o.ttft {
+        acc.ttft.add(ms(ttft));
+    }
+    for g in &o.gaps_ms {
+        acc.itl.add(f64::from(*g));
+    }
+    let e2e = at.zip(o.ended).map(|(a, e)| e.saturating_duration_since(a));
+    if let Some(e2e) = e2e {
+        acc.e2e.add(ms(e2e));
+        if let (Some(ttft), true) = (o.ttft, output > 1) {
+            acc.tpot
+                .add(ms(e2e.saturating_sub(ttft)) / (output - 1) as f64);
+        }
+    }
+}
+
 fn add_reported(pair: &mut Pair, v: Option<u64>) {
     if let Some(v) = v {
         pair.reported = Some(pair.reported.unwrap_or(0) + v);
@@ -367,16 +469,24 @@ fn add_reported(pair: &mut Pair, v: Option<u64>) {
 
 fn finish_row(acc: &RowAcc) -> Row {
     let mut row = acc.row.clone();
-    row.latency.ttft_ms = Stats {
-        count: acc.ttft.n,
-        p50: acc.ttft.quantile(0.5),
-        p99: acc.ttft.quantile(0.99),
-        ..Stats::default()
+    row.latency = report::Latency {
+        ttft_ms: acc.ttft.stats(),
+        itl_ms: acc.itl.stats(),
+        tpot_ms: acc.tpot.stats(),
+        e2e_ms: acc.e2e.stats(),
     };
+    let t = &mut row.throughput;
+    if let (Some(a), Some(b)) = (acc.first_at, acc.last_end) {
+        t.duration_s = b.saturating_duration_since(a).as_secs_f64();
+    }
+    if t.duration_s > 0.0 {
+        t.requests_per_s = Some(t.successful_requests as f64 / t.duration_s);
+        t.output_tokens_per_s = Some(t.output_tokens as f64 / t.duration_s);
+    }
     row
 }
 
-fn add_to_timeline(run: &mut Run, phase: Phase, at: Duration, r: &Record) {
+fn add_to_timeline(run: &mut Acc, phase: Phase, at: Duration, r: &Record) {
     let mut i = (at.as_nanos() / run.bucket.as_nanos().max(1)) as usize;
     while i >= MAX_BUCKETS {
         // Twice as wide: merge neighbours in every phase.
@@ -418,7 +528,7 @@ fn add_to_timeline(run: &mut Run, phase: Phase, at: Duration, r: &Record) {
     }
 }
 
-fn timeline(run: &Run) -> Timeline {
+fn timeline(run: &Acc) -> Timeline {
     let mut buckets = Vec::new();
     for phase in Phase::ALL {
         for (i, b) in run.timeline[phase_index(phase)].iter().enumerate() {
@@ -486,179 +596,3 @@ pub fn breach_list(b: &Breaches) -> Vec<&'static str> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn facts() -> report::ModelFacts {
-        report::ModelFacts {
-            enabled: true,
-            block_size: 16,
-            tokenizer: "qwen3".into(),
-            chat_template: "auto".into(),
-            capacity_blocks: 0,
-            max_memory: 1 << 28,
-            indexed_blocks: 0,
-            evicted_blocks: 0,
-            unaccounted: BTreeMap::new(),
-            topology: "sidecar".into(),
-            note: None,
-        }
-    }
-
-    fn rec(
-        phase: Phase,
-        pred: Option<(u64, u64)>,
-        reported: Option<(u64, Option<u64>)>,
-        ttft_ms: Option<u64>,
-    ) -> Record {
-        Record {
-            at: Some(Instant::now()),
-            phase: Some(phase),
-            target: Some(Target::FirstTurnPrefix),
-            benchmark_id: None,
-            prediction: pred.map(|(prompt, cached)| Prediction {
-                prompt_tokens: prompt,
-                cached,
-                ..Prediction::default()
-            }),
-            capture: None,
-            outcome: reported.map(|(p, c)| Outcome {
-                content_events: 0,
-                tokens: Tokens {
-                    prompt: Some(p),
-                    cached: c,
-                    completion: Some(1),
-                },
-                ttft: ttft_ms.map(Duration::from_millis),
-                complete: true,
-                ended: None,
-            }),
-        }
-    }
-
-    #[test]
-    fn rows_sum_reported_and_predicted_and_count_divergence() {
-        let m = Metrics::new();
-        let l = RunLedger::new(m.clone(), "bid".into());
-        l.record(rec(
-            Phase::Warmup,
-            Some((100, 0)),
-            Some((100, Some(0))),
-            Some(10),
-        ));
-        l.record(rec(
-            Phase::Profiling,
-            Some((100, 96)),
-            Some((100, Some(96))),
-            Some(5),
-        ));
-        l.record(rec(
-            Phase::Profiling,
-            Some((100, 96)),
-            Some((100, Some(80))),
-            Some(7),
-        ));
-        l.record(rec(Phase::Profiling, None, Some((50, Some(0))), None));
-        let r = l.snapshot(facts());
-        assert_eq!(r.rows.len(), 2);
-        assert_eq!(r.rows[0].phase, "warmup");
-        let p = &r.rows[1];
-        assert_eq!((p.requests, p.accounted_requests), (3, 2));
-        assert_eq!(
-            p.prompt_tokens,
-            Pair {
-                reported: Some(250),
-                predicted: 200
-            }
-        );
-        assert_eq!(
-            p.cached_tokens,
-            Pair {
-                reported: Some(176),
-                predicted: 192
-            }
-        );
-        assert_eq!(p.divergent_requests, 1);
-        assert_eq!(p.latency.ttft_ms.count, 2);
-        let p50 = p.latency.ttft_ms.p50.expect("samples");
-        assert!((p50 - 5.0).abs() / 5.0 < 0.03, "{p50}");
-        let text = String::from_utf8(m.render()).expect("utf-8");
-        assert!(text.contains("kvbust_cache_model_divergence_total{direction=\"reported_lower\",phase=\"profiling\",target=\"first_turn_prefix\"} 1"), "{text}");
-        assert_eq!(r.run.benchmark_id, "bid");
-        assert_eq!(r.upstream.reports_cached_tokens, Some(true));
-        let buckets: u64 = r.timeline.buckets.iter().map(|b| b.requests).sum();
-        assert_eq!(buckets, 4);
-    }
-
-    #[test]
-    fn a_silent_upstream_is_named_after_enough_responses() {
-        let m = Metrics::new();
-        let l = RunLedger::new(m.clone(), "bid".into());
-        for i in 0..SILENT_AFTER {
-            assert_eq!(
-                l.snapshot(facts()).upstream.reports_cached_tokens,
-                None,
-                "after {i}"
-            );
-            l.record(rec(Phase::Profiling, Some((10, 0)), Some((10, None)), None));
-        }
-        let r = l.snapshot(facts());
-        assert_eq!(r.upstream.reports_cached_tokens, Some(false));
-        assert!(r
-            .upstream
-            .hint
-            .as_deref()
-            .is_some_and(|h| h.contains("--enable-prompt-tokens-details")
-                && h.contains("--enable-cache-report")));
-        assert!(String::from_utf8(m.render())
-            .expect("utf-8")
-            .contains("kvbust_upstream_reports_cached_tokens 0"));
-        assert_eq!(r.rows[0].cached_tokens.reported, None);
-    }
-
-    #[test]
-    fn reset_and_a_new_benchmark_id_start_a_new_run() {
-        let l = RunLedger::new(Metrics::new(), "one".into());
-        l.record(rec(Phase::Profiling, Some((1, 0)), None, None));
-        let closed = l.reset(None, facts());
-        assert_eq!(closed.rows[0].requests, 1);
-        let r = l.snapshot(facts());
-        assert!(r.rows.is_empty());
-        assert_eq!(r.run.benchmark_id, "one");
-        l.record(rec(Phase::Profiling, Some((1, 0)), None, None));
-        let mut other = rec(Phase::Profiling, Some((1, 0)), None, None);
-        other.benchmark_id = Some("two".into());
-        l.record(other);
-        let r = l.snapshot(facts());
-        assert_eq!(r.run.benchmark_id, "two");
-        assert_eq!(r.rows[0].requests, 1);
-    }
-
-    #[test]
-    fn the_time_line_widens_instead_of_growing() {
-        let l = RunLedger::new(Metrics::new(), "b".into());
-        {
-            let mut g = l.lock();
-            let (run, _) = &mut *g;
-            for s in 0..1000u64 {
-                let r = rec(Phase::Profiling, Some((10, 5)), None, None);
-                add_to_timeline(run, Phase::Profiling, Duration::from_secs(s), &r);
-            }
-        }
-        let t = l.snapshot(facts()).timeline;
-        assert_eq!(t.bucket_s, 8.0);
-        assert!(t.buckets.len() <= MAX_BUCKETS);
-        assert_eq!(t.buckets.iter().map(|b| b.requests).sum::<u64>(), 1000);
-        assert_eq!(t.buckets[0].predicted_cached, 40);
-    }
-
-    #[test]
-    fn rfc3339_dates() {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_178_707_123);
-        assert_eq!(rfc3339(t), "2026-12-02T02:31:47.123Z");
-        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
-        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
-    }
-}

@@ -13,6 +13,7 @@ pub mod attribution;
 pub mod index;
 pub mod ledger;
 mod priority;
+pub mod runs;
 pub mod tokens;
 mod worker;
 
@@ -32,8 +33,8 @@ use crate::config::{CacheModelConfig, ChatTemplateMode, Config, SessionSource, T
 use crate::metrics::Metrics;
 use crate::mock::MockTokenizerSetting;
 use crate::report;
-use crate::usage::Tokens;
-pub use ledger::{Outcome, Prediction, RunLedger};
+pub use ledger::{Failure, Outcome, Prediction, Side};
+pub use runs::{RunCell, RunSpec, Runs};
 
 /// How a request's session is known, for attribution (the session key of
 /// `cache_bust.session_sources`, even when explicit RID headers are sent). Keys travel as
@@ -89,12 +90,16 @@ impl Job {
 pub struct Ticket(Arc<TicketInner>);
 
 struct TicketInner {
-    ledger: Arc<RunLedger>,
+    runs: Arc<Runs>,
+    /// The run the request arrived in: it counts there, whenever it is counted.
+    run: Arc<RunCell>,
     record: Mutex<ledger::Record>,
     open: Arc<OpenTickets>,
     /// The writer, looked up when the ticket is counted (a ticket made before the writer
     /// started still hands its row in).
     capture: Arc<OnceLock<Option<Arc<Capture>>>>,
+    /// The request's access-log line, written with the prediction when the ticket is counted.
+    log: Mutex<Option<(crate::access_log::Entry, crate::access_log::Outcome)>>,
 }
 
 impl Drop for TicketInner {
@@ -121,20 +126,58 @@ impl Drop for TicketInner {
                 output,
             });
         }
-        self.ledger.record(record);
+        let log = self.log.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((entry, mut outcome)) = log {
+            outcome.run = Some(self.run.name.clone());
+            outcome.predicted = record.prediction.as_ref().map(|p| {
+                let r = &p.reuse;
+                let source = [
+                    (r.same_session, "same_session"),
+                    (r.other_session, "other_session"),
+                    (r.warmup, "warmup"),
+                ]
+                .into_iter()
+                .filter(|(n, _)| *n > 0)
+                .max_by_key(|(n, _)| *n)
+                .map_or("none", |(_, s)| s);
+                crate::access_log::Predicted {
+                    cached_tokens: p.cached,
+                    source,
+                }
+            });
+            entry.write(&outcome);
+        }
+        self.runs.record(&self.run, record);
         self.open.close();
+        self.run.open.close();
     }
 }
 
 /// Tickets not yet counted: requests in flight or waiting for the model. `GET /report?wait=`
 /// waits for none to be left, so a report taken right after a benchmark has every request.
 #[derive(Default)]
-struct OpenTickets {
+pub(crate) struct OpenTickets {
     n: AtomicU64,
     settled: tokio::sync::Notify,
 }
 
 impl OpenTickets {
+    /// Waits until none is open, or `limit` passes; whether none is.
+    async fn settle(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.n.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return false;
+            }
+        }
+    }
+
     fn open(self: &Arc<Self>) -> Arc<Self> {
         self.n.fetch_add(1, Ordering::AcqRel);
         self.clone()
@@ -157,17 +200,39 @@ impl Ticket {
         self.with(|r| r.prediction = Some(p));
     }
 
-    /// The response's usage, time to first token and content events.
-    pub fn outcome(&self, tokens: Tokens, ttft: Option<Duration>, complete: bool, events: u64) {
+    /// The response's usage, latencies and end.
+    pub fn outcome(&self, outcome: Outcome) {
+        self.with(|r| r.outcome = Some(outcome));
+    }
+
+    /// The request failed (an error answer, kvbust's or the upstream's): an error in the
+    /// run's figures, never an accounted success.
+    pub fn fail(&self, status: u16, side: Side) {
         self.with(|r| {
-            r.outcome = Some(Outcome {
-                tokens,
-                ttft,
-                complete,
-                content_events: events,
-                ended: Some(Instant::now()),
+            r.failure = Some(Failure {
+                status: status.to_string(),
+                side,
             })
         });
+    }
+
+    /// Writes the request's access line when the ticket is counted, with the prediction.
+    pub fn log_when_counted(
+        &self,
+        entry: crate::access_log::Entry,
+        outcome: crate::access_log::Outcome,
+    ) {
+        *crate::sync::lock(&self.0.log) = Some((entry, outcome));
+    }
+
+    /// The run the request belongs to.
+    pub fn run(&self) -> &Arc<RunCell> {
+        &self.0.run
+    }
+
+    /// The model's prediction so far, for the access log (`None` until the model took it).
+    pub fn prediction(&self) -> Option<Prediction> {
+        crate::sync::lock(&self.0.record).prediction.clone()
     }
 
     /// The request's capture row (written when the response ends).
@@ -219,10 +284,13 @@ pub struct CacheModel {
     facts: Facts,
     settings: Settings,
     metrics: Metrics,
-    ledger: Arc<RunLedger>,
+    runs: Arc<Runs>,
+    /// Bumped by each upstream cache reset; every job carries the value it was submitted under,
+    /// so the worker empties its index between the jobs before a reset and those after.
+    epoch: AtomicU64,
     stats: Arc<Stats>,
     /// The queue to the worker, made (and the worker started) by the first job.
-    queue: OnceLock<Option<SyncSender<Job>>>,
+    queue: OnceLock<Option<SyncSender<(u64, Job)>>>,
     queue_len: usize,
     queued_bytes: Arc<AtomicU64>,
     /// Bytes of bodies the queue may hold: a quarter of `max_memory`.
@@ -273,7 +341,16 @@ impl CacheModel {
                 topology: resolve_topology(c, config),
             },
             settings,
-            ledger: Arc::new(RunLedger::new(metrics.clone(), benchmark_id)),
+            runs: Arc::new(Runs::new(
+                metrics.clone(),
+                runs::RunSettings {
+                    idle_gap: config.run.idle_gap,
+                    keep: config.run.keep,
+                    auto_warmup: config.cache_bust.auto_warmup_requests,
+                },
+                benchmark_id,
+            )),
+            epoch: AtomicU64::new(0),
             metrics,
             stats: Arc::new(Stats {
                 capturing: capture_settings.is_some(),
@@ -292,18 +369,21 @@ impl CacheModel {
     /// Waits until every request seen so far is counted (its response ended and the model
     /// took it), or `limit` passes; returns whether everything was counted.
     pub async fn settle(&self, limit: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let settled = self.open.settled.notified();
-            tokio::pin!(settled);
-            settled.as_mut().enable();
-            if self.open.n.load(Ordering::Acquire) == 0 {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, settled).await.is_err() {
-                return false;
-            }
-        }
+        self.open.settle(limit).await
+    }
+
+    /// The runs.
+    pub fn runs(&self) -> &Arc<Runs> {
+        &self.runs
+    }
+
+    /// The upstream's prefix cache was emptied (`by` says who asked): the model empties its
+    /// index before the next request it takes, and the open runs note it.
+    pub fn cache_reset(&self, by: &'static str) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.runs.note("cache_reset", by);
+        self.metrics.cache_resets.with_label_values(&[by]).inc();
+        tracing::info!(by, "the upstream's prefix cache was reset: the cache model forgets its index");
     }
 
     /// Whether requests are captured (`[capture]`): the model then also needs the body as the
@@ -317,26 +397,20 @@ impl CacheModel {
         self.facts.enabled
     }
 
-    /// A ticket for one generation request, started at `at`.
-    pub fn ticket(
-        &self,
-        at: Instant,
-        phase: Phase,
-        target: Target,
-        benchmark_id: Option<String>,
-    ) -> Ticket {
+    /// A ticket for one generation request of `run`, arrived at `at`.
+    pub fn ticket(&self, at: Instant, phase: Phase, target: Target, run: Arc<RunCell>) -> Ticket {
+        run.open.open();
         Ticket(Arc::new(TicketInner {
             capture: self.capture.clone(),
             open: self.open.open(),
-            ledger: self.ledger.clone(),
+            runs: self.runs.clone(),
+            run,
+            log: Mutex::new(None),
             record: Mutex::new(ledger::Record {
                 at: Some(at),
                 phase: Some(phase),
                 target: Some(target),
-                benchmark_id,
-                prediction: None,
-                outcome: None,
-                capture: None,
+                ..ledger::Record::default()
             }),
         }))
     }
@@ -380,15 +454,20 @@ impl CacheModel {
             return;
         }
         let size = job.bytes();
+        let ticket = job.ticket.clone();
+        ticket.with(|r| r.submitted = true);
+        let refuse = |reason| ticket.with(|r| r.unaccounted = Some(reason));
         let queued = self.queued_bytes.fetch_add(size, Ordering::AcqRel) + size;
         if queued > self.queue_budget {
             self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
+            refuse("queue_full");
             self.unaccounted("queue_full");
             return;
         }
         let sender = self.queue.get_or_init(|| self.start_worker());
+        let epoch = self.epoch.load(Ordering::Acquire);
         let refused = match sender {
-            Some(tx) => match tx.try_send(job) {
+            Some(tx) => match tx.try_send((epoch, job)) {
                 Ok(()) => None,
                 Err(TrySendError::Full(_)) => Some("queue_full"),
                 Err(TrySendError::Disconnected(_)) => Some("model_stopped"),
@@ -397,6 +476,7 @@ impl CacheModel {
         };
         if let Some(reason) = refused {
             self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
+            refuse(reason);
             self.unaccounted(reason);
         }
         self.metrics
@@ -408,7 +488,7 @@ impl CacheModel {
         unaccounted(&self.metrics, &self.stats, reason);
     }
 
-    fn start_worker(&self) -> Option<SyncSender<Job>> {
+    fn start_worker(&self) -> Option<SyncSender<(u64, Job)>> {
         let (tx, rx) = sync_channel(self.queue_len);
         let model = worker::Worker::new(
             self.settings.clone(),
@@ -437,13 +517,12 @@ impl CacheModel {
 
     /// The current run's report.
     pub fn report(&self) -> report::Report {
-        self.ledger.snapshot(self.facts())
+        self.report_of(&self.runs.current())
     }
 
-    /// Starts a new run and returns the report of the one it closed (the model's index is
-    /// kept: the upstream's cache does not reset with a run).
-    pub fn reset(&self, benchmark_id: Option<String>) -> report::Report {
-        self.ledger.reset(benchmark_id, self.facts())
+    /// `run`'s report now.
+    pub fn report_of(&self, run: &RunCell) -> report::Report {
+        self.runs.report(run, self.facts())
     }
 
     fn facts(&self) -> report::ModelFacts {

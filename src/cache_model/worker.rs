@@ -74,7 +74,7 @@ impl Worker {
     }
 
     /// Serves jobs until every sender is gone.
-    pub(super) fn run(self, jobs: Receiver<Job>) {
+    pub(super) fn run(self, jobs: Receiver<(u64, Job)>) {
         let mut model = match self.load() {
             Ok(m) => Some(m),
             Err(e) => {
@@ -82,8 +82,17 @@ impl Worker {
                 None
             }
         };
-        for job in jobs {
+        let mut epoch = 0;
+        for (submitted_in, job) in jobs {
             let size = job.bytes();
+            if submitted_in != epoch {
+                // The upstream's cache was emptied between the last job and this one.
+                epoch = submitted_in;
+                if let Some(m) = model.as_mut() {
+                    let s = &self.settings;
+                    m.index = BlockIndex::new(s.block_size, s.capacity);
+                }
+            }
             match model.as_mut() {
                 Some(m) => self.serve(m, job),
                 None => unaccounted(&self.metrics, &self.stats, "tokenizer_error"),
@@ -146,13 +155,17 @@ impl Worker {
         let endpoint = job.shape;
         let prompt = match crate::mock::openai::parse_request(endpoint, &job.body, "") {
             Ok(req) => req.prompt,
-            Err(_) => return unaccounted(&self.metrics, &self.stats, "unparseable"),
+            Err(_) => {
+                job.ticket.with(|r| r.unaccounted = Some("unparseable"));
+                return unaccounted(&self.metrics, &self.stats, "unparseable");
+            }
         };
         let iso = iso_hint(&job, &prompt);
         let encoded = match tokens::encode(&m.vocab, &mut m.memo, &prompt, &iso) {
             Ok(e) => e,
             Err(e) => {
                 tracing::debug!("cache model: {e}");
+                job.ticket.with(|r| r.unaccounted = Some(e.reason()));
                 return unaccounted(&self.metrics, &self.stats, e.reason());
             }
         };
@@ -185,6 +198,7 @@ impl Worker {
             iso_block,
         };
         let (reuse, mut breaches) = attribution::attribute(&hit.owners, bs, &me);
+        let breach_tokens = attribution::breach_tokens(&hit.owners, bs, &me);
         let collided = source.is_some() && collided(m, session, &encoded.ids, &hashes, bs);
         if collided && attribution::guards_sessions(target) {
             breaches.push(Breach::SessionCollision);
@@ -206,6 +220,8 @@ impl Worker {
             cached,
             reuse,
             breaches,
+            breach_tokens,
+            compaction: false,
         });
     }
 

@@ -76,6 +76,9 @@ struct Exchange {
     idle_turn: Option<Arc<Downstream>>,
     /// Where the cache model's prediction meets the response's usage (API routes).
     ticket: Option<crate::cache_model::Ticket>,
+    /// A client's `POST /reset_prefix_cache` or `/flush_cache`: when the upstream answers 2xx,
+    /// the cache model forgets its index as the engine did.
+    resets_cache: bool,
 }
 
 impl Exchange {
@@ -235,6 +238,7 @@ impl Proxy {
         let start = Instant::now();
         let in_flight = InFlight::begin(&self.rt.metrics, Some(client.activity.begin()));
         let route = Route::classify(req.method(), req.uri().path());
+        let resets_cache = crate::upstream::reset::is_reset(req.method(), req.uri().path());
         let mut req = req;
         let log = crate::access_log::Entry::begin(
             &self.rt.config.log,
@@ -253,6 +257,7 @@ impl Proxy {
             strip_usage: false,
             idle_turn: None,
             ticket: None,
+            resets_cache,
         };
         // HTTP/2 streams share their connection: they go through the worker's pool.
         let affinity = (req.version() < http::Version::HTTP_2).then_some(&client.affinity);
@@ -279,6 +284,9 @@ impl Proxy {
                     );
                 }
                 self.rt.metrics.error(fault, err.code());
+                if let Some(t) = ex.ticket.take() {
+                    t.fail(err.status().as_u16(), side_of(err.fault()));
+                }
                 let code = err.code();
                 let mut resp = err.into_response::<Full<Bytes>>();
                 if let Some(log) = ex.log.take() {
@@ -374,12 +382,15 @@ impl Proxy {
             return Ok(None);
         };
         let control = rewrite::has_control_headers(&parts.headers, &cfg.headers);
-        let decision = rewrite::decide(&parts.headers, control, &self.rt)?;
+        // The run is stamped at arrival: the request counts there whenever it is answered
+        // and modelled, and the run's own warmup count decides an unmarked phase.
+        let model = &self.rt.cache_model;
+        let name = rewrite::run_name(&parts.headers, control, &self.rt)?;
+        let run = model.runs().arrive(name, start);
+        let decision = rewrite::decide(&parts.headers, control, &self.rt, &run)?;
         ex.phase = Some(decision.phase);
         ex.target = decision.target;
-        let model = &self.rt.cache_model;
-        let explicit_id = decision.explicit.as_ref().map(|e| e.benchmark_id.clone());
-        ex.ticket = Some(model.ticket(start, decision.phase, decision.target, explicit_id));
+        ex.ticket = Some(model.ticket(start, decision.phase, decision.target, run));
         let synth = synthesize::wants_synthesis(&parts.headers, control, parts.uri.path(), cfg)?;
         if synth && shape != Shape::Chat {
             return Err(ProxyError::bad_request(
@@ -908,6 +919,18 @@ impl Proxy {
                 .then(|| ex.ticket.take())
                 .flatten(),
         );
+        if ex.resets_cache && parts.status.is_success() {
+            self.rt.cache_model.cache_reset("forwarded");
+        }
+        if let Some(t) = ex.ticket.take() {
+            // The upstream answered with an error: the run counts it as one, by whose fault.
+            let side = if parts.status.is_client_error() {
+                crate::cache_model::Side::Client
+            } else {
+                crate::cache_model::Side::Upstream
+            };
+            t.fail(parts.status.as_u16(), side);
+        }
         let body = Observed::with_idle_timer(
             body,
             cfg.upstream.idle_timeout,
@@ -1143,6 +1166,15 @@ fn submit_to_model(
     });
 }
 
+/// The run report's side of a fault.
+fn side_of(fault: crate::error::Fault) -> crate::cache_model::Side {
+    match fault {
+        crate::error::Fault::Client => crate::cache_model::Side::Client,
+        crate::error::Fault::Upstream => crate::cache_model::Side::Upstream,
+        crate::error::Fault::Internal => crate::cache_model::Side::Kvbust,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1310,7 +1342,7 @@ mod tests {
     async fn each_step_alone(s: &Steps, headers: &http::HeaderMap) -> Vec<u8> {
         let (rt, synth) = runtime(s);
         let mut bytes = Bytes::from(body(s));
-        let mut d = rewrite::decide(headers, false, &rt).unwrap();
+        let mut d = rewrite::decide(headers, false, &rt, &rt.cache_model.runs().current()).unwrap();
         let mut session = None;
         if s.synth {
             let filled = synth.fill(&bytes, None, None).await.unwrap();
@@ -1343,7 +1375,8 @@ mod tests {
         for (name, want) in STEPS {
             let s = &Steps::from_words(name);
             let (rt, synth) = runtime(s);
-            let decision = rewrite::decide(&headers, false, &rt).unwrap();
+            let decision =
+                rewrite::decide(&headers, false, &rt, &rt.cache_model.runs().current()).unwrap();
             let mut work = BodyWork {
                 shape: Shape::Chat,
                 decision,
@@ -1367,6 +1400,7 @@ mod tests {
                 strip_usage: false,
                 idle_turn: None,
                 ticket: None,
+                resets_cache: false,
             };
             let client = Bytes::from(body(s));
             let before = crate::json::body_parses();

@@ -122,17 +122,41 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// The run a request names in `x-kvbust-run`, checked (`[A-Za-z0-9._-]{1,64}`).
+pub fn run_name<'a>(
+    headers: &'a HeaderMap,
+    control: bool,
+    rt: &SharedState,
+) -> Result<Option<&'a str>, ProxyError> {
+    if !control {
+        return Ok(None);
+    }
+    let name = &rt.config.headers.run;
+    match header(headers, name, rt.config.limits.control_header_len())? {
+        Some(v) if crate::cache_model::runs::valid_name(v) => Ok(Some(v)),
+        Some(v) => Err(ProxyError::bad_request(
+            "invalid_run",
+            format!(
+                "{name}: `{}` is not a run name: 1 to 64 of A-Z a-z 0-9 . _ -",
+                excerpt(v.as_bytes())
+            ),
+        )),
+        None => Ok(None),
+    }
+}
+
 /// Reads the request's phase, target and digest headers (`control`: from
 /// [`has_control_headers`]; without any, everything comes from the configuration).
 pub fn decide(
     headers: &HeaderMap,
     control: bool,
     rt: &SharedState,
+    run: &crate::cache_model::RunCell,
 ) -> Result<Decision, ProxyError> {
     let cfg = &rt.config.cache_bust;
     if !control {
         return Ok(Decision {
-            phase: rt.unphased_request_phase(),
+            phase: run.unphased_phase(rt.default_phase()),
             target: cfg.target,
             explicit: None,
             user_context_messages: cfg.user_context_messages,
@@ -146,7 +170,7 @@ pub fn decide(
             e.value = excerpt(e.value.as_bytes());
             ProxyError::bad_request("invalid_phase", format!("{h_phase}: {e}"))
         })?,
-        None => rt.unphased_request_phase(),
+        None => run.unphased_phase(rt.default_phase()),
     };
     let target = match header(headers, h_target, limit)? {
         Some(v) if cfg.allow_target_header => v.parse::<Target>().map_err(|mut e| {

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod render;
+pub mod verdict;
 
 /// The report's schema version: bumped when a field changes meaning or goes away (2: runs,
 /// the verdict, the client's summary per row, errors).

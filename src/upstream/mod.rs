@@ -9,4 +9,5 @@ pub mod client;
 pub mod headers;
 pub mod loop_guard;
 pub mod pool;
+pub mod reset;
 pub mod transport;

@@ -600,7 +600,7 @@ fn the_binary_logs_a_breach_and_the_report_table_on_sigterm() {
         assert!(breaches[0].contains(want), "{want}: {}", breaches[0]);
     }
     let at = log
-        .find("the run's report")
+        .find("run run-1's report")
         .unwrap_or_else(|| panic!("no report table: {log}"));
     let table = &log[at..];
     assert!(

@@ -81,7 +81,7 @@ fn bad_control_header_values_are_quoted_at_most_200_bytes() {
         h.insert(name, HeaderValue::from_str(&long).unwrap());
         h.insert("x-kvbust-trace-id", HeaderValue::from_static("t"));
         let control = has_control_headers(&h, &rt.config.headers);
-        let e = decide(&h, control, &rt).expect_err(name);
+        let e = decide(&h, control, &rt, &rt.cache_model.runs().current()).expect_err(name);
         let msg = e.to_string();
         assert_eq!(e.status(), http::StatusCode::BAD_REQUEST, "{name}: {msg}");
         assert!(msg.contains(name), "{msg}");

@@ -59,6 +59,11 @@ pub struct Observer {
     in_flight: Option<crate::proxy::exchange::InFlight>,
     /// Where the usage and TTFT meet the cache model's prediction (2xx API responses).
     ticket: Option<crate::cache_model::Ticket>,
+    /// The gaps between content events (ms), kept for the run report's ITL when a ticket
+    /// meets this stream.
+    gaps: Option<Vec<f32>>,
+    /// The ticket the access line waits for (it carries the prediction).
+    log_ticket: Option<crate::cache_model::Ticket>,
 }
 
 enum Scan {
@@ -119,6 +124,8 @@ impl Observer {
             ended: false,
             aborted: None,
             access: None,
+            gaps: None,
+            log_ticket: None,
         }
     }
 
@@ -130,14 +137,30 @@ impl Observer {
 
     /// Hands the response's usage and TTFT to `ticket` when the body ends (or is dropped).
     pub fn meeting(mut self, ticket: Option<crate::cache_model::Ticket>) -> Self {
+        if ticket.is_some() && matches!(self.mode, Scan::Sse { .. }) {
+            self.gaps = Some(Vec::new());
+        }
+        if self.access.is_some() {
+            self.log_ticket = ticket.clone();
+        }
         self.ticket = ticket;
         self
     }
 
     fn hand_in(&mut self, complete: bool) {
         if let Some(t) = self.ticket.take() {
-            let ttft = self.first_content.map(|at| at - self.start);
-            t.outcome(self.tokens(), ttft, complete, self.content_events);
+            // A whole (not streamed) answer's first token is its end, as clients time it.
+            let now = Instant::now();
+            let first = self.first_content.or((complete && self.gaps.is_none()).then_some(now));
+            t.outcome(crate::cache_model::Outcome {
+                tokens: self.tokens(),
+                ttft: first.map(|at| at - self.start),
+                complete,
+                content_events: self.content_events,
+                ended: Some(now),
+                aborted: self.aborted,
+                gaps_ms: self.gaps.take().unwrap_or_default(),
+            });
         }
     }
 
@@ -218,7 +241,11 @@ impl Observer {
                         .with_label_values(&[self.route.label(), self.phase, self.target])
                         .observe(secs(now - self.start));
                 }
-                Some(prev) => self
+                Some(prev) => {
+                    if let Some(g) = self.gaps.as_mut() {
+                        g.push((now - prev).as_secs_f32() * 1000.0);
+                    }
+                    self
                     .inter_token
                     .get_or_insert_with(|| {
                         self.metrics.inter_token.with_label_values(&[
@@ -227,7 +254,8 @@ impl Observer {
                             self.target,
                         ])
                     })
-                    .observe(secs(now - prev)),
+                    .observe(secs(now - prev))
+                }
             }
             self.last_content = Some(now);
         }
@@ -289,14 +317,22 @@ impl Drop for Observer {
         self.duration.observe(secs(elapsed));
         if let Some(entry) = self.access.take() {
             let streamed = matches!(self.mode, Scan::Sse { .. });
-            entry.write(&crate::access_log::Outcome {
+            let outcome = crate::access_log::Outcome {
                 ttft: self.first_content.map(|t| t - self.start),
                 duration: elapsed,
                 events: streamed.then_some(self.events),
                 bytes_out: self.bytes_out,
                 tokens: self.tokens(),
                 end: self.aborted.unwrap_or("complete"),
-            });
+                run: None,
+                predicted: None,
+            };
+            // With a ticket, the line waits for the model's prediction (it is written when the
+            // ticket is counted); without one it goes now.
+            match self.log_ticket.take() {
+                Some(t) => t.log_when_counted(entry, outcome),
+                None => entry.write(&outcome),
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The admin port: `/healthz`, `/readyz`, `/metrics`, `GET|PUT /phase`, `GET /config`,
-//! `GET /report`, `POST /report/reset`.
+//! `GET /report`, and the runs ([`runs`]: `POST /report/reset`, `/runs`, `/runs/NAME`,
+//! `POST /upstream/reset-cache`).
 //! Never proxies traffic; mutating calls need the bearer token when one is configured.
 
 use std::future::Future;
@@ -19,6 +20,8 @@ use crate::cachebust::Phase;
 use crate::conn::{Activity, Admit, BodyTimeout, ConnTable, TimedIo};
 use crate::error::{error_body, json_response};
 use crate::runtime::SharedState;
+
+mod runs;
 
 type AdminBody = Full<Bytes>;
 
@@ -127,22 +130,27 @@ async fn handle(req: Request<Incoming>, rt: &SharedState) -> Response<AdminBody>
         (&Method::GET, "/config") => typed(rt.config.redacted().to_toml(), "application/toml"),
         (&Method::GET, "/report") => match report_wait(req.uri().query()) {
             Ok(wait) => {
-                if !wait.is_zero() && !rt.cache_model.settle(wait).await {
+                let current = rt.cache_model.runs().current();
+                if !wait.is_zero() && !current.settle(wait).await {
                     tracing::info!("GET /report: requests were still open after {wait:?}");
                 }
-                report_json(&rt.cache_model.report())
+                report_json(&rt.cache_model.report_of(&current))
             }
             Err(msg) => error(StatusCode::BAD_REQUEST, &msg, "invalid_query"),
         },
-        (&Method::POST, "/report/reset") => reset_report(&req, rt),
-        (_, "/healthz" | "/readyz" | "/metrics" | "/phase" | "/config" | "/report" | "/report/reset") => error(
+        (&Method::POST, "/report/reset") => runs::open(req, rt, false).await,
+        (&Method::POST, "/runs") => runs::open(req, rt, true).await,
+        (&Method::GET, "/runs") => runs::list(rt),
+        (&Method::POST, "/upstream/reset-cache") => runs::reset_cache(&req, rt).await,
+        (method, p) if p.starts_with("/runs/") => runs::one(method, &req, p, rt).await,
+        (_, "/healthz" | "/readyz" | "/metrics" | "/phase" | "/config" | "/report" | "/report/reset" | "/runs" | "/upstream/reset-cache") => error(
             StatusCode::METHOD_NOT_ALLOWED,
             &format!("{} is not allowed on {path}", req.method()),
             "method_not_allowed",
         ),
         _ => error(
             StatusCode::NOT_FOUND,
-            &format!("no admin endpoint {path}; try /healthz, /readyz, /metrics, /phase, /config, /report"),
+            &format!("no admin endpoint {path}; try /healthz, /readyz, /metrics, /phase, /config, /report, /runs"),
             "not_found",
         ),
     }
@@ -228,20 +236,6 @@ fn report_json(r: &crate::report::Report) -> Response<AdminBody> {
             "internal",
         ),
     }
-}
-
-/// `POST /report/reset` (token-checked): starts a new run and answers with the report of the
-/// run it closed, so a script can keep each run's figures.
-fn reset_report(req: &Request<Incoming>, rt: &SharedState) -> Response<AdminBody> {
-    if let Some(resp) = check_token(req, rt.config.admin.token.as_deref()) {
-        return resp;
-    }
-    let closed = rt.cache_model.reset(None);
-    tracing::info!(
-        benchmark_id = closed.run.benchmark_id.as_str(),
-        "report reset: a new run starts"
-    );
-    report_json(&closed)
 }
 
 /// `None` when the call may go ahead: no `admin.token` is configured, or `req` carries it.

@@ -1,0 +1,172 @@
+//! The verdict every report opens with: did isolation hold, from a run's rows and its breach
+//! tokens. Pure: rows in, one [`Verdict`] out; owns the rule and the sentence, never counts.
+
+use super::{Isolation, Row, Verdict};
+
+/// Tokens past isolation points, summed over a run (the model's attribution).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BreachTokens {
+    /// Served from blocks another session put there, past the isolation point.
+    pub cross_session: u64,
+    /// Served to profiling requests from blocks warmup put there, past the isolation point.
+    pub warmup_reuse: u64,
+}
+
+/// The verdict of a run whose rows are `rows`.
+pub fn judge(rows: &[Row], tokens: BreachTokens) -> Verdict {
+    let isolating: Vec<&Row> = rows.iter().filter(|r| r.target != "none").collect();
+    if isolating.is_empty() {
+        return not_requested(rows);
+    }
+    let accounted: u64 = isolating.iter().map(|r| r.accounted_requests).sum();
+    let requests: u64 = isolating.iter().map(|r| r.requests).sum();
+    let collisions: u64 = isolating.iter().map(|r| r.breaches.session_collision).sum();
+    let targets = names(isolating.iter().map(|r| r.target.as_str()));
+    let mut v = Verdict {
+        reused_from_warmup_tokens: tokens.warmup_reuse,
+        cross_session_tokens: tokens.cross_session,
+        ..Verdict::default()
+    };
+    if tokens.warmup_reuse == 0 && tokens.cross_session == 0 && collisions == 0 {
+        v.isolation = Isolation::Held;
+        v.message = if accounted == 0 {
+            format!(
+                "Isolation requested ({targets}) but not checked: the cache model accounted none \
+                 of {requests} requests (see cache_model.unaccounted)."
+            )
+        } else {
+            format!(
+                "Isolation held: 0 tokens reused from warmup past the isolation point and 0 \
+                 across sessions ({accounted} of {requests} requests checked, {targets})."
+            )
+        };
+        return v;
+    }
+    v.isolation = Isolation::Breached;
+    let mut parts = Vec::new();
+    let mut fixes = Vec::new();
+    if tokens.warmup_reuse > 0 {
+        parts.push(format!(
+            "{} profiling prompt tokens reused warmup's cache past the isolation point",
+            tokens.warmup_reuse
+        ));
+        fixes.push(
+            "mark warmup requests as warmup (x-kvbust-phase, or the run's warmup_requests: \
+             kvbust run --warmup-requests N)",
+        );
+    }
+    if tokens.cross_session > 0 {
+        parts.push(format!(
+            "{} prompt tokens were served across sessions",
+            tokens.cross_session
+        ));
+        fixes.push("give every conversation its own session key (x-correlation-id)");
+    }
+    if collisions > 0 {
+        parts.push(format!(
+            "{collisions} requests carried another live conversation's session key"
+        ));
+        fixes.push("send a distinct x-correlation-id per conversation");
+    }
+    v.message = format!(
+        "Isolation breached ({targets}): {}. Fix: {}.",
+        parts.join("; "),
+        fixes.join("; ")
+    );
+    v
+}
+
+fn not_requested(rows: &[Row]) -> Verdict {
+    let profiling = rows.iter().filter(|r| r.phase == "profiling");
+    let (warm, prompt) = profiling.fold((0, 0), |(w, p), r| {
+        (w + r.reuse.warmup, p + r.prompt_tokens.predicted)
+    });
+    let share = (prompt > 0).then(|| warm as f64 / prompt as f64);
+    let message = match share {
+        Some(s) if warm > 0 => format!(
+            "Isolation not requested (target none): {:.1}% of profiling prompt tokens ({warm} of \
+             {prompt}) were served from warmup's cache. Set a cache-bust target to isolate.",
+            s * 100.0
+        ),
+        Some(_) => "Isolation not requested (target none): no profiling prompt token was served \
+                    from warmup's cache."
+            .to_string(),
+        None => "Isolation not requested (target none).".to_string(),
+    };
+    Verdict {
+        isolation: Isolation::NotRequested,
+        reused_from_warmup_tokens: warm,
+        cross_session_tokens: 0,
+        warmup_share: share,
+        message,
+    }
+}
+
+fn names<'a>(targets: impl Iterator<Item = &'a str>) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for t in targets {
+        if !seen.contains(&t) {
+            seen.push(t);
+        }
+    }
+    seen.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Breaches, Pair, Reuse};
+
+    fn row(phase: &str, target: &str, accounted: u64, prompt: u64, warm: u64) -> Row {
+        Row {
+            phase: phase.into(),
+            target: target.into(),
+            requests: accounted,
+            accounted_requests: accounted,
+            prompt_tokens: Pair {
+                reported: None,
+                predicted: prompt,
+            },
+            reuse: Reuse {
+                warmup: warm,
+                ..Reuse::default()
+            },
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn the_verdict_follows_the_rule() {
+        let t = |c, w| BreachTokens {
+            cross_session: c,
+            warmup_reuse: w,
+        };
+        let none = [row("warmup", "none", 4, 400, 0), row("profiling", "none", 10, 1000, 970)];
+        let held = [row("profiling", "first_turn_prefix", 10, 1000, 0)];
+        let mut collided = held.clone();
+        collided[0].breaches = Breaches {
+            session_collision: 2,
+            ..Breaches::default()
+        };
+        let unchecked = [row("profiling", "system_prefix", 0, 0, 0)];
+        // (rows, tokens, isolation, warmup_share, words the sentence must hold)
+        let cases: Vec<(&[Row], BreachTokens, Isolation, Option<f64>, &[&str])> = vec![
+            (&none, t(0, 0), Isolation::NotRequested, Some(0.97), &["97.0%", "970 of 1000"]),
+            (&none[..1], t(0, 0), Isolation::NotRequested, None, &["not requested"]),
+            (&held, t(0, 0), Isolation::Held, None, &["held", "10 of 10", "first_turn_prefix"]),
+            (&held, t(0, 48), Isolation::Breached, None, &["48 profiling", "x-kvbust-phase"]),
+            (&held, t(32, 0), Isolation::Breached, None, &["32 prompt tokens", "x-correlation-id"]),
+            (&collided, t(0, 0), Isolation::Breached, None, &["2 requests", "distinct"]),
+            (&unchecked, t(0, 0), Isolation::Held, None, &["not checked"]),
+            (&[], t(0, 0), Isolation::NotRequested, None, &["not requested"]),
+        ];
+        for (rows, tokens, isolation, share, words) in cases {
+            let v = judge(rows, tokens);
+            assert_eq!(v.isolation, isolation, "{}", v.message);
+            assert_eq!(v.warmup_share, share, "{}", v.message);
+            for w in words {
+                assert!(v.message.contains(w), "{w:?} in {:?}", v.message);
+            }
+        }
+    }
+}
