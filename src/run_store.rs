@@ -45,7 +45,12 @@ pub async fn finish(rt: &SharedState, cell: &Arc<RunCell>) -> Report {
             Err(e) => tracing::error!(run = cell.name, "cannot save the run: {e}"),
         }
     }
-    tracing::info!(run = cell.name, verdict = report.verdict.isolation.as_str(), "{}", report.verdict.message);
+    tracing::info!(
+        run = cell.name,
+        verdict = report.verdict.isolation.as_str(),
+        "{}",
+        report.verdict.message
+    );
     report
 }
 

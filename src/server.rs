@@ -188,11 +188,7 @@ pub async fn run(
     );
 
     let models_check = spawn_models_check(&parts);
-    let _ = rt.upstream_reset.set((
-        parts.upstream.clone(),
-        client::build_client(&config.upstream, parts.client_tls.clone(), &parts.upstream),
-    ));
-    let ticker = crate::run_store::spawn_ticker(rt.clone(), stop_rx.clone());
+    let ticker = start_runs(&rt, &parts, stop_rx.clone());
 
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_task = tokio::spawn(admin::serve(
@@ -207,11 +203,8 @@ pub async fn run(
     shutdown.await;
 
     let report = drain(&rt, &stop_tx, health, workers).await;
-    if let Some(t) = models_check {
+    for t in [models_check, tls_watch].into_iter().flatten() {
         t.abort();
-    }
-    if let Some(w) = tls_watch {
-        w.abort();
     }
     let _ = ticker.await;
     log_report(&rt).await;
@@ -405,6 +398,21 @@ fn spawn_worker(
 /// Logs the run's report table once, when the run saw a generation request: what a person
 /// reads at the end of a benchmark, in the log of a container that is going away. Waits a
 /// moment for the cache model to count the last requests.
+/// The runs' side of serving: the admin port's cache resets reach the upstream as requests
+/// do, and the ticker closes idle runs.
+fn start_runs(
+    rt: &Arc<SharedState>,
+    parts: &WorkerParts,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let config = &rt.config;
+    let _ = rt.upstream_reset.set((
+        parts.upstream.clone(),
+        client::build_client(&config.upstream, parts.client_tls.clone(), &parts.upstream),
+    ));
+    crate::run_store::spawn_ticker(rt.clone(), stop)
+}
+
 /// Closes the open runs (each waits for its requests within `run.close_wait`, and is saved
 /// with `run.results_dir`) and logs each one that saw requests.
 async fn log_report(rt: &SharedState) {

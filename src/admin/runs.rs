@@ -27,7 +27,11 @@ struct OpenBody {
 /// Closes the current run and opens a new one (named by the body of `POST /runs`; generated
 /// for `POST /report/reset`); answers with the closed run's report once its requests are
 /// counted (within `run.close_wait`), the new run's name in `x-kvbust-run`.
-pub(super) async fn open(req: Request<Incoming>, rt: &SharedState, body: bool) -> Response<AdminBody> {
+pub(super) async fn open(
+    req: Request<Incoming>,
+    rt: &SharedState,
+    body: bool,
+) -> Response<AdminBody> {
     if let Some(resp) = check_token(&req, rt.config.admin.token.as_deref()) {
         return resp;
     }
@@ -70,7 +74,10 @@ pub(super) async fn open(req: Request<Incoming>, rt: &SharedState, body: bool) -
     resp
 }
 
-async fn read_body(req: Request<Incoming>, rt: &SharedState) -> Result<OpenBody, Response<AdminBody>> {
+async fn read_body(
+    req: Request<Incoming>,
+    rt: &SharedState,
+) -> Result<OpenBody, Response<AdminBody>> {
     let body = BodyTimeout::new(req.into_body(), rt.config.listen.body_deadlines());
     let bytes = match Limited::new(body, 64 << 10).collect().await {
         Ok(b) => b.to_bytes(),

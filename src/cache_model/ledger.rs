@@ -363,8 +363,9 @@ impl Acc {
                 ..RowAcc::default()
             });
         let divergence = count_row(acc, r);
-        let at =
-            r.at.map_or(Duration::ZERO, |t| t.saturating_duration_since(self.started));
+        let at = r.at.map_or(Duration::ZERO, |t| {
+            t.saturating_duration_since(self.started)
+        });
         add_to_timeline(self, phase, at, r);
         divergence
     }
@@ -595,4 +596,3 @@ pub fn breach_list(b: &Breaches) -> Vec<&'static str> {
         .map(|k| k.as_str())
         .collect()
 }
-

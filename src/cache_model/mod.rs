@@ -383,7 +383,10 @@ impl CacheModel {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.runs.note("cache_reset", by);
         self.metrics.cache_resets.with_label_values(&[by]).inc();
-        tracing::info!(by, "the upstream's prefix cache was reset: the cache model forgets its index");
+        tracing::info!(
+            by,
+            "the upstream's prefix cache was reset: the cache model forgets its index"
+        );
     }
 
     /// Whether requests are captured (`[capture]`): the model then also needs the body as the

@@ -242,7 +242,10 @@ impl Runs {
         if idle && (g.current.in_flight() > 0 || !g.current.lock().acc.is_empty()) {
             let spec = RunSpec::default();
             let (closed, _) = self.switch(&mut g, spec, Opener::IdleGap, now);
-            tracing::info!(run = closed.name, "run closed after run.idle_gap without requests");
+            tracing::info!(
+                run = closed.name,
+                "run closed after run.idle_gap without requests"
+            );
             g.closed.push(closed);
         }
         let cell = g.current.clone();
@@ -310,7 +313,8 @@ impl Runs {
     pub fn close(&self, name: &str) -> Option<Arc<RunCell>> {
         let mut g = self.lock();
         if g.current.name == name {
-            let (closed, _) = self.switch(&mut g, RunSpec::default(), Opener::Admin, Instant::now());
+            let (closed, _) =
+                self.switch(&mut g, RunSpec::default(), Opener::Admin, Instant::now());
             return Some(closed);
         }
         let i = g.by_header.iter().position(|c| c.name == name)?;
@@ -345,7 +349,7 @@ impl Runs {
         let mut g = self.lock();
         let now = Instant::now();
         let mut done = std::mem::take(&mut g.closed);
-        done.extend(g.by_header.drain(..));
+        done.append(&mut g.by_header);
         done.push(g.current.clone());
         for c in &done {
             c.close(now);
@@ -359,7 +363,12 @@ impl Runs {
 
     /// The latest run called `name`.
     pub fn get(&self, name: &str) -> Option<Arc<RunCell>> {
-        self.lock().all.iter().rev().find(|c| c.name == name).cloned()
+        self.lock()
+            .all
+            .iter()
+            .rev()
+            .find(|c| c.name == name)
+            .cloned()
     }
 
     /// Every run held, oldest first.

@@ -136,12 +136,16 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // a table of cases
     fn the_verdict_follows_the_rule() {
         let t = |c, w| BreachTokens {
             cross_session: c,
             warmup_reuse: w,
         };
-        let none = [row("warmup", "none", 4, 400, 0), row("profiling", "none", 10, 1000, 970)];
+        let none = [
+            row("warmup", "none", 4, 400, 0),
+            row("profiling", "none", 10, 1000, 970),
+        ];
         let held = [row("profiling", "first_turn_prefix", 10, 1000, 0)];
         let mut collided = held.clone();
         collided[0].breaches = Breaches {
@@ -150,15 +154,64 @@ mod tests {
         };
         let unchecked = [row("profiling", "system_prefix", 0, 0, 0)];
         // (rows, tokens, isolation, warmup_share, words the sentence must hold)
-        let cases: Vec<(&[Row], BreachTokens, Isolation, Option<f64>, &[&str])> = vec![
-            (&none, t(0, 0), Isolation::NotRequested, Some(0.97), &["97.0%", "970 of 1000"]),
-            (&none[..1], t(0, 0), Isolation::NotRequested, None, &["not requested"]),
-            (&held, t(0, 0), Isolation::Held, None, &["held", "10 of 10", "first_turn_prefix"]),
-            (&held, t(0, 48), Isolation::Breached, None, &["48 profiling", "x-kvbust-phase"]),
-            (&held, t(32, 0), Isolation::Breached, None, &["32 prompt tokens", "x-correlation-id"]),
-            (&collided, t(0, 0), Isolation::Breached, None, &["2 requests", "distinct"]),
+        type Case<'a> = (
+            &'a [Row],
+            BreachTokens,
+            Isolation,
+            Option<f64>,
+            &'a [&'a str],
+        );
+        let cases: Vec<Case> = vec![
+            (
+                &none,
+                t(0, 0),
+                Isolation::NotRequested,
+                Some(0.97),
+                &["97.0%", "970 of 1000"],
+            ),
+            (
+                &none[..1],
+                t(0, 0),
+                Isolation::NotRequested,
+                None,
+                &["not requested"],
+            ),
+            (
+                &held,
+                t(0, 0),
+                Isolation::Held,
+                None,
+                &["held", "10 of 10", "first_turn_prefix"],
+            ),
+            (
+                &held,
+                t(0, 48),
+                Isolation::Breached,
+                None,
+                &["48 profiling", "x-kvbust-phase"],
+            ),
+            (
+                &held,
+                t(32, 0),
+                Isolation::Breached,
+                None,
+                &["32 prompt tokens", "x-correlation-id"],
+            ),
+            (
+                &collided,
+                t(0, 0),
+                Isolation::Breached,
+                None,
+                &["2 requests", "distinct"],
+            ),
             (&unchecked, t(0, 0), Isolation::Held, None, &["not checked"]),
-            (&[], t(0, 0), Isolation::NotRequested, None, &["not requested"]),
+            (
+                &[],
+                t(0, 0),
+                Isolation::NotRequested,
+                None,
+                &["not requested"],
+            ),
         ];
         for (rows, tokens, isolation, share, words) in cases {
             let v = judge(rows, tokens);

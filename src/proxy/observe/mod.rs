@@ -151,7 +151,9 @@ impl Observer {
         if let Some(t) = self.ticket.take() {
             // A whole (not streamed) answer's first token is its end, as clients time it.
             let now = Instant::now();
-            let first = self.first_content.or((complete && self.gaps.is_none()).then_some(now));
+            let first = self
+                .first_content
+                .or((complete && self.gaps.is_none()).then_some(now));
             t.outcome(crate::cache_model::Outcome {
                 tokens: self.tokens(),
                 ttft: first.map(|at| at - self.start),
@@ -245,16 +247,15 @@ impl Observer {
                     if let Some(g) = self.gaps.as_mut() {
                         g.push((now - prev).as_secs_f32() * 1000.0);
                     }
-                    self
-                    .inter_token
-                    .get_or_insert_with(|| {
-                        self.metrics.inter_token.with_label_values(&[
-                            self.route.label(),
-                            self.phase,
-                            self.target,
-                        ])
-                    })
-                    .observe(secs(now - prev))
+                    self.inter_token
+                        .get_or_insert_with(|| {
+                            self.metrics.inter_token.with_label_values(&[
+                                self.route.label(),
+                                self.phase,
+                                self.target,
+                            ])
+                        })
+                        .observe(secs(now - prev))
                 }
             }
             self.last_content = Some(now);
