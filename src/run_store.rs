@@ -30,7 +30,10 @@ pub async fn finish(rt: &SharedState, cell: &Arc<RunCell>) -> Report {
         );
     }
     let report = rt.cache_model.report_of(cell);
-    if let Some(dir) = &rt.config.run.results_dir {
+    // A run that saw no request (the one kvbust started with, before the first POST /runs)
+    // is not worth a file.
+    let empty = report.rows.is_empty() && report.run.events.is_empty();
+    if let (Some(dir), false) = (&rt.config.run.results_dir, empty) {
         let file = RunFile {
             kvbust_run: RUN_FILE_SCHEMA,
             config_digest: config_digest(rt),

@@ -14,6 +14,12 @@ pub struct BreachTokens {
 
 /// The verdict of a run whose rows are `rows`.
 pub fn judge(rows: &[Row], tokens: BreachTokens) -> Verdict {
+    if rows.is_empty() {
+        return Verdict {
+            message: "No request in this run yet.".into(),
+            ..Verdict::default()
+        };
+    }
     let isolating: Vec<&Row> = rows.iter().filter(|r| r.target != "none").collect();
     if isolating.is_empty() {
         return not_requested(rows);
@@ -205,13 +211,7 @@ mod tests {
                 &["2 requests", "distinct"],
             ),
             (&unchecked, t(0, 0), Isolation::Held, None, &["not checked"]),
-            (
-                &[],
-                t(0, 0),
-                Isolation::NotRequested,
-                None,
-                &["not requested"],
-            ),
+            (&[], t(0, 0), Isolation::NotRequested, None, &["No request"]),
         ];
         for (rows, tokens, isolation, share, words) in cases {
             let v = judge(rows, tokens);
