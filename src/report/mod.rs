@@ -366,6 +366,8 @@ pub struct SweepLine {
     pub isolation: Isolation,
     /// The run's verdict sentence.
     pub verdict: String,
+    /// Under target `none`: the share of profiling prompt tokens served from warmup's cache.
+    pub warmup_share: Option<f64>,
     /// Empty for a run without rows.
     pub phase: String,
     pub target: String,

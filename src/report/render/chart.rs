@@ -472,6 +472,35 @@ mod tests {
     }
 
     #[test]
+    fn the_time_axis_starts_at_the_runs_start_and_marks_its_events() {
+        let mut r = fixtures::one_phase();
+        // A 1.4-second run: 14 buckets of 0.1 s, the first at the run's start.
+        r.timeline.bucket_s = 0.1;
+        r.timeline.buckets = fixtures::buckets("profiling", 0, 14, 0.6, true);
+        r.run.events = vec![crate::report::RunEvent {
+            at_s: 0.5,
+            kind: "cache_reset".into(),
+            by: "admin".into(),
+        }];
+        let svg = hit_rate(&r);
+        // Bucket 0's point sits half a bucket from the axis's left end, not at the right edge.
+        let x0 = LEFT + (RIGHT - LEFT) * 0.05 / 1.4;
+        assert!(
+            svg.contains(&format!("cx=\"{x0:.1}\" ")) && svg.contains("data-index=\"0\""),
+            "{svg}"
+        );
+        assert!(svg.contains(&format!(
+            "<text class=\"tick x\" x=\"{LEFT:.1}\" y=\"{:.1}\" text-anchor=\"middle\">0</text>",
+            BOTTOM + 19.0
+        )));
+        let x = LEFT + (RIGHT - LEFT) * 0.5 / 1.4;
+        assert!(svg.contains(&format!(
+            "<g class=\"event\" data-kind=\"cache_reset\" data-at=\"0.5\"><line x1=\"{x:.1}\" x2=\"{x:.1}\""
+        )), "{svg}");
+        assert!(svg.contains("<title>cache reset at 0.5 s (by admin)</title>"));
+    }
+
+    #[test]
     fn an_empty_run_draws_axes_and_says_so() {
         let svg = hit_rate(&fixtures::empty());
         assert!(svg.contains("data-points=\"0\""));

@@ -27,7 +27,7 @@ ul.notes li.warn{border-color:#d97706;background:#fffbeb}
 ul.notes li.bad{border-color:#dc2626;background:#fef2f2}
 .scroll{overflow-x:auto}
 table{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums}
-th,td{padding:4px 6px;border-bottom:1px solid #e5e7eb}
+th,td{padding:4px 5px;border-bottom:1px solid #e5e7eb}
 td{white-space:nowrap}
 thead th{background:#f3f4f6;font-weight:600;vertical-align:bottom}
 thead tr.groups th{border-bottom:none;color:#374151}
@@ -40,6 +40,7 @@ td.bad{color:#b91c1c;background:#fef2f2;font-weight:700}
 svg.chart{width:100%;height:auto;display:block;border:1px solid #e5e7eb;border-radius:6px}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(720px,100%),1fr));gap:0 20px}
 footer{margin-top:24px;color:#9ca3af;font-size:12px}
+@media (max-width:1400px){body{padding:16px}table{font-size:12px}th,td{padding:3px 4px}}
 ";
 
 /// The whole page.
@@ -204,6 +205,8 @@ mod tests {
             assert!(!page.contains(banned), "{banned}");
         }
         assert_eq!(page.matches("<svg ").count(), 2);
+        // The page takes the window's width: no cap that would hide columns at 1920 px.
+        assert!(!page.contains("max-width:1200px"));
         assert!(page.contains("id=\"chart-hit-rate\"") && page.contains("id=\"chart-ttft\""));
     }
 

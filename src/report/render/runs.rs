@@ -27,6 +27,7 @@ pub fn sweep(reports: &[Report]) -> Sweep {
             complete: r.run.complete,
             isolation: r.verdict.isolation,
             verdict: verdict_sentence(&r.verdict),
+            warmup_share: r.verdict.warmup_share,
             command: r.run.command.clone(),
             ..SweepLine::default()
         };
@@ -111,8 +112,11 @@ fn cells(l: &SweepLine) -> Vec<(String, Option<f64>, Tone)> {
         "profiling" | "" => l.target.clone(),
         phase => format!("{} ({phase})", l.target),
     };
+    // As the run's verdict stands out: a breach bad; warmup's cache serving profiling without
+    // isolation, or a report not whole, worth a look.
     let tone = match l.isolation {
         Isolation::Breached => Tone::Bad,
+        Isolation::NotRequested if l.warmup_share.is_some_and(|s| s > 0.0) => Tone::Warn,
         _ if !l.complete => Tone::Warn,
         _ => Tone::Plain,
     };

@@ -192,7 +192,8 @@ impl Col {
         match self {
             Col::Phase => ("", "phase"),
             Col::Target => ("", "target"),
-            Col::Requests => ("requests", "accounted/all"),
+            // Spaced, so a narrow page may break the heading over two lines.
+            Col::Requests => ("requests", "accounted / all"),
             Col::Ok => ("", "ok"),
             Col::Errors => ("", "errors"),
             Col::PromptReported => ("prompt tokens", "reported"),
@@ -229,6 +230,7 @@ impl Col {
     /// [`Col::heading`] in the terminal's narrower grouping: ITL and e2e under one "p50 ms".
     pub(crate) fn terminal_heading(self) -> (&'static str, &'static str) {
         match self {
+            Col::Requests => ("requests", "accounted/all"),
             Col::ItlP50 => ("p50 ms", "ITL"),
             Col::E2eP50 => ("p50 ms", "e2e"),
             c => c.heading(),
@@ -569,6 +571,15 @@ fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
         .join(", ")
 }
 
+/// `502: 3, aborted: 2`: the non-zero counts of a map keyed by a name that may be a number.
+fn keyed(m: &std::collections::BTreeMap<String, u64>) -> String {
+    m.iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{k}: {}", int(*n)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// An incomplete report, and what happened on the run's time line.
 fn run_notes(r: &Report, notes: &mut Vec<Note>) {
     let mut note = |key, tone, text: String| notes.push(Note { key, tone, text });
@@ -610,8 +621,8 @@ fn row_notes(r: &Report, notes: &mut Vec<Note>) {
                 int(row.errors.count),
                 row.phase,
                 row.target,
-                counts(&row.errors.by_status),
-                counts(&row.errors.by_side)
+                keyed(&row.errors.by_status),
+                keyed(&row.errors.by_side)
             ),
         );
     }
@@ -701,6 +712,12 @@ mod tests {
             un.text
         );
         assert!(s.notes.iter().any(|n| n.key == "assumption"));
+        let errors = s.notes.iter().find(|n| n.key == "errors").unwrap();
+        assert_eq!(
+            errors.text,
+            "5 failed requests in profiling × first_turn_prefix (by status: 502: 3, aborted: 2; \
+             by side: client: 2, upstream: 3), none counted as a success"
+        );
     }
 
     #[test]

@@ -81,6 +81,16 @@ fn series(s: &Sweep, kinds: &[(&'static str, bool, Pick)]) -> Vec<Series> {
     out
 }
 
+/// A series' name as a person reads it.
+fn label(key: &str) -> &'static str {
+    match key {
+        "ttft_p50" => "TTFT p50",
+        "ttft_p99" => "TTFT p99",
+        "cached_predicted" => "cached, predicted",
+        _ => "cached, reported",
+    }
+}
+
 fn x_of(i: usize, n: usize) -> f64 {
     LEFT + (RIGHT - LEFT) * (i as f64 + 0.5) / n.max(1) as f64
 }
@@ -105,7 +115,7 @@ fn chart(s: &Sweep, id: &str, label: &str, all: &[Series], axis: &Axis) -> Strin
     let mut out = format!(
         "<svg id=\"{id}\" class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {W} {H}\" \
          role=\"img\" aria-label=\"{}\" data-points=\"{points}\" font-family=\"system-ui, sans-serif\">\
-         <g class=\"axes\" font-size=\"12\" fill=\"#374151\">",
+         <g class=\"axes\" font-size=\"14\" fill=\"#374151\">",
         esc(label)
     );
     let ticks = (axis.top / axis.step).round() as u64;
@@ -144,7 +154,7 @@ fn chart(s: &Sweep, id: &str, label: &str, all: &[Series], axis: &Axis) -> Strin
         out,
         "<line x1=\"{LEFT}\" x2=\"{RIGHT}\" y1=\"{BOTTOM}\" y2=\"{BOTTOM}\" stroke=\"#6b7280\"/>\
          <line x1=\"{LEFT}\" x2=\"{LEFT}\" y1=\"{TOP}\" y2=\"{BOTTOM}\" stroke=\"#6b7280\"/>\
-         <text class=\"axis-title y\" transform=\"translate(18 {:.1}) rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">{}</text></g>",
+         <text class=\"axis-title y\" transform=\"translate(18 {:.1}) rotate(-90)\" text-anchor=\"middle\" font-size=\"15\">{}</text></g>",
         (TOP + BOTTOM) / 2.0,
         esc(axis.title)
     );
@@ -165,15 +175,15 @@ fn chart(s: &Sweep, id: &str, label: &str, all: &[Series], axis: &Axis) -> Strin
 }
 
 fn legend(out: &mut String, all: &[Series]) {
-    out.push_str("<g class=\"legend\" font-size=\"13\" fill=\"#111827\">");
+    out.push_str("<g class=\"legend\" font-size=\"14\" fill=\"#111827\">");
     let (mut x, mut y) = (LEFT, 20.0);
     for s in all {
-        let text = format!("{} {}", s.target, s.key.replace('_', " "));
-        // Text width estimated at 7.5 units a character at 13 px; a full line wraps.
-        let width = 34.0 + 7.5 * text.chars().count() as f64 + 20.0;
+        let text = format!("{} {}", s.target, label(s.key));
+        // Text width estimated at 8 units a character at 14 px; a full line wraps.
+        let width = 34.0 + 8.0 * text.chars().count() as f64 + 20.0;
         if x + width > RIGHT && x > LEFT {
             x = LEFT;
-            y += 18.0;
+            y += 20.0;
         }
         let dash = if s.dashed {
             " stroke-dasharray=\"6 4\""
@@ -234,7 +244,7 @@ fn plot(out: &mut String, s: &Series, n: usize, axis: &Axis) {
             esc(run),
             esc(run),
             esc(&s.target),
-            s.key.replace('_', " "),
+            label(s.key),
             esc(&(axis.show)(*v))
         );
     }
