@@ -66,8 +66,9 @@ pub enum Command {
     /// passed on), close the run (POST /runs/NAME/close), print its verdict and a short summary
     /// to standard error, and save the run file with --results-dir.
     ///
-    /// Exit status: COMMAND's own when it failed (128 + the signal when one ended it), 3 when
-    /// the verdict fails --fail-on, 1 when the admin port cannot be reached, else 0. The admin
+    /// Exit status: COMMAND's own when it failed (128 + the signal when one ended it; 127 when
+    /// it cannot be found, 126 when it cannot be run), 3 when the verdict fails --fail-on, 1
+    /// when the run cannot be opened (COMMAND is then not started) or closed, else 0. The admin
     /// token comes from the configuration (admin.token, KVBUST_ADMIN__TOKEN).
     ///
     /// A sweep: `for c in 1 8 64; do kvbust run --name c$c --results-dir runs -- aiperf profile
@@ -375,6 +376,53 @@ mod tests {
             "{help}"
         );
         assert!(help.contains("self-contained"), "{help}");
+    }
+
+    #[test]
+    fn run_takes_the_command_after_the_double_dash_untouched() {
+        let cli = Cli::try_parse_from([
+            "kvbust",
+            "run",
+            "--name",
+            "c8",
+            "--fail-on",
+            "contamination",
+            "--warmup-requests",
+            "4",
+            "--",
+            "aiperf",
+            "profile",
+            "--name",
+            "--help",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run");
+        };
+        assert_eq!(args.name.as_deref(), Some("c8"));
+        assert_eq!(args.fail_on, crate::cli::run::FailOn::Contamination);
+        assert_eq!(args.warmup_requests, Some(4));
+        assert!(!args.reset_upstream_cache);
+        assert_eq!(args.command, ["aiperf", "profile", "--name", "--help"]);
+        // Without `--`, or without a command: refused.
+        for bad in [&["kvbust", "run", "aiperf"][..], &["kvbust", "run", "--"]] {
+            assert_eq!(
+                Cli::try_parse_from(bad).unwrap_err().exit_code(),
+                2,
+                "{bad:?}"
+            );
+        }
+        let Command::Report(args) = Cli::try_parse_from(["kvbust", "report", "a.json", "b.json"])
+            .unwrap()
+            .command
+        else {
+            panic!("not report");
+        };
+        assert_eq!(
+            args.files,
+            [PathBuf::from("a.json"), PathBuf::from("b.json")]
+        );
+        assert!(Cli::try_parse_from(["kvbust", "report", "--runs", "a.json"]).is_err());
     }
 
     #[test]
