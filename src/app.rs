@@ -31,6 +31,9 @@ pub enum AppError {
     Usage(String),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
+    /// A status of its own (`kvbust run`: the client's, or 3 for the verdict), and why.
+    #[error("{message}")]
+    Exit { code: u8, message: String },
 }
 
 impl AppError {
@@ -39,6 +42,7 @@ impl AppError {
             AppError::Config(_) => ExitCode::from(EXIT_CONFIG),
             AppError::Usage(_) => ExitCode::from(2),
             AppError::Other(_) => ExitCode::from(1),
+            AppError::Exit { code, .. } => ExitCode::from(*code),
         }
     }
 }
@@ -95,6 +99,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
         }
         Command::Healthcheck(args) => healthcheck(&args),
         Command::Report(args) => report(&args),
+        Command::Run(args) => run_client(&args),
         Command::Probe(args) => probe(&args),
         Command::Completions(args) => {
             use clap::CommandFactory;
@@ -146,28 +151,13 @@ fn healthcheck(args: &HealthcheckArgs) -> Result<(), AppError> {
     Ok(())
 }
 
-/// `kvbust report`: fetch `GET /report` from the admin port, render it, print or write it.
+/// `kvbust report`: fetch `GET /report` from the admin port (or read run files, or every run
+/// the port holds), render it, print or write it.
 fn report(args: &ReportArgs) -> Result<(), AppError> {
-    use crate::admin_client::ReportUrl;
     use crate::report::render::{self, Colour, Format};
     use std::io::{IsTerminal, Write};
     let timeout = crate::units::duration::parse_or_explain(&args.timeout)
         .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
-    let url = match &args.admin {
-        Some(admin) => {
-            ReportUrl::parse(admin).map_err(|e| AppError::Usage(format!("--admin {e}")))?
-        }
-        None => ReportUrl::of_listener(load(&args.flags)?.admin.addr),
-    };
-    // Half the time for the requests still open to be counted, half for the answer.
-    let url = url.waiting(timeout / 2);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| AppError::Other(anyhow::anyhow!("cannot start the async runtime: {e}")))?;
-    let fetched = rt
-        .block_on(crate::admin_client::fetch(&url, timeout))
-        .map_err(|e| AppError::Other(e.into()))?;
     // Colour for a person at a terminal only (and not when NO_COLOR asks otherwise).
     let colour = if args.output.is_none()
         && args.format == Format::Table
@@ -178,10 +168,38 @@ fn report(args: &ReportArgs) -> Result<(), AppError> {
     } else {
         Colour::Never
     };
-    let text = match args.format {
-        // The JSON as the admin port sent it, indented (not what this kvbust parsed of it).
-        Format::Json => render::pretty_json(&fetched.json),
-        f => render::render(&fetched.report, f, colour),
+    let text = match args.files.as_slice() {
+        [one] => render::render(&read_run_file(one)?, args.format, colour),
+        [] if !args.runs => {
+            let fetched = block_on(crate::admin_client::fetch(
+                // Half the time for the requests still open to be counted, half for the answer.
+                &report_url(args)?.waiting(timeout / 2),
+                timeout,
+            ))?;
+            match args.format {
+                // The JSON as the admin port sent it, indented (not what this kvbust parsed).
+                Format::Json => render::pretty_json(&fetched.json),
+                f => render::render(&fetched.report, f, colour),
+            }
+        }
+        [] => {
+            let admin = report_url(args)?.admin();
+            let reports = block_on(async {
+                let mut out = Vec::new();
+                for run in admin.runs(timeout).await? {
+                    out.push(admin.run_report(&run.name, timeout).await?.report);
+                }
+                Ok::<_, crate::admin_client::FetchError>(out)
+            })?;
+            render::render_runs(&reports, args.format, colour)
+        }
+        files => {
+            let reports = files
+                .iter()
+                .map(|f| read_run_file(f))
+                .collect::<Result<Vec<_>, _>>()?;
+            render::render_runs(&reports, args.format, colour)
+        }
     };
     match &args.output {
         Some(path) => std::fs::write(path, &text).map_err(|e| {
@@ -197,6 +215,96 @@ fn report(args: &ReportArgs) -> Result<(), AppError> {
             )),
             _ => Ok(()),
         },
+    }
+}
+
+/// The report's URL: --admin, else the configuration's admin.addr.
+fn report_url(args: &ReportArgs) -> Result<crate::admin_client::ReportUrl, AppError> {
+    use crate::admin_client::ReportUrl;
+    match &args.admin {
+        Some(admin) => ReportUrl::parse(admin).map_err(|e| AppError::Usage(format!("--admin {e}"))),
+        None => Ok(ReportUrl::of_listener(load(&args.flags)?.admin.addr)),
+    }
+}
+
+/// Runs `f` to its end on a runtime of the calling thread; its error as a failure (exit 1).
+fn block_on<T, E>(f: impl std::future::Future<Output = Result<T, E>>) -> Result<T, AppError>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| AppError::Other(anyhow::anyhow!("cannot start the async runtime: {e}")))?;
+    rt.block_on(f).map_err(|e| AppError::Other(e.into()))
+}
+
+/// A saved run (a run file, or a bare report) read from `path`.
+fn read_run_file(path: &std::path::Path) -> Result<crate::report::Report, AppError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| AppError::Other(anyhow::anyhow!("{}: cannot read it: {e}", path.display())))?;
+    crate::admin_client::read_run_file(&bytes)
+        .map_err(|e| AppError::Other(anyhow::anyhow!("{}: {e}", path.display())))
+}
+
+/// `kvbust run`: open a run, run the client, close, judge, save.
+fn run_client(args: &crate::cli::run::RunArgs) -> Result<(), AppError> {
+    use crate::admin_client::ReportUrl;
+    use crate::cli::run::{self, Plan, RunError};
+    use std::io::IsTerminal;
+    let timeout = crate::units::duration::parse_or_explain(&args.timeout)
+        .map_err(|e| AppError::Usage(format!("--timeout {e}")))?;
+    if let Some(name) = args.name.as_deref().filter(|n| !run::valid_name(n)) {
+        return Err(AppError::Usage(format!(
+            "--name `{name}`: a run name is 1 to 64 of A-Z a-z 0-9 . _ -"
+        )));
+    }
+    let flags = ConfigFlags {
+        config: args.config.clone(),
+        ..ConfigFlags::default()
+    };
+    let config = load(&flags)?;
+    let admin = match &args.admin {
+        Some(a) => ReportUrl::parse(a).map_err(|e| AppError::Usage(format!("--admin {e}")))?,
+        None => ReportUrl::of_listener(config.admin.addr),
+    }
+    .admin();
+    let plan = Plan {
+        admin,
+        token: config.admin.token.clone(),
+        name: args
+            .name
+            .clone()
+            .unwrap_or_else(|| run::default_name(&args.command, std::time::SystemTime::now())),
+        warmup_requests: args.warmup_requests,
+        reset_upstream_cache: args.reset_upstream_cache,
+        fail_on: args.fail_on,
+        results_dir: args.results_dir.clone(),
+        command: args.command.clone(),
+        timeout,
+        // A terminal's Ctrl-C reaches the client directly (one process group).
+        forward_sigint: !std::io::stdin().is_terminal(),
+    };
+    let outcome = block_on(async {
+        run::execute(&plan).await.or_else(|e| match e {
+            // No client ran: the shell's codes for "not found" and "cannot run".
+            RunError::Spawn { ref source, .. } => Ok(run::Outcome {
+                code: match source.kind() {
+                    std::io::ErrorKind::NotFound => 127,
+                    std::io::ErrorKind::PermissionDenied => 126,
+                    _ => 1,
+                },
+                why: Some(e.to_string()),
+            }),
+            e => Err(e),
+        })
+    })?;
+    match outcome.code {
+        0 => Ok(()),
+        code => Err(AppError::Exit {
+            code,
+            message: outcome.why.unwrap_or_default(),
+        }),
     }
 }
 

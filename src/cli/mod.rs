@@ -2,6 +2,7 @@
 //! `healthcheck`, `report`, `probe`, `trace merge`.
 //! Only describes flags; never does work (but [`synth`], the offline commands' own runner).
 
+pub mod run;
 pub mod synth;
 
 use std::net::SocketAddr;
@@ -47,14 +48,32 @@ pub enum Command {
     /// Exit 0 when the admin port answers 200 on /readyz (or --path), 1 otherwise: a probe for
     /// container images without curl. Finds the port from the same configuration as `serve`.
     Healthcheck(HealthcheckArgs),
-    /// Print the run report from a running kvbust's admin port (GET /report).
+    /// Print the run report from a running kvbust's admin port (GET /report), or runs side by
+    /// side.
     ///
-    /// Per phase and target: requests, prompt tokens, cached tokens reported and predicted, hit
-    /// rates, reuse by source, isolation breaches and TTFT; as a table, JSON, markdown, or one
-    /// HTML page with charts of hit rate and TTFT over time. Finds the admin port from the same
-    /// configuration as `serve` unless --admin names it. Exit 1 when it cannot be reached or
-    /// answers no kvbust report.
+    /// Opens with the verdict; then per phase and target: requests, errors, prompt tokens,
+    /// cached tokens reported and predicted, hit rates, reuse by source, isolation breaches,
+    /// TTFT, ITL, TPOT, end-to-end latency and throughput; as a table, JSON, markdown, or one
+    /// self-contained HTML page with charts of hit rate and TTFT over time. With one RUN_FILE,
+    /// that saved run's report; with several, or --runs (every run the admin port holds), the
+    /// runs side by side, the HTML page with a sweep chart (TTFT p50/p99 and the cached share
+    /// per run). Finds the admin port from the same configuration as `serve` unless --admin
+    /// names it. Exit 1 when it cannot be reached, answers no kvbust report, or a file is not
+    /// a run file.
     Report(ReportArgs),
+    /// Run a benchmark client as one named run: open the run on the admin port (POST /runs),
+    /// run COMMAND (its output passes through; SIGTERM, and SIGINT when no terminal sent it, are
+    /// passed on), close the run (POST /runs/NAME/close), print its verdict and a short summary
+    /// to standard error, and save the run file with --results-dir.
+    ///
+    /// Exit status: COMMAND's own when it failed (128 + the signal when one ended it; 127 when
+    /// it cannot be found, 126 when it cannot be run), 3 when the verdict fails --fail-on, 1
+    /// when the run cannot be opened (COMMAND is then not started) or closed, else 0. The admin
+    /// token comes from the configuration (admin.token, KVBUST_ADMIN__TOKEN).
+    ///
+    /// A sweep: `for c in 1 8 64; do kvbust run --name c$c --results-dir runs -- aiperf profile
+    /// … --concurrency $c || break; done; kvbust report runs/*.json`.
+    Run(Box<crate::cli::run::RunArgs>),
     /// Tell whether an upstream's prefix cache is on and reported: lists /v1/models, sends a
     /// ~2k-token chat prompt twice and a third sharing only its first half, and prints each
     /// answer's prompt and cached tokens, the block size they imply, and the engine flag to add
@@ -125,9 +144,16 @@ pub struct HealthcheckArgs {
     pub timeout: String,
 }
 
-/// `kvbust report`: the run report from a running kvbust.
+/// `kvbust report`: the run report from a running kvbust, or saved runs side by side.
 #[derive(Debug, Args)]
 pub struct ReportArgs {
+    /// Run files (`kvbust run --results-dir`, `run.results_dir`) to read instead of the admin
+    /// port: one is shown whole, several side by side.
+    #[arg(value_name = "RUN_FILE", conflicts_with = "runs")]
+    pub files: Vec<PathBuf>,
+    /// Every run the admin port holds (GET /runs, then GET /runs/NAME each), side by side.
+    #[arg(long)]
+    pub runs: bool,
     #[command(flatten)]
     pub flags: ConfigFlags,
     /// The admin port's URL, e.g. http://127.0.0.1:9090 or 127.0.0.1:9090 (default: admin.addr
@@ -350,6 +376,53 @@ mod tests {
             "{help}"
         );
         assert!(help.contains("self-contained"), "{help}");
+    }
+
+    #[test]
+    fn run_takes_the_command_after_the_double_dash_untouched() {
+        let cli = Cli::try_parse_from([
+            "kvbust",
+            "run",
+            "--name",
+            "c8",
+            "--fail-on",
+            "contamination",
+            "--warmup-requests",
+            "4",
+            "--",
+            "aiperf",
+            "profile",
+            "--name",
+            "--help",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run");
+        };
+        assert_eq!(args.name.as_deref(), Some("c8"));
+        assert_eq!(args.fail_on, crate::cli::run::FailOn::Contamination);
+        assert_eq!(args.warmup_requests, Some(4));
+        assert!(!args.reset_upstream_cache);
+        assert_eq!(args.command, ["aiperf", "profile", "--name", "--help"]);
+        // Without `--`, or without a command: refused.
+        for bad in [&["kvbust", "run", "aiperf"][..], &["kvbust", "run", "--"]] {
+            assert_eq!(
+                Cli::try_parse_from(bad).unwrap_err().exit_code(),
+                2,
+                "{bad:?}"
+            );
+        }
+        let Command::Report(args) = Cli::try_parse_from(["kvbust", "report", "a.json", "b.json"])
+            .unwrap()
+            .command
+        else {
+            panic!("not report");
+        };
+        assert_eq!(
+            args.files,
+            [PathBuf::from("a.json"), PathBuf::from("b.json")]
+        );
+        assert!(Cli::try_parse_from(["kvbust", "report", "--runs", "a.json"]).is_err());
     }
 
     #[test]

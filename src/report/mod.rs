@@ -349,3 +349,41 @@ pub struct Bucket {
     /// Mean time to first token, milliseconds.
     pub ttft_ms_mean: Option<f64>,
 }
+
+/// Runs side by side (`kvbust report FILE…`, `kvbust report --runs`): one line per run and
+/// profiling target (a run without profiling rows: per row; a run without rows: one line).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    pub lines: Vec<SweepLine>,
+}
+
+/// One run × phase × target of a [`Sweep`]: its verdict and a client's key figures.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SweepLine {
+    pub run: String,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+    pub complete: bool,
+    pub isolation: Isolation,
+    /// The run's verdict sentence.
+    pub verdict: String,
+    /// Under target `none`: the share of profiling prompt tokens served from warmup's cache.
+    pub warmup_share: Option<f64>,
+    /// Empty for a run without rows.
+    pub phase: String,
+    pub target: String,
+    pub requests: u64,
+    pub errors: u64,
+    pub requests_per_s: Option<f64>,
+    pub output_tokens_per_s: Option<f64>,
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub itl_p50_ms: Option<f64>,
+    pub e2e_p50_ms: Option<f64>,
+    /// Reported cached / prompt tokens (0..=1); `None` when the upstream did not say.
+    pub cached_share_reported: Option<f64>,
+    /// Predicted cached / prompt tokens (0..=1).
+    pub cached_share_predicted: Option<f64>,
+    /// The client command, when `kvbust run` started the run.
+    pub command: Option<Vec<String>>,
+}

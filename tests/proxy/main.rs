@@ -29,6 +29,7 @@ mod proxy;
 mod real_upstream;
 mod report_cli;
 mod runs;
+mod run_cli;
 mod startup;
 mod stream_usage;
 mod upstream_health;

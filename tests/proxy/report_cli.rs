@@ -321,20 +321,26 @@ fn count(s: &str) -> u64 {
 
 fn check_table(nodes: &[Node], r: &Report) {
     let table = by_id(nodes, "report-rows");
-    assert_eq!(
-        find(nodes, table, "tr", &[("class", "row")]).len(),
-        r.rows.len()
-    );
-    for row in &r.rows {
-        let tr = find(
-            nodes,
-            table,
-            "tr",
-            &[("data-phase", &row.phase), ("data-target", &row.target)],
+    let client = by_id(nodes, "report-client");
+    for t in [table, client] {
+        assert_eq!(
+            find(nodes, t, "tr", &[("class", "row")]).len(),
+            r.rows.len()
         );
+    }
+    for row in &r.rows {
+        let want = [
+            ("data-phase", row.phase.as_str()),
+            ("data-target", row.target.as_str()),
+        ];
+        let tr = find(nodes, table, "tr", &want);
         assert_eq!(tr.len(), 1, "{} × {}", row.phase, row.target);
+        let client_tr = find(nodes, client, "tr", &want);
+        assert_eq!(client_tr.len(), 1, "{} × {}", row.phase, row.target);
+        // Each column in one of the two tables.
         let cell = |col: &str| {
-            let td = find(nodes, tr[0].0, "td", &[("data-col", col)]);
+            let mut td = find(nodes, tr[0].0, "td", &[("data-col", col)]);
+            td.extend(find(nodes, client_tr[0].0, "td", &[("data-col", col)]));
             assert_eq!(td.len(), 1, "{col}");
             let value = td[0]
                 .1
@@ -390,6 +396,9 @@ fn check_table(nodes: &[Node], r: &Report) {
             cell("ttft_p99_ms").0,
             format!("{:.0}", row.latency.ttft_ms.p99.unwrap())
         );
+        assert_eq!(cell("e2e_p50_ms").1, row.latency.e2e_ms.p50);
+        assert_eq!(cell("itl_p99_ms").1, row.latency.itl_ms.p99);
+        assert_eq!(count(&cell("errors").0), row.errors.count);
     }
 }
 
@@ -556,8 +565,9 @@ fn report_renders_every_format_from_the_admin_port() {
             })
             .unwrap_or_else(|| panic!("{} × {} in {t}", row.phase, row.target));
         let fields: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(count(fields[4]), row.prompt_tokens.predicted);
-        assert_eq!(count(fields[6]), row.cached_tokens.predicted);
+        assert_eq!(count(fields[3]), row.errors.count);
+        let hit = row.cached_tokens.predicted as f64 / row.prompt_tokens.predicted as f64;
+        assert_eq!(fields[5], format!("{:.1}%", hit * 100.0));
     }
     assert!(t.contains("! isolation breached in profiling × first_turn_prefix: 2 cross_session, 5 session_collision"), "{t}");
     assert!(
@@ -568,10 +578,20 @@ fn report_renders_every_format_from_the_admin_port() {
     let md = kvbust(&["report", "--admin", &url, "--format", "markdown"], &[]);
     assert_eq!(md.status.code(), Some(0), "{}", text(&md.stderr));
     let md = text(&md.stdout);
+    // Two tables (the cache's, the client's), a line per row in each.
     assert_eq!(
         md.lines().filter(|l| l.starts_with("| `")).count(),
-        r.rows.len(),
+        2 * r.rows.len(),
         "{md}"
+    );
+    // Without a sentence from the server, one made from the figures opens every form.
+    assert!(
+        md.contains("**isolation not requested (target none)**"),
+        "{md}"
+    );
+    assert!(
+        t.starts_with("isolation not requested (target none)\n"),
+        "{t}"
     );
     assert!(md.contains("| benchmark | `aiperf-7f3a9c` |"), "{md}");
 

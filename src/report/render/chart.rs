@@ -121,7 +121,7 @@ fn series(r: &Report, kinds: &[Kind]) -> Vec<Series> {
 }
 
 /// A step of 1, 2, 2.5 or 5 × 10^k giving about `count` ticks over `0..=max`.
-fn nice_step(max: f64, count: f64) -> f64 {
+pub(super) fn nice_step(max: f64, count: f64) -> f64 {
     let raw = (max / count).max(f64::MIN_POSITIVE);
     let mag = 10f64.powf(raw.log10().floor());
     let norm = raw / mag;
@@ -133,13 +133,13 @@ fn nice_step(max: f64, count: f64) -> f64 {
 }
 
 /// A tick label: no trailing zeros (`2.5`, `10`).
-fn tick_label(v: f64) -> String {
+pub(super) fn tick_label(v: f64) -> String {
     let s = format!("{v:.2}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// A tick of the hit-rate axis: `0.4` -> `40%`.
-fn percent_label(v: f64) -> String {
+pub(super) fn percent_label(v: f64) -> String {
     format!("{:.0}%", v * 100.0)
 }
 
@@ -151,8 +151,17 @@ struct TimeAxis {
 
 impl TimeAxis {
     fn of(r: &Report) -> TimeAxis {
+        // Bucket 0 starts at the run's start (the ledger counts from it): the axis starts there
+        // too, and ends with the last bucket or the last event on the run's time line.
         let last = r.timeline.buckets.iter().map(|b| b.index + 1).max();
         let end_s = last.map_or(0.0, |n| n as f64 * r.timeline.bucket_s);
+        let end_s = r
+            .run
+            .events
+            .iter()
+            .map(|e| e.at_s)
+            .filter(|t| t.is_finite())
+            .fold(end_s, f64::max);
         let end_s = if end_s.is_finite() && end_s > 0.0 {
             end_s
         } else {
@@ -310,6 +319,29 @@ fn plot(out: &mut String, s: &Series, t: &TimeAxis, bucket_s: f64, y_top: f64) {
     let _ = write!(out, "</g>");
 }
 
+/// The run's events (the upstream's cache emptied) as dashed vertical lines where they
+/// happened.
+fn events(out: &mut String, r: &Report, t: &TimeAxis) {
+    for e in &r.run.events {
+        let x = t.x(e.at_s.clamp(0.0, t.end_s));
+        let _ = write!(
+            out,
+            "<g class=\"event\" data-kind=\"{}\" data-at=\"{}\">\
+             <line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{TOP}\" y2=\"{BOTTOM}\" stroke=\"#dc2626\" stroke-width=\"1.5\" stroke-dasharray=\"3 3\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"#dc2626\">{}</text>\
+             <title>{} at {} (by {})</title></g>",
+            esc(&e.kind),
+            e.at_s,
+            x + 4.0,
+            TOP + 12.0,
+            esc(&e.kind.replace('_', " ")),
+            esc(&e.kind.replace('_', " ")),
+            duration(e.at_s),
+            esc(&e.by)
+        );
+    }
+}
+
 /// A whole chart: `id` on the `<svg>`, the series of `kinds` per phase.
 fn chart(r: &Report, id: &str, kinds: &[Kind], label: &str) -> String {
     let series = series(r, kinds);
@@ -353,6 +385,7 @@ fn chart(r: &Report, id: &str, kinds: &[Kind], label: &str) -> String {
         k => format!("{} {}", s.phase, k.key()),
     };
     legend(&mut out, &series, &label_of);
+    events(&mut out, r, &t);
     for s in &series {
         plot(&mut out, s, &t, r.timeline.bucket_s, y_top);
     }
@@ -436,6 +469,35 @@ mod tests {
             .next()
             .unwrap();
         assert_eq!(path.matches('M').count(), 2, "{path}");
+    }
+
+    #[test]
+    fn the_time_axis_starts_at_the_runs_start_and_marks_its_events() {
+        let mut r = fixtures::one_phase();
+        // A 1.4-second run: 14 buckets of 0.1 s, the first at the run's start.
+        r.timeline.bucket_s = 0.1;
+        r.timeline.buckets = fixtures::buckets("profiling", 0, 14, 0.6, true);
+        r.run.events = vec![crate::report::RunEvent {
+            at_s: 0.5,
+            kind: "cache_reset".into(),
+            by: "admin".into(),
+        }];
+        let svg = hit_rate(&r);
+        // Bucket 0's point sits half a bucket from the axis's left end, not at the right edge.
+        let x0 = LEFT + (RIGHT - LEFT) * 0.05 / 1.4;
+        assert!(
+            svg.contains(&format!("cx=\"{x0:.1}\" ")) && svg.contains("data-index=\"0\""),
+            "{svg}"
+        );
+        assert!(svg.contains(&format!(
+            "<text class=\"tick x\" x=\"{LEFT:.1}\" y=\"{:.1}\" text-anchor=\"middle\">0</text>",
+            BOTTOM + 19.0
+        )));
+        let x = LEFT + (RIGHT - LEFT) * 0.5 / 1.4;
+        assert!(svg.contains(&format!(
+            "<g class=\"event\" data-kind=\"cache_reset\" data-at=\"0.5\"><line x1=\"{x:.1}\" x2=\"{x:.1}\""
+        )), "{svg}");
+        assert!(svg.contains("<title>cache reset at 0.5 s (by admin)</title>"));
     }
 
     #[test]

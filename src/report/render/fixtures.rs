@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::report::{
-    Breaches, Bucket, Latency, ModelFacts, Pair, Report, Reuse, Row, Run, Stats, Timeline,
-    UpstreamFacts, Verdict, SCHEMA,
+    Breaches, Bucket, Errors, Isolation, Latency, ModelFacts, Pair, Report, Reuse, Row, Run, Stats,
+    Throughput, Timeline, UpstreamFacts, Verdict, SCHEMA,
 };
 
 pub(crate) fn empty() -> Report {
@@ -81,11 +81,34 @@ pub(crate) fn row(phase: &str, target: &str, requests: u64, hit: f64, reported: 
                 count: requests,
                 p50: Some(40.0 + hit * 10.0),
                 p99: Some(180.5),
-                ..Stats::default()
+                ..stats(requests, 50.0 - hit * 10.0)
             },
-            ..Latency::default()
+            itl_ms: stats(requests * 99, 8.0 + hit),
+            tpot_ms: stats(requests, 8.2 + hit),
+            e2e_ms: stats(requests, 850.0 + hit * 100.0),
+        },
+        throughput: Throughput {
+            duration_s: requests as f64 / 4.0,
+            requests_per_s: Some(4.0),
+            output_tokens_per_s: Some(400.0),
+            output_tokens: requests * 100,
+            successful_requests: requests,
         },
         ..Row::default()
+    }
+}
+
+/// Statistics around `mid`, spread by a tenth of it either way.
+pub(crate) fn stats(count: u64, mid: f64) -> Stats {
+    Stats {
+        count,
+        avg: Some(mid * 1.01),
+        min: Some(mid * 0.5),
+        max: Some(mid * 3.0),
+        p50: Some(mid),
+        p90: Some(mid * 1.6),
+        p99: Some(mid * 2.4),
+        std: Some(mid * 0.3),
     }
 }
 
@@ -141,6 +164,21 @@ pub(crate) fn two_phases() -> Report {
     };
     breached.divergent_requests = 7;
     breached.accounted_requests = 288;
+    breached.errors = Errors {
+        count: 5,
+        by_status: BTreeMap::from([("502".to_string(), 3), ("aborted".to_string(), 2)]),
+        by_side: BTreeMap::from([("upstream".to_string(), 3), ("client".to_string(), 2)]),
+    };
+    breached.throughput.successful_requests = 295;
+    r.verdict = Verdict {
+        isolation: Isolation::Breached,
+        reused_from_warmup_tokens: 0,
+        cross_session_tokens: 18_400,
+        warmup_share: None,
+        message: "isolation breached: 18,400 prompt tokens crossed sessions past the isolation \
+                  point in profiling × first_turn_prefix (4 requests); send a session header"
+            .into(),
+    };
     r.rows = vec![
         row("warmup", "system_prefix", 20, 0.1, true),
         row("warmup", "first_turn_prefix", 20, 0.05, true),

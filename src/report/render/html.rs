@@ -11,8 +11,12 @@ use super::sheet::{Col, Sheet, Tone};
 use crate::report::Report;
 
 const STYLE: &str = "
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#111827;background:#fff;margin:24px auto;max-width:1200px;padding:0 16px;line-height:1.4}
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#111827;background:#fff;margin:0;padding:20px 24px;line-height:1.4}
 h1{font-size:24px;margin:0 0 12px}
+p.verdict{font-size:17px;font-weight:600;margin:0 0 16px;padding:10px 14px;border-left:6px solid #16a34a;background:#f0fdf4}
+p.verdict.warn{border-color:#d97706;background:#fffbeb}
+p.verdict[data-isolation=not_requested]{border-color:#9ca3af;background:#f9fafb}
+p.verdict.bad{border-color:#dc2626;background:#fef2f2;color:#991b1b}
 h2{font-size:17px;margin:28px 0 8px}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:0;font-size:14px}
 dl.facts dt{color:#6b7280}
@@ -23,7 +27,7 @@ ul.notes li.warn{border-color:#d97706;background:#fffbeb}
 ul.notes li.bad{border-color:#dc2626;background:#fef2f2}
 .scroll{overflow-x:auto}
 table{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums}
-th,td{padding:4px 6px;border-bottom:1px solid #e5e7eb}
+th,td{padding:4px 5px;border-bottom:1px solid #e5e7eb}
 td{white-space:nowrap}
 thead th{background:#f3f4f6;font-weight:600;vertical-align:bottom}
 thead tr.groups th{border-bottom:none;color:#374151}
@@ -34,7 +38,9 @@ td.missing{color:#9ca3af}
 td.warn{color:#b45309;font-weight:600}
 td.bad{color:#b91c1c;background:#fef2f2;font-weight:700}
 svg.chart{width:100%;height:auto;display:block;border:1px solid #e5e7eb;border-radius:6px}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(720px,100%),1fr));gap:0 20px}
 footer{margin-top:24px;color:#9ca3af;font-size:12px}
+@media (max-width:1400px){body{padding:16px}table{font-size:12px}th,td{padding:3px 4px}}
 ";
 
 /// The whole page.
@@ -46,8 +52,12 @@ pub(crate) fn page(report: &Report) -> String {
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\
          <title>kvbust run report: {}</title><style>{STYLE}</style></head>\n<body>\n\
-         <h1>kvbust run report</h1>\n",
-        esc(&report.run.benchmark_id)
+         <h1>kvbust run report: {}</h1>\n<p class=\"verdict{}\" id=\"verdict\" data-isolation=\"{}\">{}</p>\n",
+        esc(&report.run.name),
+        esc(&report.run.name),
+        tone_class(sheet.verdict.tone),
+        sheet.verdict.key,
+        esc(&sheet.verdict.text)
     );
     out.push_str("<dl class=\"facts\" id=\"facts\">");
     for f in &sheet.facts {
@@ -61,16 +71,18 @@ pub(crate) fn page(report: &Report) -> String {
     }
     out.push_str("</dl>\n");
     notes(&mut out, &sheet);
-    out.push_str("<h2>Per phase and target</h2>\n");
+    out.push_str("<h2>Cache and isolation, per phase and target</h2>\n");
     if sheet.lines.is_empty() {
         out.push_str("<p id=\"no-rows\">No generation requests in this run yet.</p>\n");
     } else {
-        rows(&mut out, &sheet);
+        rows(&mut out, &sheet, "report-rows", &Col::CACHE);
+        out.push_str("<h2>Client's summary, measured on the wire</h2>\n");
+        rows(&mut out, &sheet, "report-client", &Col::CLIENT);
     }
     let _ = write!(
         out,
-        "<h2>Hit rate per phase over time</h2>\n{}\n\
-         <h2>Mean time to first token per phase over time</h2>\n{}\n\
+        "<div class=\"charts\"><section><h2>Hit rate per phase over time</h2>\n{}</section>\n\
+         <section><h2>Mean time to first token per phase over time</h2>\n{}</section></div>\n\
          <footer>{}Predicted: kvbust's model of the upstream's prefix cache; reported: the \
          upstream's usage. Generated {} by kvbust report.</footer>\n</body></html>\n",
         chart::hit_rate(report),
@@ -112,13 +124,16 @@ fn notes(out: &mut String, sheet: &Sheet) {
     out.push_str("</ul>\n");
 }
 
-fn rows(out: &mut String, sheet: &Sheet) {
-    out.push_str("<div class=\"scroll\"><table id=\"report-rows\"><thead><tr class=\"groups\">");
+fn rows(out: &mut String, sheet: &Sheet, id: &str, cols: &[Col]) {
+    let _ = write!(
+        out,
+        "<div class=\"scroll\"><table id=\"{id}\"><thead><tr class=\"groups\">"
+    );
     // Runs of columns under one heading become one cell spanning them.
     let mut i = 0;
-    while i < Col::ALL.len() {
-        let group = Col::ALL[i].heading().0;
-        let span = Col::ALL[i..]
+    while i < cols.len() {
+        let group = cols[i].heading().0;
+        let span = cols[i..]
             .iter()
             .take_while(|c| !group.is_empty() && c.heading().0 == group)
             .count()
@@ -127,7 +142,7 @@ fn rows(out: &mut String, sheet: &Sheet) {
         i += span;
     }
     out.push_str("</tr><tr>");
-    for c in Col::ALL {
+    for c in cols {
         let class = if c.numeric() { "num" } else { "name" };
         let _ = write!(out, "<th class=\"{class}\">{}</th>", esc(c.heading().1));
     }
@@ -139,7 +154,8 @@ fn rows(out: &mut String, sheet: &Sheet) {
             esc(&line.phase),
             esc(&line.target)
         );
-        for (c, cell) in Col::ALL.iter().zip(&line.cells) {
+        for c in cols {
+            let cell = line.cell(*c);
             let class = if c.numeric() { "num" } else { "name" };
             let value = cell
                 .value
@@ -166,8 +182,12 @@ mod tests {
     /// The `data-value` of the cell of `col` in the row of `phase` × `target`.
     fn value(page: &str, phase: &str, target: &str, col: &str) -> Option<f64> {
         let start = format!("data-phase=\"{phase}\" data-target=\"{target}\">");
-        let row = page.split(&start).nth(1)?.split("</tr>").next()?;
-        let cell = row.split(&format!("data-col=\"{col}\"")).nth(1)?;
+        // The row's line in whichever table shows the column.
+        let cell = page
+            .split(&start)
+            .skip(1)
+            .filter_map(|rest| rest.split("</tr>").next())
+            .find_map(|row| row.split(&format!("data-col=\"{col}\"")).nth(1))?;
         let tag = cell.split('>').next()?;
         tag.split("data-value=\"")
             .nth(1)?
@@ -185,6 +205,8 @@ mod tests {
             assert!(!page.contains(banned), "{banned}");
         }
         assert_eq!(page.matches("<svg ").count(), 2);
+        // The page takes the window's width: no cap that would hide columns at 1920 px.
+        assert!(!page.contains("max-width:1200px"));
         assert!(page.contains("id=\"chart-hit-rate\"") && page.contains("id=\"chart-ttft\""));
     }
 
@@ -192,7 +214,6 @@ mod tests {
     fn cells_carry_exact_figures() {
         let r = fixtures::two_phases();
         let page = page(&r);
-        assert_eq!(page.matches("<tr class=\"row\"").count(), r.rows.len());
         for row in &r.rows {
             let v = |col| value(&page, &row.phase, &row.target, col);
             assert_eq!(v("hit_predicted"), row.predicted_hit_rate());
@@ -203,19 +224,35 @@ mod tests {
             );
             assert_eq!(v("breaches"), Some(row.breaches.total() as f64));
             assert_eq!(v("ttft_p50_ms"), row.latency.ttft_ms.p50);
+            assert_eq!(v("e2e_p90_ms"), row.latency.e2e_ms.p90);
+            assert_eq!(v("tpot_avg_ms"), row.latency.tpot_ms.avg);
+            assert_eq!(v("errors"), Some(row.errors.count as f64));
+            assert_eq!(v("requests_per_s"), row.throughput.requests_per_s);
         }
         assert!(
             page.contains("<td class=\"num bad\" data-col=\"breaches\" data-value=\"4\">4</td>")
         );
         assert!(page.contains("<th colspan=\"2\">hit rate</th>"));
         assert!(page.contains("data-note=\"breaches\""));
+        assert!(page.contains("data-note=\"errors\""));
+        // The verdict opens the page, right under the title.
+        let body = page.split("<body>\n").nth(1).unwrap();
+        let verdict = body.split('\n').nth(1).unwrap();
+        assert_eq!(
+            verdict,
+            format!(
+                "<p class=\"verdict bad\" id=\"verdict\" data-isolation=\"breached\">{}</p>",
+                esc(&r.verdict.message)
+            )
+        );
+        assert_eq!(page.matches("<tr class=\"row\"").count(), 2 * r.rows.len());
     }
 
     #[test]
     fn names_are_escaped() {
         let mut r = fixtures::one_phase();
         r.rows[0].target = "<b>\"x\"</b>".into();
-        r.run.benchmark_id = "a&b".into();
+        r.run.name = "a&b".into();
         let page = page(&r);
         assert!(!page.contains("<b>"));
         assert!(page.contains("data-target=\"&lt;b&gt;&quot;x&quot;&lt;/b&gt;\""));

@@ -21,9 +21,18 @@ fn code(s: &str) -> String {
 
 pub(crate) fn markdown(report: &Report) -> String {
     let sheet = Sheet::of(report);
-    let mut out = String::from("## kvbust run report\n\n| | |\n|---|---|\n");
+    let mark = match sheet.verdict.tone {
+        Tone::Bad => "❌ ",
+        Tone::Warn => "⚠️ ",
+        Tone::Plain | Tone::Missing => "",
+    };
+    let mut out = format!(
+        "## kvbust run report: {}\n\n**{mark}{}**\n\n| | |\n|---|---|\n",
+        code(&report.run.name),
+        esc(&sheet.verdict.text)
+    );
     for f in &sheet.facts {
-        let text = if f.key == "benchmark_id" {
+        let text = if matches!(f.key, "benchmark_id" | "run" | "command") {
             code(&f.text)
         } else {
             esc(&f.text)
@@ -31,37 +40,10 @@ pub(crate) fn markdown(report: &Report) -> String {
         out.push_str(&format!("| {} | {text} |\n", f.label));
     }
     if !sheet.lines.is_empty() {
-        out.push('\n');
-        let head: Vec<String> = Col::ALL
-            .iter()
-            .map(|c| match c.heading() {
-                ("", name) => name.to_string(),
-                (group, name) => format!("{group} {name}"),
-            })
-            .collect();
-        let align: Vec<&str> = Col::ALL
-            .iter()
-            .map(|c| if c.numeric() { "---:" } else { "---" })
-            .collect();
-        out.push_str(&format!(
-            "| {} |\n|{}|\n",
-            head.join(" | "),
-            align.join("|")
-        ));
-        for line in &sheet.lines {
-            let cells: Vec<String> = Col::ALL
-                .iter()
-                .zip(&line.cells)
-                .map(|(c, cell)| {
-                    if c.numeric() {
-                        esc(&cell.text)
-                    } else {
-                        code(&cell.text)
-                    }
-                })
-                .collect();
-            out.push_str(&format!("| {} |\n", cells.join(" | ")));
-        }
+        out.push_str("\n### Cache and isolation\n\n");
+        grid(&mut out, &sheet, &Col::CACHE);
+        out.push_str("\n### Client's summary, measured on the wire\n\n");
+        grid(&mut out, &sheet, &Col::CLIENT);
     }
     if !sheet.notes.is_empty() {
         out.push('\n');
@@ -77,14 +59,51 @@ pub(crate) fn markdown(report: &Report) -> String {
     out
 }
 
+/// One table of `cols`, a row per line.
+fn grid(out: &mut String, sheet: &Sheet, cols: &[Col]) {
+    let head: Vec<String> = cols
+        .iter()
+        .map(|c| match c.heading() {
+            ("", name) => name.to_string(),
+            (group, name) => format!("{group} {name}"),
+        })
+        .collect();
+    let align: Vec<&str> = cols
+        .iter()
+        .map(|c| if c.numeric() { "---:" } else { "---" })
+        .collect();
+    out.push_str(&format!(
+        "| {} |\n|{}|\n",
+        head.join(" | "),
+        align.join("|")
+    ));
+    for line in &sheet.lines {
+        let cells: Vec<String> = cols
+            .iter()
+            .map(|c| {
+                let cell = line.cell(*c);
+                if c.numeric() {
+                    esc(&cell.text)
+                } else {
+                    code(&cell.text)
+                }
+            })
+            .collect();
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::report::render::{fixtures, int, ms, pct};
 
-    /// The cells of each markdown table row (unescaped pipes split cells).
-    fn rows(md: &str) -> Vec<Vec<String>> {
-        md.lines()
+    /// The cells of each row of the `nth` table of rows (0: cache, 1: client; unescaped
+    /// pipes split cells).
+    fn rows_of(md: &str, nth: usize) -> Vec<Vec<String>> {
+        let table = md.split("\n### ").nth(nth + 1).unwrap_or("");
+        table
+            .lines()
             .filter(|l| l.starts_with("| `"))
             .map(|l| {
                 l.trim_matches('|')
@@ -95,6 +114,10 @@ mod tests {
             .collect()
     }
 
+    fn rows(md: &str) -> Vec<Vec<String>> {
+        rows_of(md, 0)
+    }
+
     #[test]
     fn one_table_row_per_report_row_with_its_figures() {
         let r = fixtures::two_phases();
@@ -102,17 +125,33 @@ mod tests {
         let rows = rows(&md);
         assert_eq!(rows.len(), r.rows.len(), "{md}");
         for (cells, row) in rows.iter().zip(&r.rows) {
-            assert_eq!(cells.len(), Col::ALL.len());
+            assert_eq!(cells.len(), Col::CACHE.len());
             assert_eq!(cells[0], format!("`{}`", row.phase));
             assert_eq!(cells[1], format!("`{}`", row.target));
             assert_eq!(cells[4], int(row.prompt_tokens.predicted));
             assert_eq!(cells[7], pct(row.reported_hit_rate().unwrap()));
             assert_eq!(cells[12], row.breaches.total().to_string());
-            assert_eq!(cells[14], ms(row.latency.ttft_ms.p50.unwrap()));
+            assert_eq!(cells[13], int(row.compactions));
         }
+        let client = rows_of(&md, 1);
+        assert_eq!(client.len(), r.rows.len(), "{md}");
+        for (cells, row) in client.iter().zip(&r.rows) {
+            assert_eq!(cells.len(), Col::CLIENT.len());
+            assert_eq!(cells[1], format!("`{}`", row.target));
+            assert_eq!(cells[2], int(row.throughput.successful_requests));
+            assert_eq!(cells[3], int(row.errors.count));
+            assert_eq!(cells[7], ms(row.latency.ttft_ms.p50.unwrap()));
+            assert_eq!(cells[9], ms(row.latency.ttft_ms.p99.unwrap()));
+            assert_eq!(cells[11], ms(row.latency.itl_ms.p50.unwrap()));
+            assert_eq!(cells[19], ms(row.latency.e2e_ms.p99.unwrap()));
+        }
+        // The verdict opens, under the title.
+        let first: Vec<&str> = md.lines().filter(|l| !l.is_empty()).take(2).collect();
+        assert_eq!(first[0], "## kvbust run report: `run-1`");
+        assert_eq!(first[1], format!("**❌ {}**", esc(&r.verdict.message)));
         // The heading and the alignment row have as many cells as the rows.
         let head = md.lines().find(|l| l.starts_with("| phase")).unwrap();
-        assert_eq!(head.matches(" | ").count() + 1, Col::ALL.len());
+        assert_eq!(head.matches(" | ").count() + 1, Col::CACHE.len());
         assert!(head.contains("hit rate predicted"));
         assert!(md.contains("|---|---|---:|"));
         assert!(md.contains("- **breach:** isolation breached in profiling × first_turn_prefix"));
@@ -125,7 +164,7 @@ mod tests {
         r.rows[0].target = "a|b<script>".into();
         let md = markdown(&r);
         assert!(md.contains("`a\\|b&lt;script&gt;`"), "{md}");
-        assert_eq!(rows(&md)[0].len(), Col::ALL.len());
+        assert_eq!(rows(&md)[0].len(), Col::CACHE.len());
     }
 
     #[test]

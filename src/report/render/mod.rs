@@ -6,9 +6,12 @@
 mod chart;
 mod html;
 mod markdown;
+mod runs;
 mod sheet;
+mod sweep_chart;
 mod table;
 
+pub use runs::{render_runs, summary, sweep};
 pub use table::{table, table_with};
 
 use super::Report;
@@ -155,6 +158,15 @@ pub(crate) fn ms(v: f64) -> String {
         format!("{v:.1}")
     } else {
         // A latency is far below u64::MAX milliseconds; `as` saturates if not.
+        int(v.round() as u64)
+    }
+}
+
+/// A rate per second: one decimal under 100, whole (with thousands separators) above.
+pub(crate) fn per_s(v: f64) -> String {
+    if v < 100.0 {
+        format!("{v:.1}")
+    } else {
         int(v.round() as u64)
     }
 }

@@ -3,15 +3,18 @@
 //! upstream, the shared-cache assumption, unaccounted requests, breaches). Never lays anything
 //! out: the table, markdown and HTML renderers do.
 
-use super::{duration, int, ms, pct};
-use crate::report::{Report, Row};
+use super::{duration, int, ms, pct, per_s};
+use crate::report::{Isolation, Report, Row, Verdict};
 
-/// A column of the rows, in display order ([`Col::ALL`]).
+/// A column of the rows, in the order of [`Col::ALL`]; each view ([`Col::TERMINAL`],
+/// [`Col::CACHE`], [`Col::CLIENT`]) shows some of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Col {
     Phase,
     Target,
     Requests,
+    Ok,
+    Errors,
     PromptReported,
     PromptCounted,
     CachedReported,
@@ -22,13 +25,83 @@ pub(crate) enum Col {
     ReuseOther,
     ReuseWarmup,
     Breaches,
+    Compactions,
     Divergent,
+    RequestsPerS,
+    TokensPerS,
+    TtftAvg,
     TtftP50,
+    TtftP90,
     TtftP99,
+    ItlAvg,
+    ItlP50,
+    ItlP99,
+    TpotAvg,
+    TpotP50,
+    TpotP99,
+    E2eAvg,
+    E2eP50,
+    E2eP90,
+    E2eP99,
 }
 
 impl Col {
-    pub(crate) const ALL: [Col; 16] = [
+    pub(crate) const ALL: [Col; 33] = [
+        Col::Phase,
+        Col::Target,
+        Col::Requests,
+        Col::Ok,
+        Col::Errors,
+        Col::PromptReported,
+        Col::PromptCounted,
+        Col::CachedReported,
+        Col::CachedPredicted,
+        Col::HitReported,
+        Col::HitPredicted,
+        Col::ReuseSame,
+        Col::ReuseOther,
+        Col::ReuseWarmup,
+        Col::Breaches,
+        Col::Compactions,
+        Col::Divergent,
+        Col::RequestsPerS,
+        Col::TokensPerS,
+        Col::TtftAvg,
+        Col::TtftP50,
+        Col::TtftP90,
+        Col::TtftP99,
+        Col::ItlAvg,
+        Col::ItlP50,
+        Col::ItlP99,
+        Col::TpotAvg,
+        Col::TpotP50,
+        Col::TpotP99,
+        Col::E2eAvg,
+        Col::E2eP50,
+        Col::E2eP90,
+        Col::E2eP99,
+    ];
+
+    /// What a terminal shows: the key figures of both views, narrow enough for a laptop's
+    /// terminal (the markdown and HTML forms show every column).
+    pub(crate) const TERMINAL: [Col; 13] = [
+        Col::Phase,
+        Col::Target,
+        Col::Requests,
+        Col::Errors,
+        Col::HitReported,
+        Col::HitPredicted,
+        Col::Breaches,
+        Col::TtftP50,
+        Col::TtftP99,
+        Col::ItlP50,
+        Col::E2eP50,
+        Col::RequestsPerS,
+        Col::TokensPerS,
+    ];
+
+    /// The cache's view: tokens, hit rates, reuse and isolation.
+    pub(crate) const CACHE: [Col; 15] = [
         Col::Phase,
         Col::Target,
         Col::Requests,
@@ -42,10 +115,38 @@ impl Col {
         Col::ReuseOther,
         Col::ReuseWarmup,
         Col::Breaches,
+        Col::Compactions,
         Col::Divergent,
-        Col::TtftP50,
-        Col::TtftP99,
     ];
+
+    /// A client's summary, measured on the wire: outcomes, throughput, latencies.
+    pub(crate) const CLIENT: [Col; 20] = [
+        Col::Phase,
+        Col::Target,
+        Col::Ok,
+        Col::Errors,
+        Col::RequestsPerS,
+        Col::TokensPerS,
+        Col::TtftAvg,
+        Col::TtftP50,
+        Col::TtftP90,
+        Col::TtftP99,
+        Col::ItlAvg,
+        Col::ItlP50,
+        Col::ItlP99,
+        Col::TpotAvg,
+        Col::TpotP50,
+        Col::TpotP99,
+        Col::E2eAvg,
+        Col::E2eP50,
+        Col::E2eP90,
+        Col::E2eP99,
+    ];
+
+    /// The column's place in [`Col::ALL`] (and in a line's cells).
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
 
     /// A stable name for machines (the HTML page's `data-col`).
     pub(crate) fn key(self) -> &'static str {
@@ -53,6 +154,8 @@ impl Col {
             Col::Phase => "phase",
             Col::Target => "target",
             Col::Requests => "requests",
+            Col::Ok => "ok",
+            Col::Errors => "errors",
             Col::PromptReported => "prompt_reported",
             Col::PromptCounted => "prompt_counted",
             Col::CachedReported => "cached_reported",
@@ -63,9 +166,24 @@ impl Col {
             Col::ReuseOther => "reuse_other_session",
             Col::ReuseWarmup => "reuse_warmup",
             Col::Breaches => "breaches",
+            Col::Compactions => "compactions",
             Col::Divergent => "divergent",
+            Col::RequestsPerS => "requests_per_s",
+            Col::TokensPerS => "output_tokens_per_s",
+            Col::TtftAvg => "ttft_avg_ms",
             Col::TtftP50 => "ttft_p50_ms",
+            Col::TtftP90 => "ttft_p90_ms",
             Col::TtftP99 => "ttft_p99_ms",
+            Col::ItlAvg => "itl_avg_ms",
+            Col::ItlP50 => "itl_p50_ms",
+            Col::ItlP99 => "itl_p99_ms",
+            Col::TpotAvg => "tpot_avg_ms",
+            Col::TpotP50 => "tpot_p50_ms",
+            Col::TpotP99 => "tpot_p99_ms",
+            Col::E2eAvg => "e2e_avg_ms",
+            Col::E2eP50 => "e2e_p50_ms",
+            Col::E2eP90 => "e2e_p90_ms",
+            Col::E2eP99 => "e2e_p99_ms",
         }
     }
 
@@ -74,7 +192,10 @@ impl Col {
         match self {
             Col::Phase => ("", "phase"),
             Col::Target => ("", "target"),
-            Col::Requests => ("requests", "accounted/all"),
+            // Spaced, so a narrow page may break the heading over two lines.
+            Col::Requests => ("requests", "accounted / all"),
+            Col::Ok => ("", "ok"),
+            Col::Errors => ("", "errors"),
             Col::PromptReported => ("prompt tokens", "reported"),
             Col::PromptCounted => ("prompt tokens", "counted"),
             Col::CachedReported => ("cached tokens", "reported"),
@@ -85,9 +206,34 @@ impl Col {
             Col::ReuseOther => ("predicted reuse from", "other session"),
             Col::ReuseWarmup => ("predicted reuse from", "warmup"),
             Col::Breaches => ("", "breaches"),
+            Col::Compactions => ("", "compactions"),
             Col::Divergent => ("", "divergent"),
+            Col::RequestsPerS => ("per second", "req"),
+            Col::TokensPerS => ("per second", "out tok"),
+            Col::TtftAvg => ("TTFT ms", "avg"),
             Col::TtftP50 => ("TTFT ms", "p50"),
+            Col::TtftP90 => ("TTFT ms", "p90"),
             Col::TtftP99 => ("TTFT ms", "p99"),
+            Col::ItlAvg => ("ITL ms", "avg"),
+            Col::ItlP50 => ("ITL ms", "p50"),
+            Col::ItlP99 => ("ITL ms", "p99"),
+            Col::TpotAvg => ("TPOT ms", "avg"),
+            Col::TpotP50 => ("TPOT ms", "p50"),
+            Col::TpotP99 => ("TPOT ms", "p99"),
+            Col::E2eAvg => ("e2e ms", "avg"),
+            Col::E2eP50 => ("e2e ms", "p50"),
+            Col::E2eP90 => ("e2e ms", "p90"),
+            Col::E2eP99 => ("e2e ms", "p99"),
+        }
+    }
+
+    /// [`Col::heading`] in the terminal's narrower grouping: ITL and e2e under one "p50 ms".
+    pub(crate) fn terminal_heading(self) -> (&'static str, &'static str) {
+        match self {
+            Col::Requests => ("requests", "accounted/all"),
+            Col::ItlP50 => ("p50 ms", "ITL"),
+            Col::E2eP50 => ("p50 ms", "e2e"),
+            c => c.heading(),
         }
     }
 
@@ -160,6 +306,12 @@ pub(crate) struct Line {
     pub cells: Vec<Cell>,
 }
 
+impl Line {
+    pub(crate) fn cell(&self, c: Col) -> &Cell {
+        &self.cells[c.index()]
+    }
+}
+
 /// A labelled fact about the run.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Fact {
@@ -175,9 +327,19 @@ pub(crate) struct Note {
     pub text: String,
 }
 
+/// The verdict: the sentence every form opens with, and how it should stand out.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Headline {
+    /// `held`, `breached`, `not_requested`.
+    pub key: &'static str,
+    pub tone: Tone,
+    pub text: String,
+}
+
 /// The whole report, ready to lay out.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Sheet {
+    pub verdict: Headline,
     pub facts: Vec<Fact>,
     pub lines: Vec<Line>,
     pub notes: Vec<Note>,
@@ -186,6 +348,7 @@ pub(crate) struct Sheet {
 impl Sheet {
     pub(crate) fn of(r: &Report) -> Sheet {
         Sheet {
+            verdict: headline(r),
             facts: facts(r),
             lines: r.rows.iter().map(line).collect(),
             notes: notes(r),
@@ -208,12 +371,15 @@ fn line(row: &Row) -> Line {
         tone: if n > 0 { tone } else { Tone::Plain },
         ..Cell::count(n)
     };
+    let lat = &row.latency;
     let cells = Col::ALL
         .iter()
         .map(|c| match c {
             Col::Phase => Cell::name(&row.phase),
             Col::Target => Cell::name(&row.target),
             Col::Requests => requests.clone(),
+            Col::Ok => Cell::count(row.throughput.successful_requests),
+            Col::Errors => flag(row.errors.count, Tone::Warn),
             Col::PromptReported => opt_count(row.prompt_tokens.reported),
             Col::PromptCounted => Cell::count(row.prompt_tokens.predicted),
             Col::CachedReported => opt_count(row.cached_tokens.reported),
@@ -224,15 +390,74 @@ fn line(row: &Row) -> Line {
             Col::ReuseOther => Cell::count(row.reuse.other_session),
             Col::ReuseWarmup => Cell::count(row.reuse.warmup),
             Col::Breaches => flag(row.breaches.total(), Tone::Bad),
+            Col::Compactions => Cell::count(row.compactions),
             Col::Divergent => flag(row.divergent_requests, Tone::Warn),
-            Col::TtftP50 => Cell::maybe(row.latency.ttft_ms.p50, ms),
-            Col::TtftP99 => Cell::maybe(row.latency.ttft_ms.p99, ms),
+            Col::RequestsPerS => Cell::maybe(row.throughput.requests_per_s, per_s),
+            Col::TokensPerS => Cell::maybe(row.throughput.output_tokens_per_s, per_s),
+            Col::TtftAvg => Cell::maybe(lat.ttft_ms.avg, ms),
+            Col::TtftP50 => Cell::maybe(lat.ttft_ms.p50, ms),
+            Col::TtftP90 => Cell::maybe(lat.ttft_ms.p90, ms),
+            Col::TtftP99 => Cell::maybe(lat.ttft_ms.p99, ms),
+            Col::ItlAvg => Cell::maybe(lat.itl_ms.avg, ms),
+            Col::ItlP50 => Cell::maybe(lat.itl_ms.p50, ms),
+            Col::ItlP99 => Cell::maybe(lat.itl_ms.p99, ms),
+            Col::TpotAvg => Cell::maybe(lat.tpot_ms.avg, ms),
+            Col::TpotP50 => Cell::maybe(lat.tpot_ms.p50, ms),
+            Col::TpotP99 => Cell::maybe(lat.tpot_ms.p99, ms),
+            Col::E2eAvg => Cell::maybe(lat.e2e_ms.avg, ms),
+            Col::E2eP50 => Cell::maybe(lat.e2e_ms.p50, ms),
+            Col::E2eP90 => Cell::maybe(lat.e2e_ms.p90, ms),
+            Col::E2eP99 => Cell::maybe(lat.e2e_ms.p99, ms),
         })
         .collect();
     Line {
         phase: row.phase.clone(),
         target: row.target.clone(),
         cells,
+    }
+}
+
+/// The verdict's sentence and tone: a breach is bad; warmup's cache serving profiling without
+/// isolation is worth a look; isolation held is plain.
+pub(crate) fn headline(r: &Report) -> Headline {
+    let v = &r.verdict;
+    let tone = match v.isolation {
+        Isolation::Held => Tone::Plain,
+        Isolation::Breached => Tone::Bad,
+        Isolation::NotRequested if v.warmup_share.is_some_and(|s| s > 0.0) => Tone::Warn,
+        Isolation::NotRequested => Tone::Plain,
+    };
+    Headline {
+        key: v.isolation.as_str(),
+        tone,
+        text: verdict_sentence(v),
+    }
+}
+
+/// The server's sentence; one made from the figures when it sent none.
+pub(crate) fn verdict_sentence(v: &Verdict) -> String {
+    let message = v.message.trim();
+    if !message.is_empty() {
+        return message.to_string();
+    }
+    match v.isolation {
+        Isolation::Held => "isolation held: no profiling token came from warmup's blocks past \
+                            the isolation point, none from another session's"
+            .into(),
+        Isolation::Breached => format!(
+            "isolation breached: {} prompt tokens from warmup's blocks and {} from other \
+             sessions' past the isolation point",
+            int(v.reused_from_warmup_tokens),
+            int(v.cross_session_tokens)
+        ),
+        Isolation::NotRequested => match v.warmup_share {
+            Some(share) => format!(
+                "isolation not requested (target none): {} of profiling prompt tokens were \
+                 served from warmup's cache",
+                pct(share)
+            ),
+            None => "isolation not requested (target none)".into(),
+        },
     }
 }
 
@@ -258,9 +483,15 @@ fn facts(r: &Report) -> Vec<Fact> {
         None => "not yet known whether it reports cached tokens",
     };
     let fact = |key, label, text: String| Fact { key, label, text };
-    vec![
+    let ended = match &r.run.ended_at {
+        Some(at) => at.clone(),
+        None => "open".to_string(),
+    };
+    let mut out = vec![
+        fact("run", "run", r.run.name.clone()),
         fact("benchmark_id", "benchmark", r.run.benchmark_id.clone()),
         fact("started_at", "run started", r.run.started_at.clone()),
+        fact("ended_at", "run ended", ended),
         fact("elapsed", "elapsed", duration(r.run.elapsed_s)),
         fact("generated_at", "report taken", r.run.generated_at.clone()),
         fact("cache_model", "cache model", model),
@@ -281,7 +512,11 @@ fn facts(r: &Report) -> Vec<Fact> {
                 int(u.responses_with_usage)
             ),
         ),
-    ]
+    ];
+    if let Some(command) = &r.run.command {
+        out.push(fact("command", "command", command.join(" ")));
+    }
+    out
 }
 
 fn notes(r: &Report) -> Vec<Note> {
@@ -312,20 +547,82 @@ fn notes(r: &Report) -> Vec<Note> {
     }
     let unaccounted: u64 = r.cache_model.unaccounted.values().sum();
     if unaccounted > 0 {
-        let reasons: Vec<String> = r
-            .cache_model
-            .unaccounted
-            .iter()
-            .filter(|(_, n)| **n > 0)
-            .map(|(why, n)| format!("{} {why}", int(*n)))
-            .collect();
         note(
             "unaccounted",
             Tone::Warn,
             format!(
                 "{} requests unaccounted by the cache model ({}): predictions leave them out",
                 int(unaccounted),
-                reasons.join(", ")
+                counts(&r.cache_model.unaccounted)
+            ),
+        );
+    }
+    run_notes(r, &mut notes);
+    row_notes(r, &mut notes);
+    notes
+}
+
+/// `3 queue_full, 1 too_large`: the non-zero counts of a map.
+fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
+    m.iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{} {k}", int(*n)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `502: 3, aborted: 2`: the non-zero counts of a map keyed by a name that may be a number.
+fn keyed(m: &std::collections::BTreeMap<String, u64>) -> String {
+    m.iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{k}: {}", int(*n)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An incomplete report, and what happened on the run's time line.
+fn run_notes(r: &Report, notes: &mut Vec<Note>) {
+    let mut note = |key, tone, text: String| notes.push(Note { key, tone, text });
+    if !r.run.complete {
+        let open: u64 = r.run.unaccounted.values().sum();
+        note(
+            "incomplete",
+            Tone::Warn,
+            format!(
+                "the report is not complete: {} requests of the run are not in its figures ({})",
+                int(open),
+                counts(&r.run.unaccounted)
+            ),
+        );
+    }
+    for e in &r.run.events {
+        note(
+            "event",
+            Tone::Plain,
+            format!(
+                "{} at {} from the run's start (by {})",
+                e.kind.replace('_', " "),
+                duration(e.at_s),
+                e.by
+            ),
+        );
+    }
+}
+
+/// Per row: its failed requests, its breaches.
+fn row_notes(r: &Report, notes: &mut Vec<Note>) {
+    let mut note = |key, tone, text: String| notes.push(Note { key, tone, text });
+    for row in r.rows.iter().filter(|row| row.errors.count > 0) {
+        note(
+            "errors",
+            Tone::Warn,
+            format!(
+                "{} failed requests in {} × {} (by status: {}; by side: {}), none counted as a success",
+                int(row.errors.count),
+                row.phase,
+                row.target,
+                keyed(&row.errors.by_status),
+                keyed(&row.errors.by_side)
             ),
         );
     }
@@ -351,7 +648,6 @@ fn notes(r: &Report) -> Vec<Note> {
             ),
         );
     }
-    notes
 }
 
 #[cfg(test)]
@@ -416,6 +712,12 @@ mod tests {
             un.text
         );
         assert!(s.notes.iter().any(|n| n.key == "assumption"));
+        let errors = s.notes.iter().find(|n| n.key == "errors").unwrap();
+        assert_eq!(
+            errors.text,
+            "5 failed requests in profiling × first_turn_prefix (by status: 502: 3, aborted: 2; \
+             by side: client: 2, upstream: 3), none counted as a success"
+        );
     }
 
     #[test]

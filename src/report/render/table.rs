@@ -26,7 +26,9 @@ pub fn table_with(report: &Report, colour: Colour) -> String {
         };
         format!("\x1b[{code}m{text}\x1b[0m")
     };
-    let mut out = String::new();
+    // The verdict first: the one line a person must read.
+    let mut out = paint(sheet.verdict.tone, &sheet.verdict.text);
+    out.push_str("\n\n");
     out.push_str(&bold(colour, "kvbust run report"));
     out.push('\n');
     let label_w = sheet.facts.iter().map(|f| f.label.len()).max().unwrap_or(0);
@@ -68,11 +70,14 @@ fn pad(text: &str, w: usize, right: bool) -> String {
     }
 }
 
+/// The columns a terminal shows.
+const COLS: &[Col] = &Col::TERMINAL;
+
 /// Runs of adjacent columns under one heading: (first column, last column, heading).
 fn spans() -> Vec<(usize, usize, &'static str)> {
     let mut out: Vec<(usize, usize, &'static str)> = Vec::new();
-    for (i, c) in Col::ALL.iter().enumerate() {
-        let (group, _) = c.heading();
+    for (i, c) in COLS.iter().enumerate() {
+        let (group, _) = c.terminal_heading();
         match out.last_mut() {
             Some(last) if !group.is_empty() && last.2 == group => last.1 = i,
             _ => out.push((i, i, group)),
@@ -83,15 +88,14 @@ fn spans() -> Vec<(usize, usize, &'static str)> {
 
 /// Column widths: the widest of the heading and the cells, widened so a run's heading fits.
 fn widths(sheet: &Sheet) -> Vec<usize> {
-    let mut w: Vec<usize> = Col::ALL
+    let mut w: Vec<usize> = COLS
         .iter()
-        .enumerate()
-        .map(|(i, c)| {
+        .map(|c| {
             sheet
                 .lines
                 .iter()
-                .map(|l| width(&l.cells[i].text))
-                .chain([width(c.heading().1)])
+                .map(|l| width(&l.cell(*c).text))
+                .chain([width(c.terminal_heading().1)])
                 .max()
                 .unwrap_or(0)
         })
@@ -119,7 +123,7 @@ fn grid(sheet: &Sheet, colour: Colour, paint: &dyn Fn(Tone, &str) -> String) -> 
         groups.push(if group.is_empty() {
             " ".repeat(span)
         } else if a == b {
-            pad(group, span, Col::ALL[a].numeric())
+            pad(group, span, COLS[a].numeric())
         } else {
             let label = format!(" {group} ");
             let dashes = span - width(&label);
@@ -127,10 +131,10 @@ fn grid(sheet: &Sheet, colour: Colour, paint: &dyn Fn(Tone, &str) -> String) -> 
             format!("{}{label}{}", "-".repeat(left), "-".repeat(dashes - left))
         });
     }
-    let names: Vec<String> = Col::ALL
+    let names: Vec<String> = COLS
         .iter()
         .enumerate()
-        .map(|(i, c)| bold(colour, &pad(c.heading().1, w[i], c.numeric())))
+        .map(|(i, c)| bold(colour, &pad(c.terminal_heading().1, w[i], c.numeric())))
         .collect();
     let mut out = String::new();
     for row in [groups.join(GAP), names.join(GAP)] {
@@ -138,11 +142,11 @@ fn grid(sheet: &Sheet, colour: Colour, paint: &dyn Fn(Tone, &str) -> String) -> 
         out.push('\n');
     }
     for line in &sheet.lines {
-        let cells: Vec<String> = Col::ALL
+        let cells: Vec<String> = COLS
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let cell = &line.cells[i];
+                let cell = line.cell(*c);
                 paint(cell.tone, &pad(&cell.text, w[i], c.numeric()))
             })
             .collect();
@@ -155,7 +159,7 @@ fn grid(sheet: &Sheet, colour: Colour, paint: &dyn Fn(Tone, &str) -> String) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::render::{fixtures, int, pct};
+    use crate::report::render::{fixtures, int, ms, pct};
 
     /// The data lines of a plain table: those after the two heading lines of the grid.
     fn data_lines(text: &str, rows: usize) -> Vec<&str> {
@@ -194,18 +198,23 @@ mod tests {
         let lines = data_lines(&text, r.rows.len());
         for (line, row) in lines.iter().zip(&r.rows) {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            assert_eq!(fields.len(), Col::ALL.len(), "{line}");
+            assert_eq!(fields.len(), COLS.len(), "{line}");
             assert_eq!(fields[0], row.phase);
             assert_eq!(fields[1], row.target);
             assert_eq!(
                 fields[2],
                 format!("{}/{}", int(row.accounted_requests), int(row.requests))
             );
-            assert_eq!(fields[5], int(row.cached_tokens.reported.unwrap()));
-            assert_eq!(fields[8], pct(row.predicted_hit_rate().unwrap()));
-            assert_eq!(fields[12], row.breaches.total().to_string());
+            assert_eq!(fields[3], int(row.errors.count));
+            assert_eq!(fields[4], pct(row.reported_hit_rate().unwrap()));
+            assert_eq!(fields[5], pct(row.predicted_hit_rate().unwrap()));
+            assert_eq!(fields[6], row.breaches.total().to_string());
+            assert_eq!(fields[7], ms(row.latency.ttft_ms.p50.unwrap()));
+            assert_eq!(fields[8], ms(row.latency.ttft_ms.p99.unwrap()));
+            assert_eq!(fields[9], ms(row.latency.itl_ms.p50.unwrap()));
+            assert_eq!(fields[10], ms(row.latency.e2e_ms.p50.unwrap()));
             // Right-aligned numbers end where their heading ends.
-            assert_eq!(field_end(line, 8), head.rfind("predicted").unwrap() + 9);
+            assert_eq!(field_end(line, 5), head.rfind("predicted").unwrap() + 9);
         }
         // Every data line is as wide as the heading (the last column is right-aligned).
         for line in &lines {
@@ -216,6 +225,10 @@ mod tests {
         assert!(text.contains("! 12 requests unaccounted"));
         assert!(text.contains(r.cache_model.note.as_deref().unwrap()));
         assert!(text.contains("benchmark     bench-7f3a"), "{text}");
+        // The verdict first.
+        assert_eq!(text.lines().next(), Some(r.verdict.message.as_str()));
+        // Narrow enough for a laptop's terminal.
+        assert!(head.len() <= 124, "{} wide: {head}", head.len());
         assert!(text.contains("1h 02m 03s"));
     }
 
@@ -243,12 +256,29 @@ mod tests {
         let text = table(&r);
         for line in data_lines(&text, 2) {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            assert_eq!(fields[3], "-", "prompt reported: {line}");
-            assert_eq!(fields[5], "-", "cached reported: {line}");
-            assert_eq!(fields[7], "-", "hit reported: {line}");
+            assert_eq!(fields[4], "-", "hit reported: {line}");
         }
         assert!(text.contains("! the upstream does not report cached tokens"));
         assert!(text.contains("--enable-prompt-tokens-details"));
+    }
+
+    #[test]
+    fn the_verdict_opens_and_a_breach_is_red() {
+        let mut r = fixtures::two_phases();
+        r.verdict.isolation = crate::report::Isolation::Breached;
+        r.verdict.message = String::new();
+        r.verdict.reused_from_warmup_tokens = 1234;
+        let plain = table(&r);
+        let first = plain.lines().next().unwrap();
+        assert!(
+            first.starts_with("isolation breached: 1,234 prompt tokens"),
+            "{plain}"
+        );
+        let coloured = table_with(&r, Colour::Ansi);
+        assert!(
+            coloured.starts_with(&format!("\x1b[1;31m{first}\x1b[0m\n")),
+            "{coloured}"
+        );
     }
 
     #[test]
