@@ -33,6 +33,8 @@ pub struct Prediction {
     pub cached: u64,
     pub reuse: Reuse,
     pub breaches: Vec<Breach>,
+    /// This request cut its session's context back to an earlier point (agentic compaction).
+    pub compaction: bool,
 }
 
 /// What the response said.

@@ -15,6 +15,7 @@ mod cachebust_proxy;
 mod cachebust_vectors;
 mod capture;
 mod cli;
+mod compaction;
 mod deploy;
 mod first_day;
 mod fuzz_regressions;
