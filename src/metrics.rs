@@ -70,6 +70,7 @@ pub struct Families {
     pub predicted_cached_tokens: IntCounterVec,
     pub reuse_tokens: IntCounterVec,
     pub isolation_breaches: IntCounterVec,
+    pub model_compactions: IntCounterVec,
     pub model_divergence: IntCounterVec,
     pub upstream_reports_cached: IntGauge,
     pub model_blocks: IntGauge,
@@ -303,6 +304,11 @@ const ISOLATION_BREACHES: Def = Def {
     help: "Requests whose predicted cache hit crossed their isolation point, by kind: cross_session, warmup_reuse, session_collision.",
     labels: &["phase", "target", "kind"],
 };
+const MODEL_COMPACTIONS: Def = Def {
+    name: "cache_model_compactions_total",
+    help: "Requests that cut their session's context back to an earlier point and go on from there (agentic compaction): counted, not breaches.",
+    labels: &["phase", "target"],
+};
 const MODEL_DIVERGENCE: Def = Def {
     name: "cache_model_divergence_total",
     help: "Requests whose upstream-reported cached tokens differ from the cache model's prediction, by direction (reported_higher, reported_lower).",
@@ -458,6 +464,7 @@ impl Metrics {
             predicted_cached_tokens: counter_vec(&r, &PREDICTED_CACHED),
             reuse_tokens: counter_vec(&r, &REUSE_TOKENS),
             isolation_breaches: counter_vec(&r, &ISOLATION_BREACHES),
+            model_compactions: counter_vec(&r, &MODEL_COMPACTIONS),
             model_divergence: counter_vec(&r, &MODEL_DIVERGENCE),
             run_info: gauge_vec(&r, &RUN_INFO),
             cache_resets: counter_vec(&r, &CACHE_RESETS),

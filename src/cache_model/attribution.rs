@@ -177,6 +177,103 @@ pub fn extends(ids: &[u32], hashes: &[u64], block_size: usize, prev: Option<Cont
     head && tail_hash(&ids[c.blocks * block_size.max(1)..c.len]) == c.tail
 }
 
+/// How many branches of one session are remembered: the one it follows now and the last ones it
+/// left. Bounds a session's memory; a branch older than these is forgotten, and a request that
+/// goes back to it opens a branch again (still a collision when the branch it leaves never grew).
+pub const BRANCHES: usize = 4;
+
+/// One branch of a session's context: what its next request must share, and whether a request
+/// has extended it since it opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Branch {
+    check: Option<Continuation>,
+    grown: bool,
+}
+
+impl Branch {
+    /// Tokens a request must share to extend it (a branch of a short prompt takes any).
+    fn shared(&self) -> usize {
+        self.check.map_or(0, |c| c.len)
+    }
+}
+
+/// What a session's request did to the session's context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// It extends the branch the session follows (or opens the session).
+    Extends,
+    /// It extends none of the session's branches, after the one it leaves grew: the context
+    /// was cut back to an earlier point and goes on from there (agentic compaction). Counted,
+    /// not a breach.
+    Compaction,
+    /// Two live branches under one key (`session_collision`): it extends a branch older than
+    /// the one the session follows, or opens a new one while the branch it leaves never grew
+    /// (two conversations taking turns).
+    Collision,
+}
+
+/// A session's branches, the one it follows first: bounded to [`BRANCHES`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Branches {
+    slots: [Option<Branch>; BRANCHES],
+}
+
+impl Branches {
+    /// Judges a request of `ids` (full blocks hashing to `hashes`) against the session's
+    /// branches and remembers it as the end of the branch it follows.
+    ///
+    /// Of the branches it extends, the one with the longest shared context is the one it
+    /// continues (a cut back to the system prompt is extended by every request of every
+    /// branch; the longer match says which). That is the newest branch: fine. An older one:
+    /// both are live, a collision. None: a new branch, which is a compaction only when the
+    /// branch it leaves grew; a branch that opened and never grew before another opened is two
+    /// conversations starting, not a context cut back.
+    pub fn follow(&mut self, ids: &[u32], hashes: &[u64], block_size: usize) -> Turn {
+        let now = Branch {
+            check: continuation(ids, hashes, block_size),
+            grown: true,
+        };
+        let Some(current) = self.slots[0] else {
+            self.slots[0] = Some(Branch {
+                grown: false,
+                ..now
+            });
+            return Turn::Extends;
+        };
+        let mut best: Option<(usize, usize)> = None;
+        for (i, b) in self.slots.iter().enumerate() {
+            let Some(b) = b else { continue };
+            if extends(ids, hashes, block_size, b.check)
+                && best.is_none_or(|(_, shared)| b.shared() > shared)
+            {
+                best = Some((i, b.shared()));
+            }
+        }
+        let turn = match best {
+            Some((0, _)) => Turn::Extends,
+            Some((i, _)) => {
+                // Back to an older branch: it becomes the one followed, the others stay.
+                self.slots[..=i].rotate_right(1);
+                Turn::Collision
+            }
+            None => {
+                // A new branch; the oldest one falls out.
+                self.slots.rotate_right(1);
+                if current.grown {
+                    Turn::Compaction
+                } else {
+                    Turn::Collision
+                }
+            }
+        };
+        self.slots[0] = Some(Branch {
+            grown: best.is_some(),
+            ..now
+        });
+        turn
+    }
+}
+
 /// Whether `target` promises session isolation that a collision breaks (the RID targets).
 pub fn guards_sessions(target: Target) -> bool {
     !target.is_none() && !target.is_warmup_isolation()
@@ -369,5 +466,143 @@ mod tests {
         assert!(guards_sessions(Target::FirstTurnPrefix));
         assert!(!guards_sessions(Target::None));
         assert!(!guards_sessions(Target::WarmupIsolationSystem));
+    }
+    /// Prompts of a few "messages" of 8 tokens each (4-token blocks): `conv(&[a, b, c])` is the
+    /// messages `a`, `b`, `c` in order, message `m` being tokens `8m .. 8m + 8`. A prompt's
+    /// next turn appends messages; a cut back keeps an earlier run of them.
+    fn conv(messages: &[u32]) -> Vec<u32> {
+        messages.iter().flat_map(|m| m * 8..m * 8 + 8).collect()
+    }
+
+    /// (requests of one session, as message lists) → what each did.
+    #[test]
+    #[allow(clippy::too_many_lines)] // a table of cases, one per line before rustfmt
+    fn compaction_is_one_cut_back_and_collision_is_two_live_branches() {
+        use Turn::{Collision as X, Compaction as C, Extends as E};
+        type Case = (&'static str, Vec<Vec<u32>>, Vec<Turn>);
+        // Message 0 is the system prompt, 1 the first user turn; other numbers are new text.
+        let cases: Vec<Case> =
+            vec![
+            (
+                "one conversation growing",
+                vec![vec![0, 1], vec![0, 1, 2, 3], vec![0, 1, 2, 3, 4, 5]],
+                vec![E, E, E],
+            ),
+            (
+                "the same prompt again",
+                vec![vec![0, 1], vec![0, 1], vec![0, 1, 2, 3]],
+                vec![E, E, E],
+            ),
+            (
+                "cut back to system + first user turn, then grows from there",
+                vec![
+                    vec![0, 1],
+                    vec![0, 1, 2, 3],
+                    vec![0, 1, 2, 3, 4, 5],
+                    vec![0, 1],
+                    vec![0, 1, 6, 7],
+                    vec![0, 1, 6, 7, 8, 9],
+                ],
+                vec![E, E, E, C, E, E],
+            ),
+            (
+                "cut back to the system prompt with a summary (a Weka reset turn)",
+                vec![vec![0, 1], vec![0, 1, 2, 3], vec![0, 10], vec![0, 10, 11, 12]],
+                vec![E, E, C, E],
+            ),
+            (
+                "cut back to a later prefix of its own history",
+                vec![
+                    vec![0, 1, 2, 3],
+                    vec![0, 1, 2, 3, 4, 5, 6, 7],
+                    vec![0, 1, 2, 3, 20],
+                    vec![0, 1, 2, 3, 20, 21, 22],
+                ],
+                vec![E, E, C, E],
+            ),
+            (
+                "two compactions, each after the context grew again",
+                vec![
+                    vec![0, 1],
+                    vec![0, 1, 2, 3],
+                    vec![0, 10],
+                    vec![0, 10, 11, 12],
+                    vec![0, 20],
+                    vec![0, 20, 21, 22],
+                ],
+                vec![E, E, C, E, C, E],
+            ),
+            (
+                "after a cut back, the old branch goes on: two live branches",
+                vec![
+                    vec![0, 1],
+                    vec![0, 1, 2, 3],
+                    vec![0, 1],
+                    vec![0, 1, 2, 3, 4, 5],
+                ],
+                vec![E, E, C, X],
+            ),
+            (
+                "after a cut back to the system prompt, the old branch goes on",
+                vec![
+                    vec![0, 1],
+                    vec![0, 1, 2, 3],
+                    vec![0, 10],
+                    vec![0, 10, 11],
+                    vec![0, 1, 2, 3, 4, 5],
+                ],
+                vec![E, E, C, E, X],
+            ),
+            (
+                "two conversations with one first turn taking turns (first-user-turn key)",
+                vec![
+                    vec![0, 1],
+                    vec![0, 1],
+                    vec![0, 1, 2, 3],
+                    vec![0, 1, 4, 5],
+                    vec![0, 1, 2, 3, 6, 7],
+                    vec![0, 1, 4, 5, 8, 9],
+                    vec![0, 1, 2, 3, 6, 7, 10],
+                ],
+                vec![E, E, E, C, X, X, X],
+            ),
+            (
+                "two conversations under one key, different first turns",
+                vec![vec![0, 1], vec![0, 2], vec![0, 1, 3, 4], vec![0, 2, 5, 6]],
+                vec![E, X, X, X],
+            ),
+            (
+                "more conversations taking turns than branches are remembered",
+                vec![
+                    vec![0, 1],
+                    vec![0, 2],
+                    vec![0, 3],
+                    vec![0, 4],
+                    vec![0, 5],
+                    vec![0, 6],
+                    vec![0, 1, 11],
+                    vec![0, 2, 12],
+                ],
+                vec![E, X, X, X, X, X, X, X],
+            ),
+            (
+                "a cut back right after the session opened is not told from a second conversation",
+                vec![vec![0, 1], vec![0, 10], vec![0, 10, 11]],
+                vec![E, X, E],
+            ),
+        ];
+        let bs = 4;
+        for (name, requests, want) in cases {
+            let mut b = Branches::default();
+            let got: Vec<Turn> = requests
+                .iter()
+                .map(|m| {
+                    let ids = conv(m);
+                    b.follow(&ids, &crate::mock::prefix_cache::chain(&ids, bs), bs)
+                })
+                .collect();
+            assert_eq!(got, want, "{name}");
+            assert!(b.slots.iter().flatten().count() <= BRANCHES, "{name}");
+        }
     }
 }

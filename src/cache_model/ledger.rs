@@ -34,7 +34,7 @@ pub struct Prediction {
     pub breaches: Vec<Breach>,
     /// Tokens of the hit past the isolation point, by whose blocks they were.
     pub breach_tokens: BreachTokens,
-    /// The request cut its session's context back to an earlier prefix (a compaction).
+    /// This request cut its session's context back to an earlier point (agentic compaction).
     pub compaction: bool,
 }
 

@@ -21,20 +21,22 @@ use crate::synth::tokenizer::Tokenizer;
 use crate::capture::turns::{Seen, Turns};
 use crate::capture::{self, Capture, Rendering};
 
-use super::attribution::{self, Breach, Requester};
+use super::attribution::{self, Breach, Requester, Turn};
 use super::index::{chain, BlockIndex, Owner, BYTES_PER_BLOCK};
 use super::tokens::{self, IsoHint, Memo, Vocab};
 use super::{session_digest, unaccounted, Job, Prediction, SessionHint, Settings, Stats};
 
-/// What the model remembers of a session: the block its next request must share, and whether
-/// its breach was logged.
+/// What the model remembers of a session: its context's branches (what its next request must
+/// share), and whether its breach was logged.
+#[derive(Default)]
 struct SessionState {
-    check: Option<attribution::Continuation>,
+    branches: attribution::Branches,
     logged: bool,
 }
 
-/// Memory one remembered session costs (its key, state and LRU links).
-const BYTES_PER_SESSION: usize = 80;
+/// Memory one remembered session costs: its key, state, and the LRU's links and map entry.
+const BYTES_PER_SESSION: usize =
+    std::mem::size_of::<u64>() + std::mem::size_of::<SessionState>() + 32;
 
 pub(super) struct Worker {
     settings: Settings,
@@ -199,10 +201,14 @@ impl Worker {
         };
         let (reuse, mut breaches) = attribution::attribute(&hit.owners, bs, &me);
         let breach_tokens = attribution::breach_tokens(&hit.owners, bs, &me);
-        let collided = source.is_some() && collided(m, session, &encoded.ids, &hashes, bs);
-        if collided && attribution::guards_sessions(target) {
+        let turn = match source {
+            Some(_) => follow(&mut m.sessions, session, &encoded.ids, &hashes, bs),
+            None => Turn::Extends,
+        };
+        if turn == Turn::Collision && attribution::guards_sessions(target) {
             breaches.push(Breach::SessionCollision);
         }
+        let compaction = turn == Turn::Compaction;
         if !breaches.is_empty() {
             self.log_breaches(m, session, source, &job, &breaches);
         }
@@ -215,13 +221,19 @@ impl Worker {
         );
         let cached = (hit.owners.len() * bs) as u64;
         self.count(phase, target, cached, &reuse, &breaches);
+        if compaction {
+            self.metrics
+                .model_compactions
+                .with_label_values(&[phase.as_str(), target.as_str()])
+                .inc();
+        }
         job.ticket.predict(Prediction {
             prompt_tokens: encoded.ids.len() as u64,
             cached,
             reuse,
             breaches,
             breach_tokens,
-            compaction: false,
+            compaction,
         });
     }
 
@@ -364,27 +376,20 @@ fn capture_row(
     })
 }
 
-/// Whether `session`'s request does not extend the session's previous one (two conversations
-/// under one key); remembers this request as the session's last.
-fn collided(m: &mut Model, session: u64, ids: &[u32], hashes: &[u64], bs: usize) -> bool {
-    let check = attribution::continuation(ids, hashes, bs);
-    match m.sessions.get_mut(&session) {
-        Some(prev) => {
-            let extends = attribution::extends(ids, hashes, bs, prev.check);
-            prev.check = check;
-            !extends
-        }
-        None => {
-            m.sessions.put(
-                session,
-                SessionState {
-                    check,
-                    logged: false,
-                },
-            );
-            false
-        }
-    }
+/// What `session`'s request did to its context (extends it, cut it back, or a second
+/// conversation under the key); remembers it as the end of the branch it follows. A session
+/// the table forgot (least recently used) starts again.
+fn follow(
+    sessions: &mut LruCache<u64, SessionState>,
+    session: u64,
+    ids: &[u32],
+    hashes: &[u64],
+    bs: usize,
+) -> Turn {
+    sessions
+        .get_or_insert_mut(session, SessionState::default)
+        .branches
+        .follow(ids, hashes, bs)
 }
 
 /// Where the request's isolation point is: at the marker kvbust put in (`Job::marker`); for a
@@ -456,5 +461,67 @@ pub(crate) fn source_name(s: SessionSource) -> &'static str {
         SessionSource::XSessionId => "x_session_id",
         SessionSource::BodyUser => "body_user",
         SessionSource::FirstUserTurn => "first_user_turn",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sessions are judged apart, and the table is bounded: a session it forgot (least
+    /// recently used) starts again, so its next request opens it rather than cutting it back.
+    /// (session, prompt's messages of 8 tokens) → what the request did.
+    #[test]
+    fn each_session_follows_its_own_branches_within_the_table() {
+        use Turn::{Collision as X, Compaction as C, Extends as E};
+        let bs = 4;
+        let conv = |m: &[u32]| -> Vec<u32> { m.iter().flat_map(|m| m * 8..m * 8 + 8).collect() };
+        type Case = (&'static str, usize, Vec<(u64, Vec<u32>)>, Vec<Turn>);
+        let cases: Vec<Case> = vec![
+            (
+                "one session cuts back while another grows: its own compaction only",
+                2,
+                vec![
+                    (1, vec![0, 1]),
+                    (2, vec![0, 5]),
+                    (1, vec![0, 1, 2]),
+                    (2, vec![0, 5, 6]),
+                    (1, vec![0, 9]),
+                    (2, vec![0, 5, 6, 7]),
+                    (1, vec![0, 9, 10]),
+                ],
+                vec![E, E, E, E, C, E, E],
+            ),
+            (
+                "two first turns under one key: a collision",
+                2,
+                vec![(1, vec![0, 1]), (1, vec![0, 5]), (1, vec![0, 1, 2])],
+                vec![E, X, X],
+            ),
+            (
+                "a forgotten session opens again: no compaction, no collision",
+                1,
+                vec![
+                    (1, vec![0, 1]),
+                    (1, vec![0, 1, 2]),
+                    (2, vec![0, 5]),
+                    (1, vec![0, 9]),
+                ],
+                vec![E, E, E, E],
+            ),
+        ];
+        for (name, capacity, requests, want) in cases {
+            let cap = std::num::NonZeroUsize::new(capacity).unwrap_or(std::num::NonZeroUsize::MIN);
+            let mut sessions = LruCache::new(cap);
+            let got: Vec<Turn> = requests
+                .iter()
+                .map(|(s, m)| {
+                    let ids = conv(m);
+                    follow(&mut sessions, *s, &ids, &chain(&ids, bs), bs)
+                })
+                .collect();
+            assert_eq!(got, want, "{name}");
+            assert!(sessions.len() <= capacity, "{name}");
+        }
     }
 }

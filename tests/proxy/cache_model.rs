@@ -273,8 +273,10 @@ async fn say(h: &Harness, messages: &[(&str, &str)], headers: &[(&str, &str)]) -
 }
 
 /// Two conversations that open with the same question, keyed by the first-user-turn fallback
-/// under `first_turn_prefix`: one session key, one RID, one cache path: a collision. With a
-/// distinct `x-correlation-id` each: none.
+/// under `first_turn_prefix`, taking turns: one session key, one RID, one cache path. The
+/// second one's first divergence looks like the first one cut back (a compaction); from then
+/// on each turn goes back to the other live branch: a collision each. With a distinct
+/// `x-correlation-id` each: neither.
 #[tokio::test]
 async fn two_conversations_under_one_session_key_are_a_collision() {
     for distinct in [false, true] {
@@ -290,40 +292,49 @@ async fn two_conversations_under_one_session_key_are_a_collision() {
                 vec![]
             }
         };
-        let a1 = say(&h, &[("system", SYSTEM), ("user", OPENING)], &ids("a")).await;
-        let b1 = say(&h, &[("system", SYSTEM), ("user", OPENING)], &ids("b")).await;
-        say(
-            &h,
-            &[
-                ("system", SYSTEM),
-                ("user", OPENING),
-                ("assistant", &a1),
-                ("user", "Tell me more about its river."),
-            ],
-            &ids("a"),
-        )
-        .await;
-        say(
-            &h,
-            &[
-                ("system", SYSTEM),
-                ("user", OPENING),
-                ("assistant", &b1),
-                ("user", "Now compare it with Berlin, please."),
-            ],
-            &ids("b"),
-        )
-        .await;
+        let mut convs = [
+            ("a", ["Tell me more about its river.", "And its bridges?"]),
+            (
+                "b",
+                ["Now compare it with Berlin, please.", "Which is older?"],
+            ),
+        ]
+        .map(|(id, next)| {
+            (
+                id,
+                next,
+                vec![
+                    ("system", SYSTEM.to_string()),
+                    ("user", OPENING.to_string()),
+                ],
+            )
+        });
+        for turn in 0..3 {
+            for (id, next, history) in &mut convs {
+                let m: Vec<(&str, &str)> = history.iter().map(|(r, c)| (*r, c.as_str())).collect();
+                let reply = say(&h, &m, &ids(id)).await;
+                if turn < 2 {
+                    history.push(("assistant", reply));
+                    history.push(("user", next[turn].to_string()));
+                }
+            }
+        }
         let b = breaches(&h).await;
-        let want = if distinct { 0 } else { 1 };
+        let (collisions, compactions) = if distinct { (0, 0) } else { (2, 1) };
         assert_eq!(
             (b.session_collision, b.cross_session, b.warmup_reuse),
-            (want, 0, 0),
+            (collisions, 0, 0),
             "distinct ids: {distinct}"
         );
         let m = common::metrics_text(&h).await;
-        let line = "kvbust_isolation_breaches_total{kind=\"session_collision\",phase=\"profiling\",target=\"first_turn_prefix\"} 1";
+        let line = "kvbust_isolation_breaches_total{kind=\"session_collision\",phase=\"profiling\",target=\"first_turn_prefix\"} 2";
         assert_eq!(m.contains(line), !distinct, "{m}");
+        let line = "kvbust_cache_model_compactions_total{phase=\"profiling\",target=\"first_turn_prefix\"}";
+        let counted = m
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .map(|v| v.trim().parse::<u64>().unwrap());
+        assert_eq!(counted.unwrap_or(0), compactions, "{m}");
         h.shutdown().await;
     }
 }
@@ -567,6 +578,7 @@ fn the_binary_logs_a_breach_and_the_report_table_on_sigterm() {
             let resp = ask(vec![("system", SYSTEM.into()), ("user", OPENING.into())]).await;
             replies.push(answer(&body_bytes(resp).await, false));
         }
+        let mut seconds = Vec::new();
         for (reply, next) in replies.iter().zip([
             "Tell me more about its river.",
             "Now compare it with Berlin.",
@@ -579,8 +591,20 @@ fn the_binary_logs_a_breach_and_the_report_table_on_sigterm() {
             ])
             .await;
             assert_eq!(resp.status(), StatusCode::OK);
-            body_bytes(resp).await;
+            seconds.push(answer(&body_bytes(resp).await, false));
         }
+        // The first conversation goes on: back to a branch older than the second's.
+        let resp = ask(vec![
+            ("system", SYSTEM.into()),
+            ("user", OPENING.into()),
+            ("assistant", replies[0].clone()),
+            ("user", "Tell me more about its river.".into()),
+            ("assistant", seconds[0].clone()),
+            ("user", "And its bridges?".into()),
+        ])
+        .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        body_bytes(resp).await;
         send(&client, get(&format!("http://{admin}/report?wait=20s"))).await;
     });
     let killed = Command::new("kill")
