@@ -492,6 +492,10 @@ pub struct CacheModelConfig {
     /// `auto`: render chat-shaped prompts through the tokenizer's chat template, as the engine
     /// does; `none`: count `role\ncontent\n` per message (a tokenizer without a template too).
     pub chat_template: ChatTemplateMode,
+    /// The day a chat template's `strftime_now` reads (Llama 3.x writes "Today Date: …" into
+    /// every prompt): `"today"` (UTC, as the engine's clock) or a fixed `"YYYY-MM-DD"`, to
+    /// match an engine whose clock is pinned, or a test.
+    pub chat_template_date: crate::synth::tokenizer::pyjinja::TemplateDate,
     /// Tokens per KV block (vLLM's default, 16).
     pub block_size: usize,
     /// Blocks the index holds, evicted least recently used; 0: as many as `max_memory` allows.
@@ -516,6 +520,7 @@ impl Default for CacheModelConfig {
             enabled: true,
             tokenizer: None,
             chat_template: ChatTemplateMode::Auto,
+            chat_template_date: Default::default(),
             block_size: 16,
             capacity_blocks: 0,
             max_memory: ByteSize(256 << 20),

@@ -14,6 +14,8 @@ pub mod index;
 pub mod ledger;
 mod priority;
 pub mod tokens;
+#[cfg(test)]
+mod vectors;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -196,6 +198,8 @@ pub(crate) struct Stats {
 pub(crate) struct Settings {
     pub tokenizer: MockTokenizerSetting,
     pub template: ChatTemplateMode,
+    /// `cache_model.chat_template_date`.
+    pub date: crate::synth::tokenizer::pyjinja::TemplateDate,
     pub block_size: usize,
     /// Blocks the index holds: `capacity_blocks`, within half of `max_memory`.
     pub capacity: NonZeroUsize,
@@ -246,6 +250,7 @@ impl CacheModel {
         let settings = Settings {
             tokenizer: tokenizer.clone(),
             template: c.chat_template,
+            date: c.chat_template_date,
             block_size: c.block_size.max(1),
             capacity: NonZeroUsize::new(usize::try_from(capacity).unwrap_or(usize::MAX))
                 .unwrap_or(NonZeroUsize::MIN),

@@ -107,7 +107,7 @@ impl Worker {
             None => Vocab::Builtin,
             Some(t) => {
                 let t = t.map_err(|e| format!("cannot load cache_model.tokenizer: {e}"))?;
-                Vocab::hf(Arc::new(t), use_template).map_err(|e| e.to_string())?
+                Vocab::hf_dated(Arc::new(t), use_template, s.date).map_err(|e| e.to_string())?
             }
         };
         Ok(Model {
@@ -321,7 +321,8 @@ fn capture_row(
         None => prompt,
     };
     let (ids, session, follows) = match (c.settings.rendering, workload) {
-        (Rendering::Contents, Prompt::Messages(ms)) => {
+        (Rendering::Contents, Prompt::Messages(_) | Prompt::Chat(_)) => {
+            let ms = workload.messages().unwrap_or_default();
             let seen: Vec<Seen> = ms.iter().map(|x| Seen::new(&x.role, &x.content)).collect();
             let plan = m.turns.plan(session, &seen);
             let picked = plan.messages.iter().map(|&i| &ms[i]);
@@ -381,7 +382,7 @@ fn iso_hint(job: &Job, prompt: &Prompt) -> IsoHint {
     if !job.target.is_warmup_isolation() {
         return IsoHint::None;
     }
-    let Prompt::Messages(messages) = prompt else {
+    let Some(messages) = prompt.messages() else {
         return IsoHint::MessageStart(0);
     };
     let is_system = |r: &str| r == "system" || r == "developer";

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::mock::MAX_BODY_BYTES;
+use crate::synth::tokenizer::pyjinja::TemplateDate;
 use crate::units::ByteSize;
 
 /// Which tokenizer the mock counts prompt tokens with (`mock.tokenizer`).
@@ -120,6 +121,9 @@ pub struct MockConfig {
     /// Tokenizer prompt tokens are counted with (default `"qwen3"`, the shipped one; `"builtin"` is cheaper but
     /// counts differently; or a path). Chat-shaped prompts are rendered through its chat template first.
     pub tokenizer: MockTokenizerSetting,
+    /// The day a chat template's `strftime_now` reads (Llama 3.x writes "Today Date: …" into
+    /// every prompt): `"today"` (UTC, the default) or a fixed `"YYYY-MM-DD"`.
+    pub chat_template_date: TemplateDate,
     /// Fixed cost before the first token of every completion (default `5ms`).
     #[serde(with = "crate::units::duration")]
     pub base_delay: Duration,
@@ -179,6 +183,7 @@ impl Default for MockConfig {
         MockConfig {
             model: "kvbust-mock".to_owned(),
             tokenizer: MockTokenizerSetting::Qwen3,
+            chat_template_date: TemplateDate::Today,
             base_delay: Duration::from_millis(5),
             prefill_per_token: Duration::from_micros(20),
             inter_token: Duration::from_millis(15),
@@ -311,6 +316,16 @@ mod tests {
         let e = c.validate().expect_err("too large");
         assert!(e.starts_with("mock.record_bytes "), "{e}");
         assert!(serde_json::from_str::<MockConfig>(r#"{"tokenizer":""}"#).is_err());
+        let c: MockConfig =
+            serde_json::from_str(r#"{"chat_template_date":"2025-03-07"}"#).expect("parses");
+        assert_eq!(c.chat_template_date.to_string(), "2025-03-07");
+        assert_eq!(
+            MockConfig::default().chat_template_date,
+            TemplateDate::Today
+        );
+        let e = serde_json::from_str::<MockConfig>(r#"{"chat_template_date":"07/03/2025"}"#)
+            .expect_err("not a date");
+        assert!(e.to_string().contains("YYYY-MM-DD"), "{e}");
         assert!(serde_json::from_str::<MockConfig>(r#"{"record_bytes":"lots"}"#).is_err());
     }
 

@@ -48,6 +48,7 @@
 
 pub mod anthropic;
 pub mod bounds;
+pub mod chat;
 pub mod config;
 pub mod engine;
 pub mod openai;
@@ -367,7 +368,7 @@ impl Mock {
     /// A mock with `cfg`, counting tokens with the tokenizer `cfg.tokenizer` names. Blocking: loading a
     /// tokenizer reads and parses its `tokenizer.json` (the shipped Qwen3 one takes well under a second).
     pub fn from_config(cfg: MockConfig) -> Result<Arc<Mock>, crate::synth::error::SynthError> {
-        let tokenizer = MockTokenizer::load(&cfg.tokenizer)?;
+        let tokenizer = MockTokenizer::load_dated(&cfg.tokenizer, cfg.chat_template_date)?;
         Ok(Mock::new(cfg, Some(tokenizer)))
     }
 
