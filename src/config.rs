@@ -508,6 +508,11 @@ pub struct CacheModelConfig {
     /// `auto`: `sidecar` when the upstream is on this host (or the built-in mock), else `shared`
     /// (a Service that may spread requests over several engine replicas).
     pub topology: Topology,
+    /// Follow the engine's KV cache events: `"tcp://HOST:PORT"`, the endpoint of vLLM's
+    /// `--kv-events-config` (a ZMQ PUB socket). The model then drops the blocks the engine
+    /// evicts, empties on a reset and learns blocks other traffic stored; lost batches are
+    /// counted in the report. None: predict from forwarded traffic alone.
+    pub kv_events: Option<String>,
     /// The model's thread's nice value (Linux), 0 to 19; 0: as the process. Higher: the thread
     /// gets only the CPU the data workers leave, so a saturated proxy drops model jobs
     /// (`queue_full`) instead of forwarding slower.
@@ -526,6 +531,7 @@ impl Default for CacheModelConfig {
             max_memory: ByteSize(256 << 20),
             queue: 1024,
             topology: Topology::Auto,
+            kv_events: None,
             nice: 19,
         }
     }

@@ -498,6 +498,7 @@ mod tests {
             unaccounted: BTreeMap::new(),
             topology: "sidecar".into(),
             note: None,
+            kv_events: None,
         }
     }
 

@@ -10,6 +10,7 @@
 //! One worker, in forwarding order, so the index sees requests in the order the engine does.
 
 pub mod attribution;
+pub mod events;
 pub mod index;
 pub mod ledger;
 mod priority;
@@ -219,12 +220,17 @@ pub struct CacheModel {
     ledger: Arc<RunLedger>,
     stats: Arc<Stats>,
     /// The queue to the worker, made (and the worker started) by the first job.
-    queue: OnceLock<Option<SyncSender<Job>>>,
+    /// Each job with the engine's event batches received before it ([`events::EventStats::handed`]).
+    queue: OnceLock<Option<SyncSender<(Job, u64)>>>,
     queue_len: usize,
     queued_bytes: Arc<AtomicU64>,
     /// Bytes of bodies the queue may hold: a quarter of `max_memory`.
     queue_budget: u64,
     open: Arc<OpenTickets>,
+    /// The engine's events (`cache_model.kv_events`): the endpoint, the subscription's
+    /// counters, and the receiving end the worker takes when it starts.
+    kv_events: Option<(String, Arc<events::EventStats>)>,
+    kv_events_rx: Mutex<Option<std::sync::mpsc::Receiver<Vec<crate::mock::kv_events::KvEvent>>>>,
     /// `[capture]`'s settings when it is on; the writer, once started.
     capture_settings: Option<capture::Settings>,
     capture: Arc<OnceLock<Option<Arc<Capture>>>>,
@@ -260,7 +266,18 @@ impl CacheModel {
             nice: c.nice,
         };
         let capture_settings = capture_settings(config, &tokenizer);
+        let (kv_events, kv_events_rx) = match c.kv_events.clone().filter(|_| c.enabled) {
+            Some(endpoint) => {
+                let stats = Arc::new(events::EventStats::default());
+                let (tx, rx) = std::sync::mpsc::channel();
+                events::spawn(endpoint.clone(), tx, stats.clone());
+                (Some((endpoint, stats)), Some(rx))
+            }
+            None => (None, None),
+        };
         Self {
+            kv_events,
+            kv_events_rx: Mutex::new(kv_events_rx),
             facts: Facts {
                 enabled: c.enabled,
                 block_size: settings.block_size,
@@ -386,7 +403,7 @@ impl CacheModel {
         }
         let sender = self.queue.get_or_init(|| self.start_worker());
         let refused = match sender {
-            Some(tx) => match tx.try_send(job) {
+            Some(tx) => match tx.try_send((job, self.events_mark())) {
                 Ok(()) => None,
                 Err(TrySendError::Full(_)) => Some("queue_full"),
                 Err(TrySendError::Disconnected(_)) => Some("model_stopped"),
@@ -406,7 +423,15 @@ impl CacheModel {
         unaccounted(&self.metrics, &self.stats, reason);
     }
 
-    fn start_worker(&self) -> Option<SyncSender<Job>> {
+    /// The engine's event batches received so far: the worker applies exactly these before
+    /// the job submitted now (what the engine had done when the request went to it).
+    fn events_mark(&self) -> u64 {
+        self.kv_events
+            .as_ref()
+            .map_or(0, |(_, s)| s.handed.load(Ordering::Acquire))
+    }
+
+    fn start_worker(&self) -> Option<SyncSender<(Job, u64)>> {
         let (tx, rx) = sync_channel(self.queue_len);
         let model = worker::Worker::new(
             self.settings.clone(),
@@ -414,6 +439,9 @@ impl CacheModel {
             self.stats.clone(),
             self.queued_bytes.clone(),
             self.capture(),
+            crate::sync::lock(&self.kv_events_rx)
+                .take()
+                .zip(self.kv_events.as_ref().map(|(_, s)| s.clone())),
         );
         let nice = self.settings.nice;
         let spawned = std::thread::Builder::new()
@@ -468,6 +496,7 @@ impl CacheModel {
             evicted_blocks: s.evicted_blocks.load(Ordering::Relaxed),
             unaccounted,
             topology: f.topology.as_str().into(),
+            kv_events: self.kv_events.as_ref().map(|(e, s)| s.facts(e)),
             note,
         }
     }

@@ -22,9 +22,11 @@ use crate::capture::turns::{Seen, Turns};
 use crate::capture::{self, Capture, Rendering};
 
 use super::attribution::{self, Breach, Requester};
+use super::events::{EventStats, Follow};
 use super::index::{chain, BlockIndex, Owner, BYTES_PER_BLOCK};
 use super::tokens::{self, IsoHint, Memo, Vocab};
 use super::{session_digest, unaccounted, Job, Prediction, SessionHint, Settings, Stats};
+use crate::mock::kv_events::KvEvent;
 
 /// What the model remembers of a session: the block its next request must share, and whether
 /// its breach was logged.
@@ -42,6 +44,8 @@ pub(super) struct Worker {
     stats: Arc<Stats>,
     queued_bytes: Arc<AtomicU64>,
     capture: Option<Arc<Capture>>,
+    /// The engine's KV cache events and the subscription's counters, when followed.
+    events: Option<(Receiver<Vec<KvEvent>>, Arc<EventStats>)>,
 }
 
 /// The model's state, made on the worker thread (loading a tokenizer takes a moment).
@@ -54,6 +58,8 @@ struct Model {
     /// Capture's view of each session's turns, and the next row's number.
     turns: Turns,
     seq: u64,
+    /// The engine's block hashes mapped to the index's (`cache_model.kv_events`).
+    follow: Follow,
 }
 
 impl Worker {
@@ -63,6 +69,7 @@ impl Worker {
         stats: Arc<Stats>,
         queued_bytes: Arc<AtomicU64>,
         capture: Option<Arc<Capture>>,
+        events: Option<(Receiver<Vec<KvEvent>>, Arc<EventStats>)>,
     ) -> Self {
         Self {
             settings,
@@ -70,11 +77,29 @@ impl Worker {
             stats,
             queued_bytes,
             capture,
+            events,
+        }
+    }
+
+    /// Applies the engine's event batches up to `mark` (those received before this job was
+    /// submitted; `applied` so far): the index then holds what the engine held when the
+    /// request went to it, as far as the engine told, however far the worker lags behind.
+    fn follow(&self, m: &mut Model, applied: &mut u64, mark: u64) {
+        let Some((rx, stats)) = &self.events else {
+            return;
+        };
+        while *applied < mark {
+            // Counted only once sent: the batch is in the channel.
+            let Ok(events) = rx.recv() else {
+                return;
+            };
+            m.follow.apply(&mut m.index, events, stats);
+            *applied += 1;
         }
     }
 
     /// Serves jobs until every sender is gone.
-    pub(super) fn run(self, jobs: Receiver<Job>) {
+    pub(super) fn run(self, jobs: Receiver<(Job, u64)>) {
         let mut model = match self.load() {
             Ok(m) => Some(m),
             Err(e) => {
@@ -82,10 +107,14 @@ impl Worker {
                 None
             }
         };
-        for job in jobs {
+        let mut applied = 0;
+        for (job, mark) in jobs {
             let size = job.bytes();
             match model.as_mut() {
-                Some(m) => self.serve(m, job),
+                Some(m) => {
+                    self.follow(m, &mut applied, mark);
+                    self.serve(m, job);
+                }
                 None => unaccounted(&self.metrics, &self.stats, "tokenizer_error"),
             }
             self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
@@ -118,6 +147,7 @@ impl Worker {
             anonymous: 0,
             turns: Turns::new(s.sessions),
             seq: 0,
+            follow: Follow::default(),
         })
     }
 

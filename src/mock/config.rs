@@ -176,6 +176,12 @@ pub struct MockConfig {
     /// Seed of the jitter and failure draws (default: none, a random one per process); set,
     /// the n-th request gets the same draws every run.
     pub seed: Option<u64>,
+    /// vLLM's KV cache events (default: none): the JSON of vLLM's `--kv-events-config`, e.g.
+    /// `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}`.
+    /// The mock then publishes a `BlockStored` per request's new blocks, a `BlockRemoved` per
+    /// block evicted (`cache_blocks` bounds the cache) and `AllBlocksCleared` on
+    /// `/reset_prefix_cache`, on a ZMQ PUB socket as vLLM 0.33 does.
+    pub kv_events: Option<String>,
 }
 
 impl Default for MockConfig {
@@ -201,6 +207,7 @@ impl Default for MockConfig {
             failure_rate: 0.0,
             failure_kinds: FailureKind::ALL.to_vec(),
             seed: None,
+            kv_events: None,
         }
     }
 }
@@ -229,6 +236,9 @@ impl MockConfig {
             ));
         }
         self.validate_engine()?;
+        if let Some(json) = &self.kv_events {
+            crate::mock::kv_events::EventsConfig::parse(json)?;
+        }
         if let MockTokenizerSetting::Path(p) = &self.tokenizer {
             if !self.tokenizer.exists() {
                 return Err(format!(
