@@ -524,6 +524,10 @@ pub struct CacheModelConfig {
     /// `auto`: render chat-shaped prompts through the tokenizer's chat template, as the engine
     /// does; `none`: count `role\ncontent\n` per message (a tokenizer without a template too).
     pub chat_template: ChatTemplateMode,
+    /// The day a chat template's `strftime_now` reads (Llama 3.x writes "Today Date: …" into
+    /// every prompt): `"today"` (UTC, as the engine's clock) or a fixed `"YYYY-MM-DD"`, to
+    /// match an engine whose clock is pinned, or a test.
+    pub chat_template_date: crate::synth::tokenizer::pyjinja::TemplateDate,
     /// Tokens per KV block (vLLM's default, 16).
     pub block_size: usize,
     /// Blocks the index holds, evicted least recently used; 0: as many as `max_memory` allows.
@@ -536,6 +540,11 @@ pub struct CacheModelConfig {
     /// `auto`: `sidecar` when the upstream is on this host (or the built-in mock), else `shared`
     /// (a Service that may spread requests over several engine replicas).
     pub topology: Topology,
+    /// Follow the engine's KV cache events: `"tcp://HOST:PORT"`, the endpoint of vLLM's
+    /// `--kv-events-config` (a ZMQ PUB socket). The model then drops the blocks the engine
+    /// evicts, empties on a reset and learns blocks other traffic stored; lost batches are
+    /// counted in the report. None: predict from forwarded traffic alone.
+    pub kv_events: Option<String>,
     /// The model's thread's nice value (Linux), 0 to 19; 0: as the process. Higher: the thread
     /// gets only the CPU the data workers leave, so a saturated proxy drops model jobs
     /// (`queue_full`) instead of forwarding slower.
@@ -548,11 +557,13 @@ impl Default for CacheModelConfig {
             enabled: true,
             tokenizer: None,
             chat_template: ChatTemplateMode::Auto,
+            chat_template_date: Default::default(),
             block_size: 16,
             capacity_blocks: 0,
             max_memory: ByteSize(256 << 20),
             queue: 1024,
             topology: Topology::Auto,
+            kv_events: None,
             nice: 19,
         }
     }

@@ -71,6 +71,16 @@ impl BlockIndex {
         self.evicted
     }
 
+    /// Drops block `hash` (the engine evicted it); whether it was cached.
+    pub fn remove(&mut self, hash: u64) -> bool {
+        self.blocks.pop(&hash).is_some()
+    }
+
+    /// Drops every block (the engine's cache was reset).
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+    }
+
     /// Serves one request of `n_tokens` whose full blocks hash to `hashes`: returns the cached
     /// prefix (at most `(n_tokens - 1) / block_size` blocks, as vLLM always computes the last
     /// token), then caches every full block, tail first, so that under pressure a prefix loses

@@ -10,11 +10,14 @@
 //! One worker, in forwarding order, so the index sees requests in the order the engine does.
 
 pub mod attribution;
+pub mod events;
 pub mod index;
 pub mod ledger;
 mod priority;
 pub mod runs;
 pub mod tokens;
+#[cfg(test)]
+mod vectors;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -81,6 +84,16 @@ impl Job {
     pub fn bytes(&self) -> u64 {
         (self.body.len() + self.workload.as_ref().map_or(0, Bytes::len)) as u64
     }
+}
+
+/// A job in the worker's queue, with when it was submitted: the upstream cache resets before it
+/// ([`CacheModel::cache_reset`]'s epoch: the worker empties its index between the jobs before a
+/// reset and those after) and the engine's event batches received before it
+/// ([`events::EventStats::handed`]: what the engine had done when the request went to it).
+pub(crate) struct Queued {
+    pub job: Job,
+    pub epoch: u64,
+    pub events: u64,
 }
 
 /// Where a request's prediction and its response's outcome meet: whichever side lets go of
@@ -268,6 +281,8 @@ pub(crate) struct Stats {
 pub(crate) struct Settings {
     pub tokenizer: MockTokenizerSetting,
     pub template: ChatTemplateMode,
+    /// `cache_model.chat_template_date`.
+    pub date: crate::synth::tokenizer::pyjinja::TemplateDate,
     pub block_size: usize,
     /// Blocks the index holds: `capacity_blocks`, within half of `max_memory`.
     pub capacity: NonZeroUsize,
@@ -290,12 +305,16 @@ pub struct CacheModel {
     epoch: AtomicU64,
     stats: Arc<Stats>,
     /// The queue to the worker, made (and the worker started) by the first job.
-    queue: OnceLock<Option<SyncSender<(u64, Job)>>>,
+    queue: OnceLock<Option<SyncSender<Queued>>>,
     queue_len: usize,
     queued_bytes: Arc<AtomicU64>,
     /// Bytes of bodies the queue may hold: a quarter of `max_memory`.
     queue_budget: u64,
     open: Arc<OpenTickets>,
+    /// The engine's events (`cache_model.kv_events`): the endpoint, the subscription's
+    /// counters, and the receiving end the worker takes when it starts.
+    kv_events: Option<(String, Arc<events::EventStats>)>,
+    kv_events_rx: Mutex<Option<std::sync::mpsc::Receiver<Vec<crate::mock::kv_events::KvEvent>>>>,
     /// `[capture]`'s settings when it is on; the writer, once started.
     capture_settings: Option<capture::Settings>,
     capture: Arc<OnceLock<Option<Arc<Capture>>>>,
@@ -321,6 +340,7 @@ impl CacheModel {
         let settings = Settings {
             tokenizer: tokenizer.clone(),
             template: c.chat_template,
+            date: c.chat_template_date,
             block_size: c.block_size.max(1),
             capacity: NonZeroUsize::new(usize::try_from(capacity).unwrap_or(usize::MAX))
                 .unwrap_or(NonZeroUsize::MIN),
@@ -330,7 +350,18 @@ impl CacheModel {
             nice: c.nice,
         };
         let capture_settings = capture_settings(config, &tokenizer);
+        let (kv_events, kv_events_rx) = match c.kv_events.clone().filter(|_| c.enabled) {
+            Some(endpoint) => {
+                let stats = Arc::new(events::EventStats::default());
+                let (tx, rx) = std::sync::mpsc::channel();
+                events::spawn(endpoint.clone(), tx, stats.clone());
+                (Some((endpoint, stats)), Some(rx))
+            }
+            None => (None, None),
+        };
         Self {
+            kv_events,
+            kv_events_rx: Mutex::new(kv_events_rx),
             facts: Facts {
                 enabled: c.enabled,
                 block_size: settings.block_size,
@@ -470,7 +501,11 @@ impl CacheModel {
         let sender = self.queue.get_or_init(|| self.start_worker());
         let epoch = self.epoch.load(Ordering::Acquire);
         let refused = match sender {
-            Some(tx) => match tx.try_send((epoch, job)) {
+            Some(tx) => match tx.try_send(Queued {
+                job,
+                epoch,
+                events: self.events_mark(),
+            }) {
                 Ok(()) => None,
                 Err(TrySendError::Full(_)) => Some("queue_full"),
                 Err(TrySendError::Disconnected(_)) => Some("model_stopped"),
@@ -491,7 +526,15 @@ impl CacheModel {
         unaccounted(&self.metrics, &self.stats, reason);
     }
 
-    fn start_worker(&self) -> Option<SyncSender<(u64, Job)>> {
+    /// The engine's event batches received so far: the worker applies exactly these before
+    /// the job submitted now (what the engine had done when the request went to it).
+    fn events_mark(&self) -> u64 {
+        self.kv_events
+            .as_ref()
+            .map_or(0, |(_, s)| s.handed.load(Ordering::Acquire))
+    }
+
+    fn start_worker(&self) -> Option<SyncSender<Queued>> {
         let (tx, rx) = sync_channel(self.queue_len);
         let model = worker::Worker::new(
             self.settings.clone(),
@@ -499,6 +542,9 @@ impl CacheModel {
             self.stats.clone(),
             self.queued_bytes.clone(),
             self.capture(),
+            crate::sync::lock(&self.kv_events_rx)
+                .take()
+                .zip(self.kv_events.as_ref().map(|(_, s)| s.clone())),
         );
         let nice = self.settings.nice;
         let spawned = std::thread::Builder::new()
@@ -552,6 +598,7 @@ impl CacheModel {
             evicted_blocks: s.evicted_blocks.load(Ordering::Relaxed),
             unaccounted,
             topology: f.topology.as_str().into(),
+            kv_events: self.kv_events.as_ref().map(|(e, s)| s.facts(e)),
             note,
         }
     }

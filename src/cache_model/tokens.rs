@@ -12,9 +12,11 @@ use std::sync::Arc;
 use lru::LruCache;
 use memchr::memmem;
 
+use crate::mock::request::ChatOptions;
 use crate::mock::request::{Message, Prompt, PromptPart};
 use crate::mock::tokenize::{builtin_encode, builtin_pieces, plain_render, render_chat};
 use crate::synth::tokenizer::chat_template::ChatTemplate;
+use crate::synth::tokenizer::pyjinja::TemplateDate;
 use crate::synth::tokenizer::Tokenizer;
 
 /// Where the isolation point is, in the prompt's text.
@@ -88,10 +90,20 @@ pub enum Vocab {
 impl Vocab {
     /// `tokenizer` with its chat template (when `use_template` and it has one).
     pub fn hf(tokenizer: Arc<Tokenizer>, use_template: bool) -> Result<Self, EncodeError> {
+        Self::hf_dated(tokenizer, use_template, TemplateDate::Today)
+    }
+
+    /// [`Vocab::hf`] with the template's `strftime_now` reading `date`
+    /// (`cache_model.chat_template_date`).
+    pub fn hf_dated(
+        tokenizer: Arc<Tokenizer>,
+        use_template: bool,
+        date: TemplateDate,
+    ) -> Result<Self, EncodeError> {
         let template = if use_template {
             ChatTemplate::for_tokenizer(&tokenizer)
                 .map_err(|e| EncodeError::Template(e.to_string()))?
-                .map(Box::new)
+                .map(|t| Box::new(t.with_date(date)))
         } else {
             None
         };
@@ -195,9 +207,15 @@ pub fn encode(
     prompt: &Prompt,
     iso: &IsoHint,
 ) -> Result<Encoded, EncodeError> {
-    match prompt {
-        Prompt::Messages(messages) => encode_messages(vocab, memo, messages, iso),
-        Prompt::Raw(parts) => encode_raw(vocab, parts, iso),
+    match prompt.chat() {
+        Some((messages, options)) => encode_messages(vocab, memo, messages, options, iso),
+        None => match prompt {
+            Prompt::Raw(parts) => encode_raw(vocab, parts, iso),
+            _ => Ok(Encoded {
+                ids: Vec::new(),
+                iso: None,
+            }),
+        },
     }
 }
 
@@ -205,14 +223,20 @@ fn encode_messages(
     vocab: &Vocab,
     memo: &mut Memo,
     messages: &[Message],
+    options: &ChatOptions,
     iso: &IsoHint,
 ) -> Result<Encoded, EncodeError> {
     let text = match vocab {
         Vocab::Hf {
             template: Some(t), ..
-        } => render_chat(t, messages).map_err(|e| EncodeError::Template(e.to_string()))?,
+        } => render_chat(t, messages, options).map_err(|e| EncodeError::Template(e.0))?,
         _ => plain_render(messages),
     };
+    if options.add_special_tokens && matches!(vocab, Vocab::Hf { .. }) {
+        // Rare (a body's `add_special_tokens: true`): the tokenizer's own special tokens (a
+        // BOS) around the whole text, as a completions prompt is tokenized.
+        return encode_raw(vocab, &[PromptPart::Text(text)], iso);
+    }
     let at = iso_offset(&text, messages, iso);
     match vocab {
         Vocab::Builtin => Ok(builtin_with_iso(&text, at)),

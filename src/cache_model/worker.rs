@@ -22,9 +22,11 @@ use crate::capture::turns::{Seen, Turns};
 use crate::capture::{self, Capture, Rendering};
 
 use super::attribution::{self, Breach, Requester, Turn};
+use super::events::{EventStats, Follow};
 use super::index::{chain, BlockIndex, Owner, BYTES_PER_BLOCK};
 use super::tokens::{self, IsoHint, Memo, Vocab};
-use super::{session_digest, unaccounted, Job, Prediction, SessionHint, Settings, Stats};
+use super::{session_digest, unaccounted, Job, Prediction, Queued, SessionHint, Settings, Stats};
+use crate::mock::kv_events::KvEvent;
 
 /// What the model remembers of a session: its context's branches (what its next request must
 /// share), and whether its breach was logged.
@@ -44,6 +46,8 @@ pub(super) struct Worker {
     stats: Arc<Stats>,
     queued_bytes: Arc<AtomicU64>,
     capture: Option<Arc<Capture>>,
+    /// The engine's KV cache events and the subscription's counters, when followed.
+    events: Option<(Receiver<Vec<KvEvent>>, Arc<EventStats>)>,
 }
 
 /// The model's state, made on the worker thread (loading a tokenizer takes a moment).
@@ -56,6 +60,8 @@ struct Model {
     /// Capture's view of each session's turns, and the next row's number.
     turns: Turns,
     seq: u64,
+    /// The engine's block hashes mapped to the index's (`cache_model.kv_events`).
+    follow: Follow,
 }
 
 impl Worker {
@@ -65,6 +71,7 @@ impl Worker {
         stats: Arc<Stats>,
         queued_bytes: Arc<AtomicU64>,
         capture: Option<Arc<Capture>>,
+        events: Option<(Receiver<Vec<KvEvent>>, Arc<EventStats>)>,
     ) -> Self {
         Self {
             settings,
@@ -72,11 +79,29 @@ impl Worker {
             stats,
             queued_bytes,
             capture,
+            events,
+        }
+    }
+
+    /// Applies the engine's event batches up to `mark` (those received before this job was
+    /// submitted; `applied` so far): the index then holds what the engine held when the
+    /// request went to it, as far as the engine told, however far the worker lags behind.
+    fn follow(&self, m: &mut Model, applied: &mut u64, mark: u64) {
+        let Some((rx, stats)) = &self.events else {
+            return;
+        };
+        while *applied < mark {
+            // Counted only once sent: the batch is in the channel.
+            let Ok(events) = rx.recv() else {
+                return;
+            };
+            m.follow.apply(&mut m.index, events, stats);
+            *applied += 1;
         }
     }
 
     /// Serves jobs until every sender is gone.
-    pub(super) fn run(self, jobs: Receiver<(u64, Job)>) {
+    pub(super) fn run(self, jobs: Receiver<Queued>) {
         let mut model = match self.load() {
             Ok(m) => Some(m),
             Err(e) => {
@@ -84,8 +109,13 @@ impl Worker {
                 None
             }
         };
-        let mut epoch = 0;
-        for (submitted_in, job) in jobs {
+        let (mut epoch, mut applied) = (0, 0);
+        for Queued {
+            job,
+            epoch: submitted_in,
+            events: mark,
+        } in jobs
+        {
             let size = job.bytes();
             if submitted_in != epoch {
                 // The upstream's cache was emptied between the last job and this one.
@@ -96,7 +126,10 @@ impl Worker {
                 }
             }
             match model.as_mut() {
-                Some(m) => self.serve(m, job),
+                Some(m) => {
+                    self.follow(m, &mut applied, mark);
+                    self.serve(m, job);
+                }
                 None => unaccounted(&self.metrics, &self.stats, "tokenizer_error"),
             }
             self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
@@ -118,7 +151,7 @@ impl Worker {
             None => Vocab::Builtin,
             Some(t) => {
                 let t = t.map_err(|e| format!("cannot load cache_model.tokenizer: {e}"))?;
-                Vocab::hf(Arc::new(t), use_template).map_err(|e| e.to_string())?
+                Vocab::hf_dated(Arc::new(t), use_template, s.date).map_err(|e| e.to_string())?
             }
         };
         Ok(Model {
@@ -129,6 +162,7 @@ impl Worker {
             anonymous: 0,
             turns: Turns::new(s.sessions),
             seq: 0,
+            follow: Follow::default(),
         })
     }
 
@@ -349,7 +383,8 @@ fn capture_row(
         None => prompt,
     };
     let (ids, session, follows) = match (c.settings.rendering, workload) {
-        (Rendering::Contents, Prompt::Messages(ms)) => {
+        (Rendering::Contents, Prompt::Messages(_) | Prompt::Chat(_)) => {
+            let ms = workload.messages().unwrap_or_default();
             let seen: Vec<Seen> = ms.iter().map(|x| Seen::new(&x.role, &x.content)).collect();
             let plan = m.turns.plan(session, &seen);
             let picked = plan.messages.iter().map(|&i| &ms[i]);
@@ -402,7 +437,7 @@ fn iso_hint(job: &Job, prompt: &Prompt) -> IsoHint {
     if !job.target.is_warmup_isolation() {
         return IsoHint::None;
     }
-    let Prompt::Messages(messages) = prompt else {
+    let Some(messages) = prompt.messages() else {
         return IsoHint::MessageStart(0);
     };
     let is_system = |r: &str| r == "system" || r == "developer";

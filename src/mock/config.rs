@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::mock::MAX_BODY_BYTES;
+use crate::synth::tokenizer::pyjinja::TemplateDate;
 use crate::units::ByteSize;
 
 /// Which tokenizer the mock counts prompt tokens with (`mock.tokenizer`).
@@ -120,6 +121,9 @@ pub struct MockConfig {
     /// Tokenizer prompt tokens are counted with (default `"qwen3"`, the shipped one; `"builtin"` is cheaper but
     /// counts differently; or a path). Chat-shaped prompts are rendered through its chat template first.
     pub tokenizer: MockTokenizerSetting,
+    /// The day a chat template's `strftime_now` reads (Llama 3.x writes "Today Date: …" into
+    /// every prompt): `"today"` (UTC, the default) or a fixed `"YYYY-MM-DD"`.
+    pub chat_template_date: TemplateDate,
     /// Fixed cost before the first token of every completion (default `5ms`).
     #[serde(with = "crate::units::duration")]
     pub base_delay: Duration,
@@ -172,6 +176,12 @@ pub struct MockConfig {
     /// Seed of the jitter and failure draws (default: none, a random one per process); set,
     /// the n-th request gets the same draws every run.
     pub seed: Option<u64>,
+    /// vLLM's KV cache events (default: none): the JSON of vLLM's `--kv-events-config`, e.g.
+    /// `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}`.
+    /// The mock then publishes a `BlockStored` per request's new blocks, a `BlockRemoved` per
+    /// block evicted (`cache_blocks` bounds the cache) and `AllBlocksCleared` on
+    /// `/reset_prefix_cache`, on a ZMQ PUB socket as vLLM 0.33 does.
+    pub kv_events: Option<String>,
 }
 
 impl Default for MockConfig {
@@ -179,6 +189,7 @@ impl Default for MockConfig {
         MockConfig {
             model: "kvbust-mock".to_owned(),
             tokenizer: MockTokenizerSetting::Qwen3,
+            chat_template_date: TemplateDate::Today,
             base_delay: Duration::from_millis(5),
             prefill_per_token: Duration::from_micros(20),
             inter_token: Duration::from_millis(15),
@@ -196,6 +207,7 @@ impl Default for MockConfig {
             failure_rate: 0.0,
             failure_kinds: FailureKind::ALL.to_vec(),
             seed: None,
+            kv_events: None,
         }
     }
 }
@@ -224,6 +236,9 @@ impl MockConfig {
             ));
         }
         self.validate_engine()?;
+        if let Some(json) = &self.kv_events {
+            crate::mock::kv_events::EventsConfig::parse(json)?;
+        }
         if let MockTokenizerSetting::Path(p) = &self.tokenizer {
             if !self.tokenizer.exists() {
                 return Err(format!(
@@ -311,6 +326,16 @@ mod tests {
         let e = c.validate().expect_err("too large");
         assert!(e.starts_with("mock.record_bytes "), "{e}");
         assert!(serde_json::from_str::<MockConfig>(r#"{"tokenizer":""}"#).is_err());
+        let c: MockConfig =
+            serde_json::from_str(r#"{"chat_template_date":"2025-03-07"}"#).expect("parses");
+        assert_eq!(c.chat_template_date.to_string(), "2025-03-07");
+        assert_eq!(
+            MockConfig::default().chat_template_date,
+            TemplateDate::Today
+        );
+        let e = serde_json::from_str::<MockConfig>(r#"{"chat_template_date":"07/03/2025"}"#)
+            .expect_err("not a date");
+        assert!(e.to_string().contains("YYYY-MM-DD"), "{e}");
         assert!(serde_json::from_str::<MockConfig>(r#"{"record_bytes":"lots"}"#).is_err());
     }
 

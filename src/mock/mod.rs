@@ -48,8 +48,10 @@
 
 pub mod anthropic;
 pub mod bounds;
+pub mod chat;
 pub mod config;
 pub mod engine;
+pub mod kv_events;
 pub mod openai;
 pub mod output;
 pub mod prefix_cache;
@@ -130,6 +132,8 @@ pub struct Mock {
     /// The budget of buffered request bodies shared with the proxy in the same process
     /// (`limits.max_buffered_total`), once [`Mock::share_budget`] set it.
     budget: std::sync::OnceLock<Arc<BodyBudget>>,
+    /// vLLM's KV cache events (`mock.kv_events`), once [`Mock::start_kv_events`] bound the socket.
+    kv_events: std::sync::OnceLock<kv_events::Publisher>,
 }
 
 impl std::fmt::Debug for Mock {
@@ -355,7 +359,54 @@ impl Mock {
             tokenizer: tokenizer.unwrap_or(MockTokenizer::Builtin),
             cfg,
             budget: std::sync::OnceLock::new(),
+            kv_events: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Starts publishing KV cache events when `mock.kv_events` enables them (binding or
+    /// connecting the PUB socket as vLLM does); returns the endpoint, `None` when off. Once:
+    /// later calls return the first endpoint.
+    pub async fn start_kv_events(&self) -> Result<Option<String>, String> {
+        if let Some(p) = self.kv_events.get() {
+            return Ok(Some(p.endpoint().to_owned()));
+        }
+        let Some(json) = &self.cfg.kv_events else {
+            return Ok(None);
+        };
+        let cfg = kv_events::EventsConfig::parse(json)?;
+        if !cfg.publishes() {
+            return Ok(None);
+        }
+        let publisher = kv_events::Publisher::start(&cfg).await?;
+        let endpoint = publisher.endpoint().to_owned();
+        tracing::info!(%endpoint, topic = %cfg.topic, "mock: publishing vLLM KV cache events");
+        let _ = self.kv_events.set(publisher);
+        Ok(Some(endpoint))
+    }
+
+    /// Serves `tokens` from the prefix cache: (cached, newly written) tokens; what the cache
+    /// did goes out as KV events when they are on.
+    fn admit(&self, tokens: &[u32]) -> (usize, usize) {
+        let Some(publisher) = self.kv_events.get() else {
+            return crate::sync::lock(&self.cache).admit_counting_writes(tokens);
+        };
+        let mut events = Vec::new();
+        let mut cache = crate::sync::lock(&self.cache);
+        let got = cache.admit_with_events(tokens, &mut events);
+        // Under the lock: batches go out in the order the cache changed.
+        publisher.publish(events);
+        got
+    }
+
+    /// KV event batches handed to the socket so far (0 when events are off).
+    pub fn kv_events_sent(&self) -> u64 {
+        self.kv_events.get().map_or(0, kv_events::Publisher::sent)
+    }
+
+    /// KV event batches queued so far, sent or not yet (0 when events are off): the seq the
+    /// next batch will carry.
+    pub fn kv_events_queued(&self) -> u64 {
+        self.kv_events.get().map_or(0, kv_events::Publisher::queued)
     }
 
     /// Charges the bodies this mock buffers to `budget` from now on (the proxy's, when both run in
@@ -367,7 +418,7 @@ impl Mock {
     /// A mock with `cfg`, counting tokens with the tokenizer `cfg.tokenizer` names. Blocking: loading a
     /// tokenizer reads and parses its `tokenizer.json` (the shipped Qwen3 one takes well under a second).
     pub fn from_config(cfg: MockConfig) -> Result<Arc<Mock>, crate::synth::error::SynthError> {
-        let tokenizer = MockTokenizer::load(&cfg.tokenizer)?;
+        let tokenizer = MockTokenizer::load_dated(&cfg.tokenizer, cfg.chat_template_date)?;
         Ok(Mock::new(cfg, Some(tokenizer)))
     }
 
@@ -385,6 +436,9 @@ impl Mock {
     pub fn reset_prefix_cache(&self) {
         let mut cache = crate::sync::lock(&self.cache);
         *cache = PrefixCache::new(self.cfg.block_size, self.cfg.cache_blocks);
+        if let Some(p) = self.kv_events.get() {
+            p.publish(vec![kv_events::KvEvent::Cleared]);
+        }
     }
 
     /// Hands the request (origin-form URI, headers, body and its digest) to the recorder.
@@ -669,7 +723,7 @@ impl Mock {
         ov: Overrides,
         load: Load,
     ) -> Response<MockBody> {
-        let (cached, written) = crate::sync::lock(&self.cache).admit_counting_writes(tokens);
+        let (cached, written) = self.admit(tokens);
         let seed = output::seed(tokens);
         // The answer has `completion_tokens` words (one per event); the usage counts the tokens
         // the mock's tokenizer makes of it, as a client that re-tokenizes the text with the same

@@ -8,14 +8,16 @@ use serde_json::{json, Map, Value};
 
 use serde_json::value::RawValue;
 
+use super::chat;
 use super::request::{
-    content_text, field, json_object, json_object_with_raw, max_tokens, model, opt_bool, ApiError,
-    GenRequest, Message, Prompt, PromptPart, Usage,
+    field, json_object, json_object_with_raws, max_tokens, model, opt_bool, ApiError, GenRequest,
+    Message, Prompt, PromptPart, Usage,
 };
 use crate::api::Shape;
 
-/// A chat's messages from the raw `messages` ([`json_object_with_raw`]), each element read
-/// into a value, made a [`Message`] and dropped before the next.
+/// A chat's messages from the raw `messages` ([`json_object_with_raws`]), each element read
+/// on its own, made a [`Message`] as vLLM parses it ([`chat::parse_message`]) and dropped
+/// before the next.
 fn chat_prompt(messages: Option<&RawValue>) -> Result<Vec<Message>, ApiError> {
     let missing = || {
         ApiError::bad_request(
@@ -30,20 +32,11 @@ fn chat_prompt(messages: Option<&RawValue>) -> Result<Vec<Message>, ApiError> {
     if items.is_empty() {
         return Err(missing());
     }
-    let mut out = Vec::with_capacity(items.len());
-    for (i, raw) in items.iter().enumerate() {
-        // Valid JSON (the whole body parsed): only a bug could fail here.
-        let m: Value = serde_json::from_str(raw.get()).map_err(|_| missing())?;
-        let Some(role) = m.get("role").and_then(Value::as_str) else {
-            return Err(ApiError::bad_request(
-                "invalid_message",
-                format!("`messages[{i}].role` must be a string"),
-            ));
-        };
-        let content = content_text(m.get("content"), &format!("messages[{i}].content"))?;
-        out.push(Message::new(role, content));
-    }
-    Ok(out)
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| chat::parse_message(raw, i))
+        .collect()
 }
 
 fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
@@ -93,9 +86,10 @@ pub fn parse_request(
         Shape::Chat | Shape::Completions => {}
     }
     // A chat's messages stay raw until the prompt is read: no tree of a long chat is built.
-    let (obj, messages) = match endpoint {
-        Shape::Chat => json_object_with_raw(body, "messages")?,
-        _ => (json_object(body)?, None),
+    // (`tools` and `chat_template_kwargs` too: their key order reaches the prompt.)
+    let (obj, [messages, tools, kwargs]) = match endpoint {
+        Shape::Chat => json_object_with_raws(body, ["messages", "tools", "chat_template_kwargs"])?,
+        _ => (json_object(body)?, [None; 3]),
     };
     let model = model(&obj, default_model)?;
     if let Some(n) = field(&obj, "n") {
@@ -108,7 +102,13 @@ pub fn parse_request(
     }
     let prompt = match endpoint {
         Shape::Completions => Prompt::Raw(completion_prompt(&obj)?),
-        _ => Prompt::Messages(chat_prompt(messages)?),
+        _ => {
+            let options = chat::parse_options(&obj, tools, kwargs)?;
+            Prompt::Chat(Box::new(chat::Chat {
+                messages: chat_prompt(messages)?,
+                options,
+            }))
+        }
     };
     let stream = opt_bool(&obj, "stream", "stream")?;
     let include_usage = match field(&obj, "stream_options") {
@@ -270,15 +270,19 @@ mod tests {
                     format!("`messages[{i}].role` must be a string"),
                 ));
             };
-            let content = content_text(m.get("content"), &format!("messages[{i}].content"))?;
-            out.push(Message::new(role, content));
+            let _ = role;
+            let raw = RawValue::from_string(m.to_string()).map_err(|_| missing())?;
+            out.push(chat::parse_message(&raw, i)?);
         }
         let mut req = parse(
             Shape::Chat,
             r#"{"messages":[{"role":"user","content":"x"}]}"#,
         )?;
         req.model = model;
-        req.prompt = Prompt::Messages(out);
+        req.prompt = Prompt::Chat(Box::new(chat::Chat {
+            messages: out,
+            options: chat::PLAIN.clone(),
+        }));
         req.stream = opt_bool(&obj, "stream", "stream")?;
         req.include_usage = match field(&obj, "stream_options") {
             None => false,
@@ -333,12 +337,14 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(
-            r.prompt,
-            Prompt::Messages(vec![
-                Message::new("system", "be brief"),
-                Message::new("user", "a\nb"),
-                Message::new("assistant", ""),
-            ])
+            r.prompt.messages(),
+            Some(
+                &[
+                    Message::new("system", "be brief"),
+                    Message::new("user", "a\nb"),
+                    Message::new("assistant", ""),
+                ][..]
+            )
         );
         assert_eq!(
             (r.model.as_str(), r.max_tokens, r.stream, r.include_usage),

@@ -13,6 +13,8 @@ use std::num::NonZeroUsize;
 
 use lru::LruCache;
 
+use super::kv_events::{KvEvent, MEDIUM_GPU};
+
 /// Parent hash of the first block of every prompt.
 const ROOT_HASH: u64 = 0x6b76_6275_7374_2121; // "kvbust!!"
 
@@ -26,15 +28,21 @@ pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
 
 /// The hash chain over the full blocks of `tokens` (a trailing partial block has no hash).
 pub fn chain(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    chain_after(None, tokens, block_size)
+}
+
+/// The hash chain over the full blocks of `tokens` continuing after the block `parent` (none:
+/// from the start), as an engine's `BlockStored` event describes a run of blocks.
+pub fn chain_after(parent: Option<u64>, tokens: &[u32], block_size: usize) -> Vec<u64> {
     if block_size == 0 {
         return Vec::new();
     }
-    let mut parent = ROOT_HASH;
+    let mut prev = parent.unwrap_or(ROOT_HASH);
     tokens
         .chunks_exact(block_size)
         .map(|block| {
-            parent = block_hash(parent, block);
-            parent
+            prev = block_hash(prev, block);
+            prev
         })
         .collect()
 }
@@ -102,6 +110,51 @@ impl PrefixCache {
             blocks.put(*h, ());
         }
         (self.cap_hit(hit, tokens.len()), written * self.block_size)
+    }
+
+    /// [`PrefixCache::admit_counting_writes`], also telling `events` what the cache did, as
+    /// vLLM's block pool reports it: one `Stored` for the blocks past the cached prefix (their
+    /// parent the last cached one), then a `Removed` per block evicted to make room.
+    pub fn admit_with_events(
+        &mut self,
+        tokens: &[u32],
+        events: &mut Vec<KvEvent>,
+    ) -> (usize, usize) {
+        let Some(blocks) = &mut self.blocks else {
+            return (0, 0);
+        };
+        let bs = self.block_size;
+        let hashes = chain(tokens, bs);
+        let hit = hashes.iter().take_while(|h| blocks.contains(*h)).count();
+        let written = hashes[hit..]
+            .iter()
+            .filter(|h| !blocks.contains(*h))
+            .count();
+        let mut removed = Vec::new();
+        for h in hashes.iter().rev() {
+            if let Some((old, ())) = blocks.push(*h, ()) {
+                if old != *h {
+                    removed.push(old);
+                }
+            }
+        }
+        // A block pushed out and put back within this request (its own cached head, least
+        // recently used) is still cached.
+        removed.retain(|h| !blocks.contains(h));
+        if hit < hashes.len() {
+            events.push(KvEvent::Stored {
+                block_hashes: hashes[hit..].to_vec(),
+                parent: hit.checked_sub(1).map(|i| hashes[i]),
+                token_ids: tokens[hit * bs..hashes.len() * bs].to_vec(),
+                block_size: u32::try_from(bs).unwrap_or(u32::MAX),
+                medium: Some(MEDIUM_GPU.into()),
+            });
+        }
+        events.extend(removed.into_iter().map(|h| KvEvent::Removed {
+            block_hashes: vec![h],
+            medium: Some(MEDIUM_GPU.into()),
+        }));
+        (self.cap_hit(hit, tokens.len()), written * bs)
     }
 
     /// vLLM never serves the whole prompt from cache: at most `(n - 1) / block_size` full blocks count.
@@ -199,6 +252,59 @@ mod tests {
         let full = toks(0..16); // all 4 blocks cached: the last is recomputed, not written
         assert_eq!(c.admit_counting_writes(&full), (12, 0));
         assert_eq!(PrefixCache::new(0, 10).admit_counting_writes(&p), (0, 0));
+    }
+
+    /// The events tell a reader exactly what is cached: replaying them gives the cache's blocks.
+    #[test]
+    fn events_replay_to_the_cache_contents() {
+        use std::collections::HashSet;
+        let mut c = PrefixCache::new(4, 6);
+        let mut plain = PrefixCache::new(4, 6);
+        let mut seen: HashSet<u64> = HashSet::new();
+        let prompts = [
+            toks(0..18),
+            toks(0..10),
+            toks(100..121),
+            toks(0..18),
+            toks(200..205),
+        ];
+        for p in &prompts {
+            let mut events = Vec::new();
+            let got = c.admit_with_events(p, &mut events);
+            assert_eq!(got, plain.admit_counting_writes(p));
+            for e in events {
+                match e {
+                    KvEvent::Stored {
+                        block_hashes,
+                        parent,
+                        token_ids,
+                        ..
+                    } => {
+                        // The hashes follow from the parent and the tokens.
+                        let mut prev = parent.unwrap_or(ROOT_HASH);
+                        for (h, block) in block_hashes.iter().zip(token_ids.chunks(4)) {
+                            prev = block_hash(prev, block);
+                            assert_eq!(*h, prev);
+                            seen.insert(*h);
+                        }
+                    }
+                    KvEvent::Removed { block_hashes, .. } => {
+                        for h in block_hashes {
+                            assert!(seen.remove(&h), "removed a block never stored");
+                        }
+                    }
+                    KvEvent::Cleared => seen.clear(),
+                }
+            }
+            let cached: HashSet<u64> = c
+                .blocks
+                .as_ref()
+                .expect("on")
+                .iter()
+                .map(|(h, _)| *h)
+                .collect();
+            assert_eq!(seen, cached);
+        }
     }
 
     #[test]

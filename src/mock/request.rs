@@ -10,14 +10,18 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::api::Shape;
+use minijinja::Value as JinjaValue;
 
-/// One chat message as the chat template sees it: a role and its text.
+/// One chat message as the chat template sees it: a role, its text, and what else vLLM hands
+/// the template (chat completions' tool calls, names, reasoning).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// `system`, `user`, `assistant`, `tool`.
     pub role: String,
     /// The message's text (text parts joined by newlines).
     pub content: String,
+    /// `None`: nothing beyond role and content.
+    pub extra: Option<Box<MessageExtra>>,
 }
 
 impl Message {
@@ -26,19 +30,83 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            extra: None,
         }
     }
+}
+
+/// What vLLM hands a message's template beyond role and content.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageExtra {
+    /// `name`, when a string.
+    pub name: Option<String>,
+    /// An assistant's `tool_calls`, each `function.arguments` already an object.
+    pub tool_calls: Option<JinjaValue>,
+    /// A tool message's `tool_call_id`.
+    pub tool_call_id: Option<JinjaValue>,
+    /// An assistant's `reasoning` (or `reasoning_content`).
+    pub reasoning: Option<JinjaValue>,
+}
+
+/// The request-level fields the chat template sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatOptions {
+    /// `tools`, each as `model_dump()` writes it; `None` without.
+    pub tools: Option<JinjaValue>,
+    /// The template's other variables: `chat_template_kwargs` with the body's own fields
+    /// merged in (minus those transformers keeps for itself).
+    pub kwargs: Vec<(String, JinjaValue)>,
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
+    /// Whether the tokenizer adds its special tokens (a BOS) to the rendered text.
+    pub add_special_tokens: bool,
+}
+
+/// What a chat prompt is rendered with when the body set nothing (the responses and messages
+/// routes, and tests).
+pub static PLAIN: ChatOptions = ChatOptions {
+    tools: None,
+    kwargs: Vec::new(),
+    add_generation_prompt: true,
+    continue_final_message: false,
+    add_special_tokens: false,
+};
+
+/// A chat-completions prompt: its messages and the request's template fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chat {
+    pub messages: Vec<Message>,
+    pub options: ChatOptions,
 }
 
 /// What is tokenized for a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Prompt {
-    /// Chat-shaped routes (chat, responses, messages): rendered through the tokenizer's chat template, as vLLM
+    /// Chat-shaped routes (responses, messages): rendered through the tokenizer's chat template, as vLLM
     /// does, then tokenized without adding special tokens.
     Messages(Vec<Message>),
+    /// `/v1/chat/completions`: the messages with the body's template fields (tools, kwargs, flags).
+    Chat(Box<Chat>),
     /// `/v1/completions`: text tokenized with the tokenizer's special tokens (as vLLM does), or token ids as
     /// they are.
     Raw(Vec<PromptPart>),
+}
+
+impl Prompt {
+    /// A chat prompt's messages and template fields (the defaults for `Messages`); `None` for
+    /// completions.
+    pub fn chat(&self) -> Option<(&[Message], &ChatOptions)> {
+        match self {
+            Prompt::Messages(m) => Some((m, &PLAIN)),
+            Prompt::Chat(c) => Some((&c.messages, &c.options)),
+            Prompt::Raw(_) => None,
+        }
+    }
+
+    /// A chat prompt's messages.
+    pub fn messages(&self) -> Option<&[Message]> {
+        self.chat().map(|(m, _)| m)
+    }
 }
 
 /// A piece of prompt: text to tokenize, or token ids given directly (`/v1/completions` accepts both).
@@ -183,14 +251,19 @@ fn invalid_json(e: serde_json::Error) -> ApiError {
     )
 }
 
-/// [`json_object`] with the member `list` left as its raw text: a chat's `messages`, the bulk of
-/// a long body. The other members become values; the caller reads the list's elements one at a
-/// time, so a long chat never becomes one tree of values (a 64 MB chat's tree was most of the
-/// mock's memory for it). The same checks, errors and last-member-wins as [`json_object`].
-pub(crate) fn json_object_with_raw<'a>(
+/// A body's other members as values, and the raw text of those asked for.
+pub(crate) type WithRaws<'a, const N: usize> = (Map<String, Value>, [Option<&'a RawValue>; N]);
+
+/// [`json_object`] with the members `names` left as their raw text (in the order of
+/// `names`): a chat's `messages`, the bulk of a long body, and the members whose key order
+/// must survive (a chat's `tools`: a value's map sorts its keys). The other members become
+/// values; the caller reads the list's elements one at a time, so a long chat never becomes
+/// one tree of values (a 64 MB chat's tree was most of the mock's memory for it). The same
+/// checks, errors and last-member-wins as [`json_object`].
+pub(crate) fn json_object_with_raws<'a, const N: usize>(
     body: &'a [u8],
-    list: &str,
-) -> Result<(Map<String, Value>, Option<&'a RawValue>), ApiError> {
+    names: [&str; N],
+) -> Result<WithRaws<'a, N>, ApiError> {
     super::bounds::check(body).map_err(|e| ApiError::bad_request(e.code, e.message))?;
     let top: &RawValue = serde_json::from_slice(body).map_err(invalid_json)?;
     if !top.get().starts_with('{') {
@@ -199,10 +272,10 @@ pub(crate) fn json_object_with_raw<'a>(
     let members: std::collections::BTreeMap<String, &RawValue> =
         serde_json::from_str(top.get()).map_err(invalid_json)?;
     let mut obj = Map::new();
-    let mut raw = None;
+    let mut raw = [None; N];
     for (key, value) in members {
-        if key == list {
-            raw = Some(value);
+        if let Some(i) = names.iter().position(|n| *n == key) {
+            raw[i] = Some(value);
         } else {
             obj.insert(
                 key,

@@ -317,7 +317,7 @@ mod tests {
     fn messages(body: &str) -> Result<Vec<Message>, ApiError> {
         parse_request(body.as_bytes(), "dflt").map(|r| match r.prompt {
             Prompt::Messages(m) => m,
-            Prompt::Raw(_) => unreachable!("responses prompts are messages"),
+            Prompt::Raw(_) | Prompt::Chat(_) => unreachable!("responses prompts are messages"),
         })
     }
 

@@ -23,6 +23,9 @@ pub async fn serve(
     mock: Arc<Mock>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    if let Err(e) = mock.start_kv_events().await {
+        return Err(std::io::Error::other(e));
+    }
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // `TimedIo` holds connections to their deadlines, as on the proxy's ports.
     builder

@@ -11,10 +11,12 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use super::chat::{self, RenderError};
 use super::config::MockTokenizerSetting;
-use super::request::{ApiError, Message, Prompt, PromptPart};
+use super::request::{ApiError, ChatOptions, Message, Prompt, PromptPart};
 use crate::synth::error::SynthError;
 use crate::synth::tokenizer::chat_template::ChatTemplate;
+use crate::synth::tokenizer::pyjinja::TemplateDate;
 use crate::synth::tokenizer::Tokenizer;
 
 /// Bytes of text counted at a time when a large prompt is checked against the context length
@@ -118,20 +120,26 @@ pub fn plain_render(messages: &[Message]) -> String {
     text
 }
 
-/// `messages` rendered through `template`, as the engine renders a chat prompt (the mock and the
-/// cache model render alike, so they count alike).
-pub fn render_chat(template: &ChatTemplate, messages: &[Message]) -> Result<String, SynthError> {
-    let pairs: Vec<(&str, &str)> = messages
-        .iter()
-        .map(|m| (m.role.as_str(), m.content.as_str()))
-        .collect();
-    template.render(&pairs)
+/// `messages` rendered through `template` with the request's `options`, as vLLM renders a chat
+/// prompt ([`chat::render`]: the mock and the cache model render alike, so they count alike).
+pub fn render_chat(
+    template: &ChatTemplate,
+    messages: &[Message],
+    options: &ChatOptions,
+) -> Result<String, RenderError> {
+    chat::render(template, messages, options)
 }
 
 impl MockTokenizer {
     /// `tokenizer` with its chat template compiled (an invalid template is an error).
     pub fn hf(tokenizer: Arc<Tokenizer>) -> Result<Self, SynthError> {
-        let template = ChatTemplate::for_tokenizer(&tokenizer)?.map(Arc::new);
+        Self::hf_dated(tokenizer, TemplateDate::Today)
+    }
+
+    /// [`MockTokenizer::hf`] with the template's `strftime_now` reading `date`.
+    pub fn hf_dated(tokenizer: Arc<Tokenizer>, date: TemplateDate) -> Result<Self, SynthError> {
+        let template =
+            ChatTemplate::for_tokenizer(&tokenizer)?.map(|t| Arc::new(t.with_date(date)));
         Ok(MockTokenizer::Hf {
             tokenizer,
             template,
@@ -140,12 +148,21 @@ impl MockTokenizer {
 
     /// Loads the tokenizer `setting` names (blocking: reads and parses `tokenizer.json`).
     pub fn load(setting: &MockTokenizerSetting) -> Result<Self, SynthError> {
+        Self::load_dated(setting, TemplateDate::Today)
+    }
+
+    /// [`MockTokenizer::load`] with the template's `strftime_now` reading `date`
+    /// (`mock.chat_template_date`).
+    pub fn load_dated(
+        setting: &MockTokenizerSetting,
+        date: TemplateDate,
+    ) -> Result<Self, SynthError> {
         let tokenizer = match setting {
             MockTokenizerSetting::Builtin => return Ok(MockTokenizer::Builtin),
             MockTokenizerSetting::Qwen3 => Tokenizer::default_qwen3()?,
             MockTokenizerSetting::Path(p) => Tokenizer::from_path(p)?,
         };
-        Self::hf(Arc::new(tokenizer))
+        Self::hf_dated(Arc::new(tokenizer), date)
     }
 
     /// Token ids of `text`, without special tokens. A real tokenizer that fails on some input falls back to
@@ -198,19 +215,16 @@ impl MockTokenizer {
     /// What `prompt` makes the tokenizer read: chat messages rendered (a template error is a 400).
     fn parts<'a>(&self, prompt: &'a Prompt) -> Result<Vec<Part<'a>>, ApiError> {
         Ok(match prompt {
-            Prompt::Messages(messages) => {
+            Prompt::Messages(_) | Prompt::Chat(_) => {
+                let (messages, options) = prompt.chat().unwrap_or((&[], &chat::PLAIN));
                 let text = match self {
                     MockTokenizer::Hf {
                         template: Some(t), ..
-                    } => render_chat(t, messages).map_err(|e| {
-                        ApiError::bad_request(
-                            "chat_template_error",
-                            format!("the chat template could not render these messages: {e}"),
-                        )
-                    })?,
+                    } => render_chat(t, messages, options)
+                        .map_err(|e| ApiError::bad_request("chat_template_error", e.0))?,
                     _ => plain_render(messages),
                 };
-                vec![Part::Text(Cow::Owned(text), false)]
+                vec![Part::Text(Cow::Owned(text), options.add_special_tokens)]
             }
             Prompt::Raw(parts) => parts
                 .iter()
@@ -285,7 +299,12 @@ impl MockTokenizer {
     /// Bytes of text a prompt makes the tokenizer read (to decide whether it belongs on a blocking thread).
     pub fn prompt_bytes(prompt: &Prompt) -> usize {
         match prompt {
-            Prompt::Messages(m) => m.iter().map(|m| m.role.len() + m.content.len()).sum(),
+            Prompt::Messages(_) | Prompt::Chat(_) => prompt
+                .messages()
+                .unwrap_or_default()
+                .iter()
+                .map(|m| m.role.len() + m.content.len())
+                .sum(),
             Prompt::Raw(parts) => parts
                 .iter()
                 .map(|p| match p {

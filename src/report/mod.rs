@@ -133,6 +133,34 @@ pub struct ModelFacts {
     pub topology: String,
     /// What the figures assume, in a sentence, when that matters (the gateway case).
     pub note: Option<String>,
+    /// The engine's KV cache events the model follows (`cache_model.kv_events`); absent when
+    /// off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<KvEventsFacts>,
+}
+
+/// What following the engine's KV cache events did this process's lifetime (not reset with
+/// a run: the engine's cache is not).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvEventsFacts {
+    /// `cache_model.kv_events`.
+    pub endpoint: String,
+    /// Event batches received.
+    pub batches: u64,
+    /// Batches lost (gaps in `seq`): the model missed what the engine did then.
+    pub lost_batches: u64,
+    /// The `seq` of the last batch received.
+    pub last_seq: Option<u64>,
+    pub stored_blocks: u64,
+    pub removed_blocks: u64,
+    pub cleared: u64,
+    /// Removed blocks the model held: misses the engine evicted, not misses the model failed
+    /// to expect.
+    pub evicted_in_model: u64,
+    /// Stored blocks the model could not match to its own (unknown parent, other block size).
+    pub unmatched_blocks: u64,
+    /// No batch lost or unreadable: the model saw everything the engine did.
+    pub complete: bool,
 }
 
 /// What the upstream told kvbust about its cache.

@@ -694,3 +694,184 @@ async fn the_models_thread_runs_at_the_configured_nice_value() {
     assert_eq!(nice_in(own), base);
     h.shutdown().await;
 }
+
+/// The run's report, read until `done` holds for it (a condition on the report, not a delay).
+async fn report_until(h: &Harness, what: &str, done: impl Fn(&Report) -> bool) -> Report {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let resp = send(&h1(), get(&h.admin_url("/report"))).await;
+        let r: Report = serde_json::from_slice(&body_bytes(resp).await).expect("a report");
+        if done(&r) {
+            return r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {:?}",
+            r.cache_model.kv_events
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The mock's cache holds 64 blocks, the model's is unbounded, and a workload overflows the
+/// mock's: without the mock's KV events the model predicts hits the mock had evicted
+/// (divergent requests); following them (`cache_model.kv_events`), it drops each block as the
+/// mock evicts it and no request diverges. Requests go one at a time, each after kvbust has
+/// received the events of the one before (what an engine's publisher and the next request
+/// race for is the timing, not the bookkeeping under test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn following_the_engines_kv_events_removes_the_divergence_of_its_evictions() {
+    let mut divergent = Vec::new();
+    for follow in [false, true] {
+        let mock = Mock::new(
+            MockConfig {
+                cache_blocks: 64,
+                block_size: 4,
+                kv_events: Some(
+                    r#"{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:0"}"#
+                        .into(),
+                ),
+                ..common::quick_mock()
+            },
+            None,
+        );
+        let endpoint = mock
+            .start_kv_events()
+            .await
+            .expect("binds")
+            .expect("on")
+            .replace("0.0.0.0", "127.0.0.1");
+        let h = common::start_with(mock.clone(), |c| {
+            c.cache_model.block_size = 4;
+            if follow {
+                c.cache_model.kv_events = Some(endpoint.clone());
+            }
+        })
+        .await;
+        if follow {
+            // A PUB drops what it sends before a subscription reaches it: reset (an event)
+            // until kvbust receives one.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                mock.reset_prefix_cache();
+                let resp = send(&h1(), get(&h.admin_url("/report"))).await;
+                let r: Report = serde_json::from_slice(&body_bytes(resp).await).expect("report");
+                if r.cache_model
+                    .kv_events
+                    .as_ref()
+                    .is_some_and(|k| k.batches > 0)
+                {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no event reached kvbust"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let client = h1();
+        for i in 0..40 {
+            let k = i % 5;
+            let text = format!("conversation {k}: ")
+                + &"the quick brown fox jumps over the lazy dog ".repeat(1 + i / 5);
+            let body = json!({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 2})
+                .to_string();
+            let resp = send(&client, post(&h.url("/v1/chat/completions"), body, &[])).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            let _ = body_bytes(resp).await;
+            if follow {
+                let queued = mock.kv_events_queued();
+                report_until(&h, "kvbust receives every batch", |r| {
+                    r.cache_model
+                        .kv_events
+                        .as_ref()
+                        .and_then(|k| k.last_seq)
+                        .is_some_and(|s| s + 1 == queued)
+                })
+                .await;
+            }
+        }
+        let r = report(&h).await;
+        let row = &r.rows[0];
+        assert_eq!(row.accounted_requests, 40, "{row:?}");
+        match &r.cache_model.kv_events {
+            Some(k) => {
+                assert!(follow);
+                assert_eq!((k.lost_batches, k.unmatched_blocks), (0, 0), "{k:?}");
+                assert!(
+                    k.complete && k.stored_blocks > 0 && k.removed_blocks > 0,
+                    "{k:?}"
+                );
+                assert!(k.evicted_in_model > 0, "{k:?}");
+            }
+            None => assert!(!follow),
+        }
+        divergent.push(row.divergent_requests);
+        h.shutdown().await;
+    }
+    println!(
+        "divergent requests: without events {}, with events {}",
+        divergent[0], divergent[1]
+    );
+    assert!(
+        divergent[0] > 0,
+        "the mock must evict for this test to mean anything"
+    );
+    assert_eq!(divergent[1], 0);
+}
+
+/// A publisher whose batches skip a seq (2 and 5..=6 never sent): kvbust counts three lost
+/// batches and marks the events incomplete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_in_the_event_seq_counts_lost_batches() {
+    use kvbust::mock::kv_events::{encode_batch, Batch, KvEvent};
+    use zeromq::{Socket as _, SocketSend as _};
+    let mut publisher = zeromq::PubSocket::new();
+    let bound = publisher.bind("tcp://127.0.0.1:0").await.expect("binds");
+    let h = common::start(|c| c.cache_model.kv_events = Some(bound.to_string())).await;
+    let batch = |seq: u64| {
+        let payload = encode_batch(&Batch {
+            ts: 1.0,
+            events: vec![KvEvent::Cleared],
+            data_parallel_rank: Some(0),
+        });
+        zeromq::ZmqMessage::try_from(vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            Bytes::from(payload),
+        ])
+        .expect("three frames")
+    };
+    // Until the subscription reaches the publisher, what it sends is dropped: send seq 0
+    // until kvbust has one (a lower seq than the rest: never a gap).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        publisher.send(batch(0)).await.expect("sends");
+        let resp = send(&h1(), get(&h.admin_url("/report"))).await;
+        let r: Report = serde_json::from_slice(&body_bytes(resp).await).expect("report");
+        if r.cache_model
+            .kv_events
+            .as_ref()
+            .is_some_and(|k| k.batches > 0)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no batch reached kvbust"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for seq in [1, 3, 4, 7] {
+        publisher.send(batch(seq)).await.expect("sends");
+    }
+    let r = report_until(&h, "the last batch arrives", |r| {
+        r.cache_model.kv_events.as_ref().and_then(|k| k.last_seq) == Some(7)
+    })
+    .await;
+    let k = r.cache_model.kv_events.expect("following");
+    assert_eq!(k.lost_batches, 3, "{k:?}");
+    assert!(!k.complete);
+    h.shutdown().await;
+}

@@ -186,6 +186,7 @@ pub fn realistic() -> Report {
             unaccounted: BTreeMap::from([("queue_full".to_string(), 3)]),
             topology: "sidecar".into(),
             note: None,
+            kv_events: None,
         },
         upstream: UpstreamFacts {
             reports_cached_tokens: Some(true),

@@ -38,6 +38,7 @@ pub(crate) fn empty() -> Report {
             unaccounted: BTreeMap::new(),
             topology: "sidecar".into(),
             note: None,
+            kv_events: None,
         },
         upstream: UpstreamFacts {
             reports_cached_tokens: None,

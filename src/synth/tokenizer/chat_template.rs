@@ -10,6 +10,7 @@ use minijinja::{Environment, Value};
 
 use crate::synth::error::SynthError;
 use crate::synth::rng::py_round;
+use crate::synth::tokenizer::pyjinja::{self, TemplateDate};
 use crate::synth::tokenizer::Tokenizer;
 
 const PROBES: [&str; 3] = [
@@ -48,12 +49,17 @@ fn special_token(tokenizer: &Tokenizer, id: Option<u32>) -> Value {
         .unwrap_or(Value::from(()))
 }
 
-/// A chat template compiled once (Jinja with trim_blocks and lstrip_blocks, Python string
-/// methods, `raise_exception`), with the tokenizer's BOS and EOS token texts.
+/// A chat template compiled once as transformers compiles it (Jinja with trim_blocks,
+/// lstrip_blocks and loop controls; Python's string and dict methods through pycompat;
+/// `raise_exception`; transformers' own `tojson`), with the tokenizer's BOS and EOS token
+/// texts and its source (vLLM looks into it for a `developer` role).
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: Value,
     eos: Value,
+    source: String,
+    /// The day `strftime_now` reads.
+    date: TemplateDate,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -82,9 +88,47 @@ impl ChatTemplate {
                 ))
             },
         );
+        env.add_filter("tojson", pyjinja::tojson_filter);
         env.add_template_owned("chat", template.to_owned())
             .map_err(|e| SynthError::ChatTemplate(e.to_string()))?;
-        Ok(ChatTemplate { env, bos, eos })
+        Ok(ChatTemplate {
+            env,
+            bos,
+            eos,
+            source: template.to_owned(),
+            date: TemplateDate::Today,
+        })
+    }
+
+    /// This template with `strftime_now` reading `date` (`chat_template_date`).
+    pub fn with_date(mut self, date: TemplateDate) -> Self {
+        self.date = date;
+        self
+    }
+
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders with `vars` as the template's variables (after the tokenizer's `bos_token` and
+    /// `eos_token`, which a variable of the same name replaces, as transformers merges them),
+    /// and `strftime_now` reading the template's date. The error is minijinja's: its `detail()` is what a
+    /// template's `raise_exception` said.
+    pub fn render_with(&self, vars: Vec<(&str, Value)>) -> Result<String, minijinja::Error> {
+        let tmpl = self.env.get_template("chat")?;
+        let mut ctx = pyjinja::Dict::default();
+        ctx.set("bos_token", self.bos.clone());
+        ctx.set("eos_token", self.eos.clone());
+        let now = self.date.now();
+        ctx.set(
+            "strftime_now",
+            Value::from_function(move |format: String| pyjinja::strftime(&now, &format)),
+        );
+        for (k, v) in vars {
+            ctx.set(k, v);
+        }
+        tmpl.render(ctx.into_value())
     }
 
     /// The tokenizer's own chat template, or `None` when it has none.

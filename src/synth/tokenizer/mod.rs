@@ -5,6 +5,7 @@
 
 pub mod chat_template;
 pub mod piece_memo;
+pub mod pyjinja;
 pub mod reencode;
 
 use std::collections::HashSet;
@@ -422,8 +423,8 @@ impl Tokenizer {
         Self::from_bytes(QWEN3_TOKENIZER_JSON, Some(QWEN3_TOKENIZER_CONFIG))
     }
 
-    /// Loads `tokenizer.json` from a file, or `tokenizer.json` (+ `tokenizer_config.json` when
-    /// present) from a folder.
+    /// Loads `tokenizer.json` from a file, or `tokenizer.json` (+ `tokenizer_config.json` and
+    /// `chat_template.jinja` when present) from a folder.
     pub fn from_path(path: &Path) -> Result<Self, SynthError> {
         if path.is_dir() {
             let json = path.join("tokenizer.json");
@@ -438,7 +439,19 @@ impl Tokenizer {
             } else {
                 None
             };
-            Self::from_bytes(&read(&json)?, config.as_deref())
+            let mut tokenizer = Self::from_bytes(&read(&json)?, config.as_deref())?;
+            // transformers 5 reads a folder's `chat_template.jinja` before the config's
+            // template (a model's folder may carry only the file).
+            let jinja = path.join("chat_template.jinja");
+            if jinja.is_file() {
+                let text =
+                    String::from_utf8(read(&jinja)?).map_err(|e| SynthError::TokenizerParse {
+                        what: "chat_template.jinja".into(),
+                        message: e.to_string(),
+                    })?;
+                tokenizer.chat_template = Some(text);
+            }
+            Ok(tokenizer)
         } else {
             let config = path
                 .parent()
