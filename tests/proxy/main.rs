@@ -18,6 +18,7 @@ mod cli;
 mod deploy;
 mod first_day;
 mod fuzz_regressions;
+mod hardening_42;
 mod hardening_server;
 mod hardening_synth;
 mod inflow;
