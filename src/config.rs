@@ -946,6 +946,8 @@ mod tests {
                 ("KVBUST_CAPTURE__ENABLED", "true"),
                 ("KVBUST_CAPTURE__DIR", d.as_str()),
             ];
+            // A pair given replaces the default one of that name.
+            all.retain(|(k, _)| pairs.iter().all(|(p, _)| p != k));
             all.extend_from_slice(pairs);
             Config::load(None, &env(&all), &CliOverrides::default())
                 .map(|_| ())
@@ -971,6 +973,14 @@ mod tests {
             (
                 &[("KVBUST_CAPTURE__MIN_SESSIONS_PER_SHARED_BLOCK", "0")][..],
                 "capture.min_sessions_per_shared_block",
+            ),
+            (&[("KVBUST_CAPTURE__FLUSH", "0s")][..], "capture.flush"),
+            // Issue 42 (2): a folder that exists but takes no file (root ignores modes: /proc
+            // refuses files to anyone) is caught at start, not row by row.
+            (&[("KVBUST_CAPTURE__DIR", "/proc")][..], "capture.dir"),
+            (
+                &[("KVBUST_CACHE_MODEL__MAX_PROMPT_BYTES", "100B")][..],
+                "cache_model.max_prompt_bytes",
             ),
         ] {
             let e = err(pairs).expect_err("refused");

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::file::{meta_path, Meta, FORMAT};
-use crate::synth::dataset::trace::input::{TraceReader, MAX_TRACE_SECONDS};
+use crate::synth::dataset::trace::input::{Limits, TraceReader, MAX_TRACE_SECONDS};
 
 /// The latest time a merged row may have, in ms from the earliest file's start: the trace
 /// readers' ceiling on a trace time (`synth` refuses anything later).
@@ -63,7 +63,7 @@ struct Loaded {
     rows: Vec<In>,
 }
 
-fn load(path: &Path) -> Result<Loaded, String> {
+fn load(path: &Path, limits: Limits) -> Result<Loaded, String> {
     let mp = meta_path(path);
     let meta: Meta = std::fs::read(&mp)
         .map_err(|e| format!("{}: cannot read its metadata {} ({e}); merge takes the .jsonl files kvbust's capture wrote, each with its .meta.json beside it", path.display(), mp.display()))
@@ -77,7 +77,8 @@ fn load(path: &Path) -> Result<Loaded, String> {
     }
     // The trace readers' reader: a line is refused past their cap on one record, before it is
     // held in full.
-    let mut reader = TraceReader::open(path).map_err(|e| e.to_string())?;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut reader = TraceReader::from_read(path, file, limits).map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
     while let Some((n, line)) = reader.next_line().map_err(|e| e.to_string())? {
         let row: In =
@@ -199,13 +200,18 @@ fn check_output(inputs: &[PathBuf], out: &Path) -> Result<(), String> {
 
 /// Merges `inputs` into `out` (and `out`'s metadata beside it).
 pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Merged, String> {
+    merge_with(inputs, out, Limits::default())
+}
+
+/// [`merge`], reading lines within `limits` (the trace readers' caps; tests use small ones).
+fn merge_with(inputs: &[PathBuf], out: &Path, limits: Limits) -> Result<Merged, String> {
     if inputs.is_empty() {
         return Err("name at least one capture file".into());
     }
     check_output(inputs, out)?;
     let files = inputs
         .iter()
-        .map(|p| load(p))
+        .map(|p| load(p, limits))
         .collect::<Result<Vec<_>, _>>()?;
     check_alike(&files)?;
     let keyed = files[0].meta.key.is_some();
@@ -304,4 +310,99 @@ fn write_rows(
         bytes,
         unkeyed: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder of the test's own.
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kvbust-merge-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A capture file `name` in `dir` with `rows`, started at `start` ms.
+    fn capture(dir: &Path, name: &str, start: u64, rows: &str) -> PathBuf {
+        let p = dir.join(format!("{name}.jsonl"));
+        std::fs::write(&p, rows).unwrap();
+        let meta = Meta {
+            format: FORMAT.into(),
+            version: 1,
+            start_unix_ms: start,
+            block_size: 4,
+            key: None,
+            chat_template: "none".into(),
+            tokenizer: "builtin".into(),
+            min_sessions_per_shared_block: 1,
+            rows: 0,
+        };
+        std::fs::write(meta_path(&p), serde_json::to_vec(&meta).unwrap()).unwrap();
+        p
+    }
+
+    const ROW: &str = "{\"timestamp\":5,\"input_length\":4,\"output_length\":1,\"hash_ids\":[9]}\n";
+
+    /// Issue 42 (4): a timestamp near u64::MAX, or a file started so long after the first
+    /// that its rows land past the trace readers' ceiling, is refused, not wrapped.
+    #[test]
+    fn times_past_the_ceiling_are_refused_not_wrapped() {
+        let dir = scratch("times");
+        let out = dir.join("out.jsonl");
+        let huge = capture(
+            &dir,
+            "a",
+            0,
+            "{\"timestamp\":18446744073709551610,\"input_length\":4,\"output_length\":1}\n",
+        );
+        let e = merge(&[huge], &out).unwrap_err();
+        assert!(e.contains("timestamp 18446744073709551610 ms"), "{e}");
+        let first = capture(&dir, "b", 0, ROW);
+        let late = capture(&dir, "c", MAX_TIME_MS, ROW);
+        let e = merge(&[first.clone(), late], &out).unwrap_err();
+        assert!(e.contains("past 1000000000000 ms"), "{e}");
+        assert!(!out.exists());
+        let ok = capture(&dir, "d", MAX_TIME_MS - 5, ROW);
+        assert_eq!(merge(&[first, ok], &out).unwrap().rows, 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 42 (4): `-o` naming an input (by any spelling) or its metadata is refused and the
+    /// input stays as it was.
+    #[test]
+    fn an_output_that_is_an_input_is_refused() {
+        let dir = scratch("self");
+        let a = capture(&dir, "a", 0, ROW);
+        let spelled = dir.join(".").join("a.jsonl");
+        for out in [a.clone(), spelled, meta_path(&a)] {
+            let e = merge(std::slice::from_ref(&a), &out).unwrap_err();
+            assert!(e.contains("names an input"), "{e}");
+        }
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), ROW);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 42 (4): a line past the record cap is refused as the trace readers refuse it,
+    /// before it is held whole, and no temporary file is left.
+    #[test]
+    fn a_line_past_the_record_cap_is_refused() {
+        let dir = scratch("cap");
+        let long = format!("{{\"timestamp\":1,\"pad\":\"{}\"}}\n", "x".repeat(4096));
+        let a = capture(&dir, "a", 0, &format!("{ROW}{long}"));
+        let limits = Limits {
+            max_record: 1024,
+            ..Limits::default()
+        };
+        let out = dir.join("out.jsonl");
+        let e = merge_with(&[a], &out, limits).unwrap_err();
+        assert!(
+            e.contains("a.jsonl:2:") && e.contains("cap on one trace record"),
+            "{e}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(left.len(), 2, "only the input and its metadata");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
