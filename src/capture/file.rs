@@ -130,9 +130,13 @@ impl Writer {
     /// at least once a second.
     pub(super) fn run(mut self, rx: Receiver<Msg>) {
         finish_stale(&self.settings, &self.metrics);
-        let tick = self.settings.flush.min(Duration::from_secs(1));
         loop {
-            match rx.recv_timeout(tick) {
+            // Woken when the open file's flush falls due (at least once a second, for the
+            // rotation), so a buffered row waits no longer than `capture.flush`.
+            let due = self.open.as_ref().map_or(Duration::from_secs(1), |o| {
+                self.settings.flush.saturating_sub(o.last_flush.elapsed())
+            });
+            match rx.recv_timeout(due.min(Duration::from_secs(1))) {
                 Ok(Msg::Row(done)) => self.take(done),
                 Ok(Msg::Finish) | Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {}
