@@ -75,6 +75,36 @@ impl fmt::Display for Shape {
     }
 }
 
+/// `path` with its `%XX` escapes decoded as uvicorn decodes them (`urllib.parse.unquote`: an
+/// escape that is not two hex digits stays as it is; bytes that are not UTF-8 become U+FFFD).
+fn percent_decoded(path: &str) -> std::borrow::Cow<'_, str> {
+    if !path.contains('%') {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let b = path.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                // Two hex digits make one byte (at most 0xff).
+                out.push(u8::try_from(hi * 16 + lo).unwrap_or(u8::MAX));
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
 /// The route a request is on: one of the API paths (POST), named by the body shape read
 /// there ([`Shape::path`] holds the paths), or `Other`, which passes through untouched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,11 +114,15 @@ pub enum Route {
 }
 
 impl Route {
+    /// The route of `path` as the engine routes it: percent-decoded first (uvicorn hands
+    /// Starlette the decoded path, so `/v1/chat%2Fcompletions` is served as chat and must be
+    /// marked, counted and modelled as chat; the path goes upstream as it came).
     pub fn classify(method: &Method, path: &str) -> Route {
         if method != Method::POST {
             return Route::Other;
         }
-        Shape::from_path(path.trim_end_matches('/')).map_or(Route::Other, Route::Api)
+        let decoded = percent_decoded(path);
+        Shape::from_path(decoded.trim_end_matches('/')).map_or(Route::Other, Route::Api)
     }
 
     /// The metric and log label: the shape's name, or `other`.

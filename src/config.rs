@@ -509,6 +509,11 @@ impl Default for ObserveConfig {
     }
 }
 
+/// `cache_model.max_prompt_bytes`'s default: 2 MiB of text, about 500k tokens, past the
+/// context of the models kvbust is benchmarked with; its tokenization peaks at about 90 MiB
+/// (benches/README.md, issue 42).
+pub const DEFAULT_MAX_PROMPT_BYTES: u64 = 2 << 20;
+
 /// `[cache_model]`: kvbust's own model of the upstream's prefix cache, built from the bytes it
 /// forwards (`crate::cache_model`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -534,6 +539,11 @@ pub struct CacheModelConfig {
     pub capacity_blocks: u64,
     /// Memory for the index, the session table, the token memo and queued bodies together.
     pub max_memory: ByteSize,
+    /// The most text of one prompt the model tokenizes (its messages' roles and contents, and
+    /// again once rendered through the chat template); a larger prompt is counted as
+    /// unaccounted (`too_large`) and not tokenized: a tokenizer's working memory is many times
+    /// its input, outside `max_memory`.
+    pub max_prompt_bytes: ByteSize,
     /// Requests waiting for the model; past it (or past a quarter of `max_memory` in queued
     /// bodies) a request is counted as unaccounted and forwarded all the same.
     pub queue: usize,
@@ -561,6 +571,7 @@ impl Default for CacheModelConfig {
             block_size: 16,
             capacity_blocks: 0,
             max_memory: ByteSize(256 << 20),
+            max_prompt_bytes: ByteSize(DEFAULT_MAX_PROMPT_BYTES),
             queue: 1024,
             topology: Topology::Auto,
             kv_events: None,
@@ -595,6 +606,10 @@ pub struct CaptureConfig {
     /// A secret (at least 16 bytes): ids become keyed hashes, comparable across replicas with
     /// the same key, and `kvbust trace merge` makes them dense.
     pub key_file: Option<PathBuf>,
+    /// Rows reach the file being written (a hidden partial of finished mooncake rows) within
+    /// this long: a crash loses no more than the rows of the last `flush`.
+    #[serde(with = "crate::units::duration")]
+    pub flush: Duration,
 }
 
 impl Default for CaptureConfig {
@@ -608,6 +623,7 @@ impl Default for CaptureConfig {
             rotate_rows: 100_000,
             min_sessions_per_shared_block: 1,
             key_file: None,
+            flush: Duration::from_secs(1),
         }
     }
 }
@@ -978,6 +994,8 @@ mod tests {
                 ("KVBUST_CAPTURE__ENABLED", "true"),
                 ("KVBUST_CAPTURE__DIR", d.as_str()),
             ];
+            // A pair given replaces the default one of that name.
+            all.retain(|(k, _)| pairs.iter().all(|(p, _)| p != k));
             all.extend_from_slice(pairs);
             Config::load(None, &env(&all), &CliOverrides::default())
                 .map(|_| ())
@@ -1003,6 +1021,14 @@ mod tests {
             (
                 &[("KVBUST_CAPTURE__MIN_SESSIONS_PER_SHARED_BLOCK", "0")][..],
                 "capture.min_sessions_per_shared_block",
+            ),
+            (&[("KVBUST_CAPTURE__FLUSH", "0s")][..], "capture.flush"),
+            // Issue 42 (2): a folder that exists but takes no file (root ignores modes: /proc
+            // refuses files to anyone) is caught at start, not row by row.
+            (&[("KVBUST_CAPTURE__DIR", "/proc")][..], "capture.dir"),
+            (
+                &[("KVBUST_CACHE_MODEL__MAX_PROMPT_BYTES", "100B")][..],
+                "cache_model.max_prompt_bytes",
             ),
         ] {
             let e = err(pairs).expect_err("refused");

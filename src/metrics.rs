@@ -266,12 +266,12 @@ const SHED: Def = Def {
 };
 const CAPTURE_ROWS: Def = Def {
     name: "capture_rows_total",
-    help: "Rows written to capture traces ([capture]).",
+    help: "Capture rows on disk ([capture]): written to the file being captured (within capture.flush of their response's end).",
     labels: &[],
 };
 const CAPTURE_DROPPED: Def = Def {
     name: "capture_dropped_total",
-    help: "Generation requests left out of the capture, by reason (failed: a non-2xx answer or none; cancelled: the response did not end normally; unaccounted: the cache model could not take the request; late: its row came after 65,536 newer ones; io_error: the file could not be written).",
+    help: "Generation requests left out of the capture, by reason (failed: a non-2xx answer or none; cancelled: the response did not end normally; unaccounted: the cache model could not take the request; late: its row came after 65,536 newer ones; io_error: the file could not be written or started; vanished: the file being written was removed with capture.dir, its rows on disk are lost).",
     labels: &["reason"],
 };
 const CAPTURE_FILES: Def = Def {
@@ -286,7 +286,7 @@ const ADMIN_SHED: Def = Def {
 };
 const MODEL_UNACCOUNTED: Def = Def {
     name: "cache_model_unaccounted_total",
-    help: "Generation requests the cache model did not account for, by reason (queue_full, unparseable, template_error, tokenizer_error, disabled_shape).",
+    help: "Generation requests the cache model did not account for, by reason (queue_full, unparseable, template_error, tokenizer_error, too_large: more text than cache_model.max_prompt_bytes, disabled_shape).",
     labels: &["reason"],
 };
 const PREDICTED_CACHED: Def = Def {

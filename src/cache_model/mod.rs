@@ -288,6 +288,8 @@ pub(crate) struct Settings {
     pub capacity: NonZeroUsize,
     /// Tokens the memo holds: a quarter of `max_memory`.
     pub memo_tokens: usize,
+    /// `cache_model.max_prompt_bytes`.
+    pub max_prompt_bytes: usize,
     /// Sessions whose last prompt is remembered (for collisions).
     pub sessions: NonZeroUsize,
     /// The worker thread's nice value (`cache_model.nice`).
@@ -345,6 +347,7 @@ impl CacheModel {
             capacity: NonZeroUsize::new(usize::try_from(capacity).unwrap_or(usize::MAX))
                 .unwrap_or(NonZeroUsize::MIN),
             memo_tokens: usize::try_from(max_memory / 4 / 4).unwrap_or(usize::MAX),
+            max_prompt_bytes: usize::try_from(c.max_prompt_bytes.as_u64()).unwrap_or(usize::MAX),
             sessions: NonZeroUsize::new(config.cache_bust.ledger_capacity.max(1))
                 .unwrap_or(NonZeroUsize::MIN),
             nice: c.nice,
@@ -648,7 +651,9 @@ fn capture_settings(
         rotate: c.rotate,
         rotate_rows: c.rotate_rows.max(1),
         min_sessions: c.min_sessions_per_shared_block.max(1),
+        hash_key: key.clone().unwrap_or_else(capture::Key::random),
         key,
+        flush: c.flush,
         tokenizer: tokenizer.to_string(),
     })
 }

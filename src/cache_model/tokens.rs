@@ -51,6 +51,10 @@ pub enum EncodeError {
     Template(String),
     #[error("the tokenizer failed: {0}")]
     Tokenizer(String),
+    /// The prompt's text is longer than `cache_model.max_prompt_bytes`: not tokenized at all
+    /// (a tokenizer's working memory grows with its input, far past the input's own size).
+    #[error("the prompt's {bytes} bytes of text pass cache_model.max_prompt_bytes ({max})")]
+    TooLarge { bytes: usize, max: usize },
 }
 
 impl IsoHint {
@@ -71,6 +75,7 @@ impl EncodeError {
         match self {
             EncodeError::Template(_) => "template_error",
             EncodeError::Tokenizer(_) => "tokenizer_error",
+            EncodeError::TooLarge { .. } => "too_large",
         }
     }
 }
@@ -143,11 +148,14 @@ fn cut_tokens(tokenizer: &Tokenizer, template_source: &str) -> Vec<(String, u32)
     cuts
 }
 
-/// Text pieces' ids, remembered by the piece's length and hash, bounded in tokens.
+/// The tokenization's state: text pieces' ids, remembered by the piece's length and hash,
+/// bounded in tokens; and the bound on the text one prompt may make the tokenizer read.
 pub struct Memo {
     pieces: LruCache<(usize, u64), Arc<[u32]>>,
     tokens: usize,
     max_tokens: usize,
+    /// `cache_model.max_prompt_bytes`: a prompt with more text is [`EncodeError::TooLarge`].
+    max_prompt_bytes: usize,
     pub hits: u64,
     pub misses: u64,
 }
@@ -158,9 +166,27 @@ impl Memo {
             pieces: LruCache::unbounded(),
             tokens: 0,
             max_tokens,
+            max_prompt_bytes: usize::MAX,
             hits: 0,
             misses: 0,
         }
+    }
+
+    /// The memo, refusing prompts of more than `max` bytes of text.
+    pub fn bounded(mut self, max: usize) -> Self {
+        self.max_prompt_bytes = max;
+        self
+    }
+
+    /// `Err(TooLarge)` when `bytes` of text is more than one prompt may have tokenized.
+    fn admit(&self, bytes: usize) -> Result<(), EncodeError> {
+        if bytes > self.max_prompt_bytes {
+            return Err(EncodeError::TooLarge {
+                bytes,
+                max: self.max_prompt_bytes,
+            });
+        }
+        Ok(())
     }
 
     /// Bytes the memo holds, roughly (ids, keys and the LRU's links).
@@ -207,6 +233,9 @@ pub fn encode(
     prompt: &Prompt,
     iso: &IsoHint,
 ) -> Result<Encoded, EncodeError> {
+    // Decided before any rendering or tokenizing: the text the prompt holds, as the mock
+    // measures it (a template only adds to a chat's).
+    memo.admit(crate::mock::tokenize::MockTokenizer::prompt_bytes(prompt))?;
     match prompt.chat() {
         Some((messages, options)) => encode_messages(vocab, memo, messages, options, iso),
         None => match prompt {
@@ -232,6 +261,8 @@ fn encode_messages(
         } => render_chat(t, messages, options).map_err(|e| EncodeError::Template(e.0))?,
         _ => plain_render(messages),
     };
+    // What the template added counts too: many short messages render long.
+    memo.admit(text.len())?;
     if options.add_special_tokens && matches!(vocab, Vocab::Hf { .. }) {
         // Rare (a body's `add_special_tokens: true`): the tokenizer's own special tokens (a
         // BOS) around the whole text, as a completions prompt is tokenized.
@@ -254,6 +285,8 @@ pub fn encode_contents<'m>(
     memo: &mut Memo,
     messages: impl IntoIterator<Item = &'m Message>,
 ) -> Result<Vec<u32>, EncodeError> {
+    let messages: Vec<&Message> = messages.into_iter().collect();
+    memo.admit(messages.iter().map(|m| m.content.len()).sum())?;
     let mut ids = Vec::new();
     for m in messages {
         match vocab {
@@ -548,6 +581,56 @@ mod tests {
             memo.hits,
             memo.misses
         );
+    }
+
+    /// Issue 42 (1): a prompt with more text than `max_prompt_bytes` is never rendered whole
+    /// into the tokenizer: `too_large`, before and after the template (many short messages
+    /// render long), for every prompt shape and for capture's contents.
+    #[test]
+    fn a_prompt_past_max_prompt_bytes_is_too_large_and_not_tokenized() {
+        let vocab = Vocab::hf(qwen(), true).expect("template");
+        let mut memo = Memo::new(1 << 20).bounded(64);
+        let fits = msgs(&[("user", &"a".repeat(60))]);
+        assert_eq!(
+            fits.iter()
+                .map(|m| m.role.len() + m.content.len())
+                .sum::<usize>(),
+            64
+        );
+        let big = msgs(&[("user", &"a".repeat(61))]);
+        // Within the bound by its text, past it once rendered.
+        let got = encode(
+            &vocab,
+            &mut memo,
+            &Prompt::Messages(fits.clone()),
+            &IsoHint::None,
+        );
+        let rendered = got.expect_err("rendered, it is longer than 64 bytes");
+        assert!(
+            matches!(rendered, EncodeError::TooLarge { max: 64, .. }),
+            "{rendered}"
+        );
+        assert_eq!(rendered.reason(), "too_large");
+        let got = encode(
+            &vocab,
+            &mut memo,
+            &Prompt::Messages(big.clone()),
+            &IsoHint::None,
+        );
+        assert!(
+            matches!(got, Err(EncodeError::TooLarge { bytes: 65, max: 64 })),
+            "{got:?}"
+        );
+        let raw = |n: usize| Prompt::Raw(vec![PromptPart::Text("b".repeat(n))]);
+        assert!(encode(&vocab, &mut memo, &raw(64), &IsoHint::None).is_ok());
+        let got = encode(&Vocab::Builtin, &mut memo, &raw(65), &IsoHint::None);
+        assert!(matches!(got, Err(EncodeError::TooLarge { .. })), "{got:?}");
+        assert!(encode_contents(&vocab, &mut memo, &fits).is_ok());
+        let got = encode_contents(&vocab, &mut memo, &msgs(&[("user", &"c".repeat(65))]));
+        assert!(matches!(got, Err(EncodeError::TooLarge { .. })), "{got:?}");
+        // Unbounded, the same prompts tokenize.
+        let mut open = Memo::new(1 << 20);
+        assert!(encode(&vocab, &mut open, &Prompt::Messages(big), &IsoHint::None).is_ok());
     }
 
     #[test]

@@ -156,7 +156,7 @@ impl Worker {
         };
         Ok(Model {
             vocab,
-            memo: Memo::new(s.memo_tokens),
+            memo: Memo::new(s.memo_tokens).bounded(s.max_prompt_bytes),
             index: BlockIndex::new(s.block_size, s.capacity),
             sessions: LruCache::new(s.sessions),
             anonymous: 0,
@@ -405,7 +405,7 @@ fn capture_row(
     Ok(capture::Pending {
         seq,
         input_length: ids.len() as u64,
-        blocks: capture::ids::chain(&ids, c.settings.block_size, c.settings.key.as_ref()),
+        blocks: capture::ids::chain(&ids, c.settings.block_size, Some(&c.settings.hash_key)),
         session,
         follows,
     })

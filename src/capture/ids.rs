@@ -30,6 +30,12 @@ impl Key {
         Self::new(bytes.trim_ascii().to_vec()).map_err(|e| format!("{}: {e}", path.display()))
     }
 
+    /// A key for this process alone (capture without `capture.key_file`): its ids mean nothing
+    /// outside it, and a file finished with it is renamed dense.
+    pub fn random() -> Self {
+        Self(rand::random::<[u8; 32]>().to_vec())
+    }
+
     pub fn new(bytes: Vec<u8>) -> Result<Self, String> {
         if bytes.len() < 16 {
             return Err(format!(
@@ -82,8 +88,9 @@ impl Key {
 
 /// One hash per block of `block_size` tokens (the last one may be partial), each covering its
 /// parent and its tokens, so two prompts share a hash exactly where they share the prefix up to
-/// and including that block. Keyed: HMAC-SHA256 under `key`, below 2^53. Unkeyed: SipHash with
-/// fixed keys (a file's ids are then renamed dense, so the values never leave kvbust).
+/// and including that block. Keyed: HMAC-SHA256 under `key`, below 2^53 (capture keys with the
+/// capture key, else a key made for the process: [`Key::random`]). Unkeyed: SipHash with fixed
+/// keys, for tests only (anyone can compute those).
 pub fn chain(tokens: &[u32], block_size: usize, key: Option<&Key>) -> Vec<u64> {
     let mut parent = 0u64;
     tokens
@@ -156,7 +163,7 @@ pub struct Renamer<'a> {
     key: Option<&'a Key>,
     dense: HashMap<u64, u64>,
     fresh: HashMap<(u64, u64), u64>,
-    sessions: HashMap<u64, u64>,
+    sessions: HashMap<String, u64>,
     used: HashSet<u64>,
 }
 
@@ -193,13 +200,15 @@ impl<'a> Renamer<'a> {
         }
     }
 
-    /// A session's opaque id in this file: its keyed hash, or its first-seen index.
-    pub fn session(&mut self, digest: u64) -> String {
+    /// A session's opaque id in this file, from its keyed id in the partial: that id itself
+    /// (keyed with the capture key, the same on every replica), or its first-seen index.
+    pub fn session(&mut self, partial: &str) -> String {
         match self.key {
-            Some(k) => format!("{:014x}", keyed_session(k, digest)),
+            Some(_) => partial.to_string(),
             None => {
                 let next = self.sessions.len() as u64;
-                format!("s{}", self.sessions.entry(digest).or_insert(next))
+                let at = self.sessions.entry(partial.to_string()).or_insert(next);
+                format!("s{at}")
             }
         }
     }
@@ -292,13 +301,16 @@ mod tests {
     fn sessions_are_opaque() {
         let sharing = Sharing::new(1);
         let mut r = Renamer::new(&sharing, None);
-        assert_eq!(r.session(12345), "s0");
-        assert_eq!(r.session(999), "s1");
-        assert_eq!(r.session(12345), "s0");
+        assert_eq!(r.session("00000000003039"), "s0");
+        assert_eq!(r.session("000000000003e7"), "s1");
+        assert_eq!(r.session("00000000003039"), "s0");
         let k = key(3);
+        let partial = format!("{:014x}", keyed_session(&k, 12345));
         let mut r = Renamer::new(&sharing, Some(&k));
-        let s = r.session(12345);
-        assert_eq!(s.len(), 14);
-        assert!(!s.contains("12345"));
+        assert_eq!(r.session(&partial), partial);
+        // A keyed id: a key of its own per process gives another, and neither shows the digest.
+        let other = format!("{:014x}", keyed_session(&Key::random(), 12345));
+        assert_ne!(other, partial);
+        assert!(!partial.contains("3039") || !other.contains("3039"));
     }
 }

@@ -39,7 +39,14 @@ pub struct Settings {
     pub rotate: Duration,
     pub rotate_rows: u64,
     pub min_sessions: usize,
+    /// `capture.key_file`'s key: finished files' ids stay keyed (and their metadata names it).
     pub key: Option<Key>,
+    /// What block and session ids are keyed with from the first row on: `key`, or a key made
+    /// for this process ([`Key::random`]), so no file, the partial included, holds an id
+    /// anyone can compute from a known prompt or session header.
+    pub hash_key: Key,
+    /// `capture.flush`: rows reach the partial file within this long.
+    pub flush: Duration,
     /// The tokenizer the rows were counted with, for the file's metadata.
     pub tokenizer: String,
 }

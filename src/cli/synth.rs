@@ -532,6 +532,7 @@ fn write_counted(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.kvbust-{}.tmp", std::process::id()));
+    let _removed_on_signal = Temp::register(&tmp);
     let result = (|| -> anyhow::Result<Written> {
         let file =
             std::fs::File::create(&tmp).with_context(|| format!("creating {}", path.display()))?;
@@ -547,6 +548,73 @@ fn write_counted(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Temporary output files being written: SIGINT or SIGTERM removes them before the process
+/// ends (with 130 or 143, as a shell reports those signals), so an interrupted synthesis
+/// leaves no hidden file of gigabytes behind.
+static TEMPS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// One registered temporary file: unregistered when dropped (renamed into place or removed).
+struct Temp(PathBuf);
+
+impl Temp {
+    fn register(path: &Path) -> Temp {
+        watch_signals();
+        crate::sync::lock(&TEMPS).push(path.to_path_buf());
+        Temp(path.to_path_buf())
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        crate::sync::lock(&TEMPS).retain(|p| *p != self.0);
+    }
+}
+
+/// Starts, once, the thread that waits for SIGINT and SIGTERM. The handlers are in place
+/// before it returns (set up on this thread), so no temporary file is made unwatched.
+fn watch_signals() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+            else {
+                return;
+            };
+            let signals = {
+                let _in = rt.enter();
+                (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                )
+            };
+            let (Ok(mut int), Ok(mut term)) = signals else {
+                return;
+            };
+            let waiting = std::thread::Builder::new()
+                .name("kvbust-signals".into())
+                .spawn(move || {
+                    let code = rt.block_on(async {
+                        tokio::select! {
+                            _ = int.recv() => 130,
+                            _ = term.recv() => 143,
+                        }
+                    });
+                    for p in crate::sync::lock(&TEMPS).drain(..) {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    std::process::exit(code);
+                });
+            if let Err(e) = waiting {
+                tracing::warn!("cannot watch for SIGINT/SIGTERM: {e}; an interrupted write may leave its temporary file");
+            }
+        }
+    });
 }
 
 /// Whether `e` is a write to a pipe whose reader has gone (`kvbust synth … | head`).

@@ -547,6 +547,12 @@ fn validate_capture(c: &CaptureConfig, model: &CacheModelConfig) -> Result<(), C
             "must be above 0 (defaults: rotate = \"1h\", rotate_rows = 100000)",
         ));
     }
+    if c.flush.is_zero() {
+        return Err(ConfigError::new(
+            "capture.flush",
+            "must be above 0 (the default is \"1s\": a crash loses the rows of at most that long)",
+        ));
+    }
     if c.min_sessions_per_shared_block == 0 {
         return Err(ConfigError::new(
             "capture.min_sessions_per_shared_block",
@@ -556,15 +562,23 @@ fn validate_capture(c: &CaptureConfig, model: &CacheModelConfig) -> Result<(), C
     if let Some(path) = &c.key_file {
         crate::capture::Key::load(path).map_err(|e| ConfigError::new("capture.key_file", e))?;
     }
-    std::fs::create_dir_all(&c.dir).map_err(|e| {
+    let unwritable = |e: std::io::Error| {
         ConfigError::new(
             "capture.dir",
             format!(
-                "cannot create {}: {e}; point it at a writable folder (a volume in a container)",
+                "cannot create or write {}: {e}; point it at a writable folder (a volume in a \
+                 container)",
                 c.dir.display()
             ),
         )
-    })?;
+    };
+    std::fs::create_dir_all(&c.dir).map_err(unwritable)?;
+    // A folder that exists but takes no file would drop every row: caught here, at start.
+    let probe = c
+        .dir
+        .join(format!(".kvbust-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(unwritable)?;
+    let _ = std::fs::remove_file(&probe);
     Ok(())
 }
 
@@ -603,6 +617,15 @@ fn validate_cache_model(c: &CacheModelConfig) -> Result<(), ConfigError> {
             format!(
                 "{} is too small to model anything; the default is 256MiB, the least 1MiB",
                 c.max_memory
+            ),
+        ));
+    }
+    if c.max_prompt_bytes.as_u64() < 1024 {
+        return Err(ConfigError::new(
+            "cache_model.max_prompt_bytes",
+            format!(
+                "{} would leave every prompt unaccounted; the default is 2MiB, the least 1KiB",
+                c.max_prompt_bytes
             ),
         ));
     }

@@ -246,9 +246,11 @@ impl InMark {
     }
 
     /// At the body's end, for a placed marker: the marked `messages` must be the one the
-    /// upstream reads, the last member of that name. A second one is refused (400), since
-    /// bytes marked in the first have gone; an escaped key the scan could not name is looked
-    /// up in a parse of the whole body (`whole`; unparsed, it is not validated, and stands).
+    /// upstream reads, the last member of that name, its key compared decoded (an engine reads
+    /// `messag\u0065s` as `messages`). A second one is refused (400), since bytes marked in the
+    /// first have gone; an escaped key the scan could not name is looked up in a parse of the
+    /// whole body (`whole`), and a body that parse refuses is refused too: which `messages` the
+    /// upstream would read is then not known, and the marker is already in.
     pub(super) fn check_end(
         &self,
         facts: &TopFacts,
@@ -257,20 +259,30 @@ impl InMark {
         if self.stage != Stage::Placed {
             return Ok(());
         }
-        let overridden = facts.messages_members > 1
-            || (facts.doubtful && {
-                let whole = whole();
-                let first = facts.messages.as_ref().map(|m| m.open);
-                crate::json::top_object(&whole).is_ok_and(|top| {
-                    let last = top
-                        .object
-                        .members()
-                        .filter(|(k, _)| *k == "messages")
-                        .last();
-                    last.and_then(|(_, v)| crate::json::span(&whole, v))
-                        .is_some_and(|r| Some(r.start) != first)
-                })
-            });
+        let mut overridden = facts.messages_members > 1;
+        if !overridden && facts.doubtful {
+            let whole = whole();
+            let first = facts.messages.as_ref().map(|m| m.open);
+            let top = crate::json::top_object(&whole).map_err(|e| {
+                ProxyError::bad_request(
+                    "invalid_body",
+                    format!(
+                        "the body is not valid JSON past the messages kvbust marked as it \
+                         flowed ({e}); send valid JSON (or set cache_bust.mark_in_flight = \
+                         false to have bodies read whole first)"
+                    ),
+                )
+            })?;
+            // Keys come decoded from the parse.
+            let last = top
+                .object
+                .members()
+                .filter(|(k, _)| *k == "messages")
+                .last();
+            overridden = last
+                .and_then(|(_, v)| crate::json::span(&whole, v))
+                .is_some_and(|r| Some(r.start) != first);
+        }
         if overridden {
             return Err(ProxyError::bad_request(
                 "duplicate_messages",

@@ -24,6 +24,7 @@ pub mod usage;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -355,8 +356,10 @@ impl Proxy {
             Some(flow) => {
                 // Boxed: inline, its state (the steps' futures among it) would grow every
                 // request's future, which `handle` copies into its box, flowing or not.
-                let pump = Box::pin(self.pump(flow, ex, &mut buffered));
-                self.send_flowing(sent, pump, turn, overhead).await?
+                let refused = AtomicBool::new(false);
+                let pump = Box::pin(self.pump(flow, ex, &mut buffered, &refused));
+                self.send_flowing(sent, pump, turn, overhead, &refused)
+                    .await?
             }
         };
         // The body went out with the request: its bytes are no longer held here.
@@ -607,12 +610,15 @@ impl Proxy {
 
     /// Runs a flowing body's pump to the body's end, then the steps a collected body gets on
     /// it, and sends what lies past what already went. `Ok` also when the upstream stopped
-    /// reading: its own answer (or error) is what the exchange reports.
+    /// reading: its own answer (or error) is what the exchange reports. `refused` is set when
+    /// the end check failed a body a marker already went into: that error stands even against
+    /// an answer the upstream gave early.
     async fn pump(
         &self,
         flow: Flow,
         ex: &mut Exchange,
         buffered: &mut budget::Reservation<'_>,
+        refused: &AtomicBool,
     ) -> Result<(), ProxyError> {
         let Flow {
             inflow,
@@ -631,7 +637,10 @@ impl Proxy {
                 // Not settled as it flowed: marked whole, as a collected body is.
                 return Box::pin(self.collect_end(received, work, &headers, ex, buffered)).await;
             }
-            mark.check_end(&received.received_facts, || received.whole())?;
+            if let Err(e) = mark.check_end(&received.received_facts, || received.whole()) {
+                refused.store(true, Ordering::Release);
+                return Err(e);
+            }
             ex.rid = mark.rid.clone();
             work.marked = true;
             if work.model && self.rt.cache_model.capturing() && !received.unedited() {
@@ -739,6 +748,7 @@ impl Proxy {
         pump: P,
         turn: Option<&turn_timer::TurnTimer>,
         overhead: std::time::Duration,
+        refused: &AtomicBool,
     ) -> Result<Response<UpstreamBody>, ProxyError>
     where
         S: Future<Output = Result<Response<UpstreamBody>, ProxyError>>,
@@ -758,9 +768,15 @@ impl Proxy {
                 // Answered before the body ended (nginx's `return`, an auth error): the rest
                 // still goes, so the client's connection and the upstream's stay usable, as
                 // nginx does; an upstream that stops reading holds it `upstream.idle_timeout` at
-                // most. What the pump then finds wrong is moot: the answer stands.
+                // most. What the pump then finds wrong is moot: the answer stands, unless a
+                // marker went into a body whose end the check refused (the upstream may read
+                // another `messages` than the one marked): that request fails.
                 let idle = self.rt.config.upstream.idle_timeout;
-                let _ = tokio::time::timeout(idle, pump).await;
+                if let Ok(Err(e)) = tokio::time::timeout(idle, pump).await {
+                    if refused.load(Ordering::Acquire) {
+                        return Err(e);
+                    }
+                }
                 resp
             }
             None => self.first_byte_within(sent, turn, overhead).await,
@@ -1203,6 +1219,24 @@ mod tests {
             (Method::GET, "/v1/chat/completions", Route::Other),
             (Method::POST, "/v1/chat/completions/extra", Route::Other),
             (Method::POST, "/v1/embeddings", Route::Other),
+            // Routed as the engine routes them: percent-decoded (issue 42, 6).
+            (
+                Method::POST,
+                "/v1/chat%2Fcompletions",
+                Route::Api(Shape::Chat),
+            ),
+            (
+                Method::POST,
+                "/v1/chat%2fcompletions/",
+                Route::Api(Shape::Chat),
+            ),
+            (
+                Method::POST,
+                "/v1/%63ompletions",
+                Route::Api(Shape::Completions),
+            ),
+            (Method::POST, "/v1/chat%2Xcompletions", Route::Other),
+            (Method::POST, "/v1/chat%2", Route::Other),
         ];
         for (m, p, r) in cases {
             assert_eq!(Route::classify(&m, p), r, "{m} {p}");

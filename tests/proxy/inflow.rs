@@ -325,12 +325,19 @@ async fn a_flowing_body_past_max_body_is_a_413_and_never_reaches_the_upstream_wh
 /// An upstream that answers as soon as it has a request's head (nginx's `return`), then reads
 /// and discards the body.
 async fn early_upstream() -> String {
+    early_upstream_watching(usize::MAX).await.0
+}
+
+/// [`early_upstream`], reporting through the receiver once `watch` body bytes of a request
+/// have come.
+pub(crate) async fn early_upstream_watching(watch: usize) -> (String, mpsc::Receiver<usize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let (ptx, prx) = mpsc::channel(16);
     tokio::spawn(async move {
         while let Ok((sock, _)) = listener.accept().await {
+            let ptx = ptx.clone();
             tokio::spawn(async move {
-                let (never, _) = mpsc::channel(1);
                 let mut r = BufReader::new(sock);
                 loop {
                     let answer = br#"{"id":"early","object":"chat.completion","choices":[]}"#;
@@ -348,14 +355,14 @@ async fn early_upstream() -> String {
                     {
                         return;
                     }
-                    if read_request(&mut r, usize::MAX, &never).await.is_none() {
+                    if read_request(&mut r, watch, &ptx).await.is_none() {
                         return;
                     }
                 }
             });
         }
     });
-    format!("http://{addr}")
+    (format!("http://{addr}"), prx)
 }
 
 #[tokio::test]

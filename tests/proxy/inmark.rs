@@ -10,7 +10,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::common::*;
-use crate::inflow::{big_chat, raw_post_with, raw_upstream, response, Seen};
+use crate::inflow::{
+    big_chat, early_upstream_watching, raw_post_with, raw_upstream, response, Seen,
+};
 
 use kvbust::cachebust::Target;
 
@@ -237,6 +239,68 @@ async fn a_second_messages_member_after_the_marked_one_is_refused_and_never_reac
     let got = String::from_utf8(got.unwrap().body).unwrap();
     assert!(got.contains("be brief"), "{got}");
     h.shutdown().await;
+}
+
+/// Issue 42 (5): a marker went into the first `messages`, then an escaped duplicate key
+/// (`messag\u0065s`, which an engine reads as `messages`) and a tail no parser takes (`NaN`)
+/// came. The end check cannot say which `messages` the upstream would read: the request fails
+/// with a 400, counted as an error, even when the upstream answered before the body ended.
+#[tokio::test]
+async fn a_marked_body_whose_end_fails_the_check_fails_even_after_an_early_answer() {
+    let first = r#"{"messages":[{"role":"user","content":"hello"}],"#;
+    // Megabytes after the marked part: the upstream's early answer is in before the end.
+    let pad = "p".repeat(4 << 20);
+    let body = format!(
+        r#"{first}"messag\u0065s":[{{"role":"user","content":"other"}}],"pad":"{pad}","temperature":NaN}}"#
+    );
+    let (early, mut early_progress) = early_upstream_watching(1).await;
+    // The early upstream reports no requests: its channel is closed from the start.
+    let mut none_seen = mpsc::channel::<Seen>(1).1;
+    let (reads_all, mut progress, mut seen) = raw_upstream(1).await;
+    for (upstream, watch, seen) in [
+        (early, &mut early_progress, &mut none_seen),
+        (reads_all, &mut progress, &mut seen),
+    ] {
+        let h = start_proxy(&upstream, |c| {
+            c.cache_bust.target = Target::FirstTurnPrefix;
+        })
+        .await;
+        let hdr = "x-correlation-id: v\r\n";
+        let (status, got) = send(&h, Some(watch), seen, (hdr, &body, first.len())).await;
+        assert!(status.starts_with("HTTP/1.1 400"), "{upstream}: {status}");
+        assert!(got.is_none());
+        let text = metrics_text(&h).await;
+        assert!(
+            text.contains(r#"kvbust_errors_total{code="invalid_body",source="client"} 1"#),
+            "{text}"
+        );
+        h.shutdown().await;
+    }
+}
+
+/// Issue 42 (8): two objects, split after the first (`{…}{…}`): read whole, the body is a 400;
+/// marked as it flows, the scan cannot follow past the first object, so the end check parses
+/// the whole body and refuses it too, and the upstream never has it as a request.
+#[tokio::test]
+async fn two_objects_split_after_the_first_are_refused_as_when_read_whole() {
+    let (flow, mut progress, mut seen) = proxy(Target::FirstTurnPrefix, true).await;
+    let (whole, _, mut seen_whole) = proxy(Target::FirstTurnPrefix, false).await;
+    let first = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":3}"#;
+    let body = format!("{first}{first}");
+    let hdr = "x-correlation-id: two\r\n";
+    let (status, got) = send(
+        &flow,
+        Some(&mut progress),
+        &mut seen,
+        (hdr, &body, first.len()),
+    )
+    .await;
+    assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+    assert!(got.is_none());
+    let (status, _) = send(&whole, None, &mut seen_whole, (hdr, &body, body.len())).await;
+    assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+    flow.shutdown().await;
+    whole.shutdown().await;
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ mod compaction;
 mod deploy;
 mod first_day;
 mod fuzz_regressions;
+mod hardening_42;
 mod hardening_server;
 mod hardening_synth;
 mod inflow;

@@ -27,6 +27,7 @@ mod prompts;
 mod proxy;
 mod reencode;
 mod rng;
+mod signals;
 mod trace_fuzz;
 mod trace_tools;
 mod tracelab;

@@ -404,3 +404,133 @@ fn long_trace_fuzz_run() {
     }
     assert!(found.is_empty(), "findings:\n{}", found.join("\n"));
 }
+
+/// Two captures as `kvbust trace merge` takes them (rows, then their metadata), the second
+/// started a second after the first.
+fn merge_seeds() -> [(String, String); 2] {
+    let meta = |start: u64| {
+        serde_json::json!({"format": "kvbust-capture", "version": 1, "start_unix_ms": start,
+            "block_size": 4, "key": null, "chat_template": "none", "tokenizer": "builtin",
+            "min_sessions_per_shared_block": 1, "rows": 3})
+        .to_string()
+    };
+    [
+        (
+            "{\"session_id\": \"s0\", \"timestamp\": 0, \"input_length\": 8, \"output_length\": 2, \"hash_ids\": [0, 1]}\n\
+             {\"session_id\": \"s0\", \"delay\": 40, \"input_length\": 12, \"output_length\": 2, \"hash_ids\": [0, 1, 2]}\n\
+             {\"timestamp\": 90, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [3]}\n"
+                .to_owned(),
+            meta(1_000),
+        ),
+        (
+            "{\"session_id\": \"s0\", \"timestamp\": 3, \"input_length\": 8, \"output_length\": 2, \"hash_ids\": [0, 1]}\n"
+                .to_owned(),
+            meta(2_000),
+        ),
+    ]
+}
+
+/// Merges `a` (mutated) with the second seed; Ok or an error, never a panic, and an Ok merge
+/// keeps every row within the trace readers' time ceiling and leaves the inputs alone.
+fn check_merge(dir: &Path, a: (&[u8], &[u8]), b: &(String, String), what: &str) -> Option<String> {
+    let (pa, pb) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
+    std::fs::write(&pa, a.0).unwrap();
+    std::fs::write(dir.join("a.meta.json"), a.1).unwrap();
+    std::fs::write(&pb, &b.0).unwrap();
+    std::fs::write(dir.join("b.meta.json"), &b.1).unwrap();
+    let out = dir.join("merged.jsonl");
+    let _ = std::fs::remove_file(&out);
+    let outcome =
+        std::panic::catch_unwind(|| kvbust::capture::merge::merge(&[pa.clone(), pb.clone()], &out));
+    let failed = match outcome {
+        Err(_) => Some("panicked".to_string()),
+        Ok(Err(_)) => None,
+        Ok(Ok(m)) => {
+            let rows: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            let late = rows
+                .iter()
+                .filter_map(|r| r["timestamp"].as_u64())
+                .any(|t| t > 1_000_000_000_000);
+            (rows.len() as u64 != m.rows || late).then(|| format!("{} rows, late {late}", m.rows))
+        }
+    };
+    let left = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"));
+    let failed = failed.or_else(|| left.then(|| "a temporary file was left".to_string()));
+    failed.map(|why| {
+        let keep = std::env::temp_dir().join(format!(
+            "kvbust-fuzz-finding-merge-{}",
+            what.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        ));
+        std::fs::write(&keep, a.0).unwrap();
+        format!("{what}: {why}; input kept at {}", keep.display())
+    })
+}
+
+/// Issue 42 (4): `kvbust trace merge` is fuzzed as the trace loaders are: its rows and its
+/// metadata mutated by the same seeded draws.
+#[test]
+fn trace_merge_survives_mutated_input() {
+    let dir = fresh_scratch("trace_fuzz", "merge");
+    let [a, b] = merge_seeds();
+    let mut found = Vec::new();
+    found.extend(check_merge(
+        &dir,
+        (a.0.as_bytes(), a.1.as_bytes()),
+        &b,
+        "seed",
+    ));
+    assert!(found.is_empty(), "the seeds merge: {found:?}");
+    assert!(dir.join("merged.jsonl").exists(), "the seeds merge");
+    // Every number of the rows and the metadata in turn replaced by every hostile token.
+    for (k, text) in [&a.0, &a.1].into_iter().enumerate() {
+        let bytes = text.as_bytes();
+        let mut at = 0;
+        while let Some(start) = bytes[at..]
+            .iter()
+            .position(u8::is_ascii_digit)
+            .map(|p| at + p)
+        {
+            let end = bytes[start..]
+                .iter()
+                .position(|c| !c.is_ascii_digit())
+                .map_or(bytes.len(), |p| start + p);
+            for t in TOKENS {
+                let m = [&bytes[..start], t.as_bytes(), &bytes[end..]].concat();
+                let (rows, meta) = if k == 0 {
+                    (m, a.1.clone().into_bytes())
+                } else {
+                    (a.0.clone().into_bytes(), m)
+                };
+                let what = format!("number at {k}:{start} as {t}");
+                found.extend(check_merge(&dir, (&rows, &meta), &b, &what));
+            }
+            at = end;
+        }
+    }
+    for i in 0..iterations() * 4 {
+        let mut rng = rand_pcg::Pcg64::seed_from_u64(0x6d65_7267_6500 | i);
+        let (rows, meta) = if i % 4 == 3 {
+            (a.0.clone().into_bytes(), mutate(&mut rng, a.1.as_bytes()))
+        } else {
+            (mutate(&mut rng, a.0.as_bytes()), a.1.clone().into_bytes())
+        };
+        found.extend(check_merge(
+            &dir,
+            (&rows, &meta),
+            &b,
+            &format!("iteration {i}"),
+        ));
+    }
+    assert!(
+        found.is_empty(),
+        "trace merge failed on:\n{}",
+        found.join("\n")
+    );
+}

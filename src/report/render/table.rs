@@ -16,7 +16,18 @@ pub fn table(report: &Report) -> String {
 
 /// The report as aligned text, coloured when `colour` says so (widths ignore the codes).
 pub fn table_with(report: &Report, colour: Colour) -> String {
-    let sheet = Sheet::of(report);
+    let mut sheet = Sheet::of(report);
+    // Texts a client chose (a benchmark id, a tokenizer path) reach a terminal: no character
+    // of theirs may move the cursor, recolour it or reorder what follows.
+    for f in &mut sheet.facts {
+        f.text = escaped(&f.text);
+    }
+    for c in sheet.lines.iter_mut().flat_map(|l| l.cells.iter_mut()) {
+        c.text = escaped(&c.text);
+    }
+    for n in &mut sheet.notes {
+        n.text = escaped(&n.text);
+    }
     let paint = |tone: Tone, text: &str| -> String {
         let code = match (colour, tone) {
             (Colour::Never, _) | (_, Tone::Plain) => return text.to_string(),
@@ -46,6 +57,28 @@ pub fn table_with(report: &Report, colour: Colour) -> String {
         let mark = if n.tone == Tone::Plain { " " } else { "!" };
         out.push_str(&paint(n.tone, &format!("{mark} {}", n.text)));
         out.push('\n');
+    }
+    out
+}
+
+/// `text` with control characters (C0, DEL, C1: U+009B opens a terminal command as ESC [
+/// does) and bidirectional formatting characters (U+202E turns what follows around) written
+/// as `\u{…}`; everything else as it is.
+fn escaped(text: &str) -> String {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hidden) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            out.push_str(&format!("\\u{{{:04x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
     }
     out
 }
@@ -187,6 +220,25 @@ mod tests {
             }
         }
         line.len()
+    }
+
+    /// Issue 42 (9): a benchmark id a client chose with terminal controls (CSI as U+009B, ESC)
+    /// and a right-to-left override comes out escaped, in plain and coloured tables alike.
+    #[test]
+    fn client_chosen_text_cannot_control_the_terminal() {
+        let mut r = fixtures::two_phases();
+        r.run.benchmark_id = "evil\u{9b}2J\u{1b}[31m\u{202e}gnp.exe\u{2069}\n".into();
+        for colour in [Colour::Never, Colour::Ansi] {
+            let text = table_with(&r, colour);
+            for c in ['\u{9b}', '\u{202e}', '\u{2069}'] {
+                assert!(!text.contains(c), "{c:?} in {text}");
+            }
+            assert!(
+                text.contains("evil\\u{009b}2J\\u{001b}[31m\\u{202e}gnp.exe\\u{2069}\\u{000a}"),
+                "{text}"
+            );
+        }
+        assert!(!table(&r).contains('\x1b'), "no ESC at all without colour");
     }
 
     #[test]

@@ -1103,6 +1103,17 @@ pub fn read(path: &Path, block_size: usize, strict: bool) -> Result<Vec<weka::So
             traces.push((s, t));
         }
     }
+    if traces.is_empty() {
+        // AIPerf writes an empty dataset here, which replays as nothing: said, not done.
+        return Err(origin
+            .file(format!(
+                "has {} TraceLab session(s) and not one round with a usable time (a \
+                 `timing_events` entry with a timestamp): there is nothing to replay; check the \
+                 file is the TraceLab export you meant",
+                sessions.len()
+            ))
+            .into());
+    }
     unique_sources(path, &origin, &sessions, traces)
 }
 
@@ -1175,6 +1186,29 @@ mod tests {
         ] {
             assert!(parse_ts(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Issue 42 (10): sessions whose rounds carry no usable time make nothing to replay: an
+    /// error saying so, not an empty dataset.
+    #[test]
+    fn a_file_with_no_usable_round_is_an_error_that_says_so() {
+        let path = std::env::temp_dir().join(format!(
+            "kvbust-tracelab-undated-{}.jsonl",
+            std::process::id()
+        ));
+        let row = |i: u32| {
+            json!({"session_id": "s", "round_index": i, "input_tokens_total": 10,
+                   "output_tokens": 2, "timing_events": []})
+            .to_string()
+        };
+        std::fs::write(&path, format!("{}\n{}\n", row(0), row(1))).unwrap();
+        let got = read(&path, 64, false);
+        let _ = std::fs::remove_file(&path);
+        let e = got
+            .err()
+            .expect("an error, not an empty dataset")
+            .to_string();
+        assert!(e.contains("not one round with a usable time"), "{e}");
     }
 
     #[test]
