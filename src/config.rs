@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cachebust::{Phase, Target};
+use crate::cachebust::{Method, Phase, Target};
 use crate::mock::MockConfig;
 
 mod load;
@@ -425,6 +425,10 @@ pub struct CacheBustConfig {
     /// come, when the session is known by then (a header, or the first user turn), instead
     /// of collecting the body first.
     pub mark_in_flight: bool,
+    /// How a request is isolated: `marker` (AIPerf's marker text) or `salt` (the body's
+    /// `cache_salt`; the prompt goes unchanged; Anthropic Messages, which has no salt, falls
+    /// back to the marker). `x-kvbust-method` overrides it per request.
+    pub method: Method,
 }
 
 impl Default for CacheBustConfig {
@@ -449,6 +453,7 @@ impl Default for CacheBustConfig {
             on_unparseable: OnUnparseable::Reject,
             response_headers: true,
             mark_in_flight: true,
+            method: Method::Marker,
         }
     }
 }
@@ -703,6 +708,8 @@ pub struct HeaderNames {
     /// Names the dataset conversation a synthetic request gets (a child conversation the
     /// client was told to spawn), percent-encoded as the response headers spell ids.
     pub synth_conversation: String,
+    /// Per-request isolation method (`marker` or `salt`), overriding `cache_bust.method`.
+    pub method: String,
     pub correlation_id: String,
     pub session_id: String,
     /// The RID digest of the request, or `none` (with `cache_bust.response_headers`).
@@ -746,6 +753,7 @@ impl Default for HeaderNames {
             user_context_messages: s("x-kvbust-user-context-messages"),
             synth: s("x-kvbust-synth"),
             synth_conversation: s("x-kvbust-synth-conversation"),
+            method: s("x-kvbust-method"),
             correlation_id: s("x-correlation-id"),
             session_id: s("x-session-id"),
             response_rid: s("x-kvbust-rid"),
@@ -764,7 +772,7 @@ impl Default for HeaderNames {
 }
 
 impl HeaderNames {
-    fn all(&self) -> [(&'static str, &String); 21] {
+    fn all(&self) -> [(&'static str, &String); 22] {
         [
             ("phase", &self.phase),
             ("target", &self.target),
@@ -775,6 +783,7 @@ impl HeaderNames {
             ("user_context_messages", &self.user_context_messages),
             ("synth", &self.synth),
             ("synth_conversation", &self.synth_conversation),
+            ("method", &self.method),
             ("correlation_id", &self.correlation_id),
             ("session_id", &self.session_id),
             ("response_rid", &self.response_rid),
@@ -797,7 +806,7 @@ impl HeaderNames {
     }
 
     /// The kvbust control headers, which never reach the upstream.
-    pub fn control(&self) -> [&str; 9] {
+    pub fn control(&self) -> [&str; 10] {
         [
             &self.phase,
             &self.target,
@@ -808,6 +817,7 @@ impl HeaderNames {
             &self.user_context_messages,
             &self.synth,
             &self.synth_conversation,
+            &self.method,
         ]
     }
 }
@@ -881,6 +891,8 @@ pub struct CliOverrides {
         rename = "cache_bust.benchmark_id"
     )]
     pub benchmark_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "cache_bust.method")]
+    pub cache_bust_method: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", rename = "listen.tls.cert")]
     pub tls_cert: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", rename = "listen.tls.key")]

@@ -669,7 +669,8 @@ impl Mock {
         ov: Overrides,
         load: Load,
     ) -> Response<MockBody> {
-        let (cached, written) = crate::sync::lock(&self.cache).admit_counting_writes(tokens);
+        let salt = req.cache_salt.as_deref();
+        let (cached, written) = crate::sync::lock(&self.cache).admit_salted(tokens, salt);
         let seed = output::seed(tokens);
         // The answer has `completion_tokens` words (one per event); the usage counts the tokens
         // the mock's tokenizer makes of it, as a client that re-tokenizes the text with the same

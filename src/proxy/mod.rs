@@ -36,7 +36,7 @@ use http_body_util::{BodyExt, Full};
 use crate::api::{Route, Shape};
 use crate::body::{full_body, Body, BoxError};
 use crate::budget;
-use crate::cachebust::{Phase, Target};
+use crate::cachebust::{salt, Phase, Target};
 use crate::conn::BodyTimeout;
 use crate::error::ProxyError;
 use crate::json::stream::{TopFacts, TopScan};
@@ -374,7 +374,8 @@ impl Proxy {
             return Ok(None);
         };
         let control = rewrite::has_control_headers(&parts.headers, &cfg.headers);
-        let decision = rewrite::decide(&parts.headers, control, &self.rt)?;
+        let decision =
+            rewrite::decide(&parts.headers, control, &self.rt)?.for_shape(shape, &self.rt);
         ex.phase = Some(decision.phase);
         ex.target = decision.target;
         let model = &self.rt.cache_model;
@@ -561,11 +562,23 @@ impl Proxy {
         if !edits.is_empty() {
             reserve(buffered, (data.len() + output.len()) as u64)?;
             if work.model && self.rt.cache_model.capturing() {
-                work.unmarked = Some(data);
+                work.unmarked = Some(data.clone());
             }
         }
         let facts = inflow::shifted(&facts, &edits);
-        let changed = !edits.is_empty();
+        let mut changed = !edits.is_empty();
+        let (output, facts) = match mark.salt.take() {
+            Some(head) => {
+                let (salted, facts) = salt_at_end(&head, &output, &facts, max_body)?;
+                reserve(buffered, (data.len() + salted.len()) as u64)?;
+                if work.model && self.rt.cache_model.capturing() {
+                    work.unmarked = Some(data);
+                }
+                changed = true;
+                (salted, facts)
+            }
+            None => (output, facts),
+        };
         if !facts.may_edit(work.usage, work.placeholders) {
             if work.model {
                 let unmarked = work.unmarked.take();
@@ -626,6 +639,10 @@ impl Proxy {
             if work.model && self.rt.cache_model.capturing() && !received.unedited() {
                 work.unmarked = Some(received.whole());
             }
+            if let Some(head) = mark.salt.clone() {
+                return Box::pin(self.salt_end(received, &head, work, &headers, ex, buffered))
+                    .await;
+            }
         }
         if received.facts.may_edit(work.usage, work.placeholders) {
             let whole = received.output();
@@ -641,6 +658,41 @@ impl Proxy {
             let whole = received.output();
             let unmarked = work.unmarked.take();
             submit_to_model(&self.rt, &work, &headers, (&whole, unmarked), None, ex);
+        }
+        Ok(())
+    }
+
+    /// The end of a flowing body isolated by `cache_salt` (`cache_bust.method = "salt"`): the
+    /// salt `head` goes into the body's `cache_salt` where the scan held the body back (its
+    /// close, or the client's own salt), then the steps a scanned body gets; what went already is
+    /// the client's bytes, unchanged.
+    async fn salt_end(
+        &self,
+        received: inflow::Received,
+        head: &str,
+        mut work: BodyWork,
+        headers: &http::HeaderMap,
+        ex: &mut Exchange,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<(), ProxyError> {
+        let base = received.output();
+        let max_body = self.rt.config.limits.max_body.as_u64();
+        let (salted, facts) = salt_at_end(head, &base, &received.facts, max_body)?;
+        reserve(buffered, (base.len() + salted.len()) as u64)?;
+        if work.model && self.rt.cache_model.capturing() {
+            work.unmarked = Some(received.whole());
+        }
+        if facts.may_edit(work.usage, work.placeholders) {
+            let edited = self
+                .scanned_steps(&mut work, headers, &salted, &facts, ex, buffered)
+                .await?;
+            let out = edited.unwrap_or(salted);
+            return received.send_edited(&base, Some(&out)).await;
+        }
+        received.send_edited(&base, Some(&salted)).await?;
+        if work.model {
+            let unmarked = work.unmarked.take();
+            submit_to_model(&self.rt, &work, headers, (&salted, unmarked), None, ex);
         }
         Ok(())
     }
@@ -1001,6 +1053,45 @@ fn scanned(
     }
     scan.feed(data);
     Ok(scan.finish().clone())
+}
+
+/// `body` (read by the scan as `facts`, in its own offsets) with the salt `head` in its
+/// `cache_salt` (the client's own kept as the tail), and the facts moved over that edit. A body
+/// the scan could not follow is read whole for it. A salt past vLLM's limits is a 400; a body
+/// past `max_body` a 413.
+fn salt_at_end(
+    head: &str,
+    body: &Bytes,
+    facts: &TopFacts,
+    max_body: u64,
+) -> Result<(Bytes, TopFacts), ProxyError> {
+    let spot = match facts.close {
+        Some(close) if !facts.doubtful => (facts.salt.clone(), close, facts.members),
+        _ => {
+            let top = crate::json::top_object(body).map_err(|e| {
+                ProxyError::bad_request(
+                    "invalid_body",
+                    format!("cannot set the body's cache_salt: {e}"),
+                )
+            })?;
+            let l = crate::json::Layout::of(body, &top)
+                .ok_or_else(|| ProxyError::Internal("a body's layout lies outside it".into()))?;
+            (l.get("cache_salt"), l.close(), l.members())
+        }
+    };
+    let (range, bytes, _) =
+        salt::edit(body, spot.0, spot.1, spot.2, head).map_err(rewrite::salt_error)?;
+    if (body.len() + bytes.len()) as u64 > max_body {
+        return Err(ProxyError::BodyTooLarge { limit: max_body });
+    }
+    let added = range.is_empty();
+    let edits = [(range, Bytes::from(bytes))];
+    let out = inflow::edited(body.clone(), &edits);
+    let mut facts = inflow::shifted(facts, &edits);
+    if added {
+        facts.members += 1;
+    }
+    Ok((out, facts))
 }
 
 /// The body [`body_steps`] left: as it came, or changed (its new length declared, its bytes

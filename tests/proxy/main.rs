@@ -28,6 +28,7 @@ mod probe;
 mod proxy;
 mod real_upstream;
 mod report_cli;
+mod salt;
 mod startup;
 mod stream_usage;
 mod upstream_health;
