@@ -59,6 +59,11 @@ pub struct Record {
     pub outcome: Option<Outcome>,
     /// The request's capture row, waiting for its response.
     pub capture: Option<crate::capture::Pending>,
+    /// It asked for `cache_bust.method = "salt"` on a route without a salt (Anthropic
+    /// Messages) and was marked instead.
+    pub salt_fallback: bool,
+    /// The cache-hit dial it ran under (`cache_bust.hit_ratio`, `x-kvbust-hit-ratio`).
+    pub hit_ratio: Option<f64>,
 }
 
 /// Time to first token in log buckets 4% wide from 10 µs: about 460 counters cover 10 minutes.
@@ -325,6 +330,13 @@ fn report_of(run: &Run, silence: &Silence, model: report::ModelFacts) -> report:
 fn count_row(acc: &mut RowAcc, r: &Record) -> Option<&'static str> {
     let row = &mut acc.row;
     row.requests += 1;
+    row.salt_fallbacks += u64::from(r.salt_fallback);
+    if let Some(dial) = r.hit_ratio {
+        // The row's dial is the mean of its requests' (one value when they agree).
+        let n = row.dialled_requests as f64;
+        row.hit_ratio = Some((row.hit_ratio.unwrap_or(0.0) * n + dial) / (n + 1.0));
+        row.dialled_requests += 1;
+    }
     if let Some(p) = &r.prediction {
         row.accounted_requests += 1;
         row.prompt_tokens.predicted += p.prompt_tokens;
@@ -518,6 +530,8 @@ mod tests {
                 ..Prediction::default()
             }),
             capture: None,
+            salt_fallback: false,
+            hit_ratio: None,
             outcome: reported.map(|(p, c)| Outcome {
                 content_events: 0,
                 tokens: Tokens {

@@ -163,6 +163,16 @@ impl Ticket {
         });
     }
 
+    /// The request asked for salt isolation on a route without a salt and was marked instead.
+    pub fn salt_fallback(&self) {
+        self.with(|r| r.salt_fallback = true);
+    }
+
+    /// The cache-hit dial the request ran under.
+    pub fn dial(&self, hit_ratio: f64) {
+        self.with(|r| r.hit_ratio = Some(hit_ratio));
+    }
+
     /// The request's capture row (written when the response ends).
     pub fn capture(&self, row: capture::Pending) {
         self.with(|r| r.capture = Some(row));
@@ -330,6 +340,8 @@ impl CacheModel {
                 prediction: None,
                 outcome: None,
                 capture: None,
+                salt_fallback: false,
+                hit_ratio: None,
             }),
         }))
     }

@@ -177,7 +177,13 @@ mod tests {
         }
         // What a cache serves, as a table: (prompt, salt) after (prompt, salt) was cached.
         let q = [&p[..8], &[99, 98, 97, 96, 95, 94, 93, 92][..]].concat();
-        type Row<'a> = (&'a [u32], Option<&'a str>, &'a [u32], Option<&'a str>, usize);
+        type Row<'a> = (
+            &'a [u32],
+            Option<&'a str>,
+            &'a [u32],
+            Option<&'a str>,
+            usize,
+        );
         let table: [Row<'_>; 7] = [
             (&p, Some("a"), &p, Some("a"), 12),
             (&p, Some("a"), &p, Some("b"), 0),

@@ -374,13 +374,18 @@ impl Proxy {
             return Ok(None);
         };
         let control = rewrite::has_control_headers(&parts.headers, &cfg.headers);
-        let decision =
-            rewrite::decide(&parts.headers, control, &self.rt)?.for_shape(shape, &self.rt);
+        let asked = rewrite::decide(&parts.headers, control, &self.rt)?;
+        let salt_asked = asked.method;
+        let decision = asked.for_shape(shape, &self.rt);
         ex.phase = Some(decision.phase);
         ex.target = decision.target;
         let model = &self.rt.cache_model;
         let explicit_id = decision.explicit.as_ref().map(|e| e.benchmark_id.clone());
-        ex.ticket = Some(model.ticket(start, decision.phase, decision.target, explicit_id));
+        let ticket = model.ticket(start, decision.phase, decision.target, explicit_id);
+        if salt_asked != decision.method {
+            ticket.salt_fallback();
+        }
+        ex.ticket = Some(ticket);
         let synth = synthesize::wants_synthesis(&parts.headers, control, parts.uri.path(), cfg)?;
         if synth && shape != Shape::Chat {
             return Err(ProxyError::bad_request(

@@ -100,6 +100,18 @@ pub struct Row {
     pub divergent_requests: u64,
     /// Time to first token, milliseconds (streamed responses).
     pub ttft_ms: Quantiles,
+    /// Requests that asked for `cache_bust.method = "salt"` on a route without a salt
+    /// (Anthropic Messages) and were isolated with the marker instead.
+    #[serde(default)]
+    pub salt_fallbacks: u64,
+    /// The cache-hit dial (`cache_bust.hit_ratio`, `x-kvbust-hit-ratio`) the row's requests ran
+    /// under (their mean when they differ); `None` without a dial. Compare it with
+    /// [`Row::predicted_hit_rate`] and [`Row::reported_hit_rate`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hit_ratio: Option<f64>,
+    /// Requests of the row that ran under a dial.
+    #[serde(default)]
+    pub dialled_requests: u64,
 }
 
 /// A reported figure beside the modelled one. `reported` is `None` when no response of the row

@@ -149,6 +149,9 @@ pub fn realistic() -> Report {
             p50: Some(60.0 + 200.0 * (1.0 - hit)),
             p99: Some(410.25 + 300.0 * (1.0 - hit)),
         },
+        salt_fallbacks: 0,
+        hit_ratio: None,
+        dialled_requests: 0,
     };
     let mut breached = row("profiling", "first_turn_prefix", 212, 566_311, 0.58);
     breached.breaches = Breaches {

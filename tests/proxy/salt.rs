@@ -256,6 +256,10 @@ async fn anthropic_messages_fall_back_to_the_marker_and_say_so() {
     }
     let text = metrics_text(&h).await;
     assert!(text.contains("kvbust_salt_fallback_total 2"), "{text}");
+    // And in the run report's row.
+    let r = crate::cache_model::report(&h).await;
+    assert_eq!(r.rows.len(), 1, "{:?}", r.rows);
+    assert_eq!(r.rows[0].salt_fallbacks, 2, "{:?}", r.rows[0]);
     // Chat on the same proxy takes the salt, and the fallback count stays.
     let resp = chat(&client, &h, chat_body("hi", false, 1)).await;
     assert_eq!(resp.status(), StatusCode::OK);

@@ -72,6 +72,9 @@ pub(crate) fn row(phase: &str, target: &str, requests: u64, hit: f64, reported: 
             p50: Some(40.0 + hit * 10.0),
             p99: Some(180.5),
         },
+        salt_fallbacks: 0,
+        hit_ratio: None,
+        dialled_requests: 0,
     }
 }
 
