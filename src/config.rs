@@ -429,6 +429,11 @@ pub struct CacheBustConfig {
     /// `cache_salt`; the prompt goes unchanged; Anthropic Messages, which has no salt, falls
     /// back to the marker). `x-kvbust-method` overrides it per request.
     pub method: Method,
+    /// The cache-hit dial: a request-unique text marker at the first block boundary at or
+    /// after this share of each prompt's tokens (counted with the cache model's tokenizer and
+    /// block size), so at most that much of it can come from the cache. `x-kvbust-hit-ratio`
+    /// sets it per request. None: no dial.
+    pub hit_ratio: Option<f64>,
 }
 
 impl Default for CacheBustConfig {
@@ -454,6 +459,7 @@ impl Default for CacheBustConfig {
             response_headers: true,
             mark_in_flight: true,
             method: Method::Marker,
+            hit_ratio: None,
         }
     }
 }
@@ -710,6 +716,8 @@ pub struct HeaderNames {
     pub synth_conversation: String,
     /// Per-request isolation method (`marker` or `salt`), overriding `cache_bust.method`.
     pub method: String,
+    /// Per-request cache-hit dial, 0 to 1 (overrides `cache_bust.hit_ratio`).
+    pub hit_ratio: String,
     pub correlation_id: String,
     pub session_id: String,
     /// The RID digest of the request, or `none` (with `cache_bust.response_headers`).
@@ -754,6 +762,7 @@ impl Default for HeaderNames {
             synth: s("x-kvbust-synth"),
             synth_conversation: s("x-kvbust-synth-conversation"),
             method: s("x-kvbust-method"),
+            hit_ratio: s("x-kvbust-hit-ratio"),
             correlation_id: s("x-correlation-id"),
             session_id: s("x-session-id"),
             response_rid: s("x-kvbust-rid"),
@@ -772,7 +781,7 @@ impl Default for HeaderNames {
 }
 
 impl HeaderNames {
-    fn all(&self) -> [(&'static str, &String); 22] {
+    fn all(&self) -> [(&'static str, &String); 23] {
         [
             ("phase", &self.phase),
             ("target", &self.target),
@@ -784,6 +793,7 @@ impl HeaderNames {
             ("synth", &self.synth),
             ("synth_conversation", &self.synth_conversation),
             ("method", &self.method),
+            ("hit_ratio", &self.hit_ratio),
             ("correlation_id", &self.correlation_id),
             ("session_id", &self.session_id),
             ("response_rid", &self.response_rid),
@@ -806,7 +816,7 @@ impl HeaderNames {
     }
 
     /// The kvbust control headers, which never reach the upstream.
-    pub fn control(&self) -> [&str; 10] {
+    pub fn control(&self) -> [&str; 11] {
         [
             &self.phase,
             &self.target,
@@ -818,6 +828,7 @@ impl HeaderNames {
             &self.synth,
             &self.synth_conversation,
             &self.method,
+            &self.hit_ratio,
         ]
     }
 }

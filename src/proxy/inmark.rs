@@ -331,6 +331,7 @@ mod tests {
             explicit: None,
             user_context_messages: 0,
             method: crate::cachebust::Method::Marker,
+            hit_ratio: None,
         }
     }
 

@@ -113,7 +113,18 @@ struct BodyWork {
 
 impl BodyWork {
     fn needs_body(&self) -> bool {
-        self.decision.needs_body() || self.synth || self.placeholders || self.usage || self.model
+        self.decision.needs_body()
+            || self.decision.hit_ratio.is_some()
+            || self.synth
+            || self.placeholders
+            || self.usage
+            || self.model
+    }
+
+    /// The body must be read whole before any of it goes: synthesis, or the dial (which counts
+    /// the whole prompt).
+    fn collects(&self) -> bool {
+        self.synth || self.decision.hit_ratio.is_some()
     }
 }
 
@@ -376,7 +387,13 @@ impl Proxy {
         let control = rewrite::has_control_headers(&parts.headers, &cfg.headers);
         let asked = rewrite::decide(&parts.headers, control, &self.rt)?;
         let salt_asked = asked.method;
-        let decision = asked.for_shape(shape, &self.rt);
+        let mut decision = asked.for_shape(shape, &self.rt);
+        if !matches!(shape, Shape::Chat | Shape::Completions)
+            && decision.hit_ratio == cfg.cache_bust.hit_ratio
+        {
+            // The configured dial covers the routes it works on; a header asks for it here.
+            decision.hit_ratio = None;
+        }
         ex.phase = Some(decision.phase);
         ex.target = decision.target;
         let model = &self.rt.cache_model;
@@ -384,6 +401,19 @@ impl Proxy {
         let ticket = model.ticket(start, decision.phase, decision.target, explicit_id);
         if salt_asked != decision.method {
             ticket.salt_fallback();
+        }
+        if let Some(r) = decision.hit_ratio {
+            if !matches!(shape, Shape::Chat | Shape::Completions) {
+                return Err(ProxyError::bad_request(
+                    "dial_unsupported",
+                    format!(
+                        "{}: the cache-hit dial works on /v1/chat/completions and \
+                         /v1/completions only",
+                        cfg.headers.hit_ratio
+                    ),
+                ));
+            }
+            ticket.dial(r);
         }
         ex.ticket = Some(ticket);
         let synth = synthesize::wants_synthesis(&parts.headers, control, parts.uri.path(), cfg)?;
@@ -431,7 +461,7 @@ impl Proxy {
         let limit = cfg.limits.max_body.as_u64();
         let first = exchange::first_chunk(&mut body, &parts.headers, limit).await?;
         let whole = first.as_ref().is_none_or(|_| body.is_end_stream());
-        let scanned = !work.synth && !work.decision.needs_body();
+        let scanned = !work.collects() && !work.decision.needs_body();
         if scanned && whole {
             let data = first.unwrap_or_default();
             return self.scan_whole(work, parts, data, ex, buffered).await;
@@ -442,7 +472,7 @@ impl Proxy {
         // their own; `benches/instructions.sh`, 1 KB: 78.2k instructions against 86.9k).
         const WHOLE_APART_FROM: usize = 16 << 10;
         let small = whole && first.as_ref().is_none_or(|b| b.len() < WHOLE_APART_FROM);
-        let mark = (!scanned && !work.synth && !small)
+        let mark = (!scanned && !work.collects() && !small)
             .then(|| {
                 let (d, shape, rt) = (&work.decision, work.shape, &self.rt);
                 inmark::InMark::for_request(d, shape, &parts.headers, rt, whole)
@@ -1176,6 +1206,18 @@ async fn body_steps(
             buffered.shrink_to(bytes.len() as u64);
         }
     }
+    if let Some(ratio) = work.decision.hit_ratio {
+        if let Some(b) = dialled(rt, work.shape, &bytes, ratio).await? {
+            if let Some(l) = layout.as_mut() {
+                l.shift(&[b.1]);
+            }
+            if rt.cache_model.capturing() {
+                workload = workload.or_else(|| Some(bytes.clone()));
+            }
+            bytes = b.0;
+            changed = true;
+        }
+    }
     if work.model {
         submit_to_model(rt, work, headers, (&bytes, workload), session, ex);
     }
@@ -1191,6 +1233,31 @@ async fn body_steps(
         }
     }
     Ok((bytes, changed))
+}
+
+/// The body with the cache-hit dial's marker placed for `ratio` ([`crate::cache_model::dial`]),
+/// counted off the async threads; `None` when nothing is capped. The edit made comes along, for
+/// the layout.
+async fn dialled(
+    rt: &SharedState,
+    shape: Shape,
+    body: &Bytes,
+    ratio: f64,
+) -> Result<Option<(Bytes, (std::ops::Range<usize>, Vec<u8>))>, ProxyError> {
+    let dialer = rt.cache_model.dialer().map_err(ProxyError::Internal)?;
+    let marker = format!("[dial:{:016x}]", rand::random::<u64>());
+    let data = body.clone();
+    let placed = tokio::task::spawn_blocking(move || dialer.place(shape, &data, ratio, &marker))
+        .await
+        .map_err(|e| ProxyError::Internal(format!("the dial's count failed: {e}")))?
+        .map_err(|e| ProxyError::bad_request("dial_unplaceable", e.to_string()))?;
+    let Some(p) = placed else {
+        return Ok(None);
+    };
+    let mut edits = [p.edit.clone()];
+    let out = crate::json::splice(body, &mut edits)
+        .ok_or_else(|| ProxyError::Internal("the dial's marker does not fit the body".into()))?;
+    Ok(Some((Bytes::from(out), p.edit)))
 }
 
 /// Hands the body as it will be forwarded (marked; `include_usage` is not part of the prompt) to

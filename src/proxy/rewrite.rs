@@ -26,6 +26,8 @@ pub struct Decision {
     pub user_context_messages: usize,
     /// How the request is isolated; [`Decision::for_shape`] makes it one the route can carry.
     pub method: Method,
+    /// The cache-hit dial (`cache_bust.hit_ratio`, `x-kvbust-hit-ratio`), 0..=1.
+    pub hit_ratio: Option<f64>,
 }
 
 impl Decision {
@@ -169,6 +171,7 @@ pub fn decide(
             explicit: None,
             user_context_messages: cfg.user_context_messages,
             method: cfg.method,
+            hit_ratio: cfg.hit_ratio,
         });
     }
     let names = &rt.config.headers;
@@ -209,6 +212,24 @@ pub fn decide(
         None => cfg.user_context_messages,
     };
     let explicit = explicit_inputs(headers, names, &rt.benchmark_id, limit)?;
+    let (method, hit_ratio) = isolation(headers, names, limit, cfg)?;
+    Ok(Decision {
+        phase,
+        target,
+        explicit,
+        user_context_messages,
+        method,
+        hit_ratio,
+    })
+}
+
+/// The request's isolation method and cache-hit dial: its headers', else the configuration's.
+fn isolation(
+    headers: &HeaderMap,
+    names: &HeaderNames,
+    limit: usize,
+    cfg: &crate::config::CacheBustConfig,
+) -> Result<(Method, Option<f64>), ProxyError> {
     let method = match header(headers, &names.method, limit)? {
         Some(v) => v.parse::<Method>().map_err(|mut e| {
             e.value = excerpt(e.value.as_bytes());
@@ -216,13 +237,25 @@ pub fn decide(
         })?,
         None => cfg.method,
     };
-    Ok(Decision {
-        phase,
-        target,
-        explicit,
-        user_context_messages,
-        method,
-    })
+    let h_ratio = &names.hit_ratio;
+    let hit_ratio = match header(headers, h_ratio, limit)? {
+        Some(v) => Some(
+            v.parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| {
+                    ProxyError::bad_request(
+                        "invalid_hit_ratio",
+                        format!(
+                            "{h_ratio} must be a number from 0 to 1 (the share of the prompt that may come from the cache), got `{}`",
+                            excerpt(v.as_bytes())
+                        ),
+                    )
+                })?,
+        ),
+        None => cfg.hit_ratio,
+    };
+    Ok((method, hit_ratio))
 }
 
 /// Digest inputs given as headers. A trace id is required for the others to mean anything.

@@ -16,6 +16,7 @@ mod cachebust_vectors;
 mod capture;
 mod cli;
 mod deploy;
+mod dial;
 mod first_day;
 mod fuzz_regressions;
 mod hardening_server;
