@@ -64,6 +64,8 @@ pub struct Record {
     pub salt_fallback: bool,
     /// The cache-hit dial it ran under (`cache_bust.hit_ratio`, `x-kvbust-hit-ratio`).
     pub hit_ratio: Option<f64>,
+    /// kvbust isolated it by `cache_salt` (the model's index is keyed by the salt).
+    pub salted: bool,
 }
 
 /// Time to first token in log buckets 4% wide from 10 µs: about 460 counters cover 10 minutes.
@@ -254,6 +256,19 @@ impl RunLedger {
                 ..RowAcc::default()
             });
         let divergence = count_row(acc, &r);
+        if r.salted && divergence == Some("reported_higher") {
+            // More reuse than salts allow: the upstream seems to ignore `cache_salt`.
+            acc.row.salt_ignored += 1;
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "cache_bust.method = salt: the upstream reported more cached tokens than \
+                     salt isolation allows, so it seems to ignore cache_salt and isolation \
+                     cannot be trusted; check with `kvbust probe`, or use cache_bust.method = \
+                     marker (said once; counted per row as salt_ignored)"
+                );
+            });
+        }
         if let Some(direction) = divergence {
             self.metrics
                 .model_divergence
@@ -532,6 +547,7 @@ mod tests {
             capture: None,
             salt_fallback: false,
             hit_ratio: None,
+            salted: false,
             outcome: reported.map(|(p, c)| Outcome {
                 content_events: 0,
                 tokens: Tokens {

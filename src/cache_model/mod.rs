@@ -169,6 +169,11 @@ impl Ticket {
         self.with(|r| r.salt_fallback = true);
     }
 
+    /// The request was isolated by `cache_salt`.
+    pub fn salted(&self) {
+        self.with(|r| r.salted = true);
+    }
+
     /// The cache-hit dial the request ran under.
     pub fn dial(&self, hit_ratio: f64) {
         self.with(|r| r.hit_ratio = Some(hit_ratio));
@@ -361,6 +366,7 @@ impl CacheModel {
                 capture: None,
                 salt_fallback: false,
                 hit_ratio: None,
+                salted: false,
             }),
         }))
     }

@@ -402,6 +402,9 @@ impl Proxy {
         if salt_asked != decision.method {
             ticket.salt_fallback();
         }
+        if decision.method == crate::cachebust::Method::Salt && decision.needs_body() {
+            ticket.salted();
+        }
         if let Some(r) = decision.hit_ratio {
             if !matches!(shape, Shape::Chat | Shape::Completions) {
                 return Err(ProxyError::bad_request(

@@ -112,6 +112,11 @@ pub struct Row {
     /// Requests of the row that ran under a dial.
     #[serde(default)]
     pub dialled_requests: u64,
+    /// Requests isolated by `cache_salt` whose upstream reported more cached tokens than salt
+    /// isolation allows: the upstream seems to ignore the salt, and the row's isolation cannot
+    /// be trusted (`serve` warns once).
+    #[serde(default)]
+    pub salt_ignored: u64,
 }
 
 /// A reported figure beside the modelled one. `reported` is `None` when no response of the row

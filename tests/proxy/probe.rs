@@ -40,7 +40,7 @@ async fn probe(args: &[&str]) -> (Option<i32>, String, String) {
 
 /// The built-in mock with its defaults (the shipped Qwen3 tokenizer and template, 16-token
 /// blocks) but no pacing, on a port of its own.
-async fn mock() -> (Stop, String) {
+pub(crate) async fn mock() -> (Stop, String) {
     let cfg = MockConfig {
         base_delay: std::time::Duration::ZERO,
         inter_token: std::time::Duration::ZERO,
@@ -61,7 +61,7 @@ async fn mock() -> (Stop, String) {
 }
 
 /// Stops a test server when dropped.
-struct Stop(Option<tokio::sync::oneshot::Sender<()>>);
+pub(crate) struct Stop(Option<tokio::sync::oneshot::Sender<()>>);
 
 impl Drop for Stop {
     fn drop(&mut self) {
@@ -246,7 +246,7 @@ async fn llamacpp_reports_its_cache() {
 
 /// What a front before the mock does with a chat body's `cache_salt`.
 #[derive(Clone, Copy)]
-enum SaltFront {
+pub(crate) enum SaltFront {
     /// Takes it out before the mock sees it: an engine that ignores salts.
     Ignore,
     /// Answers 400, as a server without the parameter does.
@@ -254,7 +254,7 @@ enum SaltFront {
 }
 
 /// The mock behind a front that ignores or refuses `cache_salt`; everything else passes.
-async fn salt_front(mode: SaltFront) -> (Stop, Stop, String) {
+pub(crate) async fn salt_front(mode: SaltFront) -> (Stop, Stop, String) {
     let (mock_stop, mock_url) = mock().await;
     let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())

@@ -152,6 +152,7 @@ pub fn realistic() -> Report {
         salt_fallbacks: 0,
         hit_ratio: None,
         dialled_requests: 0,
+        salt_ignored: 0,
     };
     let mut breached = row("profiling", "first_turn_prefix", 212, 566_311, 0.58);
     breached.breaches = Breaches {

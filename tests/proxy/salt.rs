@@ -412,3 +412,38 @@ async fn under_salt_prompt_tokens_are_the_workloads_where_markers_change_them() 
         workload
     );
 }
+
+/// An upstream that ignores `cache_salt` (a front that drops it before the mock) reuses one
+/// session's system prompt for another: more than salt isolation allows. The report's row
+/// counts it (`salt_ignored`) and `serve` warns once; in front of the mock itself (which
+/// honours the salt) nothing is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_ignores_the_salt_is_named_in_the_report() {
+    use crate::probe::{mock, salt_front, SaltFront};
+    let system = "You are a patient tutor who answers every question in full sentences. ".repeat(6);
+    let (_ms, _fs, ignoring) = salt_front(SaltFront::Ignore).await;
+    let (_m, honouring) = mock().await;
+    for (upstream, ignored) in [(ignoring, true), (honouring, false)] {
+        let h = start_proxy(&upstream, |c| {
+            c.cache_model.tokenizer = Some(kvbust::mock::MockTokenizerSetting::Qwen3);
+            c.cache_bust.target = Target::FirstTurnPrefix;
+            c.cache_bust.method = Method::Salt;
+        })
+        .await;
+        for session in ["s1", "s2", "s3"] {
+            let body = serde_json::json!({"model": "kvbust-mock", "max_tokens": 1, "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": format!("question of {session}")}]});
+            let hs = [("x-correlation-id", session)];
+            let url = h.url("/v1/chat/completions");
+            let resp = send(&h1(), post(&url, body.to_string(), &hs)).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            let _ = body_bytes(resp).await;
+        }
+        let r = crate::cache_model::report(&h).await;
+        let row = &r.rows[0];
+        let want = if ignored { 2 } else { 0 };
+        assert_eq!(row.salt_ignored, want, "{row:?}");
+        h.shutdown().await;
+    }
+}

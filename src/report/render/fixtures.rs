@@ -75,6 +75,7 @@ pub(crate) fn row(phase: &str, target: &str, requests: u64, hit: f64, reported: 
         salt_fallbacks: 0,
         hit_ratio: None,
         dialled_requests: 0,
+        salt_ignored: 0,
     }
 }
 
