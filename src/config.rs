@@ -1013,6 +1013,45 @@ mod tests {
     }
 
     #[test]
+    fn the_method_and_the_dial_layer_and_are_checked() {
+        let c = Config::load(
+            None,
+            &env(&[("KVBUST_CACHE_BUST__METHOD", "SALT")]),
+            &CliOverrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.cache_bust.method, Method::Salt);
+        let cli = CliOverrides {
+            cache_bust_method: Some("marker".into()),
+            ..Default::default()
+        };
+        let c = Config::load(None, &env(&[("KVBUST_CACHE_BUST__METHOD", "salt")]), &cli).unwrap();
+        assert_eq!(c.cache_bust.method, Method::Marker, "the flag wins");
+        let e = Config::load(
+            None,
+            &env(&[("KVBUST_CACHE_BUST__METHOD", "pepper")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("marker, salt"), "{e}");
+        let c = Config::load(
+            None,
+            &env(&[("KVBUST_CACHE_BUST__HIT_RATIO", "0.25")]),
+            &CliOverrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.cache_bust.hit_ratio, Some(0.25));
+        let e = Config::load(
+            None,
+            &env(&[("KVBUST_CACHE_BUST__HIT_RATIO", "1.5")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "cache_bust.hit_ratio");
+        assert!(e.to_string().contains("between 0 and 1"), "{e}");
+    }
+
+    #[test]
     fn layers_file_then_env_then_cli() {
         let dir = std::env::temp_dir().join(format!("kvbust-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
