@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cachebust::{Phase, Target};
+use crate::cachebust::{Method, Phase, Target};
 use crate::mock::MockConfig;
 
 mod load;
@@ -457,6 +457,15 @@ pub struct CacheBustConfig {
     /// come, when the session is known by then (a header, or the first user turn), instead
     /// of collecting the body first.
     pub mark_in_flight: bool,
+    /// How a request is isolated: `marker` (AIPerf's marker text) or `salt` (the body's
+    /// `cache_salt`; the prompt goes unchanged; Anthropic Messages, which has no salt, falls
+    /// back to the marker). `x-kvbust-method` overrides it per request.
+    pub method: Method,
+    /// The cache-hit dial: a request-unique text marker at the first block boundary at or
+    /// after this share of each prompt's tokens (counted with the cache model's tokenizer and
+    /// block size), so at most that much of it can come from the cache. `x-kvbust-hit-ratio`
+    /// sets it per request. None: no dial.
+    pub hit_ratio: Option<f64>,
 }
 
 impl Default for CacheBustConfig {
@@ -481,6 +490,8 @@ impl Default for CacheBustConfig {
             on_unparseable: OnUnparseable::Reject,
             response_headers: true,
             mark_in_flight: true,
+            method: Method::Marker,
+            hit_ratio: None,
         }
     }
 }
@@ -764,6 +775,10 @@ pub struct HeaderNames {
     pub synth_conversation: String,
     /// The run a request belongs to (`x-kvbust-run: NAME`; a name not seen opens it).
     pub run: String,
+    /// Per-request isolation method (`marker` or `salt`), overriding `cache_bust.method`.
+    pub method: String,
+    /// Per-request cache-hit dial, 0 to 1 (overrides `cache_bust.hit_ratio`).
+    pub hit_ratio: String,
     pub correlation_id: String,
     pub session_id: String,
     /// The RID digest of the request, or `none` (with `cache_bust.response_headers`).
@@ -808,6 +823,8 @@ impl Default for HeaderNames {
             synth: s("x-kvbust-synth"),
             synth_conversation: s("x-kvbust-synth-conversation"),
             run: s("x-kvbust-run"),
+            method: s("x-kvbust-method"),
+            hit_ratio: s("x-kvbust-hit-ratio"),
             correlation_id: s("x-correlation-id"),
             session_id: s("x-session-id"),
             response_rid: s("x-kvbust-rid"),
@@ -826,7 +843,7 @@ impl Default for HeaderNames {
 }
 
 impl HeaderNames {
-    fn all(&self) -> [(&'static str, &String); 22] {
+    fn all(&self) -> [(&'static str, &String); 24] {
         [
             ("phase", &self.phase),
             ("target", &self.target),
@@ -838,6 +855,8 @@ impl HeaderNames {
             ("synth", &self.synth),
             ("synth_conversation", &self.synth_conversation),
             ("run", &self.run),
+            ("method", &self.method),
+            ("hit_ratio", &self.hit_ratio),
             ("correlation_id", &self.correlation_id),
             ("session_id", &self.session_id),
             ("response_rid", &self.response_rid),
@@ -860,7 +879,7 @@ impl HeaderNames {
     }
 
     /// The kvbust control headers, which never reach the upstream.
-    pub fn control(&self) -> [&str; 10] {
+    pub fn control(&self) -> [&str; 12] {
         [
             &self.phase,
             &self.target,
@@ -872,6 +891,8 @@ impl HeaderNames {
             &self.synth,
             &self.synth_conversation,
             &self.run,
+            &self.method,
+            &self.hit_ratio,
         ]
     }
 }
@@ -945,6 +966,8 @@ pub struct CliOverrides {
         rename = "cache_bust.benchmark_id"
     )]
     pub benchmark_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "cache_bust.method")]
+    pub cache_bust_method: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", rename = "listen.tls.cert")]
     pub tls_cert: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", rename = "listen.tls.key")]
@@ -1061,6 +1084,45 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn the_method_and_the_dial_layer_and_are_checked() {
+        let c = Config::load(
+            None,
+            &env(&[("KVBUST_CACHE_BUST__METHOD", "SALT")]),
+            &CliOverrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.cache_bust.method, Method::Salt);
+        let cli = CliOverrides {
+            cache_bust_method: Some("marker".into()),
+            ..Default::default()
+        };
+        let c = Config::load(None, &env(&[("KVBUST_CACHE_BUST__METHOD", "salt")]), &cli).unwrap();
+        assert_eq!(c.cache_bust.method, Method::Marker, "the flag wins");
+        let e = Config::load(
+            None,
+            &env(&[("KVBUST_CACHE_BUST__METHOD", "pepper")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("marker, salt"), "{e}");
+        let c = Config::load(
+            None,
+            &env(&[("KVBUST_CACHE_BUST__HIT_RATIO", "0.25")]),
+            &CliOverrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.cache_bust.hit_ratio, Some(0.25));
+        let e = Config::load(
+            None,
+            &env(&[("KVBUST_CACHE_BUST__HIT_RATIO", "1.5")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "cache_bust.hit_ratio");
+        assert!(e.to_string().contains("between 0 and 1"), "{e}");
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct Families {
     pub ledger_sessions: IntGauge,
     pub ledger_evictions: IntCounter,
     pub unparseable_passthrough: IntCounter,
+    /// Requests asked to isolate by `cache_salt` on a route without one (Anthropic
+    /// Messages), marked with the marker instead (`cache_bust.method`).
+    pub salt_fallback: IntCounter,
     pub streams_aborted: IntCounterVec,
     pub shutdown_aborted_connections: IntCounter,
     pub tls_reloads: IntCounterVec,
@@ -222,6 +225,11 @@ const LEDGER_EVICTIONS: Def = Def {
 const UNPARSEABLE_PASSTHROUGH: Def = Def {
     name: "unparseable_passthrough_total",
     help: "Bodies forwarded unchanged because they could not be parsed.",
+    labels: &[],
+};
+const SALT_FALLBACK: Def = Def {
+    name: "salt_fallback_total",
+    help: "Requests asked to isolate by cache_salt on a route that has none (Anthropic Messages), marked with the marker instead.",
     labels: &[],
 };
 const STREAMS_ABORTED: Def = Def {
@@ -440,6 +448,7 @@ impl Metrics {
             ledger_sessions: gauge(&r, &LEDGER_SESSIONS),
             ledger_evictions: counter(&r, &LEDGER_EVICTIONS),
             unparseable_passthrough: counter(&r, &UNPARSEABLE_PASSTHROUGH),
+            salt_fallback: counter(&r, &SALT_FALLBACK),
             streams_aborted: counter_vec(&r, &STREAMS_ABORTED),
             shutdown_aborted_connections: counter(&r, &SHUTDOWN_ABORTED),
             tls_reloads: counter_vec(&r, &TLS_RELOADS),

@@ -245,7 +245,7 @@ mod tests {
                 let hashes = chain(&tokens, bs);
                 let hit = index.serve(&hashes, tokens.len(), owner);
                 let mut events = Vec::new();
-                let (cached, _) = engine.admit_with_events(&tokens, &mut events);
+                let (cached, _) = engine.admit_with_events(&tokens, None, &mut events);
                 assert_eq!(hit.owners.len() * bs, cached, "request {i}");
                 let events = events.into_iter().map(|e| rehash(e, scramble)).collect();
                 follow.apply(&mut index, events, &stats);

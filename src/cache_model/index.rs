@@ -10,7 +10,7 @@ use std::num::NonZeroUsize;
 use lru::LruCache;
 
 use crate::cachebust::Phase;
-pub use crate::mock::prefix_cache::chain;
+pub use crate::mock::prefix_cache::{chain, chain_salted};
 
 /// Who first put a block in the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -96,6 +96,13 @@ pub struct Record {
     pub unaccounted: Option<&'static str>,
     /// The request's capture row, waiting for its response.
     pub capture: Option<crate::capture::Pending>,
+    /// It asked for `cache_bust.method = "salt"` on a route without a salt (Anthropic
+    /// Messages) and was marked instead.
+    pub salt_fallback: bool,
+    /// The cache-hit dial it ran under (`cache_bust.hit_ratio`, `x-kvbust-hit-ratio`).
+    pub hit_ratio: Option<f64>,
+    /// kvbust isolated it by `cache_salt` (the model's index is keyed by the salt).
+    pub salted: bool,
 }
 
 impl Record {
@@ -363,6 +370,19 @@ impl Acc {
                 ..RowAcc::default()
             });
         let divergence = count_row(acc, r);
+        if r.salted && divergence == Some("reported_higher") {
+            // More reuse than salts allow: the upstream seems to ignore `cache_salt`.
+            acc.row.salt_ignored += 1;
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "cache_bust.method = salt: the upstream reported more cached tokens than \
+                     salt isolation allows, so it seems to ignore cache_salt and isolation \
+                     cannot be trusted; check with `kvbust probe`, or use cache_bust.method = \
+                     marker (said once; counted per row as salt_ignored)"
+                );
+            });
+        }
         let at = r.at.map_or(Duration::ZERO, |t| {
             t.saturating_duration_since(self.started)
         });
@@ -391,7 +411,15 @@ impl Acc {
 /// Adds `r` to its row; returns the divergence direction when the upstream's cached tokens
 /// differ from the prediction.
 fn count_row(acc: &mut RowAcc, r: &Record) -> Option<&'static str> {
-    acc.row.requests += 1;
+    let row = &mut acc.row;
+    row.requests += 1;
+    row.salt_fallbacks += u64::from(r.salt_fallback);
+    if let Some(dial) = r.hit_ratio {
+        // The row's dial is the mean of its requests' (one value when they agree).
+        let n = row.dialled_requests as f64;
+        row.hit_ratio = Some((row.hit_ratio.unwrap_or(0.0) * n + dial) / (n + 1.0));
+        row.dialled_requests += 1;
+    }
     if let Some(at) = r.at {
         acc.first_at = Some(acc.first_at.map_or(at, |f| f.min(at)));
     }

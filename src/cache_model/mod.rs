@@ -10,6 +10,7 @@
 //! One worker, in forwarding order, so the index sees requests in the order the engine does.
 
 pub mod attribution;
+pub mod dial;
 pub mod events;
 pub mod index;
 pub mod ledger;
@@ -248,6 +249,21 @@ impl Ticket {
         crate::sync::lock(&self.0.record).prediction.clone()
     }
 
+    /// The request asked for salt isolation on a route without a salt and was marked instead.
+    pub fn salt_fallback(&self) {
+        self.with(|r| r.salt_fallback = true);
+    }
+
+    /// The request was isolated by `cache_salt`.
+    pub fn salted(&self) {
+        self.with(|r| r.salted = true);
+    }
+
+    /// The cache-hit dial the request ran under.
+    pub fn dial(&self, hit_ratio: f64) {
+        self.with(|r| r.hit_ratio = Some(hit_ratio));
+    }
+
     /// The request's capture row (written when the response ends).
     pub fn capture(&self, row: capture::Pending) {
         self.with(|r| r.capture = Some(row));
@@ -320,9 +336,26 @@ pub struct CacheModel {
     /// `[capture]`'s settings when it is on; the writer, once started.
     capture_settings: Option<capture::Settings>,
     capture: Arc<OnceLock<Option<Arc<Capture>>>>,
+    /// The cache-hit dial's prompt counter, loaded by the first request with a dial.
+    dialer: OnceLock<Result<Arc<dial::Dialer>, String>>,
 }
 
 impl CacheModel {
+    /// The cache-hit dial's prompt counter: the model's tokenizer, chat template mode and block
+    /// size (loaded on first use; loading the tokenizer blocks for its parse).
+    pub fn dialer(&self) -> Result<Arc<dial::Dialer>, String> {
+        self.dialer
+            .get_or_init(|| {
+                let s = &self.settings;
+                let t = crate::mock::tokenize::MockTokenizer::load(&s.tokenizer).map_err(|e| {
+                    format!("cannot load the cache model's tokenizer for the dial: {e}")
+                })?;
+                let use_template = s.template == ChatTemplateMode::Auto;
+                Ok(Arc::new(dial::Dialer::new(t, use_template, s.block_size)))
+            })
+            .clone()
+    }
+
     /// The model for `config` (no thread and no tokenizer until the first request).
     pub fn new(config: &Config, metrics: Metrics, benchmark_id: String) -> Self {
         let c = &config.cache_model;
@@ -397,6 +430,7 @@ impl CacheModel {
             queued_bytes: Arc::new(AtomicU64::new(0)),
             queue_budget: max_memory / 4,
             open: Arc::default(),
+            dialer: OnceLock::new(),
         }
     }
 

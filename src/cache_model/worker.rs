@@ -23,7 +23,7 @@ use crate::capture::{self, Capture, Rendering};
 
 use super::attribution::{self, Breach, Requester, Turn};
 use super::events::{EventStats, Follow};
-use super::index::{chain, BlockIndex, Owner, BYTES_PER_BLOCK};
+use super::index::{chain_salted, BlockIndex, Owner, BYTES_PER_BLOCK};
 use super::tokens::{self, IsoHint, Memo, Vocab};
 use super::{session_digest, unaccounted, Job, Prediction, Queued, SessionHint, Settings, Stats};
 use crate::mock::kv_events::KvEvent;
@@ -189,8 +189,10 @@ impl Worker {
 
     fn serve(&self, m: &mut Model, job: Job) {
         let endpoint = job.shape;
-        let prompt = match crate::mock::openai::parse_request(endpoint, &job.body, "") {
-            Ok(req) => req.prompt,
+        // The body's `cache_salt` (kvbust's, or the client's own) keys the index as it keys
+        // the engine's cache: it joins the first block's hash.
+        let (prompt, salt) = match crate::mock::openai::parse_request(endpoint, &job.body, "") {
+            Ok(req) => (req.prompt, req.cache_salt),
             Err(_) => {
                 job.ticket.with(|r| r.unaccounted = Some("unparseable"));
                 return unaccounted(&self.metrics, &self.stats, "unparseable");
@@ -219,7 +221,7 @@ impl Worker {
             }
         };
         let bs = self.settings.block_size;
-        let hashes = chain(&encoded.ids, bs);
+        let hashes = chain_salted(&encoded.ids, bs, salt.as_deref());
         let iso_block = encoded.iso.map(|t| t / bs);
         let (phase, target) = (job.phase, job.target);
         let hit = m.index.serve(&hashes, encoded.ids.len(), |i| Owner {
@@ -248,7 +250,7 @@ impl Worker {
         }
         self.capture(
             m,
-            &job,
+            (&job, salt.as_deref()),
             &prompt,
             &encoded.ids,
             source.is_some().then_some(session),
@@ -275,7 +277,7 @@ impl Worker {
     fn capture(
         &self,
         m: &mut Model,
-        job: &Job,
+        job: (&Job, Option<&str>),
         prompt: &Prompt,
         ids: &[u32],
         session: Option<u64>,
@@ -284,7 +286,7 @@ impl Worker {
             return;
         };
         match capture_row(m, c, job, prompt, ids, session) {
-            Ok(row) => job.ticket.capture(row),
+            Ok(row) => job.0.ticket.capture(row),
             Err(e) => {
                 tracing::debug!("capture: {e}");
                 self.metrics
@@ -362,25 +364,26 @@ impl Worker {
     }
 }
 
-/// The capture row of `job`: the workload's prompt (before kvbust's marker) as capture counts
-/// it, reusing the model's ids where they are the same tokens, then its block hashes.
+/// The capture row of `job`: the workload's prompt (before kvbust's marker or salt) as capture
+/// counts it, reusing the model's ids where they are the same tokens, then its block hashes. A
+/// client's own `cache_salt` is part of the workload: the namespace of its hash ids (`salt`:
+/// the forwarded body's, which is the client's when kvbust changed nothing).
 fn capture_row(
     m: &mut Model,
     c: &Capture,
-    job: &Job,
+    (job, salt): (&Job, Option<&str>),
     prompt: &Prompt,
     model_ids: &[u32],
     session: Option<u64>,
 ) -> Result<capture::Pending, String> {
     let parsed;
-    let workload = match &job.workload {
+    let (workload, namespace) = match &job.workload {
         Some(body) => {
             parsed = crate::mock::openai::parse_request(job.shape, body, "")
-                .map_err(|_| "the body before the marker does not parse".to_string())?
-                .prompt;
-            &parsed
+                .map_err(|_| "the body before the marker does not parse".to_string())?;
+            (&parsed.prompt, parsed.cache_salt.as_deref())
         }
-        None => prompt,
+        None => (prompt, salt),
     };
     let (ids, session, follows) = match (c.settings.rendering, workload) {
         (Rendering::Contents, Prompt::Messages(_) | Prompt::Chat(_)) => {
@@ -405,7 +408,12 @@ fn capture_row(
     Ok(capture::Pending {
         seq,
         input_length: ids.len() as u64,
-        blocks: capture::ids::chain(&ids, c.settings.block_size, Some(&c.settings.hash_key)),
+        blocks: capture::ids::chain_in(
+            &ids,
+            c.settings.block_size,
+            Some(&c.settings.hash_key),
+            namespace,
+        ),
         session,
         follows,
     })
@@ -552,7 +560,7 @@ mod tests {
                 .iter()
                 .map(|(s, m)| {
                     let ids = conv(m);
-                    follow(&mut sessions, *s, &ids, &chain(&ids, bs), bs)
+                    follow(&mut sessions, *s, &ids, &chain_salted(&ids, bs, None), bs)
                 })
                 .collect();
             assert_eq!(got, want, "{name}");

@@ -4,6 +4,7 @@
 //! request bodies written by any client. Layout:
 //! * [`target`]: the seven targets and the two phases (parsing, wire names);
 //! * [`marker`]: the RID digest and the exact marker strings;
+//! * [`salt`]: isolation by `cache_salt` (`cache_bust.method = "salt"`): the salt and its edit;
 //! * [`identity`]: the bounded session ledger (AIPerf's per-session counter);
 //! * [`inject`]: parse a body once and splice the marker into its raw bytes (with
 //!   [`crate::json`], the span toolkit the other request steps share).
@@ -15,6 +16,7 @@
 pub mod identity;
 pub mod inject;
 pub mod marker;
+pub mod salt;
 pub mod target;
 
 pub use identity::{KeyDigest, Ledger, Resolution};
@@ -22,4 +24,5 @@ pub use inject::{parse, ListParts, Location, Outcome, Parsed, Plan, RewriteError
 pub use marker::{
     base_trace_id, build_marker, digest, random_benchmark_id, DigestInputs, WARMUP_ISOLATION_MARKER,
 };
+pub use salt::{Method, ParseMethodError};
 pub use target::{ParsePhaseError, ParseTargetError, Phase, Target};

@@ -92,7 +92,27 @@ impl Key {
 /// capture key, else a key made for the process: [`Key::random`]). Unkeyed: SipHash with fixed
 /// keys, for tests only (anyone can compute those).
 pub fn chain(tokens: &[u32], block_size: usize, key: Option<&Key>) -> Vec<u64> {
-    let mut parent = 0u64;
+    chain_in(tokens, block_size, key, None)
+}
+
+/// [`chain`] in a client's `cache_salt` namespace: the salt is the first block's parent, so two
+/// clients' equal prompts under different salts share no id (as the engine shares no block),
+/// and without a salt the ids are [`chain`]'s.
+pub fn chain_in(
+    tokens: &[u32],
+    block_size: usize,
+    key: Option<&Key>,
+    namespace: Option<&str>,
+) -> Vec<u64> {
+    let mut parent = match (namespace.filter(|n| !n.is_empty()), key) {
+        (None, _) => 0u64,
+        (Some(n), Some(k)) => k.id(&[b"cache_salt\0", n.as_bytes()]),
+        (Some(n), None) => {
+            let mut h = DefaultHasher::new();
+            ("cache_salt", n).hash(&mut h);
+            h.finish()
+        }
+    };
     tokens
         .chunks(block_size.max(1))
         .map(|block| {
@@ -248,6 +268,24 @@ mod tests {
         // The partial last block counts, and its length matters.
         assert_eq!(chain(&a[..35], 10, None).len(), 4);
         assert_ne!(chain(&a[..35], 10, None)[3], chain(&a[..36], 10, None)[3]);
+    }
+
+    #[test]
+    fn a_client_salt_is_a_namespace_of_the_ids() {
+        let t: Vec<u32> = (0..40).collect();
+        for key in [None, Some(key(3))] {
+            let k = key.as_ref();
+            assert_eq!(chain_in(&t, 10, k, None), chain(&t, 10, k));
+            assert_eq!(chain_in(&t, 10, k, Some("")), chain(&t, 10, k));
+            let (a, b) = (
+                chain_in(&t, 10, k, Some("a")),
+                chain_in(&t, 10, k, Some("b")),
+            );
+            assert_eq!(a, chain_in(&t, 10, k, Some("a")));
+            let plain = chain(&t, 10, k);
+            assert!(a.iter().all(|h| !b.contains(h) && !plain.contains(h)));
+            assert!(a.iter().all(|&h| h < 1 << 53) || k.is_none());
+        }
     }
 
     #[test]

@@ -199,6 +199,10 @@ pub struct ConfigFlags {
     /// Benchmark id for RID digests [config: cache_bust.benchmark_id].
     #[arg(long, value_name = "ID")]
     pub benchmark_id: Option<String>,
+    /// How requests are isolated: marker (AIPerf's marker text) or salt (the body's
+    /// cache_salt; the prompt goes unchanged) [config: cache_bust.method].
+    #[arg(long, value_name = "METHOD")]
+    pub cache_bust_method: Option<String>,
     /// TLS certificate (PEM) for the data listener [config: listen.tls.cert].
     #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<String>,
@@ -219,6 +223,7 @@ impl ConfigFlags {
             cache_bust: self.cache_bust.clone(),
             phase: self.phase.clone(),
             benchmark_id: self.benchmark_id.clone(),
+            cache_bust_method: self.cache_bust_method.clone(),
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
             tokenizer: self.tokenizer.clone(),

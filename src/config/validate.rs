@@ -246,6 +246,14 @@ fn validate_cache_bust(c: &CacheBustConfig) -> Result<(), ConfigError> {
             "list at least one of x_correlation_id, x_session_id, body_user, first_user_turn",
         ));
     }
+    if let Some(r) = c.hit_ratio {
+        if !(0.0..=1.0).contains(&r) {
+            return Err(ConfigError::new(
+                "cache_bust.hit_ratio",
+                format!("must be between 0 and 1 (the share of each prompt that may come from the cache), got {r}; omit it for no dial"),
+            ));
+        }
+    }
     if let Some(b) = &c.benchmark_id {
         if b.is_empty() {
             return Err(ConfigError::new(

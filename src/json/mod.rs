@@ -620,7 +620,7 @@ pub(crate) fn splice<B: AsRef<[u8]>>(body: &[u8], edits: &mut [Edit<B>]) -> Opti
 
 /// The top-level members whose last value a [`Layout`] keeps: what the request steps after the
 /// first read of a chat or completions body.
-const LAYOUT_KEYS: [&str; 4] = ["messages", "stream", "stream_options", "user"];
+const LAYOUT_KEYS: [&str; 5] = ["messages", "stream", "stream_options", "user", "cache_salt"];
 
 /// One parse of a JSON object body, kept as byte ranges: where the values of the members the
 /// later request steps read are ([`LAYOUT_KEYS`], the last member of each), where the object
@@ -684,6 +684,11 @@ impl Layout {
     /// How many members the object has.
     pub(crate) fn members(&self) -> usize {
         self.members
+    }
+
+    /// A step added a member to the object (the salt): the next one to add one needs a comma.
+    pub(crate) fn member_added(&mut self) {
+        self.members += 1;
     }
 
     /// The elements of the last `messages`, when the layout knows them.

@@ -1,5 +1,6 @@
 //! A body's top level read as it streams in, chunk by chunk: where the members
-//! `observe.request_usage` may edit are (`stream`, `stream_options`, the closing brace), where
+//! `observe.request_usage` and the salt may edit are (`stream`, `stream_options`, `cache_salt`,
+//! the closing brace), where
 //! the first `{{kvbust:` placeholder opens, and so how far the body can be forwarded before its
 //! end is known. Never edits and never validates: what it cannot read for certain it calls
 //! [`TopFacts::doubtful`], and the caller then reads the whole body the usual way.
@@ -44,6 +45,9 @@ pub(crate) struct TopFacts {
     pub messages_members: usize,
     /// Where the last top-level `user` value is (a session source).
     pub user: Option<Range<usize>>,
+    /// Where the last top-level `cache_salt` value is (`cache_bust.method = "salt"` keeps it as
+    /// the tail of its own); nothing from its key on goes before the end.
+    pub salt: Option<Range<usize>>,
 }
 
 /// The elements of a top-level array value, as far as the scan has read it.
@@ -118,6 +122,7 @@ enum Member {
     /// The first `messages` (its elements are tracked).
     Messages,
     User,
+    Salt,
     Other,
 }
 
@@ -375,6 +380,10 @@ impl TopScan {
             Member::Stream
         } else if self.key_len == 4 && key == b"user" {
             Member::User
+        } else if self.key_len == 10 && key == b"cache_salt" {
+            // The salt step may rewrite its value at the end.
+            self.hold(self.key_start);
+            Member::Salt
         } else if self.track_messages && self.key_len == 8 && key == b"messages" {
             self.facts.messages_members += 1;
             if self.facts.messages_members == 1 {
@@ -428,6 +437,7 @@ impl TopScan {
             }
             Member::Options => self.facts.options = Some(range),
             Member::User => self.facts.user = Some(range),
+            Member::Salt => self.facts.salt = Some(range),
             Member::Messages | Member::Other => {}
         }
         self.state = State::After;

@@ -97,6 +97,8 @@ pub fn parse_request(body: &[u8], default_model: &str) -> Result<GenRequest, Api
         instructions: None,
         stream: opt_bool(&obj, "stream", "stream")?,
         include_usage: true,
+        // The Messages API has no salt.
+        cache_salt: None,
     })
 }
 

@@ -386,13 +386,13 @@ impl Mock {
 
     /// Serves `tokens` from the prefix cache: (cached, newly written) tokens; what the cache
     /// did goes out as KV events when they are on.
-    fn admit(&self, tokens: &[u32]) -> (usize, usize) {
+    fn admit(&self, tokens: &[u32], salt: Option<&str>) -> (usize, usize) {
         let Some(publisher) = self.kv_events.get() else {
-            return crate::sync::lock(&self.cache).admit_counting_writes(tokens);
+            return crate::sync::lock(&self.cache).admit_salted(tokens, salt);
         };
         let mut events = Vec::new();
         let mut cache = crate::sync::lock(&self.cache);
-        let got = cache.admit_with_events(tokens, &mut events);
+        let got = cache.admit_with_events(tokens, salt, &mut events);
         // Under the lock: batches go out in the order the cache changed.
         publisher.publish(events);
         got
@@ -723,7 +723,8 @@ impl Mock {
         ov: Overrides,
         load: Load,
     ) -> Response<MockBody> {
-        let (cached, written) = self.admit(tokens);
+        let salt = req.cache_salt.as_deref();
+        let (cached, written) = self.admit(tokens, salt);
         let seed = output::seed(tokens);
         // The answer has `completion_tokens` words (one per event); the usage counts the tokens
         // the mock's tokenizer makes of it, as a client that re-tokenizes the text with the same

@@ -131,6 +131,7 @@ pub fn parse_request(
         instructions: None,
         stream,
         include_usage,
+        cache_salt: super::request::cache_salt(&obj)?,
     })
 }
 

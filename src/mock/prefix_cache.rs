@@ -28,7 +28,7 @@ pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
 
 /// The hash chain over the full blocks of `tokens` (a trailing partial block has no hash).
 pub fn chain(tokens: &[u32], block_size: usize) -> Vec<u64> {
-    chain_after(None, tokens, block_size)
+    chain_salted(tokens, block_size, None)
 }
 
 /// The hash chain over the full blocks of `tokens` continuing after the block `parent` (none:
@@ -43,6 +43,36 @@ pub fn chain_after(parent: Option<u64>, tokens: &[u32], block_size: usize) -> Ve
         .map(|block| {
             prev = block_hash(prev, block);
             prev
+        })
+        .collect()
+}
+
+/// [`chain`] for a request with a `cache_salt`: as vLLM 0.33 does (`kv_cache_utils`, the
+/// extra keys of the block whose `start_token_idx == 0`), the salt joins the hash of the first
+/// block only; every later block chains from its parent, so two salts share no block and one
+/// salt shares exactly what an unsalted chain would. `None` (or empty, which vLLM never lets
+/// through) is no salt.
+pub fn chain_salted(tokens: &[u32], block_size: usize, salt: Option<&str>) -> Vec<u64> {
+    if block_size == 0 {
+        return Vec::new();
+    }
+    let salt = salt.filter(|s| !s.is_empty());
+    let mut parent = ROOT_HASH;
+    tokens
+        .chunks_exact(block_size)
+        .enumerate()
+        .map(|(i, block)| {
+            parent = match salt {
+                Some(s) if i == 0 => {
+                    let mut h = DefaultHasher::new();
+                    parent.hash(&mut h);
+                    block.hash(&mut h);
+                    s.hash(&mut h);
+                    h.finish()
+                }
+                _ => block_hash(parent, block),
+            };
+            parent
         })
         .collect()
 }
@@ -96,10 +126,16 @@ impl PrefixCache {
     /// [`PrefixCache::admit`], also returning how many prompt tokens this request newly wrote to the cache
     /// (its full blocks that were not cached before). `cached + written` never exceeds the prompt.
     pub fn admit_counting_writes(&mut self, tokens: &[u32]) -> (usize, usize) {
+        self.admit_salted(tokens, None)
+    }
+
+    /// [`PrefixCache::admit_counting_writes`] for a request with `cache_salt` `salt`
+    /// ([`chain_salted`]).
+    pub fn admit_salted(&mut self, tokens: &[u32], salt: Option<&str>) -> (usize, usize) {
         let Some(blocks) = &mut self.blocks else {
             return (0, 0);
         };
-        let hashes = chain(tokens, self.block_size);
+        let hashes = chain_salted(tokens, self.block_size, salt);
         let hit = hashes.iter().take_while(|h| blocks.contains(*h)).count();
         // Blocks past the first miss may still be cached (a chain whose head was evicted): not a write.
         let written = hashes[hit..]
@@ -118,13 +154,14 @@ impl PrefixCache {
     pub fn admit_with_events(
         &mut self,
         tokens: &[u32],
+        salt: Option<&str>,
         events: &mut Vec<KvEvent>,
     ) -> (usize, usize) {
         let Some(blocks) = &mut self.blocks else {
             return (0, 0);
         };
         let bs = self.block_size;
-        let hashes = chain(tokens, bs);
+        let hashes = chain_salted(tokens, bs, salt);
         let hit = hashes.iter().take_while(|h| blocks.contains(*h)).count();
         let written = hashes[hit..]
             .iter()
@@ -167,6 +204,65 @@ impl PrefixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// vLLM's rule as a table: the salt is an extra key of block 0 only, and every later block
+    /// hashes its parent; so (prompt, salt) pairs share exactly the blocks of a common prefix
+    /// under the same salt, and none across salts.
+    #[test]
+    fn a_salt_joins_the_first_block_only_and_the_chain_carries_it() {
+        let bs = 4;
+        let p = toks(0..16);
+        let plain = chain(&p, bs);
+        let a = chain_salted(&p, bs, Some("a"));
+        let b = chain_salted(&p, bs, Some("b"));
+        assert_eq!(chain_salted(&p, bs, None), plain);
+        assert_eq!(chain_salted(&p, bs, Some("")), plain, "empty is no salt");
+        // Block 0: the salt's own key; block i > 0: block_hash(parent, tokens) with no salt.
+        let mut h = DefaultHasher::new();
+        ROOT_HASH.hash(&mut h);
+        p[..4].hash(&mut h);
+        "a".hash(&mut h);
+        assert_eq!(a[0], h.finish());
+        for i in 1..4 {
+            assert_eq!(
+                a[i],
+                block_hash(a[i - 1], &p[i * bs..(i + 1) * bs]),
+                "block {i}"
+            );
+            assert_eq!(
+                b[i],
+                block_hash(b[i - 1], &p[i * bs..(i + 1) * bs]),
+                "block {i}"
+            );
+        }
+        // No block is shared across salts (or with the unsalted chain).
+        for (x, y) in [(&a, &b), (&a, &plain), (&b, &plain)] {
+            assert!(x.iter().all(|h| !y.contains(h)));
+        }
+        // What a cache serves, as a table: (prompt, salt) after (prompt, salt) was cached.
+        let q = [&p[..8], &[99, 98, 97, 96, 95, 94, 93, 92][..]].concat();
+        type Row<'a> = (
+            &'a [u32],
+            Option<&'a str>,
+            &'a [u32],
+            Option<&'a str>,
+            usize,
+        );
+        let table: [Row<'_>; 7] = [
+            (&p, Some("a"), &p, Some("a"), 12),
+            (&p, Some("a"), &p, Some("b"), 0),
+            (&p, Some("a"), &p, None, 0),
+            (&p, None, &p, None, 12),
+            (&p, Some("a"), &q, Some("a"), 8),
+            (&p, Some("a"), &q, Some("b"), 0),
+            (&p[..3], Some("a"), &p, Some("a"), 0),
+        ];
+        for (first, s1, second, s2, want) in table {
+            let mut c = PrefixCache::new(bs, 64);
+            c.admit_salted(first, s1);
+            assert_eq!(c.admit_salted(second, s2).0, want, "{s1:?} then {s2:?}");
+        }
+    }
 
     fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
         range.collect()
@@ -270,7 +366,7 @@ mod tests {
         ];
         for p in &prompts {
             let mut events = Vec::new();
-            let got = c.admit_with_events(p, &mut events);
+            let got = c.admit_with_events(p, None, &mut events);
             assert_eq!(got, plain.admit_counting_writes(p));
             for e in events {
                 match e {

@@ -136,6 +136,9 @@ pub struct GenRequest {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// `cache_salt` (chat, completions, Responses), checked as vLLM checks it: it joins the
+    /// hash of the prompt's first block ([`super::prefix_cache::chain_salted`]).
+    pub cache_salt: Option<String>,
 }
 
 /// An error answered in the OpenAI shape `{"error": {"message", "type", "code"}}`.
@@ -177,6 +180,37 @@ impl ApiError {
         }
         self.body()
     }
+}
+
+/// vLLM 0.33's longest `cache_salt`, in characters.
+const MAX_CACHE_SALT_CHARS: usize = 128;
+
+/// The request's `cache_salt`, refused as vLLM 0.33's `validate_cache_salt` refuses it, with its
+/// messages and a 400: not a non-empty string (a list too, which SGLang's type would take: the
+/// mock follows vLLM), more than 128 characters, or one of `@ / \` or NUL. `null` is absent.
+pub(crate) fn cache_salt(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let Some(v) = field(obj, "cache_salt") else {
+        return Ok(None);
+    };
+    let salt = match v.as_str() {
+        Some(s) if !s.is_empty() => s,
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_cache_salt",
+                "Parameter 'cache_salt' must be a non-empty string if provided.",
+            ))
+        }
+    };
+    if salt.chars().count() > MAX_CACHE_SALT_CHARS
+        || salt.chars().any(|c| matches!(c, '@' | '/' | '\\' | '\0'))
+    {
+        return Err(ApiError::bad_request(
+            "invalid_cache_salt",
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', \
+             '/', '\\\\', or NUL.",
+        ));
+    }
+    Ok(Some(salt.to_string()))
 }
 
 pub(crate) fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {

@@ -119,6 +119,7 @@ pub fn parse_request(body: &[u8], default_model: &str) -> Result<GenRequest, Api
         instructions,
         stream: opt_bool(&obj, "stream", "stream")?,
         include_usage: true,
+        cache_salt: super::request::cache_salt(&obj)?,
     })
 }
 

@@ -1,9 +1,11 @@
 //! `kvbust probe --upstream URL [--model M]`: tells whether an upstream's prefix cache is on and
 //! reported. Reads `/v1/models`, sends one ~2k-token chat prompt twice and a third prompt that
 //! shares only its first half (non-streaming, `max_tokens` 1, temperature 0), and reads
-//! `usage.prompt_tokens_details.cached_tokens` from each answer ([`verdict`] holds the pure
-//! part: prompts, inference, verdict, report). Owns these four requests over the proxy's own
-//! upstream client; never sends anything else, and never runs inside `kvbust serve`.
+//! `usage.prompt_tokens_details.cached_tokens` from each answer; on a cache that reports, sends
+//! a fresh prompt under two `cache_salt`s to tell whether salts isolate (honoured, ignored or
+//! refused: what `cache_bust.method = "salt"` relies on). [`verdict`] holds the pure part:
+//! prompts, inference, verdicts, report. Owns these requests over the proxy's own upstream
+//! client; never sends anything else, and never runs inside `kvbust serve`.
 
 pub mod verdict;
 
@@ -17,7 +19,7 @@ use crate::body::full_body;
 use crate::config::{UpstreamConfig, UpstreamUrl};
 use crate::error::error_chain;
 use crate::upstream::client::{build_client, tls_config, Upstream, UpstreamClient};
-pub use verdict::{Findings, Observation, Verdict};
+pub use verdict::{Findings, Observation, SaltSupport, Verdict};
 
 /// Largest answer read (a model list or one chat completion).
 const MAX_ANSWER: usize = 8 << 20;
@@ -95,11 +97,22 @@ pub async fn run(opts: &Options) -> Result<Findings, ProbeError> {
     for (slot, prompt) in observations.iter_mut().zip([&p.first, &p.first, &p.third]) {
         *slot = client.chat(&model, prompt).await?;
     }
+    // Salts are tried only on a cache that reports what it reused: else nothing tells them
+    // apart. Their prompt is a fresh one (another nonce).
+    let salt = if Verdict::of(&observations).is_success() {
+        let fresh = verdict::prompts(opts.nonce.wrapping_add(1));
+        client
+            .salt_support(&model, &fresh.first, opts.nonce)
+            .await?
+    } else {
+        SaltSupport::Unknown
+    };
     Ok(Findings {
         upstream: client.upstream.display.clone(),
         models,
         model,
         observations,
+        salt,
     })
 }
 
@@ -156,6 +169,61 @@ impl Prober {
         path: &'static str,
         body: Option<Bytes>,
     ) -> Result<(String, Bytes), ProbeError> {
+        let (what, status, bytes) = self.answer(method, path, body).await?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
+            return Err(ProbeError::Failed(format!(
+                "{what}: answered {status}: {text}"
+            )));
+        }
+        Ok((what, bytes))
+    }
+
+    /// Whether the upstream honours `cache_salt`: a fresh prompt under one salt, then under
+    /// another. A server that isolates salts does not serve the second from the first's blocks.
+    async fn salt_support(
+        &self,
+        model: &str,
+        prompt: &str,
+        nonce: u64,
+    ) -> Result<SaltSupport, ProbeError> {
+        let mut seen = Vec::with_capacity(2);
+        for salt in ["a", "b"] {
+            let body = serde_json::json!({
+                "model": model,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 1,
+                "temperature": 0,
+                "stream": false,
+                "cache_salt": format!("kvbust-probe-{salt}-{nonce}"),
+            });
+            let path = crate::api::Shape::Chat.path();
+            let (what, status, answer) = self
+                .answer(Method::POST, path, Some(Bytes::from(body.to_string())))
+                .await?;
+            if status.is_client_error() {
+                return Ok(SaltSupport::refused(status.as_u16(), &answer));
+            }
+            if !status.is_success() {
+                let text = String::from_utf8_lossy(&answer[..answer.len().min(300)]).into_owned();
+                return Err(ProbeError::Failed(format!(
+                    "{what}: answered {status}: {text}"
+                )));
+            }
+            let o = Observation::from_response(&answer)
+                .map_err(|e| ProbeError::Failed(format!("{what}: {e}")))?;
+            seen.push(o);
+        }
+        Ok(SaltSupport::of(&seen[0], &seen[1]))
+    }
+
+    /// Sends one request: what it was, the status and the answer's body (any status).
+    async fn answer(
+        &self,
+        method: Method,
+        path: &'static str,
+        body: Option<Bytes>,
+    ) -> Result<(String, StatusCode, Bytes), ProbeError> {
         let what = format!("{method} {}{path}", self.upstream.display);
         let fail = |why: String| ProbeError::Failed(format!("{what}: {why}"));
         let uri = self
@@ -200,10 +268,6 @@ impl Prober {
                 ))
             })?
             .map_err(fail)?;
-        if !status.is_success() {
-            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
-            return Err(fail(format!("answered {status}: {text}")));
-        }
-        Ok((what, bytes))
+        Ok((what, status, bytes))
     }
 }

@@ -206,6 +206,75 @@ impl Verdict {
     }
 }
 
+/// Whether the upstream honours `cache_salt`, from one fresh prompt sent under two salts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SaltSupport {
+    /// The prompt under the second salt was not served from the first's blocks: salts isolate
+    /// (`cache_bust.method = "salt"` works).
+    Honoured {
+        first: Observation,
+        second: Observation,
+    },
+    /// The second salt was served from the first's blocks: the salt is ignored.
+    Ignored {
+        first: Observation,
+        second: Observation,
+    },
+    /// The server refused a request that carried a `cache_salt`.
+    Refused { status: u16, message: String },
+    /// The cache reports nothing (or reuses nothing), so salts cannot be told apart.
+    Unknown,
+}
+
+impl SaltSupport {
+    /// From the two salted answers: honoured when the second reused under half of its prompt
+    /// (at most the chat template's opening can match, and not even that under vLLM, whose salt
+    /// is in the first block); ignored when it reused more.
+    pub fn of(first: &Observation, second: &Observation) -> Self {
+        let (first, second) = (*first, *second);
+        match second.cached {
+            Some(c) if c * 2 >= second.prompt_tokens && c > 0 => {
+                SaltSupport::Ignored { first, second }
+            }
+            Some(_) => SaltSupport::Honoured { first, second },
+            None => SaltSupport::Unknown,
+        }
+    }
+
+    /// A 4xx answer to a salted request: its status and the error's message (OpenAI-shaped
+    /// `error.message`, else the start of the body).
+    pub fn refused(status: u16, body: &[u8]) -> Self {
+        let v: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+        let message = v
+            .as_ref()
+            .and_then(|v| v["error"]["message"].as_str().or(v["message"].as_str()))
+            .map(str::to_owned)
+            .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned());
+        SaltSupport::Refused { status, message }
+    }
+
+    /// One word, then what it means for `cache_bust.method = "salt"`.
+    pub fn explain(&self) -> String {
+        match self {
+            SaltSupport::Honoured { .. } => "honoured: the same prompt under another salt was \
+                 not cached, so cache_bust.method = \"salt\" isolates requests without changing \
+                 a token"
+                .to_owned(),
+            SaltSupport::Ignored { .. } => "ignored: the same prompt under another salt was \
+                 served from cache, so the salt isolates nothing here; use cache_bust.method = \
+                 \"marker\" (vLLM and SGLang honour cache_salt)"
+                .to_owned(),
+            SaltSupport::Refused { status, message } => format!(
+                "refused: a request with a cache_salt was answered {status} ({message}); use \
+                 cache_bust.method = \"marker\""
+            ),
+            SaltSupport::Unknown => "unknown: the cache reports no reuse, so salts cannot be \
+                 told apart"
+                .to_owned(),
+        }
+    }
+}
+
 /// Everything a probe run found, for [`render`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Findings {
@@ -214,6 +283,8 @@ pub struct Findings {
     pub models: Vec<String>,
     pub model: String,
     pub observations: [Observation; 3],
+    /// Whether `cache_salt` isolates.
+    pub salt: SaltSupport,
 }
 
 /// The report `kvbust probe` prints.
@@ -237,6 +308,20 @@ pub fn render(f: &Findings) -> String {
         }
         out.push('\n');
     }
+    if let SaltSupport::Honoured { first, second } | SaltSupport::Ignored { first, second } =
+        &f.salt
+    {
+        for (label, o) in [("4 (salt a)      ", first), ("5 (salt b)      ", second)] {
+            let cached = o
+                .cached
+                .map_or_else(|| "not reported".to_owned(), |c| c.to_string());
+            let _ = writeln!(
+                out,
+                "request {label}prompt_tokens {:>6}  cached_tokens {cached:>6}",
+                o.prompt_tokens
+            );
+        }
+    }
     let [_, second, third] = &f.observations;
     let block = match infer_block_size(second, third) {
         BlockSize::Exact(1) => "1 token (the cache matches prefixes of any length)".to_owned(),
@@ -248,6 +333,7 @@ pub fn render(f: &Findings) -> String {
         BlockSize::Unknown => "unknown".to_owned(),
     };
     let _ = writeln!(out, "block size  {block}");
+    let _ = writeln!(out, "cache_salt  {}", f.salt.explain());
     let _ = writeln!(
         out,
         "verdict     {}",
@@ -419,6 +505,37 @@ mod tests {
     }
 
     #[test]
+    fn salts_are_honoured_ignored_or_refused() {
+        let cold = obs(2041, Some(0));
+        assert!(matches!(
+            SaltSupport::of(&cold, &obs(2041, Some(16))),
+            SaltSupport::Honoured { .. }
+        ));
+        assert!(matches!(
+            SaltSupport::of(&cold, &obs(2041, Some(2032))),
+            SaltSupport::Ignored { .. }
+        ));
+        assert_eq!(
+            SaltSupport::of(&cold, &obs(2041, None)),
+            SaltSupport::Unknown
+        );
+        let body = br#"{"error":{"message":"Parameter 'cache_salt' must be a non-empty string if provided.","type":"BadRequestError","code":400}}"#;
+        let r = SaltSupport::refused(400, body);
+        let text = r.explain();
+        assert!(
+            text.starts_with(
+                "refused: a request with a cache_salt was answered 400 (Parameter 'cache_salt'"
+            ),
+            "{text}"
+        );
+        let r = SaltSupport::refused(422, b"no salts here");
+        assert!(r.explain().contains("422 (no salts here)"));
+        for s in [r, SaltSupport::of(&cold, &obs(2041, Some(2032)))] {
+            assert!(s.explain().contains("cache_bust.method = \"marker\""));
+        }
+    }
+
+    #[test]
     fn the_report_lists_each_request_the_block_size_and_the_verdict() {
         let f = Findings {
             upstream: "http://127.0.0.1:8000".into(),
@@ -429,8 +546,14 @@ mod tests {
                 obs(2041, Some(2032)),
                 obs(2050, Some(1008)),
             ],
+            salt: SaltSupport::of(&obs(2041, Some(0)), &obs(2041, Some(0))),
         };
         let text = render(&f);
+        assert!(
+            text.contains("request 5 (salt b)      prompt_tokens   2041  cached_tokens      0\n"),
+            "{text}"
+        );
+        assert!(text.contains("cache_salt  honoured: "), "{text}");
         assert!(text.contains("models      a, b\n"), "{text}");
         assert!(
             text.contains(

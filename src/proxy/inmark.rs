@@ -57,6 +57,9 @@ pub(super) struct InMark {
     stage: Stage,
     /// The RID the marker carries, once placed.
     pub rid: Option<String>,
+    /// Under `method = salt`, once placed: the salt's head, which goes into the body's
+    /// `cache_salt` at its end (the prompt is not touched).
+    pub salt: Option<String>,
 }
 
 impl InMark {
@@ -110,6 +113,7 @@ impl InMark {
             users: 0,
             stage: Stage::Reading,
             rid: None,
+            salt: None,
         })
     }
 
@@ -241,6 +245,7 @@ impl InMark {
         }
         edits.sort_by_key(|e| e.0.start);
         self.rid = marks.rid;
+        self.salt = marks.salt;
         self.stage = Stage::Placed;
         Ok(edits)
     }
@@ -337,6 +342,8 @@ mod tests {
             target: Target::FirstTurnPrefix,
             explicit: None,
             user_context_messages: 0,
+            method: crate::cachebust::Method::Marker,
+            hit_ratio: None,
         }
     }
 

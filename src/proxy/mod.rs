@@ -37,7 +37,7 @@ use http_body_util::{BodyExt, Full};
 use crate::api::{Route, Shape};
 use crate::body::{full_body, Body, BoxError};
 use crate::budget;
-use crate::cachebust::{Phase, Target};
+use crate::cachebust::{salt, Phase, Target};
 use crate::conn::BodyTimeout;
 use crate::error::ProxyError;
 use crate::json::stream::{TopFacts, TopScan};
@@ -117,7 +117,18 @@ struct BodyWork {
 
 impl BodyWork {
     fn needs_body(&self) -> bool {
-        self.decision.needs_body() || self.synth || self.placeholders || self.usage || self.model
+        self.decision.needs_body()
+            || self.decision.hit_ratio.is_some()
+            || self.synth
+            || self.placeholders
+            || self.usage
+            || self.model
+    }
+
+    /// The body must be read whole before any of it goes: synthesis, or the dial (which counts
+    /// the whole prompt).
+    fn collects(&self) -> bool {
+        self.synth || self.decision.hit_ratio.is_some()
     }
 }
 
@@ -390,10 +401,38 @@ impl Proxy {
         let model = &self.rt.cache_model;
         let name = rewrite::run_name(&parts.headers, control, &self.rt)?;
         let run = model.runs().arrive(name, start);
-        let decision = rewrite::decide(&parts.headers, control, &self.rt, &run)?;
+        let asked = rewrite::decide(&parts.headers, control, &self.rt, &run)?;
+        let salt_asked = asked.method;
+        let mut decision = asked.for_shape(shape, &self.rt);
+        if !matches!(shape, Shape::Chat | Shape::Completions)
+            && decision.hit_ratio == cfg.cache_bust.hit_ratio
+        {
+            // The configured dial covers the routes it works on; a header asks for it here.
+            decision.hit_ratio = None;
+        }
         ex.phase = Some(decision.phase);
         ex.target = decision.target;
-        ex.ticket = Some(model.ticket(start, decision.phase, decision.target, run));
+        let ticket = model.ticket(start, decision.phase, decision.target, run);
+        if salt_asked != decision.method {
+            ticket.salt_fallback();
+        }
+        if decision.method == crate::cachebust::Method::Salt && decision.needs_body() {
+            ticket.salted();
+        }
+        if let Some(r) = decision.hit_ratio {
+            if !matches!(shape, Shape::Chat | Shape::Completions) {
+                return Err(ProxyError::bad_request(
+                    "dial_unsupported",
+                    format!(
+                        "{}: the cache-hit dial works on /v1/chat/completions and \
+                         /v1/completions only",
+                        cfg.headers.hit_ratio
+                    ),
+                ));
+            }
+            ticket.dial(r);
+        }
+        ex.ticket = Some(ticket);
         let synth = synthesize::wants_synthesis(&parts.headers, control, parts.uri.path(), cfg)?;
         if synth && shape != Shape::Chat {
             return Err(ProxyError::bad_request(
@@ -439,7 +478,7 @@ impl Proxy {
         let limit = cfg.limits.max_body.as_u64();
         let first = exchange::first_chunk(&mut body, &parts.headers, limit).await?;
         let whole = first.as_ref().is_none_or(|_| body.is_end_stream());
-        let scanned = !work.synth && !work.decision.needs_body();
+        let scanned = !work.collects() && !work.decision.needs_body();
         if scanned && whole {
             let data = first.unwrap_or_default();
             return self.scan_whole(work, parts, data, ex, buffered).await;
@@ -450,7 +489,7 @@ impl Proxy {
         // their own; `benches/instructions.sh`, 1 KB: 78.2k instructions against 86.9k).
         const WHOLE_APART_FROM: usize = 16 << 10;
         let small = whole && first.as_ref().is_none_or(|b| b.len() < WHOLE_APART_FROM);
-        let mark = (!scanned && !work.synth && !small)
+        let mark = (!scanned && !work.collects() && !small)
             .then(|| {
                 let (d, shape, rt) = (&work.decision, work.shape, &self.rt);
                 inmark::InMark::for_request(d, shape, &parts.headers, rt, whole)
@@ -575,11 +614,23 @@ impl Proxy {
         if !edits.is_empty() {
             reserve(buffered, (data.len() + output.len()) as u64)?;
             if work.model && self.rt.cache_model.capturing() {
-                work.unmarked = Some(data);
+                work.unmarked = Some(data.clone());
             }
         }
         let facts = inflow::shifted(&facts, &edits);
-        let changed = !edits.is_empty();
+        let mut changed = !edits.is_empty();
+        let (output, facts) = match mark.salt.take() {
+            Some(head) => {
+                let (salted, facts) = salt_at_end(&head, &output, &facts, max_body)?;
+                reserve(buffered, (data.len() + salted.len()) as u64)?;
+                if work.model && self.rt.cache_model.capturing() {
+                    work.unmarked = Some(data);
+                }
+                changed = true;
+                (salted, facts)
+            }
+            None => (output, facts),
+        };
         if !facts.may_edit(work.usage, work.placeholders) {
             if work.model {
                 let unmarked = work.unmarked.take();
@@ -646,6 +697,10 @@ impl Proxy {
             if work.model && self.rt.cache_model.capturing() && !received.unedited() {
                 work.unmarked = Some(received.whole());
             }
+            if let Some(head) = mark.salt.clone() {
+                return Box::pin(self.salt_end(received, &head, work, &headers, ex, buffered))
+                    .await;
+            }
         }
         if received.facts.may_edit(work.usage, work.placeholders) {
             let whole = received.output();
@@ -661,6 +716,41 @@ impl Proxy {
             let whole = received.output();
             let unmarked = work.unmarked.take();
             submit_to_model(&self.rt, &work, &headers, (&whole, unmarked), None, ex);
+        }
+        Ok(())
+    }
+
+    /// The end of a flowing body isolated by `cache_salt` (`cache_bust.method = "salt"`): the
+    /// salt `head` goes into the body's `cache_salt` where the scan held the body back (its
+    /// close, or the client's own salt), then the steps a scanned body gets; what went already is
+    /// the client's bytes, unchanged.
+    async fn salt_end(
+        &self,
+        received: inflow::Received,
+        head: &str,
+        mut work: BodyWork,
+        headers: &http::HeaderMap,
+        ex: &mut Exchange,
+        buffered: &mut budget::Reservation<'_>,
+    ) -> Result<(), ProxyError> {
+        let base = received.output();
+        let max_body = self.rt.config.limits.max_body.as_u64();
+        let (salted, facts) = salt_at_end(head, &base, &received.facts, max_body)?;
+        reserve(buffered, (base.len() + salted.len()) as u64)?;
+        if work.model && self.rt.cache_model.capturing() {
+            work.unmarked = Some(received.whole());
+        }
+        if facts.may_edit(work.usage, work.placeholders) {
+            let edited = self
+                .scanned_steps(&mut work, headers, &salted, &facts, ex, buffered)
+                .await?;
+            let out = edited.unwrap_or(salted);
+            return received.send_edited(&base, Some(&out)).await;
+        }
+        received.send_edited(&base, Some(&salted)).await?;
+        if work.model {
+            let unmarked = work.unmarked.take();
+            submit_to_model(&self.rt, &work, headers, (&salted, unmarked), None, ex);
         }
         Ok(())
     }
@@ -1042,6 +1132,45 @@ fn scanned(
     Ok(scan.finish().clone())
 }
 
+/// `body` (read by the scan as `facts`, in its own offsets) with the salt `head` in its
+/// `cache_salt` (the client's own kept as the tail), and the facts moved over that edit. A body
+/// the scan could not follow is read whole for it. A salt past vLLM's limits is a 400; a body
+/// past `max_body` a 413.
+fn salt_at_end(
+    head: &str,
+    body: &Bytes,
+    facts: &TopFacts,
+    max_body: u64,
+) -> Result<(Bytes, TopFacts), ProxyError> {
+    let spot = match facts.close {
+        Some(close) if !facts.doubtful => (facts.salt.clone(), close, facts.members),
+        _ => {
+            let top = crate::json::top_object(body).map_err(|e| {
+                ProxyError::bad_request(
+                    "invalid_body",
+                    format!("cannot set the body's cache_salt: {e}"),
+                )
+            })?;
+            let l = crate::json::Layout::of(body, &top)
+                .ok_or_else(|| ProxyError::Internal("a body's layout lies outside it".into()))?;
+            (l.get("cache_salt"), l.close(), l.members())
+        }
+    };
+    let (range, bytes, _) =
+        salt::edit(body, spot.0, spot.1, spot.2, head).map_err(rewrite::salt_error)?;
+    if (body.len() + bytes.len()) as u64 > max_body {
+        return Err(ProxyError::BodyTooLarge { limit: max_body });
+    }
+    let added = range.is_empty();
+    let edits = [(range, Bytes::from(bytes))];
+    let out = inflow::edited(body.clone(), &edits);
+    let mut facts = inflow::shifted(facts, &edits);
+    if added {
+        facts.members += 1;
+    }
+    Ok((out, facts))
+}
+
 /// The body [`body_steps`] left: as it came, or changed (its new length declared, its bytes
 /// charged).
 fn stepped(
@@ -1119,6 +1248,18 @@ async fn body_steps(
             buffered.shrink_to(bytes.len() as u64);
         }
     }
+    if let Some(ratio) = work.decision.hit_ratio {
+        if let Some(b) = dialled(rt, work.shape, &bytes, ratio).await? {
+            if let Some(l) = layout.as_mut() {
+                l.shift(&[b.1]);
+            }
+            if rt.cache_model.capturing() {
+                workload = workload.or_else(|| Some(bytes.clone()));
+            }
+            bytes = b.0;
+            changed = true;
+        }
+    }
     if work.model {
         submit_to_model(rt, work, headers, (&bytes, workload), session, ex);
     }
@@ -1134,6 +1275,31 @@ async fn body_steps(
         }
     }
     Ok((bytes, changed))
+}
+
+/// The body with the cache-hit dial's marker placed for `ratio` ([`crate::cache_model::dial`]),
+/// counted off the async threads; `None` when nothing is capped. The edit made comes along, for
+/// the layout.
+async fn dialled(
+    rt: &SharedState,
+    shape: Shape,
+    body: &Bytes,
+    ratio: f64,
+) -> Result<Option<(Bytes, (std::ops::Range<usize>, Vec<u8>))>, ProxyError> {
+    let dialer = rt.cache_model.dialer().map_err(ProxyError::Internal)?;
+    let marker = format!("[dial:{:016x}]", rand::random::<u64>());
+    let data = body.clone();
+    let placed = tokio::task::spawn_blocking(move || dialer.place(shape, &data, ratio, &marker))
+        .await
+        .map_err(|e| ProxyError::Internal(format!("the dial's count failed: {e}")))?
+        .map_err(|e| ProxyError::bad_request("dial_unplaceable", e.to_string()))?;
+    let Some(p) = placed else {
+        return Ok(None);
+    };
+    let mut edits = [p.edit.clone()];
+    let out = crate::json::splice(body, &mut edits)
+        .ok_or_else(|| ProxyError::Internal("the dial's marker does not fit the body".into()))?;
+    Ok(Some((Bytes::from(out), p.edit)))
 }
 
 /// Hands the body as it will be forwarded (marked; `include_usage` is not part of the prompt) to

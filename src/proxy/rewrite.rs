@@ -9,7 +9,8 @@ use crate::api::Shape;
 use crate::budget::Reservation;
 use crate::cachebust::inject::{parse_laid_out, Edit, Parsed};
 use crate::cachebust::{
-    digest, marker::marker_for_digest, DigestInputs, ListParts, Phase, Plan, RewriteError, Target,
+    digest, marker::marker_for_digest, salt, DigestInputs, ListParts, Method, Phase, Plan,
+    RewriteError, Target,
 };
 use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
@@ -23,6 +24,10 @@ pub struct Decision {
     pub target: Target,
     pub explicit: Option<DigestInputs>,
     pub user_context_messages: usize,
+    /// How the request is isolated; [`Decision::for_shape`] makes it one the route can carry.
+    pub method: Method,
+    /// The cache-hit dial (`cache_bust.hit_ratio`, `x-kvbust-hit-ratio`), 0..=1.
+    pub hit_ratio: Option<f64>,
 }
 
 impl Decision {
@@ -33,6 +38,35 @@ impl Decision {
             t if t.is_warmup_isolation() => self.phase == Phase::Warmup,
             _ => true,
         }
+    }
+
+    /// The decision for a request on a route of `shape`: `salt` on a route whose API has no
+    /// salt (Anthropic Messages) falls back to the marker, counted in
+    /// `kvbust_salt_fallback_total` and said once in the log.
+    pub fn for_shape(mut self, shape: Shape, rt: &SharedState) -> Self {
+        if self.method == Method::Salt && shape == Shape::Messages {
+            self.method = Method::Marker;
+            if self.needs_body() {
+                rt.metrics.salt_fallback.inc();
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(
+                        "cache_bust.method = salt: Anthropic Messages (/v1/messages) has no \
+                         cache_salt, so its requests are isolated with the marker instead \
+                         (counted in kvbust_salt_fallback_total; said once)"
+                    );
+                });
+            }
+        }
+        self
+    }
+
+    /// The benchmark id this request's digest and warm-up salt use: its explicit header's,
+    /// else the configured one.
+    fn benchmark_id<'a>(&'a self, rt: &'a SharedState) -> &'a str {
+        self.explicit
+            .as_ref()
+            .map_or(rt.benchmark_id.as_str(), |e| e.benchmark_id.as_str())
     }
 }
 
@@ -160,6 +194,8 @@ pub fn decide(
             target: cfg.target,
             explicit: None,
             user_context_messages: cfg.user_context_messages,
+            method: cfg.method,
+            hit_ratio: cfg.hit_ratio,
         });
     }
     let names = &rt.config.headers;
@@ -200,12 +236,50 @@ pub fn decide(
         None => cfg.user_context_messages,
     };
     let explicit = explicit_inputs(headers, names, &rt.benchmark_id, limit)?;
+    let (method, hit_ratio) = isolation(headers, names, limit, cfg)?;
     Ok(Decision {
         phase,
         target,
         explicit,
         user_context_messages,
+        method,
+        hit_ratio,
     })
+}
+
+/// The request's isolation method and cache-hit dial: its headers', else the configuration's.
+fn isolation(
+    headers: &HeaderMap,
+    names: &HeaderNames,
+    limit: usize,
+    cfg: &crate::config::CacheBustConfig,
+) -> Result<(Method, Option<f64>), ProxyError> {
+    let method = match header(headers, &names.method, limit)? {
+        Some(v) => v.parse::<Method>().map_err(|mut e| {
+            e.value = excerpt(e.value.as_bytes());
+            ProxyError::bad_request("invalid_method", format!("{}: {e}", names.method))
+        })?,
+        None => cfg.method,
+    };
+    let h_ratio = &names.hit_ratio;
+    let hit_ratio = match header(headers, h_ratio, limit)? {
+        Some(v) => Some(
+            v.parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| {
+                    ProxyError::bad_request(
+                        "invalid_hit_ratio",
+                        format!(
+                            "{h_ratio} must be a number from 0 to 1 (the share of the prompt that may come from the cache), got `{}`",
+                            excerpt(v.as_bytes())
+                        ),
+                    )
+                })?,
+        ),
+        None => cfg.hit_ratio,
+    };
+    Ok((method, hit_ratio))
 }
 
 /// Digest inputs given as headers. A trace id is required for the others to mean anything.
@@ -313,6 +387,11 @@ pub(crate) fn apply_laid_out(
             Err(e) => return unparseable(e, rt),
         },
     };
+    if d.method == Method::Salt {
+        let head = salt_of(d, (headers, rt, session), &parsed)?;
+        drop(parsed);
+        return salted(body, head, layout, rt.config.limits.max_body.as_u64());
+    }
     let Some((rid, marker)) = marker_of(d, (headers, rt, session), &parsed)? else {
         return Ok(Rewritten {
             body: None,
@@ -355,6 +434,9 @@ pub(crate) fn apply_laid_out(
 pub(crate) struct Marks {
     pub edits: Vec<Edit>,
     pub rid: Option<String>,
+    /// Under `method = salt`: the salt's head (`kvbust-…`), for the body's end; `edits` is then
+    /// empty (the prompt is not touched).
+    pub salt: Option<String>,
 }
 
 /// The edits [`apply_laid_out`] would splice into `body` (for marking as a body flows: the
@@ -373,6 +455,14 @@ pub(crate) fn plan_marks(
         Ok((p, _)) => p,
         Err(e) => return passthrough(unparseable(e, rt)),
     };
+    if d.method == Method::Salt {
+        let (rid, salt) = salt_of(d, (headers, rt, None), &parsed)?.unzip();
+        return Ok(Marks {
+            edits: Vec::new(),
+            rid: rid.flatten(),
+            salt,
+        });
+    }
     let Some((rid, marker)) = marker_of(d, (headers, rt, None), &parsed)? else {
         return Ok(Marks::default());
     };
@@ -387,7 +477,72 @@ pub(crate) fn plan_marks(
         Err(e) => return passthrough(unparseable(e, rt)),
     };
     count_marker(d, location, rt);
-    Ok(Marks { edits, rid })
+    Ok(Marks {
+        edits,
+        rid,
+        salt: None,
+    })
+}
+
+/// The session's RID (none for warm-up isolation) and the salt's head it gives
+/// ([`salt::salt_for`]); `None` when the request is not isolated.
+fn salt_of(
+    d: &Decision,
+    (headers, rt, session): (&HeaderMap, &SharedState, Option<&str>),
+    parsed: &Parsed<'_>,
+) -> Result<Option<(Option<String>, String)>, ProxyError> {
+    let inputs = digest_inputs(d, headers, rt, session, parsed)?;
+    let rid = inputs.as_ref().map(digest);
+    let head = salt::salt_for(d.target, d.phase, rid.as_deref(), d.benchmark_id(rt));
+    Ok(head.map(|h| (rid, h)))
+}
+
+/// A collected body with the salt `head` (from [`salt_of`]) as its `cache_salt`, read through
+/// `layout` (moved over the edit); a body past `max_body` is a 413, a salt past vLLM's limits
+/// a 400 naming the limit.
+fn salted(
+    body: &Bytes,
+    head: Option<(Option<String>, String)>,
+    layout: &mut Option<Layout>,
+    max_body: u64,
+) -> Result<Rewritten, ProxyError> {
+    let Some((rid, head)) = head else {
+        return Ok(Rewritten {
+            body: None,
+            rid: None,
+        });
+    };
+    if layout.is_none() {
+        *layout = crate::json::top_object(body)
+            .ok()
+            .and_then(|top| Layout::of(body, &top));
+    }
+    let Some(l) = layout.as_mut() else {
+        return Err(ProxyError::Internal(
+            "a parsed body has no layout for its cache_salt".into(),
+        ));
+    };
+    let (range, bytes, _) =
+        salt::edit(body, l.get("cache_salt"), l.close(), l.members(), &head).map_err(salt_error)?;
+    let edits = [(range, bytes)];
+    if (body.len() + edits[0].1.len()) as u64 > max_body {
+        return Err(ProxyError::BodyTooLarge { limit: max_body });
+    }
+    let out = crate::json::splice(body, &mut edits.clone())
+        .ok_or_else(|| ProxyError::Internal("the cache_salt edit does not fit the body".into()))?;
+    if edits[0].0.is_empty() {
+        l.member_added();
+    }
+    l.shift(&edits);
+    Ok(Rewritten {
+        body: Some(Bytes::from(out)),
+        rid,
+    })
+}
+
+/// A salt the body cannot carry: the client's 400.
+pub(crate) fn salt_error(e: salt::SaltError) -> ProxyError {
+    ProxyError::bad_request(e.code(), e.to_string())
 }
 
 /// The session's RID (none for warm-up isolation) and the marker it gives; `None` when no

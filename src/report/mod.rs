@@ -205,6 +205,23 @@ pub struct Row {
     pub throughput: Throughput,
     /// Failed requests: never counted as accounted successes.
     pub errors: Errors,
+    /// Requests that asked for `cache_bust.method = "salt"` on a route without a salt
+    /// (Anthropic Messages) and were isolated with the marker instead.
+    #[serde(default)]
+    pub salt_fallbacks: u64,
+    /// The cache-hit dial (`cache_bust.hit_ratio`, `x-kvbust-hit-ratio`) the row's requests ran
+    /// under (their mean when they differ); `None` without a dial. Compare it with
+    /// [`Row::predicted_hit_rate`] and [`Row::reported_hit_rate`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hit_ratio: Option<f64>,
+    /// Requests of the row that ran under a dial.
+    #[serde(default)]
+    pub dialled_requests: u64,
+    /// Requests isolated by `cache_salt` whose upstream reported more cached tokens than salt
+    /// isolation allows: the upstream seems to ignore the salt, and the row's isolation cannot
+    /// be trusted (`serve` warns once).
+    #[serde(default)]
+    pub salt_ignored: u64,
 }
 
 /// A client's latency summary, measured on the wire by kvbust.

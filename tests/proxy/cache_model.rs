@@ -17,7 +17,7 @@ use kvbust::mock::{Mock, MockConfig, MockTokenizerSetting};
 use kvbust::report::Report;
 
 /// The run's report once every request is counted.
-async fn report(h: &Harness) -> Report {
+pub(crate) async fn report(h: &Harness) -> Report {
     let resp = send(&h1(), get(&h.admin_url("/report?wait=20s"))).await;
     assert_eq!(resp.status(), StatusCode::OK);
     serde_json::from_slice(&body_bytes(resp).await).expect("a report")
@@ -25,7 +25,7 @@ async fn report(h: &Harness) -> Report {
 
 /// One conversation as AIPerf sends it: each turn resends the history with the server's
 /// answers, under one `x-correlation-id`; streamed turns ask for usage.
-struct Conversation {
+pub(crate) struct Conversation {
     session: String,
     system: Option<String>,
     turns: Vec<String>,
@@ -52,7 +52,7 @@ fn answer(body: &[u8], stream: bool) -> String {
         .collect()
 }
 
-async fn run_conversation(
+pub(crate) async fn run_conversation(
     client: &HttpClient,
     h: &Harness,
     c: &Conversation,
@@ -79,7 +79,7 @@ async fn run_conversation(
     }
 }
 
-fn qwen3_mock(cache_blocks: usize) -> Arc<Mock> {
+pub(crate) fn qwen3_mock(cache_blocks: usize) -> Arc<Mock> {
     let cfg = MockConfig {
         cache_blocks,
         ..common::quick_mock()
@@ -90,7 +90,7 @@ fn qwen3_mock(cache_blocks: usize) -> Arc<Mock> {
 
 /// A synthesized multi-turn sonnet dataset with a shared system prompt (kvbust's synthesis,
 /// which is AIPerf's): `n` conversations of 3 turns.
-fn sonnet_conversations(n: usize) -> Vec<Conversation> {
+pub(crate) fn sonnet_conversations(n: usize) -> Vec<Conversation> {
     let params = kvbust::synth::SynthParams {
         isl: Some(60),
         osl: Some(6),

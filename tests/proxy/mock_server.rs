@@ -1106,3 +1106,87 @@ async fn the_recorder_keeps_bodies_within_its_byte_budget() {
     }
     server.shutdown().await;
 }
+
+/// `cache_salt` as vLLM 0.33 takes it, on every route that has one: the same prompt is cached
+/// under the same salt and not under another (the salt joins the first block's hash); vLLM's
+/// validation refusals, word for word, with a 400; a list (SGLang's type) refused by name.
+#[tokio::test]
+async fn cache_salt_isolates_the_prefix_cache_as_vllm_does() {
+    let server = Server::start(quick()).await;
+    let client = client(false);
+    let prompt = long_prompt("salted");
+    let bodies = [
+        ("/v1/chat/completions", chat(1, false, false, &prompt)),
+        (
+            "/v1/completions",
+            json!({"model": "test-model", "prompt": prompt, "max_tokens": 1}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "test-model", "input": prompt, "max_output_tokens": 1}),
+        ),
+    ];
+    for (route, body) in &bodies {
+        let cached = |salt: Option<&str>| {
+            let mut b = body.clone();
+            if let Some(s) = salt {
+                b["cache_salt"] = json!(s);
+            }
+            let (client, url) = (client.clone(), server.url(route));
+            async move {
+                let v = body_json(post_json(&client, &url, &b, &[]).await).await;
+                let usage = &v["usage"];
+                usage["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .or_else(|| usage["input_tokens_details"]["cached_tokens"].as_u64())
+                    .unwrap_or_else(|| panic!("{route}: {v}"))
+            }
+        };
+        let route_salt = format!("tenant-{}", route.len());
+        assert_eq!(cached(Some(&route_salt)).await, 0, "{route} cold");
+        let warm = cached(Some(&route_salt)).await;
+        assert!(warm > 0, "{route}: the same salt is cached");
+        assert_eq!(
+            cached(Some("other")).await,
+            0,
+            "{route}: another salt is not"
+        );
+        assert_eq!(cached(Some("other")).await, warm, "{route}");
+    }
+    // vLLM's refusals, word for word.
+    let long = "x".repeat(129);
+    let fits = "é".repeat(128);
+    let refusals = [
+        (json!(""), "must be a non-empty string"),
+        (json!(7), "must be a non-empty string"),
+        (json!(["a", "b"]), "must be a non-empty string"),
+        (json!(long), "at most 128"),
+        (json!("a@b"), "at most 128"),
+        (json!("a/b"), "at most 128"),
+        (json!("a\\b"), "at most 128"),
+        (json!("a\u{0}b"), "at most 128"),
+    ];
+    for (salt, says) in refusals {
+        let mut b = chat(1, false, false, "hi");
+        b["cache_salt"] = salt.clone();
+        let resp = post_json(&client, &server.url("/v1/chat/completions"), &b, &[]).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{salt}");
+        let v = body_json(resp).await;
+        let msg = v["error"]["message"].as_str().unwrap();
+        let want = if says.starts_with("must") {
+            "Parameter 'cache_salt' must be a non-empty string if provided."
+        } else {
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL."
+        };
+        assert_eq!(msg, want, "{salt}");
+    }
+    // 128 characters (not bytes) and `null` pass.
+    for salt in [json!(fits), Value::Null] {
+        let mut b = chat(1, false, false, "hi");
+        b["cache_salt"] = salt;
+        let resp = post_json(&client, &server.url("/v1/chat/completions"), &b, &[]).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let _ = body_bytes(resp).await;
+    }
+    server.shutdown().await;
+}

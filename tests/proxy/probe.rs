@@ -40,7 +40,7 @@ async fn probe(args: &[&str]) -> (Option<i32>, String, String) {
 
 /// The built-in mock with its defaults (the shipped Qwen3 tokenizer and template, 16-token
 /// blocks) but no pacing, on a port of its own.
-async fn mock() -> (Stop, String) {
+pub(crate) async fn mock() -> (Stop, String) {
     let cfg = MockConfig {
         base_delay: std::time::Duration::ZERO,
         inter_token: std::time::Duration::ZERO,
@@ -61,7 +61,7 @@ async fn mock() -> (Stop, String) {
 }
 
 /// Stops a test server when dropped.
-struct Stop(Option<tokio::sync::oneshot::Sender<()>>);
+pub(crate) struct Stop(Option<tokio::sync::oneshot::Sender<()>>);
 
 impl Drop for Stop {
     fn drop(&mut self) {
@@ -80,7 +80,7 @@ async fn the_mock_reports_its_cache_and_the_probe_infers_its_block_size() {
     assert!(out.contains("model       kvbust-mock\n"), "{out}");
     let rows: Vec<(u64, u64)> = out
         .lines()
-        .filter(|l| l.starts_with("request "))
+        .filter(|l| l.starts_with("request ") && !l.contains("(salt"))
         .map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
             let at = |k: &str| -> u64 {
@@ -242,4 +242,134 @@ async fn llamacpp_reports_its_cache() {
         out.contains("block size  1 token") || out.contains("block size  unknown (1, 2"),
         "{out}"
     );
+}
+
+/// What a front before the mock does with a chat body's `cache_salt`.
+#[derive(Clone, Copy)]
+pub(crate) enum SaltFront {
+    /// Takes it out before the mock sees it: an engine that ignores salts.
+    Ignore,
+    /// Answers 400, as a server without the parameter does.
+    Refuse,
+}
+
+/// The mock behind a front that ignores or refuses `cache_salt`; everything else passes.
+pub(crate) async fn salt_front(mode: SaltFront) -> (Stop, Stop, String) {
+    let (mock_stop, mock_url) = mock().await;
+    let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        loop {
+            let (client, mock_url) = (client.clone(), mock_url.clone());
+            let answer = move |req: Request<Incoming>| {
+                let (client, mock_url) = (client.clone(), mock_url.clone());
+                async move {
+                    let (parts, body) = req.into_parts();
+                    let mut body = body.collect().await.unwrap().to_bytes();
+                    if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&body) {
+                        if v.get("cache_salt").is_some() {
+                            if let SaltFront::Refuse = mode {
+                                let e = r#"{"error":{"message":"Unrecognized request argument supplied: cache_salt","type":"invalid_request_error","code":null}}"#;
+                                return Ok::<_, Infallible>(
+                                    Response::builder()
+                                        .status(400)
+                                        .header("content-type", "application/json")
+                                        .body(Full::new(Bytes::from_static(e.as_bytes())))
+                                        .unwrap(),
+                                );
+                            }
+                            v.as_object_mut().unwrap().remove("cache_salt");
+                            body = Bytes::from(v.to_string());
+                        }
+                    }
+                    let mut fwd = Request::builder()
+                        .method(parts.method)
+                        .uri(format!("{mock_url}{}", parts.uri.path()));
+                    if !body.is_empty() {
+                        fwd = fwd.header("content-type", "application/json");
+                    }
+                    let resp = client
+                        .request(fwd.body(Full::new(body)).unwrap())
+                        .await
+                        .unwrap();
+                    let (parts, body) = resp.into_parts();
+                    let bytes = body.collect().await.unwrap().to_bytes();
+                    Ok(Response::from_parts(parts, Full::new(bytes)))
+                }
+            };
+            tokio::select! {
+                _ = &mut rx => break,
+                Ok((s, _)) = l.accept() => {
+                    tokio::spawn(hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), hyper::service::service_fn(answer)));
+                }
+            }
+        }
+    });
+    (mock_stop, Stop(Some(tx)), url)
+}
+
+/// The salt line of a probe's output.
+fn salt_line(out: &str) -> &str {
+    out.lines()
+        .find(|l| l.starts_with("cache_salt  "))
+        .unwrap_or_else(|| panic!("no cache_salt line: {out}"))
+}
+
+/// `kvbust probe` tells whether salts isolate: the mock honours them (vLLM's rule), a front
+/// that drops them makes the mock ignore them, and one that answers 400 refuses them. The cache
+/// itself is on and reported behind all three (exit 0).
+#[tokio::test]
+async fn the_probe_reports_whether_cache_salt_is_honoured_ignored_or_refused() {
+    let (_stop, url) = mock().await;
+    let (code, out, err) = probe(&["--upstream", &url]).await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        salt_line(&out).starts_with("cache_salt  honoured: "),
+        "{out}"
+    );
+    let row = |out: &str, n: &str| -> (u64, u64) {
+        let l = out
+            .lines()
+            .find(|l| l.starts_with(&format!("request {n} (salt")))
+            .unwrap_or_else(|| panic!("no request {n}: {out}"));
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let at = |k: &str| -> u64 {
+            w[w.iter().position(|x| *x == k).unwrap() + 1]
+                .parse()
+                .unwrap()
+        };
+        (at("prompt_tokens"), at("cached_tokens"))
+    };
+    assert_eq!(row(&out, "4").1, 0, "{out}");
+    assert_eq!(row(&out, "5").1, 0, "another salt is not cached: {out}");
+
+    let (_m, _f, front) = salt_front(SaltFront::Ignore).await;
+    let (code, out, err) = probe(&["--upstream", &front]).await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        salt_line(&out).starts_with("cache_salt  ignored: "),
+        "{out}"
+    );
+    let (n, cached) = row(&out, "5");
+    assert_eq!(
+        cached,
+        (n - 1) / 16 * 16,
+        "served from the first salt's blocks: {out}"
+    );
+
+    let (_m, _f, front) = salt_front(SaltFront::Refuse).await;
+    let (code, out, err) = probe(&["--upstream", &front]).await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let line = salt_line(&out);
+    assert!(line.starts_with("cache_salt  refused: "), "{out}");
+    assert!(
+        line.contains("answered 400 (Unrecognized request argument supplied: cache_salt)"),
+        "{out}"
+    );
+    assert!(!out.contains("(salt a)"), "{out}");
 }
