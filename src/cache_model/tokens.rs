@@ -7,7 +7,7 @@
 //! memo; never touches the block index, the network or a clock.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use lru::LruCache;
 use memchr::memmem;
@@ -82,8 +82,9 @@ pub enum Vocab {
         template: Option<Box<ChatTemplate>>,
         /// The special tokens the template writes, with their ids: the safe cut points.
         cuts: Vec<(String, u32)>,
-        /// The byte-level encoder, where it reproduces `tokenizer` (decided at load).
-        fast: Option<Box<ByteLevelBpe>>,
+        /// The byte-level encoder, where it reproduces `tokenizer`: decided at load, filled in by
+        /// a builder thread when ready (`tokenizers` counts the same ids until then).
+        fast: FastSlot,
     },
     Builtin,
 }
@@ -102,16 +103,21 @@ impl Vocab {
             (Some(_), Some(source)) => cut_tokens(&tokenizer, source),
             _ => Vec::new(),
         };
-        let fast = match ByteLevelBpe::new(&tokenizer) {
-            Ok(bpe) => {
-                tracing::info!("cache model: tokenizing with the byte-level BPE encoder");
-                Some(Box::new(bpe))
+        let fast = FastSlot::default();
+        match ByteLevelBpe::already_built(&tokenizer) {
+            Some(built) => fast.fill(built),
+            None => {
+                let (t, slot) = (tokenizer.clone(), fast.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("kvbust-bpe-build".into())
+                    .spawn(move || slot.fill(ByteLevelBpe::shared(&t)));
+                if let Err(e) = spawned {
+                    tracing::warn!(
+                        "cache model: tokenizing with `tokenizers` (no builder thread: {e})"
+                    );
+                }
             }
-            Err(why) => {
-                tracing::info!("cache model: tokenizing with `tokenizers` ({why})");
-                None
-            }
-        };
+        }
         Ok(Vocab::Hf {
             tokenizer,
             template,
@@ -120,9 +126,31 @@ impl Vocab {
         })
     }
 
-    /// Whether text is tokenized by the byte-level encoder (not `tokenizers`).
+    /// Whether text is tokenized by the byte-level encoder (not `tokenizers`) by now.
     pub fn is_fast(&self) -> bool {
-        matches!(self, Vocab::Hf { fast: Some(_), .. })
+        matches!(self, Vocab::Hf { fast, .. } if fast.get().is_some())
+    }
+}
+
+/// Where the byte-level encoder arrives once built (empty: `tokenizers` counts).
+#[derive(Clone, Default)]
+pub struct FastSlot(Arc<OnceLock<Arc<ByteLevelBpe>>>);
+
+impl FastSlot {
+    fn get(&self) -> Option<&ByteLevelBpe> {
+        self.0.get().map(|b| &**b)
+    }
+
+    /// Installs the build's result, and logs which encoder the model counts with.
+    fn fill(&self, built: Result<Arc<ByteLevelBpe>, crate::synth::tokenizer::bpe::Unsupported>) {
+        match built {
+            Ok(bpe) => {
+                tracing::info!("cache model: tokenizing with the byte-level BPE encoder");
+                // Filled once: a slot belongs to one load.
+                let _ = self.0.set(bpe);
+            }
+            Err(why) => tracing::info!("cache model: tokenizing with `tokenizers` ({why})"),
+        }
     }
 }
 
@@ -134,10 +162,10 @@ struct Text<'a> {
 }
 
 impl<'a> Text<'a> {
-    fn new(tokenizer: &'a Tokenizer, fast: &'a Option<Box<ByteLevelBpe>>) -> Self {
+    fn new(tokenizer: &'a Tokenizer, fast: &'a FastSlot) -> Self {
         Text {
             tokenizer,
-            fast: fast.as_deref(),
+            fast: fast.get(),
         }
     }
 
@@ -710,6 +738,8 @@ mod tests {
             IsoHint::MessageStart(1),
         ];
         for tok in [qwen(), Arc::new(llama)] {
+            // Built first, so the model finds it at load.
+            ByteLevelBpe::shared(&tok).expect("a byte-level tokenizer");
             let fast = Vocab::hf(tok.clone(), true).expect("template");
             assert!(fast.is_fast());
             let Vocab::Hf {
@@ -725,7 +755,7 @@ mod tests {
                 tokenizer,
                 template,
                 cuts,
-                fast: None,
+                fast: FastSlot::default(),
             };
             let (mut m1, mut m2) = (Memo::new(1 << 20), Memo::new(1 << 20));
             for c in &contents {

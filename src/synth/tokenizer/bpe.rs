@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use regex_automata::meta::Regex;
@@ -38,6 +39,12 @@ const LOOKAHEAD_TAIL: &str = r"|\s+(?!\S)|\s+";
 /// Pieces up to this many bytes merge in place on the stack; longer ones through a heap.
 const SHORT_PIECE: usize = 64;
 
+/// Pieces up to this many bytes are remembered with their ids (words repeat: most of a text's
+/// pieces are then one lookup, not a merge loop).
+const CACHED_PIECE: usize = 24;
+/// Pieces remembered before the cache is emptied (a few MB at most).
+const CACHE_ENTRIES: usize = 1 << 16;
+
 /// Text the encoder must reproduce `tokenizers` on before it is used (with every added token
 /// of the tokenizer appended): prose, code, digits, contractions, whitespace runs, CRLF,
 /// composed and decomposed accents, CJK, emoji with joiners and a replacement character.
@@ -46,6 +53,9 @@ const SAMPLE: &str = "Hello, world! It's the user's turn; THEY'LL see 12345 appl
     \u{a0}trailing   \nnaïve café / nai\u{308}ve cafe\u{301} — 東京タワー、こんにちは 한국어 \
     Ελληνικά русский عربى 👩\u{200d}💻 🏳\u{fe0f}\u{200d}🌈 \u{fffd}\u{fffd} 'S 'Ll 'ſ   \t \u{3000}x \
     1\u{2028}2\u{85}3 ";
+
+/// Short pieces' bytes → their ids.
+type PieceCache = HashMap<Box<[u8]>, Box<[u32]>, BuildHasherDefault<PairHasher>>;
 
 /// A byte-level BPE tokenizer, ready to encode.
 pub struct ByteLevelBpe {
@@ -66,6 +76,8 @@ pub struct ByteLevelBpe {
     /// What `add_special_tokens` adds around a single sequence (Llama 3's BOS).
     prefix: Vec<u32>,
     suffix: Vec<u32>,
+    /// Short pieces' ids (a pure function of the bytes, so a hit is always exact).
+    cache: Mutex<PieceCache>,
 }
 
 impl std::fmt::Debug for ByteLevelBpe {
@@ -98,7 +110,34 @@ fn unsupported(why: impl Into<String>) -> Unsupported {
     Unsupported(why.into())
 }
 
+/// The encoders built in this process, by tokenizer file (its sha256), or why none was.
+type Built = HashMap<String, Result<Arc<ByteLevelBpe>, Unsupported>>;
+
+/// Built once per tokenizer file and shared: every model (and every test harness) that loads the
+/// same file gets the same encoder, so the build (a fraction of a second optimized, seconds in
+/// an unoptimized test build) is paid once per process.
+fn built() -> &'static Mutex<Built> {
+    static BUILT: OnceLock<Mutex<Built>> = OnceLock::new();
+    BUILT.get_or_init(Mutex::default)
+}
+
 impl ByteLevelBpe {
+    /// The process's encoder for `tok`'s file, built now if it was not yet (one build at a time).
+    pub fn shared(tok: &Tokenizer) -> Result<Arc<Self>, Unsupported> {
+        let mut map = crate::sync::lock(built());
+        if let Some(r) = map.get(tok.fingerprint()) {
+            return r.clone();
+        }
+        let r = Self::new(tok).map(Arc::new);
+        map.insert(tok.fingerprint().to_owned(), r.clone());
+        r
+    }
+
+    /// The process's encoder for `tok`'s file if it was built already (`None`: not yet).
+    pub fn already_built(tok: &Tokenizer) -> Option<Result<Arc<Self>, Unsupported>> {
+        crate::sync::lock(built()).get(tok.fingerprint()).cloned()
+    }
+
     /// The encoder for `tok`, or why it does not reproduce `tok` (then use `tokenizers`).
     pub fn new(tok: &Tokenizer) -> Result<Self, Unsupported> {
         let inner = tok.inner();
@@ -181,6 +220,7 @@ impl ByteLevelBpe {
             lens,
             prefix: Vec::new(),
             suffix: Vec::new(),
+            cache: Mutex::default(),
         })
     }
 
@@ -431,8 +471,25 @@ impl ByteLevelBpe {
             .map(|&v| ((v >> 32) as u32, v as u32))
     }
 
-    /// One piece's ids.
+    /// One piece's ids, from the cache when it is short.
     fn bpe(&self, piece: &[u8], out: &mut Vec<u32>) {
+        if piece.len() < 2 || piece.len() > CACHED_PIECE {
+            return self.bpe_uncached(piece, out);
+        }
+        if let Some(ids) = crate::sync::lock(&self.cache).get(piece) {
+            out.extend_from_slice(ids);
+            return;
+        }
+        let first = out.len();
+        self.bpe_uncached(piece, out);
+        let mut cache = crate::sync::lock(&self.cache);
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(piece.into(), out[first..].into());
+    }
+
+    fn bpe_uncached(&self, piece: &[u8], out: &mut Vec<u32>) {
         match piece {
             [] => {}
             [b] => out.push(self.byte_ids[*b as usize]),
@@ -574,8 +631,11 @@ impl Hasher for PairHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
+        // Eight bytes a step (a piece's length is hashed apart, so zero padding is harmless).
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
         }
     }
 
