@@ -7,7 +7,7 @@
 //! memo; never touches the block index, the network or a clock.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use lru::LruCache;
 use memchr::memmem;
@@ -15,6 +15,7 @@ use memchr::memmem;
 use crate::mock::request::ChatOptions;
 use crate::mock::request::{Message, Prompt, PromptPart};
 use crate::mock::tokenize::{builtin_encode, builtin_pieces, plain_render, render_chat};
+use crate::synth::tokenizer::bpe::ByteLevelBpe;
 use crate::synth::tokenizer::chat_template::ChatTemplate;
 use crate::synth::tokenizer::pyjinja::TemplateDate;
 use crate::synth::tokenizer::Tokenizer;
@@ -88,6 +89,9 @@ pub enum Vocab {
         template: Option<Box<ChatTemplate>>,
         /// The special tokens the template writes, with their ids: the safe cut points.
         cuts: Vec<(String, u32)>,
+        /// The byte-level encoder, where it reproduces `tokenizer`: decided at load, filled in by
+        /// a builder thread when ready (`tokenizers` counts the same ids until then).
+        fast: FastSlot,
     },
     Builtin,
 }
@@ -116,11 +120,108 @@ impl Vocab {
             (Some(_), Some(source)) => cut_tokens(&tokenizer, source),
             _ => Vec::new(),
         };
+        let fast = FastSlot::default();
+        match ByteLevelBpe::already_built(&tokenizer) {
+            Some(built) => fast.fill(built),
+            None => {
+                let (t, slot) = (tokenizer.clone(), fast.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("kvbust-bpe-build".into())
+                    .spawn(move || slot.fill(ByteLevelBpe::shared(&t)));
+                if let Err(e) = spawned {
+                    tracing::warn!(
+                        "cache model: tokenizing with `tokenizers` (no builder thread: {e})"
+                    );
+                }
+            }
+        }
         Ok(Vocab::Hf {
             tokenizer,
             template,
             cuts,
+            fast,
         })
+    }
+
+    /// Whether text is tokenized by the byte-level encoder (not `tokenizers`) by now.
+    pub fn is_fast(&self) -> bool {
+        matches!(self, Vocab::Hf { fast, .. } if fast.get().is_some())
+    }
+}
+
+/// Where the byte-level encoder arrives once built (empty: `tokenizers` counts).
+#[derive(Clone, Default)]
+pub struct FastSlot(Arc<OnceLock<Arc<ByteLevelBpe>>>);
+
+impl FastSlot {
+    fn get(&self) -> Option<&ByteLevelBpe> {
+        self.0.get().map(|b| &**b)
+    }
+
+    /// Installs the build's result, and logs which encoder the model counts with.
+    fn fill(&self, built: Result<Arc<ByteLevelBpe>, crate::synth::tokenizer::bpe::Unsupported>) {
+        match built {
+            Ok(bpe) => {
+                tracing::info!("cache model: tokenizing with the byte-level BPE encoder");
+                // Filled once: a slot belongs to one load.
+                let _ = self.0.set(bpe);
+            }
+            Err(why) => tracing::info!("cache model: tokenizing with `tokenizers` ({why})"),
+        }
+    }
+}
+
+/// Text to ids: the byte-level encoder when it reproduces the tokenizer, else `tokenizers`.
+#[derive(Clone, Copy)]
+struct Text<'a> {
+    tokenizer: &'a Tokenizer,
+    fast: Option<&'a ByteLevelBpe>,
+}
+
+impl<'a> Text<'a> {
+    fn new(tokenizer: &'a Tokenizer, fast: &'a FastSlot) -> Self {
+        Text {
+            tokenizer,
+            fast: fast.get(),
+        }
+    }
+
+    /// `encode(text, add_special_tokens = special)`.
+    fn encode(self, text: &str, special: bool) -> Result<Vec<u32>, EncodeError> {
+        match self.fast {
+            Some(f) if special => Ok(f.encode_special(text)),
+            Some(f) => Ok(f.encode(text)),
+            None => hf_encode(self.tokenizer, text, special),
+        }
+    }
+
+    /// Tokens of `piece` that end at or before byte `at`, and the piece's ids.
+    fn before(self, piece: &str, at: usize) -> Result<(usize, Vec<u32>), EncodeError> {
+        match self.fast.and_then(|f| f.encode_point(piece, at)) {
+            Some(got) => Ok(got),
+            None => tokens_before(self.tokenizer, piece, at),
+        }
+    }
+
+    /// [`Text::before`] with `add_special_tokens = true`: the special tokens around the text
+    /// count as before the point where `tokenizers`' offsets put them (a BOS has the empty
+    /// span (0, 0): it ends before any byte).
+    fn before_special(self, text: &str, at: usize) -> Result<(usize, Vec<u32>), EncodeError> {
+        if let Some(got) = self.fast.and_then(|f| f.encode_special_point(text, at)) {
+            return Ok(got);
+        }
+        let enc = self
+            .tokenizer
+            .inner()
+            .encode(text, true)
+            .map_err(|e| EncodeError::Tokenizer(e.to_string()))?;
+        let before = enc
+            .get_offsets()
+            .iter()
+            .zip(enc.get_special_tokens_mask())
+            .take_while(|(o, s)| **s == 1 || o.1 <= at)
+            .count();
+        Ok((before, enc.get_ids().to_vec()))
     }
 }
 
@@ -272,8 +373,11 @@ fn encode_messages(
     match vocab {
         Vocab::Builtin => Ok(builtin_with_iso(&text, at)),
         Vocab::Hf {
-            tokenizer, cuts, ..
-        } => encode_cut(tokenizer, cuts, memo, &text, at),
+            tokenizer,
+            cuts,
+            fast,
+            ..
+        } => encode_cut(Text::new(tokenizer, fast), cuts, memo, &text, at),
     }
 }
 
@@ -291,8 +395,11 @@ pub fn encode_contents<'m>(
     for m in messages {
         match vocab {
             Vocab::Builtin => ids.extend(builtin_encode(&m.content)),
-            Vocab::Hf { tokenizer, .. } => {
-                let got = memo.get_or_encode(&m.content, |p| hf_encode(tokenizer, p, false))?;
+            Vocab::Hf {
+                tokenizer, fast, ..
+            } => {
+                let text = Text::new(tokenizer, fast);
+                let got = memo.get_or_encode(&m.content, |p| text.encode(p, false))?;
                 ids.extend_from_slice(&got);
             }
         }
@@ -340,7 +447,7 @@ fn builtin_with_iso(text: &str, at: Option<usize>) -> Encoded {
 
 /// Tokenizes `text` piece by piece between the cut tokens, from the memo where it can.
 fn encode_cut(
-    tokenizer: &Tokenizer,
+    text_encoder: Text<'_>,
     cuts: &[(String, u32)],
     memo: &mut Memo,
     text: &str,
@@ -350,7 +457,7 @@ fn encode_cut(
     let mut iso = None;
     let mut start = 0;
     let mut cx = Pieces {
-        tokenizer,
+        encoder: text_encoder,
         memo,
         text,
         at,
@@ -369,7 +476,7 @@ fn encode_cut(
 
 /// What [`encode_cut`] tokenizes its pieces with.
 struct Pieces<'a> {
-    tokenizer: &'a Tokenizer,
+    encoder: Text<'a>,
     memo: &'a mut Memo,
     text: &'a str,
     at: Option<usize>,
@@ -392,16 +499,15 @@ impl Pieces<'_> {
             // One encoding with offsets gives both the point and the ids. The piece holds the
             // request's marker, so no other request has it: it stays out of the memo, where it
             // would only push out pieces that do come back.
-            let (before, got) =
-                tokens_before(self.tokenizer, piece, at.saturating_sub(range.start))?;
+            let (before, got) = self.encoder.before(piece, at.saturating_sub(range.start))?;
             *iso = Some(ids.len() + before);
             ids.extend_from_slice(&got);
             return Ok(());
         }
-        let tokenizer = self.tokenizer;
+        let encoder = self.encoder;
         let got = self
             .memo
-            .get_or_encode(piece, |p| hf_encode(tokenizer, p, false))?;
+            .get_or_encode(piece, |p| encoder.encode(p, false))?;
         ids.extend_from_slice(&got);
         Ok(())
     }
@@ -465,22 +571,18 @@ fn encode_raw(vocab: &Vocab, parts: &[PromptPart], iso: &IsoHint) -> Result<Enco
                         at_tok = at_tok.or(e.iso.map(|i| ids.len() + i));
                         ids.extend(e.ids);
                     }
-                    Vocab::Hf { tokenizer, .. } => {
-                        if let Some(at) = found {
-                            let enc = tokenizer
-                                .inner()
-                                .encode(t.as_str(), true)
-                                .map_err(|e| EncodeError::Tokenizer(e.to_string()))?;
-                            // The BOS has the empty span (0, 0): it ends before any byte.
-                            let before = enc
-                                .get_offsets()
-                                .iter()
-                                .zip(enc.get_special_tokens_mask())
-                                .take_while(|(o, s)| **s == 1 || o.1 <= at)
-                                .count();
-                            at_tok = Some(ids.len() + before);
+                    Vocab::Hf {
+                        tokenizer, fast, ..
+                    } => {
+                        let text = Text::new(tokenizer, fast);
+                        match found {
+                            Some(at) => {
+                                let (before, got) = text.before_special(t, at)?;
+                                at_tok = Some(ids.len() + before);
+                                ids.extend(got);
+                            }
+                            None => ids.extend(text.encode(t, true)?),
                         }
-                        ids.extend(hf_encode(tokenizer, t, true)?);
                     }
                 }
             }
@@ -716,6 +818,75 @@ mod tests {
         let none = msgs(&[("user", "no marker here")]);
         let got = encode(&vocab, &mut memo, &Prompt::Messages(none), &rid).expect("encodes");
         assert_eq!(got.iso, None);
+    }
+
+    /// The byte-level encoder is chosen for Qwen3 and Llama 3.2 and gives what `tokenizers`
+    /// gives through the whole model path: chat prompts cut at the template's tokens, the
+    /// isolation point of every hint, contents alone (capture) and completions with a BOS.
+    #[test]
+    fn the_byte_level_encoder_counts_as_tokenizers_does() {
+        let llama = Tokenizer::from_path(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/synth/tokenizers/llama-3.2"),
+        )
+        .expect("llama fixture");
+        let marker = "[rid:0123456789ab]";
+        let contents = [
+            format!("{marker}\n\nWhat is BPE?"),
+            format!("Long context.  \r\n\tcode();\n\n{marker}"),
+            format!("naïve café — 東京 🦀 {marker} <think>x</think>"),
+            "[warmup]\n\nhello   there".to_string(),
+            "cafe\u{301} combining, <|im_end|> inside".to_string(),
+        ];
+        let hints = [
+            IsoHint::None,
+            IsoHint::rid("0123456789ab"),
+            IsoHint::warmup(),
+            IsoHint::MessageStart(1),
+        ];
+        for tok in [qwen(), Arc::new(llama)] {
+            // Built first, so the model finds it at load.
+            ByteLevelBpe::shared(&tok).expect("a byte-level tokenizer");
+            let fast = Vocab::hf(tok.clone(), true).expect("template");
+            assert!(fast.is_fast());
+            let Vocab::Hf {
+                tokenizer,
+                template,
+                cuts,
+                ..
+            } = Vocab::hf(tok, true).expect("template")
+            else {
+                panic!("hf")
+            };
+            let slow = Vocab::Hf {
+                tokenizer,
+                template,
+                cuts,
+                fast: FastSlot::default(),
+            };
+            let (mut m1, mut m2) = (Memo::new(1 << 20), Memo::new(1 << 20));
+            for c in &contents {
+                let m = msgs(&[("system", "Be brief."), ("user", c), ("assistant", c)]);
+                for hint in &hints {
+                    let p = Prompt::Messages(m.clone());
+                    let want = encode(&slow, &mut m2, &p, hint).expect("encodes");
+                    assert_eq!(encode(&fast, &mut m1, &p, hint), Ok(want), "{c:?} {hint:?}");
+                    let raw = Prompt::Raw(vec![
+                        PromptPart::Text(c.clone()),
+                        PromptPart::Tokens(vec![1, 2]),
+                        PromptPart::Text(c.clone()),
+                    ]);
+                    let want = encode(&slow, &mut m2, &raw, hint).expect("encodes");
+                    assert_eq!(
+                        encode(&fast, &mut m1, &raw, hint),
+                        Ok(want),
+                        "{c:?} {hint:?}"
+                    );
+                }
+                let want = encode_contents(&slow, &mut m2, &m).expect("encodes");
+                assert_eq!(encode_contents(&fast, &mut m1, &m), Ok(want));
+            }
+        }
     }
 
     #[test]

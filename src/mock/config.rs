@@ -167,6 +167,15 @@ pub struct MockConfig {
     /// one starts, so TTFT rises with load as on an engine (default 0: none).
     #[serde(with = "crate::units::duration")]
     pub prefill_per_running: Duration,
+    /// Uncached prompt tokens the engine prefills per second, one budget shared by every request,
+    /// first come first served, as one GPU prefills (default: none, each request prefills alone
+    /// at `prefill_per_token`). Set, it replaces `prefill_per_token`: a request's first token
+    /// waits for the prefills admitted before it, so TTFT grows with load and uncached tokens.
+    pub prefill_tokens_per_s: Option<u64>,
+    /// Output tokens per second shared by the running requests (within `max_num_seqs`) (default:
+    /// none). Set, each gap between a request's tokens is at least running requests / this, and
+    /// never below `inter_token`.
+    pub decode_tokens_per_s: Option<u64>,
     /// Share of generation requests (0 to 1) that fail on purpose (default 0: none), each with
     /// a kind drawn from `failure_kinds`.
     pub failure_rate: f64,
@@ -204,6 +213,8 @@ impl Default for MockConfig {
             max_num_seqs: 0,
             jitter: Duration::ZERO,
             prefill_per_running: Duration::ZERO,
+            prefill_tokens_per_s: None,
+            decode_tokens_per_s: None,
             failure_rate: 0.0,
             failure_kinds: FailureKind::ALL.to_vec(),
             seed: None,
@@ -266,6 +277,16 @@ impl MockConfig {
                 ));
             }
         }
+        for (key, rate) in [
+            ("prefill_tokens_per_s", self.prefill_tokens_per_s),
+            ("decode_tokens_per_s", self.decode_tokens_per_s),
+        ] {
+            if rate == Some(0) {
+                return Err(format!(
+                    "mock.{key} must be at least 1 token per second; leave it unset for no shared budget"
+                ));
+            }
+        }
         if !(0.0..=1.0).contains(&self.failure_rate) {
             return Err(format!(
                 "mock.failure_rate must be between 0 and 1 (got {}); e.g. 0.05 fails one request in 20",
@@ -290,6 +311,36 @@ impl MockConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zero_shared_budget_is_refused_by_name() {
+        for (cfg, key) in [
+            (
+                MockConfig {
+                    prefill_tokens_per_s: Some(0),
+                    ..MockConfig::default()
+                },
+                "mock.prefill_tokens_per_s",
+            ),
+            (
+                MockConfig {
+                    decode_tokens_per_s: Some(0),
+                    ..MockConfig::default()
+                },
+                "mock.decode_tokens_per_s",
+            ),
+        ] {
+            let e = cfg.validate().expect_err("zero refused");
+            assert!(e.starts_with(key), "{e}");
+        }
+        let set = MockConfig {
+            prefill_tokens_per_s: Some(16_000),
+            decode_tokens_per_s: Some(4_000),
+            ..MockConfig::default()
+        };
+        assert_eq!(set.validate(), Ok(()));
+        assert_eq!(MockConfig::default().prefill_tokens_per_s, None);
+    }
 
     #[test]
     fn defaults_apply_to_absent_keys_and_durations_are_strings() {

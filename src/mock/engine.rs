@@ -19,6 +19,7 @@ use prometheus::{
 };
 use rand::{Rng, SeedableRng};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::config::{FailureKind, MockConfig};
 use super::request::ApiError;
@@ -158,6 +159,10 @@ pub struct Engine {
     slots: Option<Arc<Semaphore>>,
     jitter: Duration,
     prefill_per_running: Duration,
+    /// `mock.prefill_tokens_per_s`, and when the shared prefill is next free.
+    prefill_per_s: Option<u64>,
+    prefill_free: Mutex<Option<Instant>>,
+    decode_per_s: Option<u64>,
     failure_rate: f64,
     failure_kinds: Vec<FailureKind>,
     seed: u64,
@@ -175,6 +180,9 @@ impl Engine {
             slots: (cfg.max_num_seqs > 0).then(|| Arc::new(Semaphore::new(cfg.max_num_seqs))),
             jitter: cfg.jitter,
             prefill_per_running: cfg.prefill_per_running,
+            prefill_per_s: cfg.prefill_tokens_per_s.filter(|&r| r > 0),
+            prefill_free: Mutex::new(None),
+            decode_per_s: cfg.decode_tokens_per_s.filter(|&r| r > 0),
             failure_rate: cfg.failure_rate,
             failure_kinds: cfg.failure_kinds.clone(),
             seed: cfg.seed.unwrap_or_else(rand::random),
@@ -279,6 +287,28 @@ impl Engine {
             .unwrap_or(Duration::MAX)
     }
 
+    /// With `mock.prefill_tokens_per_s`: how long after `start` this request's `uncached` tokens
+    /// are prefilled, behind every prefill reserved before it (first come first served, one
+    /// budget for all); `None` without it (each request then prefills alone).
+    pub fn shared_prefill(&self, uncached: usize, start: Instant) -> Option<Duration> {
+        let rate = self.prefill_per_s?;
+        let nanos = (uncached as u128 * 1_000_000_000) / u128::from(rate);
+        let work = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        let mut free = crate::sync::lock(&self.prefill_free);
+        let begin = free.map_or(start, |f| f.max(start));
+        let end = begin.checked_add(work).unwrap_or(begin);
+        *free = Some(end);
+        Some(end.saturating_duration_since(start))
+    }
+
+    /// `mock.decode_tokens_per_s`, shared by the running requests (`None` without it).
+    pub fn decode_share(&self) -> Option<DecodeShare> {
+        Some(DecodeShare {
+            running: self.metrics.running.with_label_values(&[&self.label]),
+            per_s: self.decode_per_s?,
+        })
+    }
+
     /// Counts a generation: its prompt and cached tokens, and the TTFT it was given.
     pub fn observe(&self, prompt_tokens: usize, cached: usize, ttft: Duration) {
         let l = [self.label.as_str()];
@@ -309,6 +339,25 @@ impl Engine {
             tracing::warn!("mock: cannot encode /metrics: {e}");
         }
         Bytes::from(out)
+    }
+}
+
+/// The decode budget (`mock.decode_tokens_per_s`) as a running request sees it.
+#[derive(Debug, Clone)]
+pub struct DecodeShare {
+    running: prometheus::IntGauge,
+    per_s: u64,
+}
+
+impl DecodeShare {
+    /// The gap before a request's next token: `inter_token`, or longer when the running
+    /// requests together would exceed the budget (running / budget per token each).
+    pub fn gap(&self, inter_token: Duration) -> Duration {
+        let running = u128::try_from(self.running.get().max(1)).unwrap_or(1);
+        let nanos = running * 1_000_000_000 / u128::from(self.per_s);
+        inter_token.max(Duration::from_nanos(
+            u64::try_from(nanos).unwrap_or(u64::MAX),
+        ))
     }
 }
 

@@ -389,3 +389,107 @@ async fn the_defaults_never_fail_and_answer_as_before() {
         assert!(resp.into_body().collect().await.is_ok());
     }
 }
+
+/// Uncached prompt tokens of a generation (its usage headers).
+#[allow(clippy::unwrap_used)] // the mock always sets both headers on a generation
+fn uncached_of(resp: &Response<MockBody>) -> u64 {
+    let n = |h: &str| resp.headers()[h].to_str().unwrap().parse::<u64>().unwrap();
+    n(HEADER_PROMPT_TOKENS) - n(HEADER_CACHED_TOKENS)
+}
+
+/// Prefill time of `tokens` at 1,000 tokens per second.
+fn at_1000_per_s(tokens: u64) -> Duration {
+    Duration::from_millis(tokens)
+}
+
+/// `mock.prefill_tokens_per_s`: one budget, first come first served. Alone, a request's first
+/// token comes after its own uncached tokens; with seven more at once, each first token waits
+/// for the prefills before it, so TTFT grows with load and with the tokens ahead.
+#[tokio::test(start_paused = true)]
+#[allow(clippy::unwrap_used)] // test tasks do not panic
+async fn a_shared_prefill_budget_queues_first_tokens_in_arrival_order() {
+    let mock = Mock::new(
+        MockConfig {
+            prefill_tokens_per_s: Some(1000),
+            // Ignored while the shared budget is set.
+            prefill_per_token: Duration::from_secs(1),
+            ..quick()
+        },
+        None,
+    );
+    let t0 = Instant::now();
+    let resp = mock
+        .clone()
+        .handle(chat(None, "a prompt that runs alone", 1, false))
+        .await;
+    assert_eq!(Instant::now() - t0, at_1000_per_s(uncached_of(&resp)));
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let m = mock.clone();
+            let words = "lorem ipsum dolor ".repeat(i + 1);
+            tokio::spawn(async move {
+                let r = m
+                    .handle(chat(None, &format!("{i}: {words}"), 1, false))
+                    .await;
+                (Instant::now(), uncached_of(&r))
+            })
+        })
+        .collect();
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    done.sort();
+    let mut due = t0;
+    for (i, (at, uncached)) in done.iter().enumerate() {
+        due += at_1000_per_s(*uncached);
+        assert_eq!(
+            *at, due,
+            "request {i} of 8 answers after the prefills before it"
+        );
+    }
+    assert!(done.windows(2).all(|w| w[0].0 < w[1].0), "{done:?}");
+}
+
+/// `mock.decode_tokens_per_s`: the running requests share it. Alone at 100 tokens per second a
+/// stream's gaps are 10 ms (above its 4 ms `inter_token`); three running at once get 30 ms.
+#[tokio::test(start_paused = true)]
+#[allow(clippy::unwrap_used)] // test tasks do not panic
+async fn a_shared_decode_budget_widens_the_gaps_with_the_running_requests() {
+    let mock = Mock::new(
+        MockConfig {
+            decode_tokens_per_s: Some(100),
+            inter_token: Duration::from_millis(4),
+            ..quick()
+        },
+        None,
+    );
+    let token_gaps = |at: Vec<Instant>| -> Vec<Duration> {
+        at.windows(2).take(5).map(|w| w[1] - w[0]).collect()
+    };
+    let alone = frame_times(mock.clone().handle(chat(None, "alone", 6, true)).await).await;
+    assert_eq!(token_gaps(alone), vec![Duration::from_millis(10); 5]);
+    let mut running = Vec::new();
+    for i in 0..3 {
+        running.push(
+            mock.clone()
+                .handle(chat(None, &format!("stream {i}"), 6, true))
+                .await,
+        );
+    }
+    let tasks: Vec<_> = running
+        .into_iter()
+        .map(|r| tokio::spawn(frame_times(r)))
+        .collect();
+    for t in tasks {
+        assert_eq!(
+            token_gaps(t.await.unwrap()),
+            vec![Duration::from_millis(30); 5]
+        );
+    }
+    // A plain answer reads the budget at its first token: 5 gaps of 10 ms alone.
+    let t0 = Instant::now();
+    text(mock.clone().handle(chat(None, "plain", 6, false)).await).await;
+    assert_eq!(Instant::now() - t0, Duration::from_millis(50));
+}

@@ -618,16 +618,24 @@ impl Mock {
         ApiError::bad_request("context_length_exceeded", message)
     }
 
-    /// The override, else the base delay plus prefill for the `uncached` prompt tokens.
-    fn time_to_first_token(&self, ov: &Overrides, uncached: usize) -> Duration {
-        let uncached = u32::try_from(uncached).unwrap_or(u32::MAX);
+    /// The override, else the base delay plus prefill for the `uncached` prompt tokens: alone
+    /// at `prefill_per_token`, or behind the others in the shared budget
+    /// (`prefill_tokens_per_s`, reserved from `start`).
+    fn time_to_first_token(&self, ov: &Overrides, uncached: usize, start: Instant) -> Duration {
+        if let Some(d) = ov.first_token_delay {
+            return d;
+        }
         let prefill = self
-            .cfg
-            .prefill_per_token
-            .checked_mul(uncached)
-            .unwrap_or(Duration::MAX);
-        ov.first_token_delay
-            .unwrap_or_else(|| self.cfg.base_delay.saturating_add(prefill))
+            .engine
+            .shared_prefill(uncached, start)
+            .unwrap_or_else(|| {
+                let uncached = u32::try_from(uncached).unwrap_or(u32::MAX);
+                self.cfg
+                    .prefill_per_token
+                    .checked_mul(uncached)
+                    .unwrap_or(Duration::MAX)
+            });
+        self.cfg.base_delay.saturating_add(prefill)
     }
 
     /// The SSE response for `plan`. With an explicit first-token delay the headers wait for it
@@ -751,7 +759,7 @@ impl Mock {
             cut,
         } = load;
         let uncached = tokens.len() - cached;
-        let mut ttft = self.time_to_first_token(&ov, uncached);
+        let mut ttft = self.time_to_first_token(&ov, uncached, start);
         if ov.first_token_delay.is_none() {
             ttft = draws.jittered(ttft.saturating_add(self.engine.load_prefill(uncached, others)));
         }
@@ -785,6 +793,7 @@ impl Mock {
             first_token_at,
             inter_token,
             jitter: draws.for_stream(),
+            decode: self.engine.decode_share(),
             cut,
         };
         let mut resp = if stream {
@@ -815,11 +824,14 @@ struct Load {
 /// The whole JSON response for `plan`, once its last token would have been generated. An
 /// injected stall never answers; an injected reset cuts the connection instead of the body.
 async fn full_response(mut plan: StreamPlan) -> Response<MockBody> {
-    let generation = match plan.jitter.as_mut() {
-        Some(j) => (1..plan.tokens).fold(Duration::ZERO, |sum, _| {
-            sum.saturating_add(j.jittered(plan.inter_token))
-        }),
-        None => plan.inter_token.saturating_mul(plan.tokens - 1),
+    if plan.decode.is_some() {
+        // The shared decode budget is read when decoding starts, at the first token.
+        tokio::time::sleep_until(plan.first_token_at).await;
+    }
+    let generation = if plan.jitter.is_some() {
+        (1..plan.tokens).fold(Duration::ZERO, |sum, _| sum.saturating_add(plan.gap()))
+    } else {
+        plan.gap().saturating_mul(plan.tokens - 1)
     };
     tokio::time::sleep_until(after(plan.first_token_at, generation)).await;
     match plan.cut {

@@ -14,7 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use super::anthropic;
-use super::engine::Draws;
+use super::engine::{DecodeShare, Draws};
 use super::openai::{self, ResponseMeta};
 use super::output;
 use super::recorder::StreamGuard;
@@ -108,8 +108,25 @@ pub(crate) struct StreamPlan {
     pub inter_token: Duration,
     /// Jitter on each gap between tokens (`mock.jitter`; `None`: a fixed schedule).
     pub jitter: Option<Draws>,
+    /// The shared decode budget (`mock.decode_tokens_per_s`): gaps widen with the running requests.
+    pub decode: Option<DecodeShare>,
     /// An injected failure that ends the stream early (`mock.failure_rate`).
     pub cut: Option<Cut>,
+}
+
+impl StreamPlan {
+    /// The gap before the next token: `inter_token`, widened by the shared decode budget, then
+    /// jittered.
+    pub fn gap(&mut self) -> Duration {
+        let base = match &self.decode {
+            Some(d) => d.gap(self.inter_token),
+            None => self.inter_token,
+        };
+        match self.jitter.as_mut() {
+            Some(j) => j.jittered(base),
+            None => base,
+        }
+    }
 }
 
 /// How an injected failure ends a stream once `after` token events were sent.
@@ -200,10 +217,7 @@ impl Body for SseBody {
                     this.queue.push_back(event);
                     this.index += 1;
                     // A fixed schedule: a slow reader gets the backlog at once, as from a real server.
-                    let gap = match this.plan.jitter.as_mut() {
-                        Some(j) => j.jittered(this.plan.inter_token),
-                        None => this.plan.inter_token,
-                    };
+                    let gap = this.plan.gap();
                     this.due = after(this.due, gap);
                     let due = this.due;
                     this.timer.as_mut().reset(due);

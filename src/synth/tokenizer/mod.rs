@@ -3,6 +3,7 @@
 //! Owns tokenizer loading and these facts; must never fetch anything over the network. Below
 //! it: the exact local re-encode, its piece memo, and chat-template rendering.
 
+pub mod bpe;
 pub mod chat_template;
 pub mod piece_memo;
 pub mod pyjinja;
