@@ -159,7 +159,8 @@ pub struct SynthArgs {
     pub custom_dataset_type: Option<TraceKind>,
     /// Tokens per hash-id block (default 512 for mooncake_trace, 16 for bailian_trace, 64 for
     /// weka_trace whatever the trace declares, as `aiperf profile` does; tracelab: the size its
-    /// block ids are synthesized at, default 64).
+    /// block ids are synthesized at, default 64). A kvbust capture's own block size is read
+    /// from its `.meta.json` when this is not given.
     #[arg(long, value_name = "N")]
     pub isl_block_size: Option<usize>,
     /// Trace requests with more input tokens are skipped (weka: top-level requests;
@@ -674,7 +675,18 @@ fn checked_job(args: &SynthArgs) -> anyhow::Result<Job> {
         Some(tool) => Job::Bench(args.to_bench_params(tool)?),
         None => {
             args.check_no_bench_flags()?;
-            let params = args.to_params();
+            let mut params = args.to_params();
+            if params.isl_block_size.is_none() {
+                params.isl_block_size =
+                    capture_block_size(params.input_file.as_deref(), params.custom_dataset_type)
+                        .map(|(size, meta)| {
+                            eprintln!(
+                                "{}",
+                                block_size_note("synth", size, &meta, "--isl-block-size")
+                            );
+                            size
+                        });
+            }
             params.validate()?;
             check_format_flags(args, &params)?;
             Job::Aiperf(Box::new(params))
@@ -831,6 +843,35 @@ fn warn_sharegpt_lengths(
     Ok(())
 }
 
+/// The block size of a trace kvbust's capture wrote: its `NAME.meta.json` beside `NAME.jsonl`
+/// says what `capture.block_size` the hash ids were cut at, which AIPerf's defaults (512 for
+/// mooncake_trace) would otherwise contradict. `None` for a trace of another type, or without
+/// such a file beside it. Returns the size and the meta file's path.
+fn capture_block_size(input: Option<&Path>, kind: Option<TraceKind>) -> Option<(usize, PathBuf)> {
+    use crate::capture::file::{meta_path, Meta, FORMAT};
+    let input = input?;
+    // Captures are mooncake_trace rows (bailian_trace reads the same fields).
+    if !matches!(
+        kind,
+        None | Some(TraceKind::MooncakeTrace | TraceKind::BailianTrace)
+    ) || input.is_dir()
+    {
+        return None;
+    }
+    let meta = meta_path(input);
+    let text = std::fs::read_to_string(&meta).ok()?;
+    let m: Meta = serde_json::from_str(&text).ok()?;
+    (m.format == FORMAT && m.block_size > 0).then_some((m.block_size, meta))
+}
+
+/// The stderr line saying where the block size came from and how to override it.
+fn block_size_note(command: &str, size: usize, meta: &Path, flag: &str) -> String {
+    format!(
+        "kvbust {command}: block size {size} from the capture's {} ({flag} overrides it)",
+        meta.display()
+    )
+}
+
 /// What `run` was asked to do, after the flags were checked.
 enum Job {
     Bench(BenchParams),
@@ -846,7 +887,7 @@ pub struct AnalyzeArgs {
     #[arg(value_name = "TRACE")]
     pub input_file: PathBuf,
     /// Tokens per hash-id block (AIPerf's default 512; for weka_trace the trace's declared
-    /// block size, for tracelab 64).
+    /// block size, for tracelab 64; for a kvbust capture, its `.meta.json`'s).
     #[arg(long, value_name = "N")]
     pub block_size: Option<u64>,
     /// Also write the statistics as JSON (AIPerf's `--output-file` object) to this file; its
@@ -882,7 +923,21 @@ fn analysis_rows(args: &AnalyzeArgs) -> Result<(Vec<analyze::Row>, u64), SynthEr
     let (rows, default_block) = match kind {
         TraceKind::MooncakeTrace | TraceKind::BailianTrace => {
             let lines = trace::read_lines(TraceReader::open(path)?)?;
-            (analyze::rows_from_lines(path, &lines)?, 512)
+            let captured = match args.block_size {
+                Some(_) => None,
+                None => capture_block_size(Some(path), Some(kind)),
+            };
+            let block = match captured {
+                Some((size, meta)) => {
+                    eprintln!(
+                        "{}",
+                        block_size_note("analyze-trace", size, &meta, "--block-size")
+                    );
+                    size as u64
+                }
+                None => 512,
+            };
+            (analyze::rows_from_lines(path, &lines)?, block)
         }
         TraceKind::BurstGptTrace => {
             let rows = burst::entries(path, TraceReader::open(path)?, None, false)?
