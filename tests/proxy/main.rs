@@ -17,6 +17,7 @@ mod capture;
 mod cli;
 mod deploy;
 mod first_day;
+mod first_steps;
 mod fuzz_regressions;
 mod hardening_server;
 mod hardening_synth;
