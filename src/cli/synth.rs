@@ -139,7 +139,8 @@ pub struct SynthArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Conversations)]
     pub format: OutputFormat,
-    /// Model name written into openai-chat bodies (default "model"). For weka_trace input,
+    /// The model on every turn, as AIPerf's composer sets it: each turn of `conversations`
+    /// lines, each openai-chat body (default there "model"). For weka_trace input,
     /// AIPerf's `--model`: the trace's models map onto these comma-separated names, its main
     /// model onto the first (without it, the trace's own model names are kept).
     #[arg(long, value_name = "NAME[,NAME…]")]
@@ -459,6 +460,11 @@ fn bench_dataset(requests: &[BenchRequest]) -> Dataset {
     }
 }
 
+/// `--model`'s names (comma-separated for the agentic traces; one name elsewhere).
+fn model_names(model: Option<&str>) -> Vec<&str> {
+    model.map_or_else(Vec::new, |m| m.split(',').map(str::trim).collect())
+}
+
 /// How `write_dataset` writes: the format and its options.
 pub struct WriteOptions<'a> {
     pub format: OutputFormat,
@@ -743,7 +749,9 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
                     b.set_position(done as u64);
                 }
             };
-            let dataset = build_dataset_with(&params, &tokenizer, cache_dir.as_deref(), &mut tick)?;
+            let mut dataset =
+                build_dataset_with(&params, &tokenizer, cache_dir.as_deref(), &mut tick)?;
+            dataset.assign_models(&model_names(args.model.as_deref()));
             if let Some(b) = &bar {
                 b.finish_and_clear();
             }
@@ -821,7 +829,8 @@ fn write_bench(
                 writeln!(out, "{line}")?;
             }
         } else {
-            let dataset = bench_dataset(requests);
+            let mut dataset = bench_dataset(requests);
+            dataset.assign_models(&model_names(args.model.as_deref()));
             warn_sharegpt_lengths(args.format, &dataset, tokenizer)?;
             write_dataset(out, &dataset, opts, answers)?;
         }
