@@ -19,9 +19,9 @@ WORK=$(mktemp -d /tmp/kvbust-model.XXXXXX)
 if ! command -v nginx >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
 fi
-[ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen
-KVBUST=$ROOT/target/release/kvbust
-LOADGEN=$ROOT/target/release/examples/loadgen
+[ -n "${SKIP_BUILD:-}" ] || cargo build --profile dist --locked --quiet --bin kvbust --example loadgen
+KVBUST=$ROOT/target/dist/kvbust
+LOADGEN=$ROOT/target/dist/examples/loadgen
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -10,7 +10,7 @@ h2c:  `kvbust serve` in front of a separate `kvbust mock`; one source address op
   mock; prints the upstream connections kvbust holds to the mock (counted from /proc/net/tcp)
   at the peak, and after the streams end.
 
-  benches/conn_limits.py admin|h2c|both      # KVBUST=target/release/kvbust
+  benches/conn_limits.py admin|h2c|both      # KVBUST=target/dist/kvbust
 The h2c part needs the `h2` Python package (pip install h2).
 """
 import http.client
@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-KVBUST = os.environ.get("KVBUST", "target/release/kvbust")
+KVBUST = os.environ.get("KVBUST", "target/dist/kvbust")
 BASE = int(os.environ.get("PORT", "18800"))
 ADMIN_CONNS = int(os.environ.get("ADMIN_CONNS", "10500"))
 H2_CONNS = int(os.environ.get("H2_CONNS", "8"))

@@ -35,10 +35,10 @@ WORK=${WORK:-$(mktemp -d /tmp/kvbust-instr.XXXXXX)}
 mkdir -p "$WORK"
 command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "needs nginx (benches/proxy.sh installs it)" >&2; exit 1; }
-[ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen --example floor
-KVBUST=${BENCH_KVBUST:-$ROOT/target/release/kvbust}
-LOADGEN=${BENCH_LOADGEN:-$ROOT/target/release/examples/loadgen}
-FLOOR=${BENCH_FLOOR:-$ROOT/target/release/examples/floor}
+[ -n "${SKIP_BUILD:-}" ] || cargo build --profile dist --locked --quiet --bin kvbust --example loadgen --example floor
+KVBUST=${BENCH_KVBUST:-$ROOT/target/dist/kvbust}
+LOADGEN=${BENCH_LOADGEN:-$ROOT/target/dist/examples/loadgen}
+FLOOR=${BENCH_FLOOR:-$ROOT/target/dist/examples/floor}
 P_UP=$BASE
 
 PIDS=()

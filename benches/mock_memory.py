@@ -10,7 +10,7 @@ With BIG=1, the 64 MB chat once and then BIG_BURST (3) of them at once. Before t
 large prompt chunk by chunk and stopped past the context length, each was tokenized whole (~7 GB
 apiece; three at once held 21.9 GB): run an older binary with BIG=1 BIG_BURST=0 only.
 
-  benches/mock_memory.py                               # target/release/kvbust
+  benches/mock_memory.py                               # target/dist/kvbust
   KVBUST=/tmp/other/kvbust SETTLE=60 BURST=6 benches/mock_memory.py
   BIG=1 SETTLE=0 BURST=0 benches/mock_memory.py        # the 64 MB chat, once and 3 at once
 
@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-KVBUST = os.environ.get("KVBUST", "target/release/kvbust")
+KVBUST = os.environ.get("KVBUST", "target/dist/kvbust")
 PORT = int(os.environ.get("PORT", "18790"))
 SETTLE = float(os.environ.get("SETTLE", "60"))
 BURST = int(os.environ.get("BURST", "30"))

@@ -10,7 +10,7 @@ flooders' statuses, and kvbust's CPU-seconds over the run; first the victim alon
 
   benches/placeholder_flood.py                      # 80 flooders over 10 IPs
   IPS=1 FLOODERS=8 benches/placeholder_flood.py     # one flooding IP
-  KVBUST=target/release/kvbust PORT=18700 DURATION=25 VICTIM_TOKENS=1024 ...
+  KVBUST=target/dist/kvbust PORT=18700 DURATION=25 VICTIM_TOKENS=1024 ...
 Extra kvbust settings go in the environment as usual (KVBUST_SYNTH__...).
 """
 import http.client
@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-KVBUST = os.environ.get("KVBUST", "target/release/kvbust")
+KVBUST = os.environ.get("KVBUST", "target/dist/kvbust")
 PORT = int(os.environ.get("PORT", "18700"))
 ADMIN = PORT + 1
 DURATION = float(os.environ.get("DURATION", "25"))

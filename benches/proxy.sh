@@ -39,12 +39,12 @@ ulimit -n "$(ulimit -Hn)"
 PYTHON=$(python3 -c 'import sys; print(sys.executable)')
 python3() { "$PYTHON" "$@"; }
 
-[ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen --example floor
+[ -n "${SKIP_BUILD:-}" ] || cargo build --profile dist --locked --quiet --bin kvbust --example loadgen --example floor
 # BENCH_KVBUST: compare another build (e.g. an older release) with the same harness
 # (BENCH_FLOOR, BENCH_LOADGEN likewise).
-KVBUST=${BENCH_KVBUST:-$ROOT/target/release/kvbust}
-LOADGEN=${BENCH_LOADGEN:-$ROOT/target/release/examples/loadgen}
-FLOOR=${BENCH_FLOOR:-$ROOT/target/release/examples/floor}
+KVBUST=${BENCH_KVBUST:-$ROOT/target/dist/kvbust}
+LOADGEN=${BENCH_LOADGEN:-$ROOT/target/dist/examples/loadgen}
+FLOOR=${BENCH_FLOOR:-$ROOT/target/dist/examples/floor}
 
 P_UP=$BASE                       # nginx `return 200` upstream
 P_NGINX=$((BASE + 1))            # nginx proxy -> upstream

@@ -6,18 +6,18 @@
 # `synth_random_bench` (the composer alone, in process, no cache). Every kvbust output is
 # compared with AIPerf's 1,000 texts. CPU s = user + sys.
 #
-#   cargo build --release --bin kvbust --example synth_random_bench
+#   cargo build --profile dist --bin kvbust --example synth_random_bench
 #   flock -x /tmp/kvbust-cpu.lock benches/synth_random.sh [N] [REPEATS]
 #
 # AIPERF_PYTHON (default /tmp/aip/bin/python: a venv with `pip install aiperf==0.13.0`),
-# KVBUST and SYNTH_BENCH (default target/release/...) choose the programs; OUT the folder.
+# KVBUST and SYNTH_BENCH (default target/dist/...) choose the programs; OUT the folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000}"
 REPEATS="${2:-3}"
 PY="${AIPERF_PYTHON:-/tmp/aip/bin/python}"
-KVBUST="${KVBUST:-target/release/kvbust}"
-SYNTH_BENCH="${SYNTH_BENCH:-target/release/examples/synth_random_bench}"
+KVBUST="${KVBUST:-target/dist/kvbust}"
+SYNTH_BENCH="${SYNTH_BENCH:-target/dist/examples/synth_random_bench}"
 OUT="${OUT:-$(mktemp -d /tmp/synth-random.XXXXXX)}"
 TOK=assets/tokenizers/qwen3
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD) N=$N; uptime: $(uptime)"

@@ -101,12 +101,7 @@ pub fn run(cli: Cli) -> Result<(), AppError> {
         Command::Report(args) => report(&args),
         Command::Run(args) => run_client(&args),
         Command::Probe(args) => probe(&args),
-        Command::Completions(args) => {
-            use clap::CommandFactory;
-            let mut cmd = Cli::command();
-            clap_complete::generate(args.shell, &mut cmd, "kvbust", &mut std::io::stdout());
-            Ok(())
-        }
+        Command::Completions(args) => completions(args.shell),
     }
 }
 
@@ -305,6 +300,23 @@ fn run_client(args: &crate::cli::run::RunArgs) -> Result<(), AppError> {
             code,
             message: outcome.why.unwrap_or_default(),
         }),
+    }
+}
+
+/// `kvbust completions SHELL`: the script on standard output. Generated into memory first:
+/// clap_complete panics on a failed write, and a reader that stops early (`| head`) is not a
+/// failure.
+fn completions(shell: clap_complete::Shell) -> Result<(), AppError> {
+    use clap::CommandFactory;
+    use std::io::Write;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "kvbust", &mut script);
+    let mut out = std::io::stdout().lock();
+    match out.write_all(&script).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(AppError::Other(
+            anyhow::anyhow!("cannot write the completions to standard output: {e}"),
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -19,7 +19,7 @@ mod load;
 mod upstream_url;
 mod validate;
 pub use crate::units::ByteSize;
-pub use load::{redact_url, redact_urls_in};
+pub use load::{edit_distance, redact_url, redact_urls_in};
 pub use upstream_url::UpstreamUrl;
 pub use validate::{parse_target, MIN_ADMIN_TOKEN_LEN};
 
@@ -1266,6 +1266,37 @@ mod tests {
         )
         .unwrap_err();
         assert!(!err.message.contains("enableServiceLinks"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_key_names_its_variable_and_the_nearest_valid_key() {
+        let load = |pairs: &[(&str, &str)]| Config::load(None, &env(pairs), &Default::default());
+        let err = load(&[("KVBUST_CACHE_BUST__TARGETT", "none")]).unwrap_err();
+        assert_eq!(err.key, "cache_bust.targett");
+        assert!(
+            err.message
+                .contains("set by the environment variable KVBUST_CACHE_BUST__TARGETT"),
+            "{err}"
+        );
+        assert!(
+            err.message
+                .contains("did you mean KVBUST_CACHE_BUST__TARGET (cache_bust.target)?"),
+            "{err}"
+        );
+        // A name nothing is near gets no guess, only the list.
+        let err = load(&[("KVBUST_CACHE_BUST__QQQQQQQQQ", "1")]).unwrap_err();
+        assert!(!err.message.contains("did you mean"), "{err}");
+        assert!(err.message.contains("valid keys here are: "), "{err}");
+        // From a file: the key, no variable.
+        let dir = std::env::temp_dir().join(format!("kvbust-cfg-near-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("typo.toml");
+        std::fs::write(&file, "[upstream]\nurll = \"http://x\"\n").unwrap();
+        let err = Config::load(Some(&file), &[], &Default::default()).unwrap_err();
+        assert_eq!(err.key, "upstream.urll");
+        assert!(err.message.contains("did you mean upstream.url?"), "{err}");
+        assert!(!err.message.contains("environment variable"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

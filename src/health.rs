@@ -1,6 +1,7 @@
 //! Upstream health: one background task probes the upstream's health route and keeps what
 //! `/readyz` and the `kvbust_upstream_up` gauge report. Never touches client traffic, never runs
-//! on the data workers, and logs a change of state once, not every probe.
+//! on the data workers, and logs a change of state once, not every probe (a host name that does
+//! not resolve: at WARN, at most once a minute).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -193,8 +194,72 @@ enum Outcome {
     Healthy,
     /// 404 or 405: the server has no such route (try the fallback path, if any).
     NoRoute(String),
-    Failed(String),
+    Failed(Failure),
 }
+
+/// Why a probe failed, and whether it was because the host name does not resolve.
+struct Failure {
+    why: String,
+    unresolved: bool,
+}
+
+impl From<String> for Failure {
+    fn from(why: String) -> Self {
+        Failure {
+            why,
+            unresolved: false,
+        }
+    }
+}
+
+/// Whether `err` failed at the name lookup. hyper-util's connector wraps a resolver failure in
+/// an error whose text is exactly "dns error" (its type is private), whatever the resolver said
+/// (unknown name, no DNS server reachable).
+fn is_unresolved(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.to_string() == "dns error" {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// How often a host name that does not resolve is logged at WARN while it goes on failing: a
+/// typo in `upstream.url` never fixes itself, and an INFO line once at start is easy to miss
+/// while `/readyz` answers 503. The first failure, then one line a minute (counted in probes,
+/// so it needs no clock).
+#[derive(Debug)]
+pub struct UnresolvedWarning {
+    every: u32,
+    in_a_row: u32,
+}
+
+impl UnresolvedWarning {
+    /// Probes `interval` apart: a line every `DNS_WARN_EVERY`, at least every probe.
+    pub fn new(interval: Duration) -> Self {
+        let every = DNS_WARN_EVERY.as_millis() / interval.as_millis().max(1);
+        Self {
+            every: u32::try_from(every).unwrap_or(u32::MAX).max(1),
+            in_a_row: 0,
+        }
+    }
+
+    /// Takes one probe's result (`unresolved`: it failed at the name lookup); true when this
+    /// one is to be logged.
+    pub fn record(&mut self, unresolved: bool) -> bool {
+        if !unresolved {
+            self.in_a_row = 0;
+            return false;
+        }
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        (self.in_a_row - 1) % self.every == 0
+    }
+}
+
+/// At most one WARN line this often for an upstream host name that does not resolve.
+const DNS_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Sends the probes: the paths to try and the one that worked last.
 struct Prober {
@@ -225,10 +290,10 @@ impl Prober {
     }
 
     /// One round: the current path, and the fallback when the server has no such route.
-    async fn round(&mut self) -> Result<(), String> {
+    async fn round(&mut self) -> Result<(), Failure> {
         loop {
             let Some(path) = self.paths.get(self.current).cloned() else {
-                return Err("no health path to probe".into());
+                return Err(String::from("no health path to probe").into());
             };
             match self.probe(&path).await {
                 Outcome::Healthy => return Ok(()),
@@ -238,7 +303,7 @@ impl Prober {
                     tracing::info!("{e}: probing {next} for upstream health instead");
                     self.current += 1;
                 }
-                Outcome::NoRoute(e) => return Err(e),
+                Outcome::NoRoute(e) => return Err(e.into()),
             }
         }
     }
@@ -247,7 +312,7 @@ impl Prober {
         let what = format!("GET {}{path}", self.upstream.display);
         let uri = match self.upstream.join(Some(path)) {
             Ok(u) => u,
-            Err(e) => return Outcome::Failed(format!("{what}: {e}")),
+            Err(e) => return Outcome::Failed(format!("{what}: {e}").into()),
         };
         let mut req = Request::new(full_body(Bytes::new()));
         *req.method_mut() = Method::GET;
@@ -266,19 +331,22 @@ impl Prober {
             Ok::<StatusCode, hyper_util::client::legacy::Error>(status)
         };
         match tokio::time::timeout(self.timeout, exchange).await {
-            Err(_) => Outcome::Failed(format!(
-                "{what}: no answer within {} (upstream.health_timeout)",
-                humantime::format_duration(self.timeout)
-            )),
-            Ok(Err(e)) => Outcome::Failed(format!(
-                "{what}: {}",
-                crate::upstream::client::with_tls_hint(&e)
-            )),
+            Err(_) => Outcome::Failed(
+                format!(
+                    "{what}: no answer within {} (upstream.health_timeout)",
+                    humantime::format_duration(self.timeout)
+                )
+                .into(),
+            ),
+            Ok(Err(e)) => Outcome::Failed(Failure {
+                why: format!("{what}: {}", crate::upstream::client::with_tls_hint(&e)),
+                unresolved: is_unresolved(&e),
+            }),
             Ok(Ok(s)) if s.is_success() => Outcome::Healthy,
             Ok(Ok(s)) if s == StatusCode::NOT_FOUND || s == StatusCode::METHOD_NOT_ALLOWED => {
                 Outcome::NoRoute(format!("{what} answered {s}"))
             }
-            Ok(Ok(s)) => Outcome::Failed(format!("{what} answered {s}")),
+            Ok(Ok(s)) => Outcome::Failed(format!("{what} answered {s}").into()),
         }
     }
 }
@@ -301,6 +369,7 @@ pub fn spawn(
     let mut prober = Prober::new(client, upstream, cfg);
     let mut tracker = Tracker::new(cfg.health_fail_threshold, cfg.health_success_threshold);
     let interval = cfg.health_interval;
+    let mut unresolved = UnresolvedWarning::new(interval);
     Some(tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         // A slow probe pushes the next one back rather than firing a burst to catch up.
@@ -313,29 +382,55 @@ pub fn spawn(
                     prober.round().await
                 } => result,
             };
-            let transition = tracker.record(result);
+            let warn_unresolved = unresolved.record(matches!(&result, Err(f) if f.unresolved));
+            let transition = tracker.record(result.map_err(|f| f.why));
             // The gauge first, so whoever sees the new status also sees the gauge agree.
             metrics.upstream_up.set(i64::from(tracker.status().is_up()));
             readiness.set(tracker.status().clone());
-            match transition {
-                None => {}
-                Some(Transition::Waiting(e)) => tracing::info!(
-                    "waiting for the upstream ({e}); /readyz answers 503 until it is up"
-                ),
-                Some(Transition::Up { was_down: false }) => {
-                    tracing::info!(upstream = %prober.upstream.display, "upstream is up; ready")
-                }
-                Some(Transition::Up { was_down: true }) => {
-                    tracing::info!(upstream = %prober.upstream.display, "upstream is up again; ready")
-                }
-                Some(Transition::Down { failures, last }) => tracing::warn!(
-                    "upstream is down after {} in a row ({last}); /readyz answers 503 until it \
-                     is up again",
-                    failed_probes(failures)
-                ),
+            if warn_unresolved && !matches!(transition, Some(Transition::Down { .. })) {
+                warn_unresolved_host(&prober.upstream, tracker.status());
             }
+            log_transition(transition, &prober.upstream, warn_unresolved);
         }
     }))
+}
+
+/// The WARN line for an upstream whose host name does not resolve (at most one a minute).
+fn warn_unresolved_host(upstream: &Upstream, status: &UpstreamStatus) {
+    let why = match status {
+        UpstreamStatus::Starting { last: Some(e) } | UpstreamStatus::Down { last: e, .. } => {
+            e.as_str()
+        }
+        _ => "",
+    };
+    tracing::warn!(
+        upstream = %upstream.display,
+        "the upstream's host name does not resolve ({why}); /readyz answers 503 until it \
+         does: check the host in upstream.url / --upstream"
+    );
+}
+
+/// One line per change of state. `warned`: this probe's failure was just logged at WARN, so
+/// the "waiting" line would say it twice.
+fn log_transition(transition: Option<Transition>, upstream: &Upstream, warned: bool) {
+    match transition {
+        None => {}
+        Some(Transition::Waiting(_)) if warned => {}
+        Some(Transition::Waiting(e)) => {
+            tracing::info!("waiting for the upstream ({e}); /readyz answers 503 until it is up")
+        }
+        Some(Transition::Up { was_down: false }) => {
+            tracing::info!(upstream = %upstream.display, "upstream is up; ready")
+        }
+        Some(Transition::Up { was_down: true }) => {
+            tracing::info!(upstream = %upstream.display, "upstream is up again; ready")
+        }
+        Some(Transition::Down { failures, last }) => tracing::warn!(
+            "upstream is down after {} in a row ({last}); /readyz answers 503 until it \
+             is up again",
+            failed_probes(failures)
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -344,6 +439,40 @@ mod tests {
 
     fn fail(t: &mut Tracker, why: &str) -> Option<Transition> {
         t.record(Err(why.into()))
+    }
+
+    #[test]
+    fn an_unresolved_host_warns_at_once_then_once_a_minute_of_probes() {
+        // Probes 5 s apart: the 1st, 13th, 25th failure in a row.
+        let mut w = UnresolvedWarning::new(Duration::from_secs(5));
+        let logged: Vec<usize> = (1..=30).filter(|_| w.record(true)).collect();
+        assert_eq!(logged, vec![1, 13, 25]);
+        // Any other outcome starts the count again.
+        assert!(!w.record(false));
+        assert!(w.record(true));
+        // Probes further apart than a minute: every one.
+        let mut w = UnresolvedWarning::new(Duration::from_secs(90));
+        assert!((0..3).all(|_| w.record(true)));
+    }
+
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_told_from_a_refused_connection() {
+        use hyper_util::client::legacy::{connect::HttpConnector, Client};
+        let client: Client<HttpConnector, http_body_util::Empty<Bytes>> =
+            Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        // `.invalid` never resolves (RFC 2606), with or without a DNS server.
+        let uri: http::Uri = "http://kvbust-no-such-host.invalid/health".parse().unwrap();
+        let err = client.get(uri).await.unwrap_err();
+        assert!(is_unresolved(&err), "{}", crate::error::error_chain(&err));
+        // A port nothing listens on: connected to nothing, but resolved.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let uri: http::Uri = format!("http://127.0.0.1:{port}/health").parse().unwrap();
+        let err = client.get(uri).await.unwrap_err();
+        assert!(!is_unresolved(&err), "{}", crate::error::error_chain(&err));
     }
 
     #[test]

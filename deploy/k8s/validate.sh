@@ -128,6 +128,38 @@ else
     echo "deploy/k8s/overlays/benchmark-job: no native kvbust sidecar in the Job" >&2
     status=1
 fi
+# deploy/README.md's "Add kvbust to your vLLM" (deploy/k8s/examples/existing-vllm): valid, kvbust
+# in the labelled vLLM Deployment only (not in the unrelated open-webui beside it), and the
+# Service's targetPort on kvbust's data port, a port the pod has.
+example=deploy/k8s/examples/existing-vllm
+render "$example" >"$out/example-existing-vllm.yaml"
+args=()
+for v in "${versions[@]}"; do args+=(-k "$v"); done
+if ! "$venv/bin/kubernetes-validate" --strict --quiet "${args[@]}" "$out/example-existing-vllm.yaml"; then
+    echo "$example: INVALID (above)" >&2
+    status=1
+fi
+if "$venv/bin/python" - "$out/example-existing-vllm.yaml" <<'PY'; then
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+def find(kind, name):
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+def init_names(dep):
+    return [c["name"] for c in dep["spec"]["template"]["spec"].get("initContainers", [])]
+vllm, webui = find("Deployment", "vllm"), find("Deployment", "open-webui")
+assert init_names(vllm) == ["kvbust"], f"vllm: init containers {init_names(vllm)}"
+assert init_names(webui) == [], f"open-webui got {init_names(webui)}"
+assert "enableServiceLinks" not in webui["spec"]["template"]["spec"], "open-webui was patched"
+kvbust = vllm["spec"]["template"]["spec"]["initContainers"][0]
+ports = {p["name"]: p["containerPort"] for p in kvbust["ports"]}
+target = find("Service", "vllm")["spec"]["ports"][0]["targetPort"]
+assert ports["http"] == 8080 and target in (8080, "http"), f"the Service's targetPort {target!r} is not kvbust's data port ({ports})"
+PY
+    echo "$example: kvbust only in the labelled Deployment, the Service on kvbust's port"
+else
+    echo "$example: deploy/README.md's recipe does not hold (above)" >&2
+    status=1
+fi
 "$venv/bin/hadolint" deploy/Dockerfile || status=1
 [ "$status" = 0 ] && echo "deploy/Dockerfile: hadolint clean"
 exit "$status"

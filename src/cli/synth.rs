@@ -139,7 +139,8 @@ pub struct SynthArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Conversations)]
     pub format: OutputFormat,
-    /// Model name written into openai-chat bodies (default "model"). For weka_trace input,
+    /// The model on every turn, as AIPerf's composer sets it: each turn of `conversations`
+    /// lines, each openai-chat body (default there "model"). For weka_trace input,
     /// AIPerf's `--model`: the trace's models map onto these comma-separated names, its main
     /// model onto the first (without it, the trace's own model names are kept).
     #[arg(long, value_name = "NAME[,NAME…]")]
@@ -159,7 +160,8 @@ pub struct SynthArgs {
     pub custom_dataset_type: Option<TraceKind>,
     /// Tokens per hash-id block (default 512 for mooncake_trace, 16 for bailian_trace, 64 for
     /// weka_trace whatever the trace declares, as `aiperf profile` does; tracelab: the size its
-    /// block ids are synthesized at, default 64).
+    /// block ids are synthesized at, default 64). A kvbust capture's own block size is read
+    /// from its `.meta.json` when this is not given.
     #[arg(long, value_name = "N")]
     pub isl_block_size: Option<usize>,
     /// Trace requests with more input tokens are skipped (weka: top-level requests;
@@ -458,6 +460,11 @@ fn bench_dataset(requests: &[BenchRequest]) -> Dataset {
     }
 }
 
+/// `--model`'s names (comma-separated for the agentic traces; one name elsewhere).
+fn model_names(model: Option<&str>) -> Vec<&str> {
+    model.map_or_else(Vec::new, |m| m.split(',').map(str::trim).collect())
+}
+
 /// How `write_dataset` writes: the format and its options.
 pub struct WriteOptions<'a> {
     pub format: OutputFormat,
@@ -742,7 +749,18 @@ fn checked_job(args: &SynthArgs) -> anyhow::Result<Job> {
         Some(tool) => Job::Bench(args.to_bench_params(tool)?),
         None => {
             args.check_no_bench_flags()?;
-            let params = args.to_params();
+            let mut params = args.to_params();
+            if params.isl_block_size.is_none() {
+                params.isl_block_size =
+                    capture_block_size(params.input_file.as_deref(), params.custom_dataset_type)
+                        .map(|(size, meta)| {
+                            eprintln!(
+                                "{}",
+                                block_size_note("synth", size, &meta, "--isl-block-size")
+                            );
+                            size
+                        });
+            }
             params.validate()?;
             check_format_flags(args, &params)?;
             Job::Aiperf(Box::new(params))
@@ -799,7 +817,9 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
                     b.set_position(done as u64);
                 }
             };
-            let dataset = build_dataset_with(&params, &tokenizer, cache_dir.as_deref(), &mut tick)?;
+            let mut dataset =
+                build_dataset_with(&params, &tokenizer, cache_dir.as_deref(), &mut tick)?;
+            dataset.assign_models(&model_names(args.model.as_deref()));
             if let Some(b) = &bar {
                 b.finish_and_clear();
             }
@@ -877,7 +897,8 @@ fn write_bench(
                 writeln!(out, "{line}")?;
             }
         } else {
-            let dataset = bench_dataset(requests);
+            let mut dataset = bench_dataset(requests);
+            dataset.assign_models(&model_names(args.model.as_deref()));
             warn_sharegpt_lengths(args.format, &dataset, tokenizer)?;
             write_dataset(out, &dataset, opts, answers)?;
         }
@@ -899,6 +920,35 @@ fn warn_sharegpt_lengths(
     Ok(())
 }
 
+/// The block size of a trace kvbust's capture wrote: its `NAME.meta.json` beside `NAME.jsonl`
+/// says what `capture.block_size` the hash ids were cut at, which AIPerf's defaults (512 for
+/// mooncake_trace) would otherwise contradict. `None` for a trace of another type, or without
+/// such a file beside it. Returns the size and the meta file's path.
+fn capture_block_size(input: Option<&Path>, kind: Option<TraceKind>) -> Option<(usize, PathBuf)> {
+    use crate::capture::file::{meta_path, Meta, FORMAT};
+    let input = input?;
+    // Captures are mooncake_trace rows (bailian_trace reads the same fields).
+    if !matches!(
+        kind,
+        None | Some(TraceKind::MooncakeTrace | TraceKind::BailianTrace)
+    ) || input.is_dir()
+    {
+        return None;
+    }
+    let meta = meta_path(input);
+    let text = std::fs::read_to_string(&meta).ok()?;
+    let m: Meta = serde_json::from_str(&text).ok()?;
+    (m.format == FORMAT && m.block_size > 0).then_some((m.block_size, meta))
+}
+
+/// The stderr line saying where the block size came from and how to override it.
+fn block_size_note(command: &str, size: usize, meta: &Path, flag: &str) -> String {
+    format!(
+        "kvbust {command}: block size {size} from the capture's {} ({flag} overrides it)",
+        meta.display()
+    )
+}
+
 /// What `run` was asked to do, after the flags were checked.
 enum Job {
     Bench(BenchParams),
@@ -914,7 +964,7 @@ pub struct AnalyzeArgs {
     #[arg(value_name = "TRACE")]
     pub input_file: PathBuf,
     /// Tokens per hash-id block (AIPerf's default 512; for weka_trace the trace's declared
-    /// block size, for tracelab 64).
+    /// block size, for tracelab 64; for a kvbust capture, its `.meta.json`'s).
     #[arg(long, value_name = "N")]
     pub block_size: Option<u64>,
     /// Also write the statistics as JSON (AIPerf's `--output-file` object) to this file; its
@@ -950,7 +1000,21 @@ fn analysis_rows(args: &AnalyzeArgs) -> Result<(Vec<analyze::Row>, u64), SynthEr
     let (rows, default_block) = match kind {
         TraceKind::MooncakeTrace | TraceKind::BailianTrace => {
             let lines = trace::read_lines(TraceReader::open(path)?)?;
-            (analyze::rows_from_lines(path, &lines)?, 512)
+            let captured = match args.block_size {
+                Some(_) => None,
+                None => capture_block_size(Some(path), Some(kind)),
+            };
+            let block = match captured {
+                Some((size, meta)) => {
+                    eprintln!(
+                        "{}",
+                        block_size_note("analyze-trace", size, &meta, "--block-size")
+                    );
+                    size as u64
+                }
+                None => 512,
+            };
+            (analyze::rows_from_lines(path, &lines)?, block)
         }
         TraceKind::BurstGptTrace => {
             let rows = burst::entries(path, TraceReader::open(path)?, None, false)?

@@ -74,7 +74,7 @@ impl Config {
             name: "command-line flag(s)",
             dict: flags,
         });
-        let cfg: Config = fig.extract().map_err(from_figment)?;
+        let cfg: Config = fig.extract().map_err(|e| from_figment(e, env))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -229,7 +229,7 @@ fn toml_string(c: &Config) -> String {
     toml::to_string_pretty(c).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
 }
 
-fn from_figment(e: figment::Error) -> ConfigError {
+fn from_figment(e: figment::Error, env: &[(String, String)]) -> ConfigError {
     let key = if e.path.is_empty() {
         "(config)".to_string()
     } else {
@@ -243,22 +243,7 @@ fn from_figment(e: figment::Error) -> ConfigError {
                 Some(_) => format!("{key}.{field}"),
                 None => field.clone(),
             };
-            let mut message = format!(
-                "unknown key; valid keys here are: {}",
-                expected
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            if looks_like_service_link(&full) {
-                message.push_str(&format!(
-                    ". KVBUST_{} looks like a variable Kubernetes sets for a Service named \
-                     kvbust...: set enableServiceLinks: false in the pod spec",
-                    full.to_ascii_uppercase()
-                ));
-            }
-            return ConfigError::new(full, message);
+            return unknown_key(&full, field, expected, env);
         }
         other => {
             // Parse errors quote the source line, which may hold an upstream URL's password.
@@ -270,6 +255,87 @@ fn from_figment(e: figment::Error) -> ConfigError {
         }
     };
     ConfigError::new(key, message)
+}
+
+/// An unknown key `full` (its last part `field`), with `expected` the valid keys beside it: the
+/// environment variable that set it, when one did (a variable's name is what the user typed),
+/// and the nearest valid key.
+fn unknown_key(
+    full: &str,
+    field: &str,
+    expected: &[&str],
+    env: &[(String, String)],
+) -> ConfigError {
+    let variable = env_variable_for(full, env);
+    let mut message = String::from("unknown key");
+    if let Some(var) = &variable {
+        message.push_str(&format!(", set by the environment variable {var}"));
+    }
+    if let Some(near) = nearest(field, expected) {
+        let parent = full.strip_suffix(field).unwrap_or("");
+        let suggested = format!("{parent}{near}");
+        match &variable {
+            Some(_) => message.push_str(&format!(
+                "; did you mean {} ({suggested})?",
+                env_name(&suggested)
+            )),
+            None => message.push_str(&format!("; did you mean {suggested}?")),
+        }
+    }
+    message.push_str(&format!("; valid keys here are: {}", expected.join(", ")));
+    if looks_like_service_link(full) {
+        message.push_str(&format!(
+            ". KVBUST_{} looks like a variable Kubernetes sets for a Service named \
+             kvbust...: set enableServiceLinks: false in the pod spec",
+            full.to_ascii_uppercase()
+        ));
+    }
+    ConfigError::new(full, message)
+}
+
+/// `cache_bust.target` → `KVBUST_CACHE_BUST__TARGET`, as [`SnapshotEnv`] reads names.
+fn env_name(key: &str) -> String {
+    format!("KVBUST_{}", key.replace('.', "__").to_ascii_uppercase())
+}
+
+/// The `KVBUST_*` variable in `env` that names `key`, if any (as written, any case).
+fn env_variable_for(key: &str, env: &[(String, String)]) -> Option<String> {
+    env.iter()
+        .map(|(k, _)| k)
+        .find(|k| {
+            k.strip_prefix("KVBUST_")
+                .is_some_and(|rest| rest.to_ascii_lowercase().replace("__", ".") == key)
+        })
+        .cloned()
+}
+
+/// The valid key nearest to `typed`, when it is near enough to be a typo: at most a third of
+/// its letters edited (at least 1, at most 3).
+fn nearest<'a>(typed: &str, valid: &[&'a str]) -> Option<&'a str> {
+    let most = (typed.len() / 3).clamp(1, 3);
+    valid
+        .iter()
+        .map(|v| (edit_distance(typed, v), *v))
+        .filter(|(d, _)| *d <= most)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, v)| v)
+}
+
+/// Levenshtein distance between `a` and `b` in bytes (keys and header names are ASCII): how
+/// close a typo is to a valid name, for the "did you mean" of unknown keys and headers.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.bytes().enumerate() {
+        cur[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitute = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = substitute.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
 }
 
 /// Kubernetes gives every pod `<SERVICE>_SERVICE_HOST`, `<SERVICE>_PORT`, `<SERVICE>_PORT_<n>_TCP...`

@@ -55,6 +55,14 @@ pub async fn run(opts: &Options) -> Result<Findings, ProbeError> {
             "--upstream: {e} (give the server's root, e.g. http://127.0.0.1:8000)"
         ))
     })?;
+    // The `/v1` trap `serve` refuses: the probe sends `/v1/models` itself, so a base URL
+    // ending in `/v1` would ask for `/v1/v1/models` and read the 404 as a dead server.
+    url.check_base_path().map_err(|e| {
+        ProbeError::Usage(format!(
+            "--upstream: {}",
+            e.message.replace("upstream.url is", "--upstream is")
+        ))
+    })?;
     let cfg = UpstreamConfig {
         url: Some(opts.upstream.clone()),
         ..UpstreamConfig::default()

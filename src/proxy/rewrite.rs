@@ -12,7 +12,7 @@ use crate::cachebust::{
     digest, marker::marker_for_digest, salt, DigestInputs, ListParts, Method, Phase, Plan,
     RewriteError, Target,
 };
-use crate::config::{HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
+use crate::config::{edit_distance, HeaderNames, ListPartsMode, OnUnparseable, SessionSource};
 use crate::error::{excerpt, ProxyError};
 use crate::json::Layout;
 use crate::runtime::SharedState;
@@ -138,22 +138,6 @@ pub fn reject_unknown(headers: &HeaderMap, names: &HeaderNames) -> Result<(), Pr
             control.join(", ")
         ),
     ))
-}
-
-/// Levenshtein distance between `a` and `b` (bytes; header names are ASCII).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b = b.as_bytes();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.bytes().enumerate() {
-        cur[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let substitute = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = substitute.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    prev[b.len()]
 }
 
 /// The run a request names in `x-kvbust-run`, checked (`[A-Za-z0-9._-]{1,64}`).

@@ -38,6 +38,34 @@ fn completions_print_a_script_for_the_shell() {
     assert_eq!(kvbust(&["completions", "cmd"]).status.code(), Some(2));
 }
 
+/// `kvbust completions bash | head`: the reader is gone before kvbust writes (a socket whose
+/// other end is closed, so the write fails with EPIPE every time, not only when the reader
+/// wins a race). Before: a BrokenPipe panic and its backtrace, exit 101.
+#[test]
+fn completions_into_a_closed_pipe_end_quietly() {
+    use std::os::unix::net::UnixStream;
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    drop(ours);
+    let mut p = Command::new(env!("CARGO_BIN_EXE_kvbust"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("KVBUST_") {
+            p.env_remove(k);
+        }
+    }
+    let out = p
+        .args(["completions", "bash"])
+        .stdout(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            theirs,
+        )))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.is_empty(), "{err}");
+}
+
 #[test]
 fn serve_help_lists_the_cache_bust_values_and_the_upstream_root() {
     let out = kvbust(&["serve", "--help"]);

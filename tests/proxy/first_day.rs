@@ -289,7 +289,7 @@ fn the_config_file_lists_every_trace_type_for_custom_dataset_type() {
 #[test]
 fn the_readme_puts_kvbust_on_path_and_its_examples_wait_and_make_folders() {
     let readme = repo_file("README.md");
-    assert!(readme.contains("`cargo install --path .`"));
+    assert!(readme.contains("`cargo install --locked --path .`"));
     let completions = readme
         .lines()
         .position(|l| l.starts_with("kvbust completions bash >"))

@@ -19,6 +19,7 @@ mod compaction;
 mod deploy;
 mod dial;
 mod first_day;
+mod first_steps;
 mod fuzz_regressions;
 mod hardening_42;
 mod hardening_server;

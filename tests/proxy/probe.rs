@@ -139,6 +139,23 @@ async fn usage_errors_exit_2_and_an_unreachable_upstream_exits_1() {
     assert!(err.contains("is the server up"), "{err}");
 }
 
+#[tokio::test]
+async fn an_sdk_base_url_is_refused_with_the_fix_as_serve_refuses_it() {
+    let (_stop, url) = mock().await;
+    let (code, out, err) = probe(&["--upstream", &format!("{url}/v1")]).await;
+    // A usage error (exit 2) naming the root to give, not a 404 from /v1/v1/models (exit 1).
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("--upstream"), "{err}");
+    assert!(err.contains(&format!("set it to {url}")), "{err}");
+    assert!(out.is_empty(), "nothing was probed: {out}");
+    let (code, out, err) = probe(&["--upstream", &format!("{url}/")]).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "a trailing slash is still the root: {out}{err}"
+    );
+}
+
 /// An OpenAI-style server that reports `usage.prompt_tokens` but never `cached_tokens` (vLLM
 /// without `--enable-prompt-tokens-details`, SGLang without `--enable-cache-report`).
 async fn silent_upstream() -> (Stop, SocketAddr) {

@@ -339,3 +339,80 @@ fn openai_chat_multi_turn_bodies() {
     let raw = std::fs::read_to_string(scratch("o.jsonl")).unwrap();
     assert!(raw.lines().all(|l| l.starts_with("{\"messages\":")));
 }
+
+/// `--model` on every turn of every dataset type, as AIPerf 0.13.0's composer sets `Turn.model`
+/// on each turn it finalizes (burst_gpt_trace and weka_trace against AIPerf's own output:
+/// `agentic::agentic_trace_vectors_*`): `conversations` lines carry it per turn, `openai-chat`
+/// bodies send it. Without `--model` nothing is invented in `conversations`.
+#[test]
+fn the_model_is_on_every_turn_of_every_dataset_type() {
+    let traces = synth_common::read_json("traces.json");
+    let write = |name: &str, lines: &Value| {
+        let path = scratch(&format!("model-{name}.jsonl"));
+        let text: String = lines
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let mooncake = write("mooncake", &traces["cases"]["mooncake_multiturn"]["trace"]);
+    let bailian = write("bailian", &traces["cases"]["bailian"]["trace"]);
+    let inputs: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "synthetic",
+            vec!["--isl", "24", "--osl", "3", "--num-dataset-entries", "3"],
+        ),
+        (
+            "synthetic-multiturn",
+            vec![
+                "--isl",
+                "24",
+                "--osl",
+                "3",
+                "--num-dataset-entries",
+                "2",
+                "--session-turns-mean",
+                "3",
+            ],
+        ),
+        ("mooncake", vec!["--input-file", &mooncake]),
+        (
+            "bailian",
+            vec![
+                "--input-file",
+                &bailian,
+                "--custom-dataset-type",
+                "bailian_trace",
+            ],
+        ),
+    ];
+    for (name, args) in &inputs {
+        let mut with_model = args.clone();
+        with_model.extend(["--random-seed", "1", "--model", "my-model"]);
+        let text = synth(&with_model, &format!("model-{name}-conv.jsonl"));
+        let mut turns = 0;
+        for line in text.lines() {
+            let conv: Value = serde_json::from_str(line).unwrap();
+            for t in conv["turns"].as_array().unwrap() {
+                assert_eq!(t["model"], "my-model", "{name}: {t}");
+                turns += 1;
+            }
+        }
+        assert!(turns > 2, "{name}: {turns} turns");
+        let mut chat = with_model.clone();
+        chat.extend(["--format", "openai-chat"]);
+        let bodies = synth(&chat, &format!("model-{name}-chat.jsonl"));
+        assert_eq!(bodies.lines().count(), turns, "{name}");
+        for line in bodies.lines() {
+            let b: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(b["model"], "my-model", "{name}");
+        }
+        let mut without = args.clone();
+        without.extend(["--random-seed", "1"]);
+        let text = synth(&without, &format!("model-{name}-none.jsonl"));
+        assert!(!text.contains("\"model\""), "{name}: {text:.200}");
+    }
+}

@@ -352,3 +352,85 @@ fn config_check_refuses_bad_multipliers_and_model_lists() {
         );
     }
 }
+
+/// A capture at `capture.block_size = 16` (its rows and its `.meta.json`, as the capture's own
+/// `Meta` type writes it) replays and is analyzed at 16 without a flag, saying so on stderr;
+/// the flag still wins. Before: 512, and "does not fit 3 hash_ids of 512 tokens".
+#[test]
+fn a_capture_replays_and_is_analyzed_at_its_own_block_size() {
+    let trace = scratch("capture-16.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"session_id\":\"a1\",\"timestamp\":0,\"input_length\":40,\"output_length\":4,\"hash_ids\":[0,1,2]}\n\
+         {\"session_id\":\"b2\",\"timestamp\":5,\"input_length\":36,\"output_length\":4,\"hash_ids\":[0,1,3]}\n",
+    )
+    .unwrap();
+    let meta = kvbust::capture::file::Meta {
+        format: kvbust::capture::file::FORMAT.into(),
+        version: 1,
+        start_unix_ms: 0,
+        block_size: 16,
+        key: None,
+        chat_template: "none".into(),
+        tokenizer: "qwen3".into(),
+        min_sessions_per_shared_block: 0,
+        rows: 2,
+    };
+    let meta_file = kvbust::capture::file::meta_path(&trace);
+    assert_eq!(meta_file, scratch("capture-16.meta.json"));
+    std::fs::write(&meta_file, serde_json::to_string(&meta).unwrap()).unwrap();
+    let path = trace.display().to_string();
+    let synth = |extra: &[&str]| {
+        let mut args = vec![
+            "synth",
+            "--input-file",
+            &path,
+            "--custom-dataset-type",
+            "mooncake_trace",
+            "--random-seed",
+            "7",
+        ];
+        args.extend_from_slice(extra);
+        kvbust().args(&args).output().unwrap()
+    };
+    let o = synth(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "block size 16 from the capture's {} (--isl-block-size overrides it)",
+            meta_file.display()
+        )),
+        "{err}"
+    );
+    // The same bytes as with the flag given.
+    let flagged = synth(&["--isl-block-size", "16"]);
+    assert!(flagged.status.success());
+    assert_eq!(o.stdout, flagged.stdout);
+    assert!(!String::from_utf8_lossy(&flagged.stderr).contains("from the capture's"));
+    // The flag overrides the metadata: 3 blocks of 512 do not fit 40 tokens.
+    let o = synth(&["--isl-block-size", "512"]);
+    assert_eq!(o.status.code(), Some(2));
+
+    let analyze = |extra: &[&str]| {
+        let out = scratch(&format!("capture-16.stats{}.json", extra.len()));
+        let mut args = vec!["analyze-trace".to_owned(), path.clone()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(["--output-file".into(), out.display().to_string()]);
+        let o = run_ok(&args);
+        let json: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        (String::from_utf8_lossy(&o.stderr).into_owned(), json)
+    };
+    let (err, from_meta) = analyze(&[]);
+    assert!(err.contains("block size 16 from the capture's"), "{err}");
+    let (_, at_16) = analyze(&["--block-size", "16"]);
+    let (err, at_512) = analyze(&[
+        "--block-size",
+        "512",
+        "--custom-dataset-type",
+        "mooncake_trace",
+    ]);
+    assert!(!err.contains("from the capture's"), "{err}");
+    assert_eq!(from_meta, at_16);
+    assert_ne!(from_meta, at_512, "the block size shows in the statistics");
+}

@@ -162,6 +162,7 @@ fn chat_body(
     body.set("messages", messages);
     let model = agentic
         .and_then(|a| a.model.as_deref())
+        .or(turn.model.as_deref())
         .unwrap_or(opts.model);
     body.set("model", js(model));
     body.set("stream", opts.stream.to_string());

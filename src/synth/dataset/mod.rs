@@ -19,6 +19,10 @@ use serde_json::Number;
 /// One user turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub struct Turn {
+    /// The model this turn is sent to (AIPerf's `Turn.model`): `--model` on every turn, set by
+    /// [`Dataset::assign_models`]; an agentic turn carries its own in `agentic`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// The prompt text (empty for a verbatim `messages` / `payload` trace turn).
     pub text: String,
     /// The OSL for this turn, when one is configured.
@@ -87,6 +91,29 @@ pub struct Conversation {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Dataset {
     pub conversations: Vec<Conversation>,
+}
+
+impl Dataset {
+    /// `names` on every turn that has no model yet, in turn order round robin, as AIPerf's
+    /// composer finalizes each turn (`_finalize_turn`, `--model-selection-strategy
+    /// round_robin`, its default): one name goes on every turn. An agentic turn's own model
+    /// (a trace's, mapped onto `--model`) stays.
+    pub fn assign_models(&mut self, names: &[&str]) {
+        if names.is_empty() {
+            return;
+        }
+        let mut next = 0;
+        for turn in self.conversations.iter_mut().flat_map(|c| &mut c.turns) {
+            let slot = match turn.agentic.as_deref_mut() {
+                Some(info) => &mut info.model,
+                None => &mut turn.model,
+            };
+            if slot.is_none() {
+                *slot = Some(names[next % names.len()].to_owned());
+                next += 1;
+            }
+        }
+    }
 }
 
 impl Conversation {

@@ -557,6 +557,7 @@ fn conversations(
                 _ => (None, None, None),
             };
             turns.push(Turn {
+                model: None,
                 text: text.unwrap_or_default(),
                 max_tokens,
                 timestamp: e.timestamp,
