@@ -769,6 +769,17 @@ async fn following_the_engines_kv_events_removes_the_divergence_of_its_evictions
                 );
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            // Every reset sent above reached kvbust before the first request: a late one would
+            // empty the model's index after that request (a race a loaded machine lost).
+            let queued = mock.kv_events_queued();
+            report_until(&h, "kvbust receives every reset", |r| {
+                r.cache_model
+                    .kv_events
+                    .as_ref()
+                    .and_then(|k| k.last_seq)
+                    .is_some_and(|s| s + 1 == queued)
+            })
+            .await;
         }
         let client = h1();
         for i in 0..40 {
