@@ -616,3 +616,42 @@ async fn empty_body_responses_are_logged_complete_with_the_client_and_its_agent(
     assert!(!m.contains("reason=\"client_disconnect\""), "{m}");
     h.shutdown().await;
 }
+
+/// A generation request's access line carries its run and the cache model's prediction beside
+/// the server's figure (issue 39 item 8): the second of two equal prompts is predicted to hit
+/// what the mock reports, from the same session.
+#[tokio::test]
+async fn access_lines_carry_the_run_and_the_prediction_beside_the_servers_figure() {
+    let logs = logs();
+    let _ = &logs;
+    let h = start(|c| c.log.format = LogFormat::Json).await;
+    let c = h1();
+    let text =
+        "the same prompt twice, long enough to fill a few blocks of the mock's cache ".repeat(4);
+    let body = serde_json::json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]});
+    for id in ["pred-1", "pred-2"] {
+        let req = http::Request::post(h.url("/v1/chat/completions"))
+            .header("x-request-id", id)
+            .header("x-kvbust-run", "logged")
+            .header("x-correlation-id", "one-session")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let resp = send(&c, req).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        body_bytes(resp).await;
+    }
+    let first = access_line("pred-1").await;
+    assert_eq!(first["run"], "logged", "{first}");
+    assert_eq!(first["predicted_cached_tokens"], 0, "{first}");
+    assert_eq!(first["reuse_source"], "none", "{first}");
+    let second = access_line("pred-2").await;
+    assert_eq!(second["run"], "logged", "{second}");
+    assert!(second["cached_tokens"].as_u64().unwrap() > 0, "{second}");
+    assert_eq!(
+        second["predicted_cached_tokens"], second["cached_tokens"],
+        "{second}"
+    );
+    assert_eq!(second["reuse_source"], "same_session", "{second}");
+    h.shutdown().await;
+}

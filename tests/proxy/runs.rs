@@ -363,3 +363,33 @@ async fn closed_runs_are_saved_as_files() {
     );
     h.shutdown().await;
 }
+
+/// A data-port header never discards a run (issue 42 item 7): explicit digest headers with a
+/// new benchmark id used to start a new report without the admin token; now the request counts
+/// in the current run with the others.
+#[tokio::test]
+async fn digest_headers_never_reset_the_run() {
+    let h = common::start(|c| c.cache_bust.target = Target::FirstTurnPrefix).await;
+    aiperf_request(&h, "a", None, "the first request").await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "another"}], "max_tokens": 2});
+    let headers = [
+        ("x-kvbust-benchmark-id", "someone-elses"),
+        ("x-kvbust-trace-id", "t1"),
+    ];
+    let resp = send(
+        &h1(),
+        post(&h.url("/v1/chat/completions"), body.to_string(), &headers),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    body_bytes(resp).await;
+    h.settle_report().await;
+    let r = report_at(&h, "/report").await;
+    assert_eq!(r.run.name, "run-1");
+    assert_eq!(
+        row(&r, "profiling").requests,
+        2,
+        "both requests in the one run"
+    );
+    h.shutdown().await;
+}
