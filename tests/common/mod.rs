@@ -96,6 +96,10 @@ pub async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Har
     // The cache model counts as the mock does (built-in tokenizer, `Mock::new(_, None)`), and
     // no test loads the Qwen3 tokenizer for it unless it asks.
     cfg.cache_model.tokenizer = Some(kvbust::mock::MockTokenizerSetting::Builtin);
+    // The model's thread at the test's own priority: at the shipped nice 19 it gets next to no
+    // CPU on a saturated machine (CI's, `stress`), and tests that count every request modelled
+    // would measure the scheduler instead. The nice value has a test of its own.
+    cfg.cache_model.nice = 0;
     tweak(&mut cfg);
     cfg.validate().expect("test config is valid");
     let data = server::DataListener::bind(cfg.listen.addr, cfg.listen.worker_count()).unwrap();
@@ -138,7 +142,7 @@ impl Harness {
     /// Waits until every request so far is counted by the cache model (`GET /report?wait=`):
     /// its response ended and the model took it.
     pub async fn settle_report(&self) {
-        let resp = send(&h1(), get(&self.admin_url("/report?wait=20s"))).await;
+        let resp = send(&h1(), get(&self.admin_url("/report?wait=60s"))).await;
         assert_eq!(resp.status(), http::StatusCode::OK);
     }
 

@@ -18,7 +18,7 @@ use kvbust::report::Report;
 
 /// The run's report once every request is counted.
 pub(crate) async fn report(h: &Harness) -> Report {
-    let resp = send(&h1(), get(&h.admin_url("/report?wait=20s"))).await;
+    let resp = send(&h1(), get(&h.admin_url("/report?wait=60s"))).await;
     assert_eq!(resp.status(), StatusCode::OK);
     serde_json::from_slice(&body_bytes(resp).await).expect("a report")
 }
@@ -532,6 +532,8 @@ fn the_binary_logs_a_breach_and_the_report_table_on_sigterm() {
         ])
         .args(["--cache-bust", "first_turn_prefix"])
         .env("KVBUST_LOG__ACCESS", "false")
+        // Nice 0, as the harness sets it: the test counts on the model keeping up.
+        .env("KVBUST_CACHE_MODEL__NICE", "0")
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -605,7 +607,7 @@ fn the_binary_logs_a_breach_and_the_report_table_on_sigterm() {
         .await;
         assert_eq!(resp.status(), StatusCode::OK);
         body_bytes(resp).await;
-        send(&client, get(&format!("http://{admin}/report?wait=20s"))).await;
+        send(&client, get(&format!("http://{admin}/report?wait=60s"))).await;
     });
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -697,7 +699,7 @@ async fn the_models_thread_runs_at_the_configured_nice_value() {
 
 /// The run's report, read until `done` holds for it (a condition on the report, not a delay).
 async fn report_until(h: &Harness, what: &str, done: impl Fn(&Report) -> bool) -> Report {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let resp = send(&h1(), get(&h.admin_url("/report"))).await;
         let r: Report = serde_json::from_slice(&body_bytes(resp).await).expect("a report");
@@ -751,7 +753,7 @@ async fn following_the_engines_kv_events_removes_the_divergence_of_its_evictions
         if follow {
             // A PUB drops what it sends before a subscription reaches it: reset (an event)
             // until kvbust receives one.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
             loop {
                 mock.reset_prefix_cache();
                 let resp = send(&h1(), get(&h.admin_url("/report"))).await;
@@ -856,7 +858,7 @@ async fn a_gap_in_the_event_seq_counts_lost_batches() {
     };
     // Until the subscription reaches the publisher, what it sends is dropped: send seq 0
     // until kvbust has one (a lower seq than the rest: never a gap).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         publisher.send(batch(0)).await.expect("sends");
         let resp = send(&h1(), get(&h.admin_url("/report"))).await;

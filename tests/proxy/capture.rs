@@ -530,7 +530,7 @@ async fn analyze_trace_on_a_capture_gives_the_models_predicted_hit_rate() {
         assert_eq!(resp.status(), StatusCode::OK);
         body_bytes(resp).await;
     }
-    let resp = send(&h1(), common::get(&h.admin_url("/report?wait=20s"))).await;
+    let resp = send(&h1(), common::get(&h.admin_url("/report?wait=60s"))).await;
     let report: kvbust::report::Report = serde_json::from_slice(&body_bytes(resp).await).unwrap();
     h.shutdown().await;
     let predicted: u64 = report.rows.iter().map(|r| r.cached_tokens.predicted).sum();
