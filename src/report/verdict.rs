@@ -33,6 +33,16 @@ pub fn judge(rows: &[Row], tokens: BreachTokens) -> Verdict {
         cross_session_tokens: tokens.cross_session,
         ..Verdict::default()
     };
+    let salt_ignored: u64 = isolating.iter().map(|r| r.salt_ignored).sum();
+    if salt_ignored > 0 {
+        v.isolation = Isolation::Breached;
+        v.message = format!(
+            "Isolation cannot be trusted ({targets}): the upstream reported more cached tokens \
+             than cache_salt allows on {salt_ignored} requests, so it seems to ignore the salt. \
+             Fix: check with `kvbust probe`, or use cache_bust.method = marker."
+        );
+        return v;
+    }
     if tokens.warmup_reuse == 0 && tokens.cross_session == 0 && collisions == 0 {
         v.isolation = Isolation::Held;
         v.message = if accounted == 0 {
@@ -159,6 +169,8 @@ mod tests {
             ..Breaches::default()
         };
         let unchecked = [row("profiling", "system_prefix", 0, 0, 0)];
+        let mut ignored = held.clone();
+        ignored[0].salt_ignored = 3;
         // (rows, tokens, isolation, warmup_share, words the sentence must hold)
         type Case<'a> = (
             &'a [Row],
@@ -212,6 +224,13 @@ mod tests {
             ),
             (&unchecked, t(0, 0), Isolation::Held, None, &["not checked"]),
             (&[], t(0, 0), Isolation::NotRequested, None, &["No request"]),
+            (
+                &ignored,
+                t(0, 0),
+                Isolation::Breached,
+                None,
+                &["cannot be trusted", "3 requests", "kvbust probe"],
+            ),
         ];
         for (rows, tokens, isolation, share, words) in cases {
             let v = judge(rows, tokens);

@@ -444,6 +444,9 @@ async fn an_upstream_that_ignores_the_salt_is_named_in_the_report() {
         let row = &r.rows[0];
         let want = if ignored { 2 } else { 0 };
         assert_eq!(row.salt_ignored, want, "{row:?}");
+        // The verdict says so: isolation by a salt the upstream ignores cannot be trusted.
+        let untrusted = r.verdict.message.contains("cannot be trusted");
+        assert_eq!(untrusted, want > 0, "{}", r.verdict.message);
         h.shutdown().await;
     }
 }
