@@ -497,7 +497,10 @@ fn run_passes_sigterm_on_and_still_closes_the_run() {
         "-c",
     ])
     // The client says it is ready, then waits; on SIGTERM it stops its sleeper and exits 7.
-    .arg("trap 'kill $! 2>/dev/null; echo got-term; exit 7' TERM; echo ready; sleep 1000 & wait $!")
+    // The sleeper's output goes elsewhere: if the TERM comes while the forked sleeper has not
+    // yet exec'd `sleep` (a loaded machine), the sleeper swallows the kill and lives on, and it
+    // must not keep this test's pipe open (seen: the test read stdout until the sleep ended).
+    .arg("trap 'kill $! 2>/dev/null; echo got-term; exit 7' TERM; echo ready; sleep 1000 >/dev/null 2>&1 & wait $!")
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
