@@ -8,7 +8,12 @@ and checks:
   - the multipart shape [topic, seq as 8-byte big-endian, payload] and seq 0, 1, 2, ... (no gap);
   - the payload decodes as vLLM's KVEventBatch, and msgspec re-encodes the decoded batch to the
     very same bytes (so field order, omitted defaults and integer widths are vLLM's);
-  - BlockStored, BlockRemoved and AllBlocksCleared all occur.
+  - BlockStored, BlockRemoved and AllBlocksCleared all occur;
+  - extra_keys as vLLM 0.33 fills them (block_pool.BlockPool.cache_full_blocks,
+    kv_cache_utils.generate_block_hash_extra_keys and to_event_extra_keys): one entry per stored
+    block, None for a block without keys, and for a request with a cache_salt the 1-tuple
+    (salt,) on the prompt's first block only, so only in a run with no parent_block_hash; every
+    salt sent (SALTS) appears, and no other.
 Prints what it saw; exit status 0 when every check holds, 1 when one fails, 77 (skip) when no
 vLLM is importable.
 
@@ -30,6 +35,7 @@ import types
 import urllib.request
 
 SKIP = 77
+SALTS = ["tenant-a", "tenant-b"]
 
 
 def load_kv_events():
@@ -143,6 +149,15 @@ def run(kv, msgspec, zmq, proc, http_port, zmq_port):
             msgs.append({"role": "user", "content": f"turn {turn}: " + "dolor sit amet " * 20})
             post(base + "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 4})
             msgs.append({"role": "assistant", "content": "ok"})
+    # Salted conversations: the salt joins the first block's hash, so each salt's first request
+    # stores from block 0 (its salt in extra_keys) and its later turns continue after a parent.
+    for conv, salt in enumerate(SALTS):
+        msgs = [{"role": "system", "content": f"Salted conversation {conv}. " + "lorem " * 40}]
+        for turn in range(2):
+            msgs.append({"role": "user", "content": f"turn {turn}: " + "dolor sit " * 20})
+            post(base + "/v1/chat/completions",
+                 {"model": "m", "messages": msgs, "max_tokens": 4, "cache_salt": salt})
+            msgs.append({"role": "assistant", "content": "ok"})
     post(base + "/reset_prefix_cache", {})
     while poller.poll(500):
         frames.append(sub.recv_multipart())
@@ -152,7 +167,7 @@ def run(kv, msgspec, zmq, proc, http_port, zmq_port):
 def check(kv, msgspec, frames):
     decoder = msgspec.msgpack.Decoder(type=kv.KVEventBatch)
     encoder = msgspec.msgpack.Encoder()
-    kinds, failures, first_seq = {}, [], None
+    kinds, failures, first_seq, salts_seen = {}, [], None, []
     for i, parts in enumerate(frames):
         if len(parts) != 3 or parts[0] != b"kv" or len(parts[1]) != 8:
             failures.append(f"message {i}: not [topic, seq, payload]: {[len(p) for p in parts]}")
@@ -170,17 +185,44 @@ def check(kv, msgspec, frames):
                             f" vLLM {again[at:at + 24].hex()} / mock {parts[2][at:at + 24].hex()}")
         for e in batch.events:
             kinds[type(e).__name__] = kinds.get(type(e).__name__, 0) + 1
+            if isinstance(e, kv.BlockStored):
+                failures.extend(f"seq {seq}: {f}" for f in check_extra_keys(e, salts_seen))
         if i < 3 or i == len(frames) - 1:
             print(f"seq {seq}: {str(batch)[:300]}")
     print(f"{len(frames)} batches, seq {first_seq}..{first_seq + len(frames) - 1}, events: {kinds}")
     for want in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
         if want not in kinds:
             failures.append(f"no {want} event")
+    print(f"salts in extra_keys: {salts_seen}")
+    if sorted(salts_seen) != sorted(SALTS):
+        failures.append(f"salted first blocks {salts_seen}, expected one per salt sent {SALTS}")
     for f in failures:
         print("FAIL:", f)
     if not failures:
         print("OK: every batch decodes with vLLM's KVEventBatch and re-encodes to the same bytes")
     return 1 if failures else 0
+
+
+def check_extra_keys(e, salts_seen):
+    """vLLM's extra_keys for a stored run: one entry per block, None but for a salted run's
+    first block when the run starts at the prompt's first block."""
+    keys = e.extra_keys
+    if keys is None or len(keys) != len(e.block_hashes):
+        return [f"extra_keys {keys!r} is not one entry per block ({len(e.block_hashes)})"]
+    bad = [i for i, k in enumerate(keys[1:], 1) if k is not None]
+    if bad:
+        return [f"blocks {bad} after the first have extra keys: {keys!r}"]
+    if keys[0] is None:
+        return []
+    if e.parent_block_hash is not None:
+        return [f"a run with a parent has keys on its first block: {keys[0]!r}"]
+    if not (isinstance(keys[0], tuple) and len(keys[0]) == 1 and isinstance(keys[0][0], str)):
+        return [f"the first block's keys are not (salt,): {keys[0]!r}"]
+    salts_seen.append(keys[0][0])
+    if len(salts_seen) == 1:
+        print(f"a salted BlockStored: parent_block_hash={e.parent_block_hash}, "
+              f"{len(e.block_hashes)} blocks, extra_keys={keys!r}")
+    return []
 
 
 if __name__ == "__main__":

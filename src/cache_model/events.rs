@@ -3,7 +3,9 @@
 //! `KVEventBatch` ([`crate::mock::kv_events::decode_batch`]), counts seq gaps as lost batches
 //! and hands the events to the worker, which applies them to its index before the next
 //! request ([`Follow::apply`]): a stored block is matched to the model's own block by its
-//! token ids and its parent chain, a removed one leaves the index, a clear empties it.
+//! token ids and its parent chain (a run from the prompt's first block by its `cache_salt`
+//! too, which the engine publishes in that block's `extra_keys`, as the model keys its own
+//! first block by it), a removed one leaves the index, a clear empties it.
 //! Matching maps the engine's hash to the model's; the model's index gets a block when it
 //! serves the request that carries it, as without events.
 //! Owns the subscription, its counters and the engine-to-model block map; never touches the
@@ -16,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::mock::kv_events::{decode_batch, KvEvent};
-use crate::mock::prefix_cache::chain_after;
+use crate::mock::prefix_cache::{chain_after, chain_salted};
 
 use super::index::BlockIndex;
 
@@ -150,6 +152,7 @@ impl Follow {
     /// Applies `events` to `index`, counting into `stats`.
     pub fn apply(&mut self, index: &mut BlockIndex, events: Vec<KvEvent>, stats: &EventStats) {
         for e in events {
+            let salt = e.first_block_salt().map(str::to_owned);
             match e {
                 KvEvent::Stored {
                     block_hashes,
@@ -157,7 +160,14 @@ impl Follow {
                     token_ids,
                     block_size,
                     ..
-                } => self.stored(index, &block_hashes, parent, &token_ids, block_size, stats),
+                } => self.stored(
+                    index,
+                    &block_hashes,
+                    (parent, salt.as_deref()),
+                    &token_ids,
+                    block_size,
+                    stats,
+                ),
                 KvEvent::Removed { block_hashes, .. } => {
                     stats
                         .removed_blocks
@@ -181,12 +191,13 @@ impl Follow {
     }
 
     /// A stored run of blocks: each is the model's block whose hash follows from its parent's
-    /// and its tokens (the parent found through the map, or the chain's root).
+    /// and its tokens (the parent found through the map, or the chain's root and the run's
+    /// `salt`: the salt the engine published for the prompt's first block).
     fn stored(
         &mut self,
         index: &mut BlockIndex,
         hashes: &[u64],
-        parent: Option<u64>,
+        (parent, salt): (Option<u64>, Option<&str>),
         tokens: &[u32],
         block_size: u32,
         stats: &EventStats,
@@ -206,7 +217,13 @@ impl Follow {
         // the request, and this event may arrive before the worker reaches that request (an
         // insert now would predict the request's own blocks as a hit). Blocks other traffic
         // stored (a shared engine) stay unknown to the model.
-        let model = chain_after(parent, tokens, bs);
+        let model = match parent {
+            // From the prompt's start: the model's first block is keyed by the request's salt
+            // (worker: `chain_salted`), so an unsalted chain would map a salted engine block to
+            // a block the model never has, and its eviction would never reach the index.
+            None => chain_salted(tokens, bs, salt),
+            Some(_) => chain_after(parent, tokens, bs),
+        };
         for (engine, model) in hashes.iter().zip(&model) {
             self.engine_to_model.insert(*engine, *model);
         }
@@ -220,41 +237,49 @@ impl Follow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mock::prefix_cache::{chain, PrefixCache};
+    use crate::mock::prefix_cache::PrefixCache;
     use std::num::NonZeroUsize;
 
     /// The mock's cache, told through its events to an index that also serves the requests
     /// itself: the index holds exactly the mock's blocks after every request, though its own
-    /// capacity is far larger; and with engine hashes that are not the model's (a real vLLM's),
-    /// the blocks are still found by their tokens and parents.
+    /// capacity is far larger; with engine hashes that are not the model's (a real vLLM's),
+    /// the blocks are still found by their tokens and parents; and with requests under
+    /// `cache_salt`s (the model keys their first block by the salt, the engine publishes it in
+    /// that block's `extra_keys`), each salted block is still the model's own.
     #[test]
     fn events_keep_a_larger_index_equal_to_the_engines_cache() {
-        for scramble in [0u64, 0x9e37_79b9_7f4a_7c15] {
-            let bs = 4;
-            let mut engine = PrefixCache::new(bs, 10);
-            let mut index = BlockIndex::new(bs, NonZeroUsize::new(1000).expect("non-zero"));
-            let mut follow = Follow::default();
-            let stats = EventStats::default();
-            let owner = |_| super::super::index::Owner {
-                session: 1,
-                phase: crate::cachebust::Phase::Profiling,
-                past_iso: false,
-            };
-            for i in 0..60u32 {
-                let tokens: Vec<u32> = (0..(4 + i % 7) * 4).map(|t| t + (i % 5) * 1000).collect();
-                let hashes = chain(&tokens, bs);
-                let hit = index.serve(&hashes, tokens.len(), owner);
-                let mut events = Vec::new();
-                let (cached, _) = engine.admit_with_events(&tokens, None, &mut events);
-                assert_eq!(hit.owners.len() * bs, cached, "request {i}");
-                let events = events.into_iter().map(|e| rehash(e, scramble)).collect();
-                follow.apply(&mut index, events, &stats);
-                assert_eq!(index.len(), engine.len(), "request {i}");
+        for salted in [false, true] {
+            for scramble in [0u64, 0x9e37_79b9_7f4a_7c15] {
+                let what = format!("salted {salted}, scramble {scramble:x}");
+                let bs = 4;
+                let mut engine = PrefixCache::new(bs, 10);
+                let mut index = BlockIndex::new(bs, NonZeroUsize::new(1000).expect("non-zero"));
+                let mut follow = Follow::default();
+                let stats = EventStats::default();
+                let owner = |_| super::super::index::Owner {
+                    session: 1,
+                    phase: crate::cachebust::Phase::Profiling,
+                    past_iso: false,
+                };
+                for i in 0..60u32 {
+                    let tokens: Vec<u32> =
+                        (0..(4 + i % 7) * 4).map(|t| t + (i % 5) * 1000).collect();
+                    let salt = [Some("tenant-a"), Some("tenant-b"), None][i as usize % 3]
+                        .filter(|_| salted);
+                    let hashes = chain_salted(&tokens, bs, salt);
+                    let hit = index.serve(&hashes, tokens.len(), owner);
+                    let mut events = Vec::new();
+                    let (cached, _) = engine.admit_with_events(&tokens, salt, &mut events);
+                    assert_eq!(hit.owners.len() * bs, cached, "{what}: request {i}");
+                    let events = events.into_iter().map(|e| rehash(e, scramble)).collect();
+                    follow.apply(&mut index, events, &stats);
+                    assert_eq!(index.len(), engine.len(), "{what}: request {i}");
+                }
+                assert!(stats.removed_blocks.load(Ordering::Relaxed) > 0, "{what}");
+                assert_eq!(stats.unmatched_blocks.load(Ordering::Relaxed), 0, "{what}");
+                follow.apply(&mut index, vec![KvEvent::Cleared], &stats);
+                assert!(index.is_empty());
             }
-            assert!(stats.removed_blocks.load(Ordering::Relaxed) > 0);
-            assert_eq!(stats.unmatched_blocks.load(Ordering::Relaxed), 0);
-            follow.apply(&mut index, vec![KvEvent::Cleared], &stats);
-            assert!(index.is_empty());
         }
     }
 
@@ -268,12 +293,16 @@ mod tests {
                 token_ids,
                 block_size,
                 medium,
+                lora_name,
+                extra_keys,
             } => KvEvent::Stored {
                 block_hashes: block_hashes.into_iter().map(f).collect(),
                 parent: parent.map(f),
                 token_ids,
                 block_size,
                 medium,
+                lora_name,
+                extra_keys,
             },
             KvEvent::Removed {
                 block_hashes,

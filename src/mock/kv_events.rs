@@ -11,7 +11,10 @@
 //! (`block_hashes`, `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `medium`,
 //! `lora_name`, then `extra_keys`: one entry per block, and `group_idx`), `BlockRemoved`
 //! (`block_hashes`, `medium`, `group_idx`), `AllBlocksCleared`. Block hashes are 64-bit
-//! integers (vLLM's default `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`).
+//! integers (vLLM's default `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`). `extra_keys` is filled as
+//! vLLM 0.33's block pool fills it ([`vllm_extra_keys`]): `None` per block without keys, and
+//! a request's `cache_salt` as the only key of the prompt's first block; a reader finds the
+//! salt again with [`KvEvent::first_block_salt`].
 //!
 //! Owns the wire format and the publishing socket; never touches the prefix cache itself (the
 //! mock hands it what its cache did) and never blocks a request (publishing is a channel send).
@@ -96,6 +99,39 @@ impl EventsConfig {
     }
 }
 
+/// One entry of a block's `extra_keys` as vLLM 0.33 publishes them, untagged
+/// (`kv_cache_utils::to_event_extra_keys`): the LoRA name and the `cache_salt` as bare strings,
+/// a multimodal key as an `(identifier, offset)` pair, a prompt-embeddings digest as bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExtraKey {
+    /// A bare string: the LoRA name (first, when the event has a `lora_name`) or the salt.
+    Text(String),
+    /// Any other key, kept as its MessagePack bytes: kvbust reads none of them, and a decoded
+    /// event encodes back to what the engine sent.
+    Other(Vec<u8>),
+}
+
+/// A stored block's extra keys: `None` when its hash had none.
+pub type BlockExtraKeys = Option<Vec<ExtraKey>>;
+
+/// `extra_keys` for `n` stored blocks of a request with `cache_salt` `salt`, the first of them
+/// block `first` of the prompt, as vLLM 0.33 fills them: `generate_block_hash_extra_keys` adds
+/// `("cache_salt", salt)` to the block whose `start_token_idx == 0` only (and only for a
+/// non-empty salt), gives `None` to a block without keys, and `to_event_extra_keys` publishes
+/// the list untagged (the salt as a 1-tuple of its string), one entry per block, or `None` for
+/// no blocks. An unsalted request's blocks are therefore `[None, None, ...]`, not `None`.
+pub fn vllm_extra_keys(salt: Option<&str>, first: usize, n: usize) -> Option<Vec<BlockExtraKeys>> {
+    let salt = salt.filter(|s| !s.is_empty());
+    (n > 0).then(|| {
+        (first..first + n)
+            .map(|i| match salt {
+                Some(s) if i == 0 => Some(vec![ExtraKey::Text(s.to_owned())]),
+                _ => None,
+            })
+            .collect()
+    })
+}
+
 /// One cache event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
@@ -107,6 +143,10 @@ pub enum KvEvent {
         token_ids: Vec<u32>,
         block_size: u32,
         medium: Option<String>,
+        /// The request's LoRA adapter (its name is then the first of each block's extra keys).
+        lora_name: Option<String>,
+        /// One entry per block in `block_hashes` (`None`: the field was absent).
+        extra_keys: Option<Vec<BlockExtraKeys>>,
     },
     /// Blocks evicted.
     Removed {
@@ -115,6 +155,32 @@ pub enum KvEvent {
     },
     /// The whole cache emptied (`/reset_prefix_cache`).
     Cleared,
+}
+
+impl KvEvent {
+    /// The `cache_salt` of a stored run that starts at the prompt's first block (no parent):
+    /// the first bare string of that block's extra keys after the LoRA name, if any (vLLM's
+    /// order: LoRA name, multimodal pairs, the salt, embedding digests). A run with a parent
+    /// carries no salt: its blocks chain from a parent whose hash already holds it.
+    pub fn first_block_salt(&self) -> Option<&str> {
+        let KvEvent::Stored {
+            parent: None,
+            lora_name,
+            extra_keys: Some(keys),
+            ..
+        } = self
+        else {
+            return None;
+        };
+        keys.first()?
+            .as_ref()?
+            .iter()
+            .filter_map(|k| match k {
+                ExtraKey::Text(s) => Some(s.as_str()),
+                ExtraKey::Other(_) => None,
+            })
+            .nth(usize::from(lora_name.is_some()))
+    }
 }
 
 /// One `KVEventBatch`.
@@ -153,19 +219,21 @@ fn put_opt_str(buf: &mut Vec<u8>, s: Option<&str>) {
 /// The batch's MessagePack, byte for byte as msgspec encodes vLLM's `KVEventBatch`.
 pub fn encode_batch(batch: &Batch) -> Vec<u8> {
     let mut buf = Vec::with_capacity(64);
-    let fields = if batch.data_parallel_rank.is_some() {
-        3
-    } else {
-        2
-    };
-    let _ = rmp::encode::write_array_len(&mut buf, fields);
+    // Every field, the rank too when it is None: msgspec omits no default of an `array_like`
+    // struct (msgspec 0.23 writes `[ts, events, nil]`).
+    let _ = rmp::encode::write_array_len(&mut buf, 3);
     let _ = rmp::encode::write_f64(&mut buf, batch.ts);
     let _ = rmp::encode::write_array_len(&mut buf, batch.events.len() as u32);
     for e in &batch.events {
         encode_event(&mut buf, e);
     }
-    if let Some(rank) = batch.data_parallel_rank {
-        let _ = rmp::encode::write_sint(&mut buf, rank);
+    match batch.data_parallel_rank {
+        Some(rank) => {
+            let _ = rmp::encode::write_sint(&mut buf, rank);
+        }
+        None => {
+            let _ = rmp::encode::write_nil(&mut buf);
+        }
     }
     buf
 }
@@ -186,8 +254,12 @@ fn encode_event(buf: &mut Vec<u8>, e: &KvEvent) {
             token_ids,
             block_size,
             medium,
+            lora_name,
+            extra_keys,
         } => {
-            put_struct_map_len(buf, 10);
+            // The tag, seven fields without a default, `extra_keys` unless it is the default
+            // (None) and `group_idx` (which vLLM always sets).
+            put_struct_map_len(buf, 9 + u16::from(extra_keys.is_some()));
             put_str(buf, "type");
             put_str(buf, "BlockStored");
             put_str(buf, "block_hashes");
@@ -208,12 +280,24 @@ fn encode_event(buf: &mut Vec<u8>, e: &KvEvent) {
             put_str(buf, "medium");
             put_opt_str(buf, medium.as_deref());
             put_str(buf, "lora_name");
-            put_opt_str(buf, None);
-            // One entry per block: none of the mock's carries a LoRA, media or a cache salt.
-            put_str(buf, "extra_keys");
-            let _ = rmp::encode::write_array_len(buf, block_hashes.len() as u32);
-            for _ in block_hashes {
-                let _ = rmp::encode::write_nil(buf);
+            put_opt_str(buf, lora_name.as_deref());
+            if let Some(keys) = extra_keys {
+                put_str(buf, "extra_keys");
+                let _ = rmp::encode::write_array_len(buf, keys.len() as u32);
+                for block in keys {
+                    let Some(block) = block else {
+                        let _ = rmp::encode::write_nil(buf);
+                        continue;
+                    };
+                    // A tuple: msgspec writes it as an array.
+                    let _ = rmp::encode::write_array_len(buf, block.len() as u32);
+                    for key in block {
+                        match key {
+                            ExtraKey::Text(s) => put_str(buf, s),
+                            ExtraKey::Other(raw) => buf.extend_from_slice(raw),
+                        }
+                    }
+                }
             }
             put_str(buf, "group_idx");
             put_uint(buf, 0);
@@ -263,6 +347,33 @@ fn list<'a>(v: Option<&'a rmpv::Value>, what: &str) -> Result<&'a [rmpv::Value],
 
 fn opt_string(v: Option<&rmpv::Value>) -> Option<String> {
     v.and_then(rmpv::Value::as_str).map(str::to_owned)
+}
+
+/// `extra_keys`: absent or nil, or a list with a nil or a tuple (an array) per block.
+fn extra_keys(v: Option<&rmpv::Value>) -> Result<Option<Vec<BlockExtraKeys>>, String> {
+    let entries = match v {
+        None | Some(rmpv::Value::Nil) => return Ok(None),
+        Some(rmpv::Value::Array(entries)) => entries,
+        Some(other) => return Err(format!("extra_keys is {other}, not a list")),
+    };
+    let key = |k: &rmpv::Value| match k.as_str() {
+        Some(text) => ExtraKey::Text(text.to_owned()),
+        None => {
+            let mut raw = Vec::new();
+            let _ = rmpv::encode::write_value(&mut raw, k);
+            ExtraKey::Other(raw)
+        }
+    };
+    let block = |e: &rmpv::Value| match e {
+        rmpv::Value::Nil => Ok(None),
+        rmpv::Value::Array(keys) => Ok(Some(keys.iter().map(key).collect())),
+        other => Err(format!("a block's extra keys are {other}, not a tuple")),
+    };
+    entries
+        .iter()
+        .map(block)
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 /// Reads one `KVEventBatch` (vLLM 0.33's map-shaped events, or the older array-shaped ones
@@ -354,6 +465,8 @@ fn decode_event(v: &rmpv::Value) -> Result<KvEvent, String> {
                 token_ids,
                 block_size,
                 medium: opt_string(get("medium")),
+                lora_name: opt_string(get("lora_name")),
+                extra_keys: extra_keys(get("extra_keys"))?,
             })
         }
         "BlockRemoved" => Ok(KvEvent::Removed {
@@ -483,7 +596,117 @@ mod tests {
             token_ids: (0..12).chain([70_000]).collect(),
             block_size: 4,
             medium: Some(MEDIUM_GPU.into()),
+            lora_name: None,
+            extra_keys: vllm_extra_keys(None, 5, 3),
         }
+    }
+
+    /// A salted request's first stored run: the salt is the first block's only extra key (a
+    /// 1-tuple, msgspec's array), every later block's entry is nil; the bytes read back to the
+    /// same event, whose salt is found; a run with a parent carries no salt, and neither does
+    /// an unsalted request's run.
+    #[test]
+    fn a_salt_is_the_first_blocks_extra_key_only() {
+        let salted = KvEvent::Stored {
+            block_hashes: vec![11, 12, 13],
+            parent: None,
+            token_ids: (0..12).collect(),
+            block_size: 4,
+            medium: Some(MEDIUM_GPU.into()),
+            lora_name: None,
+            extra_keys: vllm_extra_keys(Some("salt"), 0, 3),
+        };
+        let bytes = encode_batch(&Batch {
+            ts: 0.0,
+            events: vec![salted.clone()],
+            data_parallel_rank: None,
+        });
+        // As msgspec encodes vLLM's classes (checked against msgspec 0.23 and vLLM 0.33's
+        // `BlockStored(..., extra_keys=[("salt",), None, None], group_idx=0)`), the batch's
+        // rank (None) last.
+        let want = b"\xaaextra_keys\x93\x91\xa4salt\xc0\xc0\xa9group_idx\x00\xc0";
+        assert!(bytes.ends_with(want), "{bytes:02x?}");
+        assert_eq!(bytes[11..14], [0xde, 0, 10]);
+        let back = decode_batch(&bytes).expect("reads").events;
+        assert_eq!(back, std::slice::from_ref(&salted));
+        assert_eq!(back[0].first_block_salt(), Some("salt"));
+        // The salt's run continued by a later request: no block starts at token 0.
+        assert_eq!(vllm_extra_keys(Some("salt"), 3, 2), Some(vec![None, None]));
+        assert_eq!(vllm_extra_keys(Some(""), 0, 1), Some(vec![None]));
+        assert_eq!(vllm_extra_keys(Some("salt"), 0, 0), None);
+        assert_eq!(stored().first_block_salt(), None);
+        let KvEvent::Stored { extra_keys, .. } = &salted else {
+            unreachable!()
+        };
+        let unsalted = KvEvent::Stored {
+            block_hashes: vec![11],
+            parent: None,
+            token_ids: (0..4).collect(),
+            block_size: 4,
+            medium: None,
+            lora_name: None,
+            extra_keys: vllm_extra_keys(None, 0, 1),
+        };
+        assert_eq!(unsalted.first_block_salt(), None);
+        assert_eq!(extra_keys.as_ref().map(Vec::len), Some(3));
+    }
+
+    /// A real engine's keys in vLLM's order: the LoRA name, a multimodal pair, the salt, an
+    /// embeddings digest. The salt is the bare string after the LoRA name; the pair and the
+    /// digest survive a decode and encode byte for byte; without `extra_keys` (msgspec's
+    /// default, omitted) the event has one field fewer.
+    #[test]
+    fn the_salt_is_found_among_a_real_engines_keys() {
+        let mut pair = Vec::new();
+        let _ = rmp::encode::write_array_len(&mut pair, 2);
+        put_str(&mut pair, "img-1");
+        put_uint(&mut pair, 3);
+        let mut digest = Vec::new();
+        let _ = rmp::encode::write_bin(&mut digest, &[7; 32]);
+        let event = KvEvent::Stored {
+            block_hashes: vec![1, 2],
+            parent: None,
+            token_ids: (0..8).collect(),
+            block_size: 4,
+            medium: None,
+            lora_name: Some("adapter".into()),
+            extra_keys: Some(vec![
+                Some(vec![
+                    ExtraKey::Text("adapter".into()),
+                    ExtraKey::Other(pair),
+                    ExtraKey::Text("tenant-7".into()),
+                    ExtraKey::Other(digest),
+                ]),
+                Some(vec![ExtraKey::Text("adapter".into())]),
+            ]),
+        };
+        let batch = Batch {
+            ts: 3.0,
+            events: vec![event],
+            data_parallel_rank: Some(1),
+        };
+        let bytes = encode_batch(&batch);
+        let back = decode_batch(&bytes).expect("reads");
+        assert_eq!(back, batch);
+        assert_eq!(encode_batch(&back), bytes);
+        assert_eq!(back.events[0].first_block_salt(), Some("tenant-7"));
+        let bare = KvEvent::Stored {
+            block_hashes: vec![1],
+            parent: None,
+            token_ids: (0..4).collect(),
+            block_size: 4,
+            medium: None,
+            lora_name: None,
+            extra_keys: None,
+        };
+        let bytes = encode_batch(&Batch {
+            ts: 0.0,
+            events: vec![bare.clone()],
+            data_parallel_rank: None,
+        });
+        assert_eq!(bytes[11..14], [0xde, 0, 9]);
+        assert!(!bytes.windows(10).any(|w| w == b"extra_keys"));
+        assert_eq!(decode_batch(&bytes).expect("reads").events, [bare]);
     }
 
     /// The bytes msgspec writes for vLLM's classes, spelled out by hand from the format:
@@ -511,10 +734,10 @@ mod tests {
             }],
             data_parallel_rank: None,
         });
-        let mut want = vec![0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x84];
+        let mut want = vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x84];
         want.extend(b"\xa4type\xacBlockRemoved\xacblock_hashes\x91\xcf");
         want.extend(u64::MAX.to_be_bytes());
-        want.extend(b"\xa6medium\xa3GPU\xa9group_idx\x00");
+        want.extend(b"\xa6medium\xa3GPU\xa9group_idx\x00\xc0");
         assert_eq!(removed, want);
         let stored = encode_batch(&Batch {
             ts: 0.0,
@@ -567,6 +790,8 @@ mod tests {
                 token_ids: vec![1, 2],
                 block_size: 2,
                 medium: Some("GPU".into()),
+                lora_name: None,
+                extra_keys: None,
             }]
         );
     }

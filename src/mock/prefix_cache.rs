@@ -13,7 +13,7 @@ use std::num::NonZeroUsize;
 
 use lru::LruCache;
 
-use super::kv_events::{KvEvent, MEDIUM_GPU};
+use super::kv_events::{vllm_extra_keys, KvEvent, MEDIUM_GPU};
 
 /// Parent hash of the first block of every prompt.
 const ROOT_HASH: u64 = 0x6b76_6275_7374_2121; // "kvbust!!"
@@ -150,7 +150,8 @@ impl PrefixCache {
 
     /// [`PrefixCache::admit_counting_writes`], also telling `events` what the cache did, as
     /// vLLM's block pool reports it: one `Stored` for the blocks past the cached prefix (their
-    /// parent the last cached one), then a `Removed` per block evicted to make room.
+    /// parent the last cached one; `extra_keys` carrying the salt on the prompt's first block),
+    /// then a `Removed` per block evicted to make room.
     pub fn admit_with_events(
         &mut self,
         tokens: &[u32],
@@ -185,6 +186,10 @@ impl PrefixCache {
                 token_ids: tokens[hit * bs..hashes.len() * bs].to_vec(),
                 block_size: u32::try_from(bs).unwrap_or(u32::MAX),
                 medium: Some(MEDIUM_GPU.into()),
+                lora_name: None,
+                // The salt is the extra key of the prompt's first block, so it goes out only
+                // when this run starts there (`hit == 0`), as in vLLM's `cache_full_blocks`.
+                extra_keys: vllm_extra_keys(salt, hit, hashes.len() - hit),
             });
         }
         events.extend(removed.into_iter().map(|h| KvEvent::Removed {
@@ -401,6 +406,67 @@ mod tests {
                 .collect();
             assert_eq!(seen, cached);
         }
+    }
+
+    /// A salted request's events as vLLM's: its first run (from block 0) carries the salt as
+    /// the first block's only extra key and every other block's entry is `None`; a longer
+    /// prompt under the same salt stores only its new blocks, after a parent, with no salt;
+    /// an unsalted request's entries are all `None`. Each run's hashes follow from its parent
+    /// (or the salt, for block 0) and its tokens.
+    #[test]
+    fn a_salted_requests_events_carry_its_salt_on_the_first_block_only() {
+        use super::super::kv_events::ExtraKey;
+        let bs = 4;
+        let mut c = PrefixCache::new(bs, 64);
+        let stored = |c: &mut PrefixCache, p: &[u32], salt| {
+            let mut events = Vec::new();
+            c.admit_with_events(p, salt, &mut events);
+            events
+                .into_iter()
+                .find(|e| matches!(e, KvEvent::Stored { .. }))
+                .expect("a run stored")
+        };
+        let first = stored(&mut c, &toks(0..17), Some("s1"));
+        let KvEvent::Stored {
+            block_hashes,
+            parent: None,
+            extra_keys: Some(keys),
+            ..
+        } = &first
+        else {
+            panic!("{first:?}")
+        };
+        assert_eq!(*block_hashes, chain_salted(&toks(0..17), bs, Some("s1")));
+        assert_eq!(keys[0], Some(vec![ExtraKey::Text("s1".into())]));
+        assert!(keys[1..].iter().all(Option::is_none) && keys.len() == 4);
+        assert_eq!(first.first_block_salt(), Some("s1"));
+        let longer = stored(&mut c, &toks(0..25), Some("s1"));
+        let KvEvent::Stored {
+            block_hashes,
+            parent: Some(parent),
+            token_ids,
+            extra_keys: Some(keys),
+            ..
+        } = &longer
+        else {
+            panic!("{longer:?}")
+        };
+        let salted = chain_salted(&toks(0..25), bs, Some("s1"));
+        assert_eq!(*parent, salted[3]);
+        assert_eq!(*block_hashes, salted[4..]);
+        assert_eq!(*token_ids, toks(16..24));
+        assert_eq!(*keys, vec![None, None]);
+        assert_eq!(longer.first_block_salt(), None);
+        let plain = stored(&mut c, &toks(0..17), None);
+        let KvEvent::Stored {
+            parent: None,
+            extra_keys: Some(keys),
+            ..
+        } = &plain
+        else {
+            panic!("{plain:?}")
+        };
+        assert_eq!(*keys, vec![None; 4]);
     }
 
     #[test]

@@ -723,58 +723,120 @@ async fn report_until(h: &Harness, what: &str, done: impl Fn(&Report) -> bool) -
 /// race for is the timing, not the bookkeeping under test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn following_the_engines_kv_events_removes_the_divergence_of_its_evictions() {
-    let mut divergent = Vec::new();
-    for follow in [false, true] {
-        let mock = Mock::new(
-            MockConfig {
-                cache_blocks: 64,
-                block_size: 4,
-                kv_events: Some(
-                    r#"{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:0"}"#
-                        .into(),
-                ),
-                ..common::quick_mock()
-            },
-            None,
-        );
-        let endpoint = mock
-            .start_kv_events()
-            .await
-            .expect("binds")
-            .expect("on")
-            .replace("0.0.0.0", "127.0.0.1");
-        let h = common::start_with(mock.clone(), |c| {
-            c.cache_model.block_size = 4;
-            if follow {
-                c.cache_model.kv_events = Some(endpoint.clone());
+    let without = overflow_the_mocks_cache(false, false).await;
+    let with = overflow_the_mocks_cache(true, false).await;
+    println!("divergent requests: without events {without}, with events {with}");
+    assert!(
+        without > 0,
+        "the mock must evict for this test to mean anything"
+    );
+    assert_eq!(with, 0);
+}
+
+/// The same overflow under salt isolation (`cache_bust.method = "salt"`, a conversation per
+/// session, so a salt per conversation): the mock publishes each salt in its first block's
+/// `extra_keys` and the model, whose first blocks are keyed by the salt, matches those blocks
+/// to its own, so following the events still leaves no divergent request: the predictions
+/// equal the mock's reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_salt_isolation_following_the_events_still_predicts_what_the_mock_reports() {
+    let without = overflow_the_mocks_cache(false, true).await;
+    let with = overflow_the_mocks_cache(true, true).await;
+    println!("salted, divergent requests: without events {without}, with events {with}");
+    assert!(
+        without > 0,
+        "the mock must evict for this test to mean anything"
+    );
+    assert_eq!(with, 0);
+}
+
+/// One run of the overflow above: 40 requests, five conversations' growing prefixes
+/// interleaved, through kvbust to a 64-block mock publishing its events; kvbust follows them
+/// when `follow`, and isolates each conversation by `cache_salt` when `salt`. Returns the
+/// divergent requests, having checked what the events and the salts did.
+async fn overflow_the_mocks_cache(follow: bool, salt: bool) -> u64 {
+    let mock = Mock::new(
+        MockConfig {
+            cache_blocks: 64,
+            block_size: 4,
+            kv_events: Some(
+                r#"{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:0"}"#
+                    .into(),
+            ),
+            ..common::quick_mock()
+        },
+        None,
+    );
+    let endpoint = mock
+        .start_kv_events()
+        .await
+        .expect("binds")
+        .expect("on")
+        .replace("0.0.0.0", "127.0.0.1");
+    let h = common::start_with(mock.clone(), |c| {
+        c.cache_model.block_size = 4;
+        if follow {
+            c.cache_model.kv_events = Some(endpoint.clone());
+        }
+        if salt {
+            c.cache_bust.method = kvbust::cachebust::Method::Salt;
+            c.cache_bust.target = Target::FirstTurnPrefix;
+        }
+    })
+    .await;
+    if follow {
+        // A PUB drops what it sends before a subscription reaches it: reset (an event)
+        // until kvbust receives one.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            mock.reset_prefix_cache();
+            let resp = send(&h1(), get(&h.admin_url("/report"))).await;
+            let r: Report = serde_json::from_slice(&body_bytes(resp).await).expect("report");
+            if r.cache_model
+                .kv_events
+                .as_ref()
+                .is_some_and(|k| k.batches > 0)
+            {
+                break;
             }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no event reached kvbust"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Every reset sent above reached kvbust before the first request: a late one would
+        // empty the model's index after that request (a race a loaded machine lost).
+        let queued = mock.kv_events_queued();
+        report_until(&h, "kvbust receives every reset", |r| {
+            r.cache_model
+                .kv_events
+                .as_ref()
+                .and_then(|k| k.last_seq)
+                .is_some_and(|s| s + 1 == queued)
         })
         .await;
+    }
+    let client = h1();
+    for i in 0..40 {
+        let k = i % 5;
+        let text = format!("conversation {k}: ")
+            + &"the quick brown fox jumps over the lazy dog ".repeat(1 + i / 5);
+        let body =
+            json!({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 2})
+                .to_string();
+        let session = format!("conversation-{k}");
+        let headers: &[(&str, &str)] = if salt {
+            &[("x-correlation-id", &session)]
+        } else {
+            &[]
+        };
+        let resp = send(&client, post(&h.url("/v1/chat/completions"), body, headers)).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let _ = body_bytes(resp).await;
         if follow {
-            // A PUB drops what it sends before a subscription reaches it: reset (an event)
-            // until kvbust receives one.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            loop {
-                mock.reset_prefix_cache();
-                let resp = send(&h1(), get(&h.admin_url("/report"))).await;
-                let r: Report = serde_json::from_slice(&body_bytes(resp).await).expect("report");
-                if r.cache_model
-                    .kv_events
-                    .as_ref()
-                    .is_some_and(|k| k.batches > 0)
-                {
-                    break;
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "no event reached kvbust"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            // Every reset sent above reached kvbust before the first request: a late one would
-            // empty the model's index after that request (a race a loaded machine lost).
             let queued = mock.kv_events_queued();
-            report_until(&h, "kvbust receives every reset", |r| {
+            report_until(&h, "kvbust receives every batch", |r| {
                 r.cache_model
                     .kv_events
                     .as_ref()
@@ -783,55 +845,163 @@ async fn following_the_engines_kv_events_removes_the_divergence_of_its_evictions
             })
             .await;
         }
-        let client = h1();
-        for i in 0..40 {
-            let k = i % 5;
-            let text = format!("conversation {k}: ")
-                + &"the quick brown fox jumps over the lazy dog ".repeat(1 + i / 5);
-            let body = json!({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 2})
-                .to_string();
-            let resp = send(&client, post(&h.url("/v1/chat/completions"), body, &[])).await;
-            assert_eq!(resp.status(), StatusCode::OK);
-            let _ = body_bytes(resp).await;
-            if follow {
-                let queued = mock.kv_events_queued();
-                report_until(&h, "kvbust receives every batch", |r| {
-                    r.cache_model
-                        .kv_events
-                        .as_ref()
-                        .and_then(|k| k.last_seq)
-                        .is_some_and(|s| s + 1 == queued)
-                })
-                .await;
-            }
-        }
-        let r = report(&h).await;
-        let row = &r.rows[0];
-        assert_eq!(row.accounted_requests, 40, "{row:?}");
-        match &r.cache_model.kv_events {
-            Some(k) => {
-                assert!(follow);
-                assert_eq!((k.lost_batches, k.unmatched_blocks), (0, 0), "{k:?}");
-                assert!(
-                    k.complete && k.stored_blocks > 0 && k.removed_blocks > 0,
-                    "{k:?}"
-                );
-                assert!(k.evicted_in_model > 0, "{k:?}");
-            }
-            None => assert!(!follow),
-        }
-        divergent.push(row.divergent_requests);
-        h.shutdown().await;
     }
-    println!(
-        "divergent requests: without events {}, with events {}",
-        divergent[0], divergent[1]
+    if salt {
+        // Every request reached the mock salted, one salt per conversation.
+        let salts: std::collections::BTreeSet<String> = h
+            .mock
+            .recorder()
+            .requests()
+            .iter()
+            .filter_map(|r| {
+                let v: Value = serde_json::from_slice(&r.body).ok()?;
+                v["cache_salt"].as_str().map(str::to_owned)
+            })
+            .collect();
+        assert_eq!(salts.len(), 5, "{salts:?}");
+    }
+    let r = report(&h).await;
+    let row = &r.rows[0];
+    assert_eq!(row.accounted_requests, 40, "{row:?}");
+    match &r.cache_model.kv_events {
+        Some(k) => {
+            assert!(follow);
+            assert_eq!((k.lost_batches, k.unmatched_blocks), (0, 0), "{k:?}");
+            assert!(
+                k.complete && k.stored_blocks > 0 && k.removed_blocks > 0,
+                "{k:?}"
+            );
+            assert!(k.evicted_in_model > 0, "{k:?}");
+        }
+        None => assert!(!follow),
+    }
+    if row.divergent_requests == 0 {
+        assert_eq!(
+            row.cached_tokens.reported,
+            Some(row.cached_tokens.predicted),
+            "{row:?}"
+        );
+    }
+    h.shutdown().await;
+    row.divergent_requests
+}
+
+/// Through the mock's HTTP API and its ZMQ socket, decoded with kvbust's own reader: a chat
+/// with a `cache_salt` stores its blocks in one `BlockStored` whose `extra_keys` hold the salt
+/// for the first block only (vLLM 0.33: the salt is an extra key of the block at token 0), the
+/// same chat unsalted stores a run with no key at all, and a longer chat under the salt stores
+/// only its new blocks, after a parent and with no salt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_salted_requests_stored_event_carries_the_salt_on_its_first_block_only() {
+    use kvbust::mock::kv_events::{decode_batch, ExtraKey, KvEvent};
+    use zeromq::{Socket as _, SocketRecv as _};
+    let mock = Mock::new(
+        MockConfig {
+            cache_blocks: 1000,
+            block_size: 4,
+            kv_events: Some(
+                r#"{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:0"}"#
+                    .into(),
+            ),
+            ..common::quick_mock()
+        },
+        None,
     );
+    let endpoint = mock
+        .start_kv_events()
+        .await
+        .expect("binds")
+        .expect("on")
+        .replace("0.0.0.0", "127.0.0.1");
+    let addr = serve_mock(mock.clone()).await;
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(&endpoint).await.expect("connects");
+    sub.subscribe("").await.expect("subscribes");
+    // The socket's messages, decoded, through a channel: waiting on a channel can be given up
+    // and resumed without losing a message.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(msg) = sub.recv().await {
+            let frames = msg.into_vec();
+            let seq = u64::from_be_bytes(frames[1].as_ref().try_into().expect("8 bytes"));
+            let events = decode_batch(&frames[2]).expect("decodes").events;
+            if tx.send((seq, events)).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    // A PUB drops what it sends before a subscription reaches it: reset until a batch arrives,
+    // then read up to the last reset sent.
+    let seen = loop {
+        mock.reset_prefix_cache();
+        if let Ok(got) = tokio::time::timeout(Duration::from_millis(20), rx.recv()).await {
+            break got.expect("the subscriber runs").0;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no event arrived");
+    };
+    let mut next = async || {
+        tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .expect("a batch in time")
+            .expect("the subscriber runs")
+    };
+    let mut last = seen;
+    while last + 1 < mock.kv_events_queued() {
+        last = next().await.0;
+    }
+    let client = h1();
+    let text = "the quick brown fox jumps over the lazy dog ".repeat(6);
+    let mut stored = Vec::new();
+    for (content, salt) in [
+        (text.clone(), Some("tenant-a")),
+        (text.clone(), None),
+        (text.clone() + &"and runs away ".repeat(8), Some("tenant-a")),
+    ] {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 2});
+        if let Some(s) = salt {
+            body["cache_salt"] = json!(s);
+        }
+        let url = format!("http://{addr}/v1/chat/completions");
+        let resp = send(&client, post(&url, body.to_string(), &[])).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let _ = body_bytes(resp).await;
+        let (_, events) = next().await;
+        let run = events
+            .into_iter()
+            .find(|e| matches!(e, KvEvent::Stored { .. }))
+            .expect("a run stored");
+        stored.push(run);
+    }
+    let keys = |e: &KvEvent| match e {
+        KvEvent::Stored {
+            parent,
+            extra_keys,
+            block_hashes,
+            ..
+        } => {
+            let k = extra_keys.clone().expect("vLLM publishes a list");
+            assert_eq!(k.len(), block_hashes.len());
+            (parent.is_some(), k)
+        }
+        other => panic!("{other:?}"),
+    };
+    let (has_parent, first) = keys(&stored[0]);
+    assert!(!has_parent && first.len() > 2);
+    assert_eq!(first[0], Some(vec![ExtraKey::Text("tenant-a".into())]));
+    assert!(first[1..].iter().all(Option::is_none), "{first:?}");
+    assert_eq!(stored[0].first_block_salt(), Some("tenant-a"));
+    let (has_parent, plain) = keys(&stored[1]);
     assert!(
-        divergent[0] > 0,
-        "the mock must evict for this test to mean anything"
+        !has_parent && plain.iter().all(Option::is_none),
+        "{plain:?}"
     );
-    assert_eq!(divergent[1], 0);
+    let (has_parent, longer) = keys(&stored[2]);
+    assert!(
+        has_parent && longer.iter().all(Option::is_none),
+        "{longer:?}"
+    );
+    assert_eq!(stored[2].first_block_salt(), None);
 }
 
 /// A publisher whose batches skip a seq (2 and 5..=6 never sent): kvbust counts three lost
