@@ -93,7 +93,7 @@ fn access_lines(logs: &Logs) -> Vec<serde_json::Value> {
 /// The access line of request `id`, once it is written (when the response body is dropped).
 async fn access_line(id: &str) -> serde_json::Value {
     let logs = logs();
-    tokio::time::timeout(Duration::from_secs(20), async {
+    tokio::time::timeout(HANG, async {
         loop {
             let written = logs.written.notified();
             tokio::pin!(written);

@@ -31,7 +31,7 @@ fn short_timeouts(c: &mut kvbust::config::Config) {
 async fn read_until_closed(tcp: &mut TcpStream) -> (Vec<u8>, Instant) {
     let mut buf = Vec::new();
     // The guard only keeps a regression from hanging the suite.
-    let r = tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut buf))
+    let r = tokio::time::timeout(HANG, tcp.read_to_end(&mut buf))
         .await
         .expect("the server closed the connection");
     // A reset instead of a FIN is also a close.
@@ -163,7 +163,7 @@ async fn a_body_that_stalls_on_a_rewritten_route_gets_408_and_nothing_is_forward
     tcp.write_all(&body.as_bytes()[..10]).await.unwrap();
     let start = Instant::now();
     let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(20), tcp.read(&mut buf))
+    let n = tokio::time::timeout(HANG, tcp.read(&mut buf))
         .await
         .expect("answered")
         .unwrap();
@@ -305,7 +305,7 @@ async fn twenty_thousand_sessions_with_100_kb_ids_keep_memory_bounded() {
 
 /// Waits (bounded) until `cond` holds, checking the state it names; not a timed sleep.
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + HANG;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -647,7 +647,7 @@ async fn a_trickled_body_is_cut_at_the_whole_body_deadline() {
 
 /// Waits (bounded) until `/metrics` shows `line`; returns the exposition.
 async fn wait_for_metric(h: &Harness, line: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + HANG;
     loop {
         let m = metrics_text(h).await;
         if m.contains(line) {
@@ -850,7 +850,7 @@ async fn half_sent_streams(h: &Harness, n: usize, answered: usize) -> Vec<(u16, 
     }
     let mut got = Vec::new();
     while got.len() < answered {
-        let r = tokio::time::timeout(Duration::from_secs(20), rx.recv()).await;
+        let r = tokio::time::timeout(HANG, rx.recv()).await;
         got.push(r.expect("answered").expect("a status"));
     }
     // Kept alive: its streams hold their upstream connections until the test ends.
@@ -962,7 +962,7 @@ async fn next_answer(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<(u16, String, String)>,
 ) -> (u16, String, String) {
     // The guard only keeps a regression from hanging the suite.
-    tokio::time::timeout(Duration::from_secs(20), rx.recv())
+    tokio::time::timeout(HANG, rx.recv())
         .await
         .expect("answered")
         .expect("a status")

@@ -193,6 +193,11 @@ pub fn post(url: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Requ
     b.body(Full::new(body.into())).unwrap()
 }
 
+/// How long a test waits for something that must happen before it calls it a hang. Only a
+/// failing test waits this long, so it is generous: on a loaded 2-core machine (CI, or the suite
+/// under `stress --cpu 4`) a request can take tens of seconds, and 20 s guards tripped there.
+pub const HANG: Duration = Duration::from_secs(120);
+
 /// POSTs a chat-completions `body` through `h`'s proxy with `client`.
 pub async fn chat(client: &HttpClient, h: &Harness, body: impl Into<Bytes>) -> Response<Incoming> {
     send(client, post(&h.url("/v1/chat/completions"), body, &[])).await
@@ -206,14 +211,14 @@ pub fn get(url: &str) -> Request<Full<Bytes>> {
 }
 
 pub async fn send(client: &HttpClient, req: Request<Full<Bytes>>) -> Response<Incoming> {
-    tokio::time::timeout(Duration::from_secs(20), client.request(req))
+    tokio::time::timeout(HANG, client.request(req))
         .await
         .expect("no hang")
         .expect("request sent")
 }
 
 pub async fn body_bytes(resp: Response<Incoming>) -> Bytes {
-    tokio::time::timeout(Duration::from_secs(20), resp.into_body().collect())
+    tokio::time::timeout(HANG, resp.into_body().collect())
         .await
         .expect("no hang")
         .unwrap()
@@ -230,7 +235,7 @@ pub async fn json(resp: Response<Incoming>) -> serde_json::Value {
 pub async fn frames(resp: Response<Incoming>) -> Vec<(Instant, Bytes)> {
     let mut body = resp.into_body();
     let mut out = Vec::new();
-    while let Some(frame) = tokio::time::timeout(Duration::from_secs(20), body.frame())
+    while let Some(frame) = tokio::time::timeout(HANG, body.frame())
         .await
         .expect("no hang")
     {

@@ -91,7 +91,7 @@ async fn raw(h: &Harness, bytes: &[u8], close: bool) -> String {
         }
     };
     // The guard only keeps a regression from hanging the suite.
-    tokio::time::timeout(std::time::Duration::from_secs(20), read)
+    tokio::time::timeout(HANG, read)
         .await
         .expect("kvbust answered");
     String::from_utf8_lossy(&got).into_owned()

@@ -131,7 +131,7 @@ async fn client_disconnect_mid_stream_cancels_the_upstream_stream() {
         let resp = send(&client, req).await;
         let mut body = resp.into_body();
         // Wait for the first event so the stream is really under way, then hang up.
-        let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        let first = tokio::time::timeout(HANG, body.frame())
             .await
             .unwrap()
             .unwrap()
@@ -216,10 +216,7 @@ async fn shutdown_cuts_streams_that_outlive_the_grace_period() {
     let report = h.begin_shutdown().await.unwrap();
     assert_eq!(report.aborted_connections, 1);
     let mut cut = false;
-    while let Some(f) = tokio::time::timeout(Duration::from_secs(10), body.frame())
-        .await
-        .unwrap()
-    {
+    while let Some(f) = tokio::time::timeout(HANG, body.frame()).await.unwrap() {
         if f.is_err() {
             cut = true;
             break;
@@ -291,7 +288,7 @@ async fn slow_upstream_is_a_504_json_error() {
     assert_eq!(v["error"]["code"], "upstream_timeout");
     assert_eq!(v["error"]["type"], "upstream_error");
     // The abandoned upstream request is cancelled, not left generating.
-    tokio::time::timeout(Duration::from_secs(10), h.mock.recorder().wait_requests(1))
+    tokio::time::timeout(HANG, h.mock.recorder().wait_requests(1))
         .await
         .unwrap();
     h.shutdown().await;
@@ -539,10 +536,7 @@ async fn total_timeout_cuts_a_stream_and_bounds_the_wait_for_headers() {
     let mut body = resp.into_body();
     let mut events = 0;
     let cut = loop {
-        match tokio::time::timeout(Duration::from_secs(10), body.frame())
-            .await
-            .unwrap()
-        {
+        match tokio::time::timeout(HANG, body.frame()).await.unwrap() {
             Some(Ok(_)) => events += 1,
             Some(Err(_)) => break true,
             None => break false,
@@ -812,7 +806,7 @@ async fn an_idle_pooled_connection_is_closed_after_the_pool_idle_timeout() {
     sequential_h2c_streams(&h, 1).await;
     // Nothing else happens: kvbust itself must close the idle connection (the test upstream
     // never times a connection out).
-    tokio::time::timeout(Duration::from_secs(10), closed.recv())
+    tokio::time::timeout(HANG, closed.recv())
         .await
         .expect("the idle upstream connection is closed")
         .unwrap();
@@ -919,7 +913,7 @@ async fn raw_exchange(h: &Harness, parts: &[&[u8]], want: usize) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     while got.len() < want {
-        let n = tokio::time::timeout(Duration::from_secs(20), tcp.read(&mut buf))
+        let n = tokio::time::timeout(HANG, tcp.read(&mut buf))
             .await
             .expect("the proxy answers")
             .unwrap();

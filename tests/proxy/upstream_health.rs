@@ -76,7 +76,7 @@ impl Fake {
                 .count()
                 >= n
         });
-        tokio::time::timeout(Duration::from_secs(10), wait)
+        tokio::time::timeout(HANG, wait)
             .await
             .unwrap_or_else(|_| panic!("{path} answered {status} {n} times: {:#?}", self.seen()))
             .expect("the fake lives");
@@ -169,7 +169,7 @@ fn probe(fail: u32, ok: u32) -> impl FnOnce(&mut Config) {
 /// Waits (bounded) until the upstream's status satisfies `want`, and returns it.
 async fn wait_status(h: &Harness, want: impl Fn(&UpstreamStatus) -> bool) -> UpstreamStatus {
     let mut rx = h.runtime.upstream_health.subscribe();
-    let seen = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| want(s)))
+    let seen = tokio::time::timeout(HANG, rx.wait_for(|s| want(s)))
         .await
         .unwrap_or_else(|_| panic!("status now: {:?}", h.runtime.upstream_health.status()))
         .expect("the runtime lives")
