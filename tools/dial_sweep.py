@@ -88,7 +88,7 @@ def main():
             row = next(w for w in report["rows"] if w["phase"] == "profiling")
             reported = row["cached_tokens"]["reported"] / row["prompt_tokens"]["reported"]
             predicted = row["cached_tokens"]["predicted"] / row["prompt_tokens"]["predicted"]
-            t = row["ttft_ms"]
+            t = row["latency"]["ttft_ms"]
             print(f"| {r} | {row['requests']} | {reported:.3f} | {predicted:.3f} | "
                   f"{t['p50']:.1f} | {t['p99']:.1f} |")
     finally:
