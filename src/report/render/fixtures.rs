@@ -222,3 +222,21 @@ pub(crate) fn silent_upstream() -> Report {
         .extend(buckets("profiling", 3, 8, 0.7, false));
     r
 }
+
+/// A dialled run (`x-kvbust-hit-ratio: 0.5`, target `none`): warmup without a dial, then
+/// profiling under it, the upstream reporting.
+pub(crate) fn dialled() -> Report {
+    let mut r = empty();
+    r.run.name = "r0.5".into();
+    r.upstream.reports_cached_tokens = Some(true);
+    r.upstream.responses_with_usage = 120;
+    let mut profiling = row("profiling", "none", 60, 0.5, true);
+    profiling.hit_ratio = Some(0.5);
+    profiling.dialled_requests = 60;
+    r.rows = vec![row("warmup", "none", 60, 0.0, true), profiling];
+    r.timeline.buckets = buckets("warmup", 0, 3, 0.0, true);
+    r.timeline
+        .buckets
+        .extend(buckets("profiling", 3, 5, 0.5, true));
+    r
+}
