@@ -234,6 +234,11 @@ pub(crate) fn dialled() -> Report {
     profiling.hit_ratio = Some(0.5);
     profiling.dialled_requests = 60;
     r.rows = vec![row("warmup", "none", 60, 0.0, true), profiling];
+    r.verdict.warmup_share = Some(0.5);
+    r.verdict.message = "Isolation not requested (target none): 50.0% of profiling prompt tokens \
+                         (30000 of 60000) were served from warmup's cache, as the dial \
+                         (hit_ratio 0.5) allows."
+        .into();
     r.timeline.buckets = buckets("warmup", 0, 3, 0.0, true);
     r.timeline
         .buckets

@@ -126,10 +126,14 @@ fn cells(l: &SweepLine) -> Vec<(String, Option<f64>, Tone)> {
         phase => format!("{} ({phase})", l.target),
     };
     // As the run's verdict stands out: a breach bad; warmup's cache serving profiling without
-    // isolation, or a report not whole, worth a look.
+    // isolation, or a report not whole, worth a look. Not under a dial, which asked for it.
     let tone = match l.isolation {
         Isolation::Breached => Tone::Bad,
-        Isolation::NotRequested if l.warmup_share.is_some_and(|s| s > 0.0) => Tone::Warn,
+        Isolation::NotRequested
+            if l.hit_ratio.is_none() && l.warmup_share.is_some_and(|s| s > 0.0) =>
+        {
+            Tone::Warn
+        }
         _ if !l.complete => Tone::Warn,
         _ => Tone::Plain,
     };
@@ -311,6 +315,7 @@ const STYLE: &str = "
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#111827;background:#fff;margin:0;padding:20px 24px;line-height:1.4}
 h1{font-size:24px;margin:0 0 12px}
 h2{font-size:17px;margin:28px 0 8px}
+h3{font-size:15px;font-weight:600;margin:0 0 6px;color:#374151}
 p.verdict{font-size:17px;font-weight:600;margin:0 0 16px;padding:10px 14px;border-left:6px solid #16a34a;background:#f0fdf4}
 p.verdict.warn{border-color:#d97706;background:#fffbeb}
 p.verdict.bad{border-color:#dc2626;background:#fef2f2;color:#991b1b}
@@ -318,6 +323,7 @@ ul.verdicts{list-style:none;padding:0;margin:12px 0;font-size:14px}
 ul.verdicts li{padding:6px 10px;margin:4px 0;border-left:4px solid #16a34a;background:#f9fafb}
 ul.verdicts li.warn{border-color:#d97706;background:#fffbeb}
 ul.verdicts li.bad{border-color:#dc2626;background:#fef2f2}
+p.verdict.none,ul.verdicts li[data-isolation=not_requested]:not(.warn){border-color:#9ca3af;background:#f9fafb}
 .scroll{overflow-x:auto}
 table{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums}
 th,td{padding:4px 8px;border-bottom:1px solid #e5e7eb;white-space:nowrap}
@@ -347,7 +353,16 @@ fn html(reports: &[Report], s: &Sweep) -> String {
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\
          <title>kvbust runs side by side</title><style>{STYLE}</style></head>\n<body>\n\
          <h1>kvbust runs side by side</h1>\n<p class=\"verdict{}\" id=\"verdict\">{}</p>\n",
-        tone_class(tone),
+        // Grey, not the green of isolation held, when no run asked for isolation.
+        if tone == Tone::Plain
+            && reports
+                .iter()
+                .all(|r| r.verdict.isolation == Isolation::NotRequested)
+        {
+            " none"
+        } else {
+            tone_class(tone)
+        },
         esc(&first)
     );
     let cols = shown(s);
@@ -384,18 +399,25 @@ fn html(reports: &[Report], s: &Sweep) -> String {
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>\n");
-    // A sweep of hit rates leads with the curve it was run for.
-    let by_hit_rate = if sweep_chart::is_hit_rate_sweep(s) {
-        sweep_chart::ttft_by_hit_rate(s)
-    } else {
-        String::new()
-    };
-    let _ = write!(
-        out,
-        "<h2>The sweep</h2>\n<div class=\"charts\">{by_hit_rate}{}{}</div>\n",
-        sweep_chart::ttft(s),
-        sweep_chart::cached(s)
-    );
+    // A sweep of hit rates leads with the curve it was run for. Each chart under its own
+    // title: the two TTFT charts look alike but for their x axes.
+    let mut charts = Vec::new();
+    if sweep_chart::is_hit_rate_sweep(s) {
+        charts.push((
+            "TTFT against the reported hit rate",
+            sweep_chart::ttft_by_hit_rate(s),
+        ));
+    }
+    charts.push(("TTFT per run", sweep_chart::ttft(s)));
+    charts.push((
+        "Cached share of prompt tokens per run",
+        sweep_chart::cached(s),
+    ));
+    out.push_str("<h2>The sweep</h2>\n<div class=\"charts\">");
+    for (title, svg) in charts {
+        let _ = write!(out, "<section><h3>{}</h3>{svg}</section>", esc(title));
+    }
+    out.push_str("</div>\n");
     out.push_str("<h2>Verdicts</h2>\n<ul class=\"verdicts\" id=\"verdicts\">");
     for r in reports {
         let h = headline(r);
@@ -549,6 +571,7 @@ mod tests {
                 row.dialled_requests = 60;
                 row.latency.ttft_ms.p50 = Some(200.0 * (1.0 - r) + 5.0);
                 row.latency.ttft_ms.p99 = Some(260.0 * (1.0 - r) + 9.0);
+                rep.verdict.warmup_share = Some(r);
                 rep
             })
             .collect()
@@ -635,8 +658,22 @@ mod tests {
             })
             .collect();
         assert_eq!(points, want);
-        // It leads the charts.
+        // Each point named by its run, and the chart titled; it leads the charts.
+        for r in &reports {
+            assert!(
+                chart.contains(&format!(">{}</text>", r.run.name)),
+                "{}",
+                r.run.name
+            );
+        }
+        assert!(page.contains("<section><h3>TTFT against the reported hit rate</h3><svg id=\"chart-sweep-ttft-hit-rate\""));
         assert!(page.find("chart-sweep-ttft-hit-rate") < page.find("id=\"chart-sweep-ttft\""));
+        // Warmup's cache serving dialled requests is what the dial asked for: no warning, and
+        // grey, not the green of isolation held.
+        assert!(!page.contains(" warn"), "{page}");
+        assert!(page.contains(
+            "<p class=\"verdict none\" id=\"verdict\">5 runs: 5 isolation not requested</p>"
+        ));
         // A concurrency sweep at one hit rate: no dial column, no hit-rate chart.
         let mut plain = fixtures::two_phases();
         plain.run.name = "c1".into();

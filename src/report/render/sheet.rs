@@ -462,12 +462,19 @@ fn line(row: &Row) -> Line {
 }
 
 /// The verdict's sentence and tone: a breach is bad; warmup's cache serving profiling without
-/// isolation is worth a look; isolation held is plain.
+/// isolation is worth a look, unless every profiling request ran under the dial, which asked
+/// for exactly that; isolation held is plain.
 pub(crate) fn headline(r: &Report) -> Headline {
     let v = &r.verdict;
+    let profiling: Vec<&Row> = r.rows.iter().filter(|w| w.phase == "profiling").collect();
+    let dial_asked = !profiling.is_empty()
+        && profiling
+            .iter()
+            .all(|w| dialled(w) && w.dialled_requests == w.requests);
     let tone = match v.isolation {
         Isolation::Held => Tone::Plain,
         Isolation::Breached => Tone::Bad,
+        Isolation::NotRequested if dial_asked => Tone::Plain,
         Isolation::NotRequested if v.warmup_share.is_some_and(|s| s > 0.0) => Tone::Warn,
         Isolation::NotRequested => Tone::Plain,
     };
@@ -816,6 +823,8 @@ mod tests {
         assert_eq!(at(Col::Dial) + 1, at(Col::HitReported), "{view:?}");
         assert_eq!(view.len(), Col::TERMINAL.len());
         assert!(!s.notes.iter().any(|n| n.key == "dial_partial"));
+        // Warmup's cache serving dialled requests is what the dial asked for: no warning.
+        assert_eq!(s.verdict.tone, Tone::Plain, "{:?}", s.verdict);
         // Without a dial, no column of dashes.
         let plain = Sheet::of(&fixtures::two_phases());
         assert!(!plain.dialled);
@@ -830,6 +839,11 @@ mod tests {
         assert_eq!(cell(&s.lines[1], Col::Dial).text, "0.25");
         assert_eq!(cell(&s.lines[1], Col::Dial).tone, Tone::Warn);
         let note = s.notes.iter().find(|n| n.key == "dial_partial").unwrap();
+        assert_eq!(
+            s.verdict.tone,
+            Tone::Warn,
+            "warmup's cache served undialled requests"
+        );
         assert_eq!(
             note.text,
             "20 of 60 requests in profiling × none ran under the dial (0.25, their mean): the \

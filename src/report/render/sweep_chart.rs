@@ -295,6 +295,28 @@ fn plot(out: &mut String, s: &Series, x_axis: &XAxis, axis: &Axis) {
             esc(&(axis.show)(*v))
         );
     }
+    // On the hit-rate axis a point's run is not on the axis: name it beside the solid
+    // series' points, so a reader maps each point to its run without hovering.
+    if matches!(x_axis, XAxis::HitRate) && !s.dashed {
+        for (x, run, v) in &s.points {
+            // Right of the point, or left near the right edge; below it, or above near the
+            // x axis, where its tick labels are.
+            let (anchor, dx) = if *x > 0.85 {
+                ("end", -7.0)
+            } else {
+                ("start", 7.0)
+            };
+            let y = y_of(*v, axis.top);
+            let dy = if y > BOTTOM - 24.0 { -9.0 } else { 16.0 };
+            let _ = write!(
+                out,
+                "<text class=\"run-label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\" font-size=\"12\" fill=\"#4b5563\">{}</text>",
+                x_axis.at(*x) + dx,
+                y + dy,
+                esc(run)
+            );
+        }
+    }
     out.push_str("</g>");
 }
 
