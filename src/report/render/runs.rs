@@ -399,6 +399,26 @@ fn html(reports: &[Report], s: &Sweep) -> String {
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>\n");
+    charts(&mut out, s);
+    out.push_str("<h2>Verdicts</h2>\n<ul class=\"verdicts\" id=\"verdicts\">");
+    for r in reports {
+        let h = headline(r);
+        let _ = write!(
+            out,
+            "<li class=\"run{}\" data-run=\"{}\" data-isolation=\"{}\"><b>{}</b>: {}</li>",
+            tone_class(h.tone),
+            esc(&r.run.name),
+            h.key,
+            esc(&r.run.name),
+            esc(&h.text)
+        );
+    }
+    out.push_str("</ul>\n</body></html>\n");
+    out
+}
+
+/// The sweep's charts, each under its title.
+fn charts(out: &mut String, s: &Sweep) {
     // A sweep of hit rates leads with the curve it was run for. Each chart under its own
     // title: the two TTFT charts look alike but for their x axes.
     let mut charts = Vec::new();
@@ -418,21 +438,6 @@ fn html(reports: &[Report], s: &Sweep) -> String {
         let _ = write!(out, "<section><h3>{}</h3>{svg}</section>", esc(title));
     }
     out.push_str("</div>\n");
-    out.push_str("<h2>Verdicts</h2>\n<ul class=\"verdicts\" id=\"verdicts\">");
-    for r in reports {
-        let h = headline(r);
-        let _ = write!(
-            out,
-            "<li class=\"run{}\" data-run=\"{}\" data-isolation=\"{}\"><b>{}</b>: {}</li>",
-            tone_class(h.tone),
-            esc(&r.run.name),
-            h.key,
-            esc(&r.run.name),
-            esc(&h.text)
-        );
-    }
-    out.push_str("</ul>\n</body></html>\n");
-    out
 }
 
 /// What `kvbust run` prints after its client: the verdict, then per row its requests, errors,
@@ -577,11 +582,10 @@ mod tests {
             .collect()
     }
 
-    /// Issue 40 (5, 6): runs side by side show each run's dial beside its reported and
-    /// predicted hit rate, in every format; the HTML page plots TTFT against the reported hit
-    /// rate. A sweep without a dial has neither.
+    /// Issue 40 (5): runs side by side show each run's dial beside its reported and predicted
+    /// hit rate, in every format.
     #[test]
-    fn a_dial_sweep_shows_the_dial_and_plots_ttft_against_the_hit_rate() {
+    fn a_dial_sweep_shows_the_dial_beside_the_hit_rates() {
         let reports = dial_sweep();
         let s = sweep(&reports);
         let dials: Vec<Option<f64>> = s.lines.iter().map(|l| l.hit_ratio).collect();
@@ -609,8 +613,40 @@ mod tests {
         assert!(md.contains("| 0.25 | "), "{md}");
         let page = render_runs(&reports, Format::Html, Colour::Never);
         assert!(page.contains("data-col=\"hit_ratio\" data-value=\"0.75\">0.75</td>"));
-        // TTFT against the reported hit rate: the points in the order of the hit rate, each
-        // at its run's reported share.
+    }
+
+    /// (run, x, value) of each point of a series' SVG.
+    fn circles(series: &str) -> Vec<(String, f64, f64)> {
+        let attr = |c: &str, k: &str| -> String {
+            c.split(&format!(" {k}=\""))
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .into()
+        };
+        series
+            .split("<circle ")
+            .skip(1)
+            .map(|c| {
+                (
+                    attr(c, "data-run"),
+                    attr(c, "data-x").parse().unwrap(),
+                    attr(c, "data-value").parse().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// Issue 40 (6): a dial sweep's page plots TTFT p50 and p99 against the reported hit rate,
+    /// each point at its run's reported share and named by its run; a concurrency sweep at one
+    /// hit rate has no such chart.
+    #[test]
+    fn a_dial_sweep_plots_ttft_against_the_reported_hit_rate() {
+        let reports = dial_sweep();
+        let page = render_runs(&reports, Format::Html, Colour::Never);
+        // The points in the order of the hit rate, each at its run's reported share.
         let chart = page
             .split("<svg id=\"chart-sweep-ttft-hit-rate\"")
             .nth(1)
@@ -626,26 +662,7 @@ mod tests {
             .split("</g>")
             .next()
             .unwrap();
-        let attr = |c: &str, k: &str| -> String {
-            c.split(&format!(" {k}=\""))
-                .nth(1)
-                .unwrap()
-                .split('"')
-                .next()
-                .unwrap()
-                .into()
-        };
-        let points: Vec<(String, f64, f64)> = p50
-            .split("<circle ")
-            .skip(1)
-            .map(|c| {
-                (
-                    attr(c, "data-run"),
-                    attr(c, "data-x").parse().unwrap(),
-                    attr(c, "data-value").parse().unwrap(),
-                )
-            })
-            .collect();
+        let points = circles(p50);
         let want: Vec<(String, f64, f64)> = reports
             .iter()
             .map(|r| {
@@ -674,7 +691,12 @@ mod tests {
         assert!(page.contains(
             "<p class=\"verdict none\" id=\"verdict\">5 runs: 5 isolation not requested</p>"
         ));
-        // A concurrency sweep at one hit rate: no dial column, no hit-rate chart.
+    }
+
+    /// A concurrency sweep at one hit rate: no dial column, no hit-rate chart; one target's
+    /// cache serving more in one run makes it a hit-rate sweep.
+    #[test]
+    fn a_sweep_at_one_hit_rate_has_neither() {
         let mut plain = fixtures::two_phases();
         plain.run.name = "c1".into();
         let mut other = plain.clone();

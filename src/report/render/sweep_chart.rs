@@ -149,6 +149,34 @@ fn chart(id: &str, label: &str, all: &[Series], x_axis: &XAxis, axis: &Axis) -> 
             esc(&(axis.fmt)(v))
         );
     }
+    x_ticks(&mut out, x_axis);
+    let _ = write!(
+        out,
+        "<line x1=\"{LEFT}\" x2=\"{RIGHT}\" y1=\"{BOTTOM}\" y2=\"{BOTTOM}\" stroke=\"#6b7280\"/>\
+         <line x1=\"{LEFT}\" x2=\"{LEFT}\" y1=\"{TOP}\" y2=\"{BOTTOM}\" stroke=\"#6b7280\"/>\
+         <text class=\"axis-title y\" transform=\"translate(18 {:.1}) rotate(-90)\" text-anchor=\"middle\" font-size=\"15\">{}</text></g>",
+        (TOP + BOTTOM) / 2.0,
+        esc(axis.title)
+    );
+    if points == 0 {
+        let _ = write!(
+            out,
+            "<text class=\"empty\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"15\" fill=\"#6b7280\">no figures in these runs</text>",
+            (LEFT + RIGHT) / 2.0,
+            (TOP + BOTTOM) / 2.0
+        );
+    }
+    legend(&mut out, all);
+    for s in all {
+        plot(&mut out, s, x_axis, axis);
+    }
+    out.push_str("</svg>");
+    out
+}
+
+/// The x axis's ticks: run names under their points, or the hit rate's percentages with
+/// its title.
+fn x_ticks(out: &mut String, x_axis: &XAxis) {
     match x_axis {
         // Run names under their points, slanted when there are many.
         XAxis::Runs(runs) => {
@@ -192,28 +220,6 @@ fn chart(id: &str, label: &str, all: &[Series], x_axis: &XAxis, axis: &Axis) -> 
             );
         }
     }
-    let _ = write!(
-        out,
-        "<line x1=\"{LEFT}\" x2=\"{RIGHT}\" y1=\"{BOTTOM}\" y2=\"{BOTTOM}\" stroke=\"#6b7280\"/>\
-         <line x1=\"{LEFT}\" x2=\"{LEFT}\" y1=\"{TOP}\" y2=\"{BOTTOM}\" stroke=\"#6b7280\"/>\
-         <text class=\"axis-title y\" transform=\"translate(18 {:.1}) rotate(-90)\" text-anchor=\"middle\" font-size=\"15\">{}</text></g>",
-        (TOP + BOTTOM) / 2.0,
-        esc(axis.title)
-    );
-    if points == 0 {
-        let _ = write!(
-            out,
-            "<text class=\"empty\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"15\" fill=\"#6b7280\">no figures in these runs</text>",
-            (LEFT + RIGHT) / 2.0,
-            (TOP + BOTTOM) / 2.0
-        );
-    }
-    legend(&mut out, all);
-    for s in all {
-        plot(&mut out, s, x_axis, axis);
-    }
-    out.push_str("</svg>");
-    out
 }
 
 fn legend(out: &mut String, all: &[Series]) {
