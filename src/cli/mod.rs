@@ -52,12 +52,13 @@ pub enum Command {
     /// side.
     ///
     /// Opens with the verdict; then per phase and target: requests, errors, prompt tokens,
-    /// cached tokens reported and predicted, hit rates, reuse by source, isolation breaches,
-    /// TTFT, ITL, TPOT, end-to-end latency and throughput; as a table, JSON, markdown, or one
-    /// self-contained HTML page with charts of hit rate and TTFT over time. With one RUN_FILE,
-    /// that saved run's report; with several, or --runs (every run the admin port holds), the
-    /// runs side by side, the HTML page with a sweep chart (TTFT p50/p99 and the cached share
-    /// per run). Finds the admin port from the same configuration as `serve` unless --admin
+    /// cached tokens reported and predicted, hit rates (beside the dial, when one was set),
+    /// reuse by source, isolation breaches, TTFT, ITL, TPOT, end-to-end latency and throughput;
+    /// as a table, JSON, markdown, or one self-contained HTML page with charts of hit rate and
+    /// TTFT over time. With one RUN_FILE, that saved run's report; with several, or --runs
+    /// (every run the admin port holds), the runs side by side, the HTML page with sweep
+    /// charts (TTFT p50/p99 and the cached share per run; over different hit rates, TTFT
+    /// against the reported hit rate). Finds the admin port from the same configuration as `serve` unless --admin
     /// names it. Exit 1 when it cannot be reached, answers no kvbust report, or a file is not
     /// a run file.
     Report(ReportArgs),

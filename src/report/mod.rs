@@ -319,6 +319,12 @@ impl Row {
         rate(self.cached_tokens.predicted, self.prompt_tokens.predicted)
     }
 
+    /// The dial the row ran under, when some of its requests did ([`Row::hit_ratio`] with
+    /// [`Row::dialled_requests`] above 0).
+    pub fn dial(&self) -> Option<f64> {
+        self.hit_ratio.filter(|_| self.dialled_requests > 0)
+    }
+
     /// Reported cached / reported prompt tokens (0..=1); `None` when the upstream reported no
     /// cached tokens for the row. Without reported prompt tokens, the model's count stands in.
     pub fn reported_hit_rate(&self) -> Option<f64> {
@@ -425,6 +431,10 @@ pub struct SweepLine {
     pub ttft_p99_ms: Option<f64>,
     pub itl_p50_ms: Option<f64>,
     pub e2e_p50_ms: Option<f64>,
+    /// The cache-hit dial the line's requests ran under ([`Row::hit_ratio`]); `None` without
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hit_ratio: Option<f64>,
     /// Reported cached / prompt tokens (0..=1); `None` when the upstream did not say.
     pub cached_share_reported: Option<f64>,
     /// Predicted cached / prompt tokens (0..=1).

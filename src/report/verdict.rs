@@ -93,12 +93,35 @@ pub fn judge(rows: &[Row], tokens: BreachTokens) -> Verdict {
 }
 
 fn not_requested(rows: &[Row]) -> Verdict {
-    let profiling = rows.iter().filter(|r| r.phase == "profiling");
-    let (warm, prompt) = profiling.fold((0, 0), |(w, p), r| {
+    let profiling: Vec<&Row> = rows.iter().filter(|r| r.phase == "profiling").collect();
+    let (warm, prompt) = profiling.iter().fold((0, 0), |(w, p), r| {
         (w + r.reuse.warmup, p + r.prompt_tokens.predicted)
     });
     let share = (prompt > 0).then(|| warm as f64 / prompt as f64);
+    // Every profiling request under the dial: warmup's cache serving them is what the dial
+    // asked for (a dial sweep warms once and profiles at several ratios), not a mistake to fix.
+    let requests: u64 = profiling.iter().map(|r| r.requests).sum();
+    let dialled: u64 = profiling
+        .iter()
+        .filter(|r| r.dial().is_some())
+        .map(|r| r.dialled_requests)
+        .sum();
+    // As the dial is set (`0.5`), each once.
+    let mut dials: Vec<String> = Vec::new();
+    for d in profiling.iter().filter_map(|r| r.dial()) {
+        let text = format!("{:.3}", d + 0.0);
+        let text = text.trim_end_matches('0').trim_end_matches('.').to_string();
+        if !dials.contains(&text) {
+            dials.push(text);
+        }
+    }
+    let dials = dials.join(", ");
     let message = match share {
+        Some(s) if warm > 0 && requests > 0 && dialled == requests => format!(
+            "Isolation not requested (target none): {:.1}% of profiling prompt tokens ({warm} of \
+             {prompt}) were served from warmup's cache, as the dial (hit_ratio {dials}) allows.",
+            s * 100.0
+        ),
         Some(s) if warm > 0 => format!(
             "Isolation not requested (target none): {:.1}% of profiling prompt tokens ({warm} of \
              {prompt}) were served from warmup's cache. Set a cache-bust target to isolate.",
@@ -171,6 +194,12 @@ mod tests {
         let unchecked = [row("profiling", "system_prefix", 0, 0, 0)];
         let mut ignored = held.clone();
         ignored[0].salt_ignored = 3;
+        // A dial sweep's run: every profiling request dialled, warmup's cache serving them.
+        let mut dialled = none.clone();
+        dialled[1].hit_ratio = Some(0.5);
+        dialled[1].dialled_requests = 10;
+        let mut half_dialled = dialled.clone();
+        half_dialled[1].dialled_requests = 5;
         // (rows, tokens, isolation, warmup_share, words the sentence must hold)
         type Case<'a> = (
             &'a [Row],
@@ -186,6 +215,20 @@ mod tests {
                 Isolation::NotRequested,
                 Some(0.97),
                 &["97.0%", "970 of 1000"],
+            ),
+            (
+                &dialled,
+                t(0, 0),
+                Isolation::NotRequested,
+                Some(0.97),
+                &["97.0%", "as the dial (hit_ratio 0.5) allows"],
+            ),
+            (
+                &half_dialled,
+                t(0, 0),
+                Isolation::NotRequested,
+                Some(0.97),
+                &["97.0%", "Set a cache-bust target"],
             ),
             (
                 &none[..1],

@@ -177,3 +177,117 @@ async fn a_bad_dial_is_a_400_and_responses_cannot_take_one() {
     assert_eq!(json(resp).await["error"]["code"], "dial_unsupported");
     h.shutdown().await;
 }
+
+/// Issue 40 (5): a dialled run's report, as the admin port answers it when the run closes,
+/// carries per phase × target the dial, the predicted and the reported hit rate, and every
+/// form of it shows them: the table, markdown, HTML, runs side by side and `kvbust run`'s
+/// summary. Warmup, which ran without a dial, shows none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialled_runs_report_shows_the_dial_beside_the_hit_rates() {
+    use kvbust::report::render::{self, Colour, Format};
+    use kvbust::report::Report;
+
+    let bodies = prompts(4);
+    let h = start_with(qwen3_mock(100_000), |c| {
+        c.cache_model.tokenizer = Some(MockTokenizerSetting::Qwen3);
+    })
+    .await;
+    let client = h1();
+    let admin = |path: &str| {
+        http::Request::post(h.admin_url(path))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let open = http::Request::post(h.admin_url("/runs"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            json!({"name": "r0.5"}).to_string(),
+        )))
+        .unwrap();
+    assert_eq!(send(&client, open).await.status(), StatusCode::OK);
+    let url = h.url("/v1/chat/completions");
+    let mut want_cached = 0;
+    for (phase, dial) in [("warmup", None), ("profiling", Some("0.5"))] {
+        for b in &bodies {
+            let mut hs = vec![("x-kvbust-phase", phase)];
+            hs.extend(dial.map(|r| ("x-kvbust-hit-ratio", r)));
+            let v = json(send(&client, post(&url, b.clone(), &hs)).await).await;
+            if dial.is_some() {
+                want_cached += usage(&v).1;
+            }
+        }
+    }
+    let close = send(&client, admin("/runs/r0.5/close")).await;
+    assert_eq!(close.status(), StatusCode::OK);
+    let r: Report = serde_json::from_slice(&body_bytes(close).await).unwrap();
+    assert!(r.run.complete, "{:?}", r.run);
+    let warmup = r.rows.iter().find(|w| w.phase == "warmup").unwrap();
+    let profiling = r.rows.iter().find(|w| w.phase == "profiling").unwrap();
+    assert_eq!((warmup.hit_ratio, warmup.dialled_requests), (None, 0));
+    assert_eq!(
+        (profiling.hit_ratio, profiling.dialled_requests),
+        (Some(0.5), 4)
+    );
+    assert_eq!(profiling.cached_tokens.reported, Some(want_cached));
+    assert_eq!(
+        profiling.cached_tokens.predicted, want_cached,
+        "{profiling:?}"
+    );
+    let (reported, predicted) = (
+        profiling.reported_hit_rate().unwrap(),
+        profiling.predicted_hit_rate().unwrap(),
+    );
+    // Each request within one block of half its prompt: the row within a block a request.
+    let prompt = profiling.prompt_tokens.reported.unwrap() as f64;
+    assert!(
+        (reported * prompt - 0.5 * prompt).abs() <= 16.0 * 4.0,
+        "{reported}"
+    );
+    let pct = |v: f64| format!("{:.1}%", v * 100.0);
+
+    // The terminal table: dial, reported, predicted under one "hit rate" heading.
+    let table = render::render(&r, Format::Table, Colour::Never);
+    let head = table.lines().find(|l| l.starts_with("phase")).unwrap();
+    assert!(head.contains("dial  reported  predicted"), "{table}");
+    let line = |text: &str, phase: &str| -> Vec<String> {
+        let l = text.lines().find(|l| l.starts_with(phase)).unwrap();
+        l.split_whitespace().map(String::from).collect()
+    };
+    assert_eq!(
+        line(&table, "profiling")[4..7],
+        ["0.5".to_string(), pct(reported), pct(predicted)],
+        "{table}"
+    );
+    assert_eq!(line(&table, "warmup")[4], "-", "{table}");
+    // Markdown.
+    let md = render::render(&r, Format::Markdown, Colour::Never);
+    assert!(md.contains("| hit rate dial | hit rate reported | hit rate predicted |"));
+    assert!(
+        md.contains(&format!("| 0.5 | {} | {} |", pct(reported), pct(predicted))),
+        "{md}"
+    );
+    // HTML: the exact dial behind its cell.
+    let page = render::render(&r, Format::Html, Colour::Never);
+    assert!(
+        page.contains("data-col=\"hit_ratio\" data-value=\"0.5\">0.5</td>"),
+        "{page}"
+    );
+    assert!(page.contains("<td class=\"num missing\" data-col=\"hit_ratio\">-</td>"));
+    // Runs side by side, and what `kvbust run` prints.
+    let side = render::render_runs(std::slice::from_ref(&r), Format::Table, Colour::Never);
+    assert!(
+        side.contains("dial  cached reported  cached predicted"),
+        "{side}"
+    );
+    let summary = render::summary(&r);
+    assert!(
+        summary.contains(&format!(
+            "dial 0.5: cached {} reported, {} predicted",
+            pct(reported),
+            pct(predicted)
+        )),
+        "{summary}"
+    );
+    h.shutdown().await;
+}

@@ -222,3 +222,26 @@ pub(crate) fn silent_upstream() -> Report {
         .extend(buckets("profiling", 3, 8, 0.7, false));
     r
 }
+
+/// A dialled run (`x-kvbust-hit-ratio: 0.5`, target `none`): warmup without a dial, then
+/// profiling under it, the upstream reporting.
+pub(crate) fn dialled() -> Report {
+    let mut r = empty();
+    r.run.name = "r0.5".into();
+    r.upstream.reports_cached_tokens = Some(true);
+    r.upstream.responses_with_usage = 120;
+    let mut profiling = row("profiling", "none", 60, 0.5, true);
+    profiling.hit_ratio = Some(0.5);
+    profiling.dialled_requests = 60;
+    r.rows = vec![row("warmup", "none", 60, 0.0, true), profiling];
+    r.verdict.warmup_share = Some(0.5);
+    r.verdict.message = "Isolation not requested (target none): 50.0% of profiling prompt tokens \
+                         (30000 of 60000) were served from warmup's cache, as the dial \
+                         (hit_ratio 0.5) allows."
+        .into();
+    r.timeline.buckets = buckets("warmup", 0, 3, 0.0, true);
+    r.timeline
+        .buckets
+        .extend(buckets("profiling", 3, 5, 0.5, true));
+    r
+}

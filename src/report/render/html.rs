@@ -75,9 +75,9 @@ pub(crate) fn page(report: &Report) -> String {
     if sheet.lines.is_empty() {
         out.push_str("<p id=\"no-rows\">No generation requests in this run yet.</p>\n");
     } else {
-        rows(&mut out, &sheet, "report-rows", &Col::CACHE);
+        rows(&mut out, &sheet, "report-rows", &sheet.view(&Col::CACHE));
         out.push_str("<h2>Client's summary, measured on the wire</h2>\n");
-        rows(&mut out, &sheet, "report-client", &Col::CLIENT);
+        rows(&mut out, &sheet, "report-client", &sheet.view(&Col::CLIENT));
     }
     let _ = write!(
         out,
@@ -274,5 +274,29 @@ mod tests {
         assert!(!page.contains("id=\"notes\""), "nothing else to note");
         assert!(!page.contains("id=\"report-rows\""));
         assert_eq!(page.matches("no data in this run yet").count(), 2);
+    }
+
+    /// Issue 40 (5): the page's cache table shows the dial under "hit rate", with its exact
+    /// value; rows without a dial a dash; a report without a dial no such column.
+    #[test]
+    fn a_dialled_run_shows_the_dial_beside_the_hit_rates() {
+        let r = fixtures::dialled();
+        let page = page(&r);
+        assert_eq!(value(&page, "profiling", "none", "hit_ratio"), Some(0.5));
+        assert_eq!(
+            value(&page, "profiling", "none", "hit_reported"),
+            r.rows[1].reported_hit_rate()
+        );
+        assert_eq!(
+            value(&page, "profiling", "none", "hit_predicted"),
+            r.rows[1].predicted_hit_rate()
+        );
+        assert!(page.contains("<td class=\"num missing\" data-col=\"hit_ratio\">-</td>"));
+        assert!(
+            page.contains("<th colspan=\"3\">hit rate</th>"),
+            "dial, reported, predicted"
+        );
+        assert!(page.contains("<th class=\"num\">dial</th>"));
+        assert!(!super::page(&fixtures::two_phases()).contains("hit_ratio"));
     }
 }

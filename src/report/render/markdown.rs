@@ -41,9 +41,9 @@ pub(crate) fn markdown(report: &Report) -> String {
     }
     if !sheet.lines.is_empty() {
         out.push_str("\n### Cache and isolation\n\n");
-        grid(&mut out, &sheet, &Col::CACHE);
+        grid(&mut out, &sheet, &sheet.view(&Col::CACHE));
         out.push_str("\n### Client's summary, measured on the wire\n\n");
-        grid(&mut out, &sheet, &Col::CLIENT);
+        grid(&mut out, &sheet, &sheet.view(&Col::CLIENT));
     }
     if !sheet.notes.is_empty() {
         out.push('\n');
@@ -125,7 +125,7 @@ mod tests {
         let rows = rows(&md);
         assert_eq!(rows.len(), r.rows.len(), "{md}");
         for (cells, row) in rows.iter().zip(&r.rows) {
-            assert_eq!(cells.len(), Col::CACHE.len());
+            assert_eq!(cells.len(), Col::CACHE.len() - 1, "no dial column");
             assert_eq!(cells[0], format!("`{}`", row.phase));
             assert_eq!(cells[1], format!("`{}`", row.target));
             assert_eq!(cells[4], int(row.prompt_tokens.predicted));
@@ -151,8 +151,9 @@ mod tests {
         assert_eq!(first[1], format!("**❌ {}**", esc(&r.verdict.message)));
         // The heading and the alignment row have as many cells as the rows.
         let head = md.lines().find(|l| l.starts_with("| phase")).unwrap();
-        assert_eq!(head.matches(" | ").count() + 1, Col::CACHE.len());
+        assert_eq!(head.matches(" | ").count() + 1, Col::CACHE.len() - 1);
         assert!(head.contains("hit rate predicted"));
+        assert!(!head.contains("dial"), "no row ran under the dial: {head}");
         assert!(md.contains("|---|---|---:|"));
         assert!(md.contains("- **breach:** isolation breached in profiling × first_turn_prefix"));
         assert!(md.contains("| benchmark | `bench-7f3a` |"));
@@ -164,7 +165,7 @@ mod tests {
         r.rows[0].target = "a|b<script>".into();
         let md = markdown(&r);
         assert!(md.contains("`a\\|b&lt;script&gt;`"), "{md}");
-        assert_eq!(rows(&md)[0].len(), Col::CACHE.len());
+        assert_eq!(rows(&md)[0].len(), Col::CACHE.len() - 1);
     }
 
     #[test]
@@ -184,5 +185,25 @@ mod tests {
             !md.contains("**note:**") && !md.contains("**breach:**"),
             "{md}"
         );
+    }
+
+    /// Issue 40 (5): the cache table of a dialled run carries the dial before the hit rates.
+    #[test]
+    fn a_dialled_run_shows_the_dial_beside_the_hit_rates() {
+        let r = fixtures::dialled();
+        let md = markdown(&r);
+        let head = md.lines().find(|l| l.starts_with("| phase")).unwrap();
+        assert!(
+            head.contains("| hit rate dial | hit rate reported | hit rate predicted |"),
+            "{head}"
+        );
+        let rows = rows(&md);
+        assert_eq!(rows[0].len(), Col::CACHE.len());
+        assert_eq!(rows[0][7], "-", "warmup ran without a dial");
+        assert_eq!(rows[1][7], "0.5");
+        assert_eq!(rows[1][8], pct(r.rows[1].reported_hit_rate().unwrap()));
+        assert_eq!(rows[1][9], pct(r.rows[1].predicted_hit_rate().unwrap()));
+        // The client's table has no hit rates, so no dial.
+        assert_eq!(rows_of(&md, 1)[0].len(), Col::CLIENT.len());
     }
 }

@@ -152,6 +152,14 @@ pub(crate) fn pct(rate: f64) -> String {
     format!("{:.1}%", rate * 100.0)
 }
 
+/// A ratio in 0..=1 as it is set (`cache_bust.hit_ratio = 0.25`): at most three decimals, no
+/// trailing zeros: `0`, `0.25`, `1`, `0.417`.
+pub(crate) fn ratio(v: f64) -> String {
+    // `+ 0.0` turns -0 into 0, so no `-0` is shown.
+    let text = format!("{:.3}", v + 0.0);
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// Milliseconds: one decimal under 10, whole (with thousands separators) above.
 pub(crate) fn ms(v: f64) -> String {
     if v < 10.0 {
@@ -203,6 +211,16 @@ mod tests {
         assert_eq!(int(1_234_567), "1,234,567");
         assert_eq!(pct(0.8123), "81.2%");
         assert_eq!(pct(1.0), "100.0%");
+        for (v, want) in [
+            (0.0, "0"),
+            (0.25, "0.25"),
+            (0.5, "0.5"),
+            (1.0, "1"),
+            (0.41666, "0.417"),
+        ] {
+            assert_eq!(ratio(v), want);
+        }
+        assert_eq!(ratio(-0.0), "0");
         assert_eq!(ms(4.26), "4.3");
         assert_eq!(ms(1234.4), "1,234");
         assert_eq!(duration(42.34), "42.3 s");

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use super::sheet::{headline, verdict_sentence, Tone};
-use super::{esc, int, ms, pct, per_s, sweep_chart, Colour, Format};
+use super::{esc, int, ms, pct, per_s, ratio, sweep_chart, Colour, Format};
 use crate::report::{Isolation, Report, Row, Sweep, SweepLine};
 
 /// The lines a sweep compares: per run, its profiling rows (all its rows when it has none; one
@@ -47,6 +47,7 @@ pub fn sweep(reports: &[Report]) -> Sweep {
                 ttft_p99_ms: w.latency.ttft_ms.p99,
                 itl_p50_ms: w.latency.itl_ms.p50,
                 e2e_p50_ms: w.latency.e2e_ms.p50,
+                hit_ratio: w.dial(),
                 cached_share_reported: w.reported_hit_rate(),
                 cached_share_predicted: w.predicted_hit_rate(),
                 ..base.clone()
@@ -73,7 +74,7 @@ pub fn render_runs(reports: &[Report], format: Format, colour: Colour) -> String
 }
 
 /// A column of the sweep: heading, and whether it is a number (right-aligned).
-const COLS: [(&str, bool); 11] = [
+const COLS: [(&str, bool); 12] = [
     ("run", false),
     ("target", false),
     ("verdict", false),
@@ -83,12 +84,13 @@ const COLS: [(&str, bool); 11] = [
     ("TTFT p50 ms", true),
     ("TTFT p99 ms", true),
     ("ITL p50 ms", true),
+    ("dial", true),
     ("cached reported", true),
     ("cached predicted", true),
 ];
 
 /// Machine names of [`COLS`] (the HTML page's `data-col`).
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 12] = [
     "run",
     "target",
     "isolation",
@@ -98,9 +100,20 @@ const KEYS: [&str; 11] = [
     "ttft_p50_ms",
     "ttft_p99_ms",
     "itl_p50_ms",
+    "hit_ratio",
     "cached_share_reported",
     "cached_share_predicted",
 ];
+
+/// [`COLS`]' place of the dial.
+const DIAL: usize = 9;
+
+/// The columns (places in [`COLS`]) a sweep shows: the dial only when some line ran under it,
+/// so a concurrency sweep gets no column of dashes.
+fn shown(s: &Sweep) -> Vec<usize> {
+    let dialled = s.lines.iter().any(|l| l.hit_ratio.is_some());
+    (0..COLS.len()).filter(|&i| i != DIAL || dialled).collect()
+}
 
 /// A line's cells in [`COLS`] order: text, exact figure, tone.
 fn cells(l: &SweepLine) -> Vec<(String, Option<f64>, Tone)> {
@@ -113,10 +126,14 @@ fn cells(l: &SweepLine) -> Vec<(String, Option<f64>, Tone)> {
         phase => format!("{} ({phase})", l.target),
     };
     // As the run's verdict stands out: a breach bad; warmup's cache serving profiling without
-    // isolation, or a report not whole, worth a look.
+    // isolation, or a report not whole, worth a look. Not under a dial, which asked for it.
     let tone = match l.isolation {
         Isolation::Breached => Tone::Bad,
-        Isolation::NotRequested if l.warmup_share.is_some_and(|s| s > 0.0) => Tone::Warn,
+        Isolation::NotRequested
+            if l.hit_ratio.is_none() && l.warmup_share.is_some_and(|s| s > 0.0) =>
+        {
+            Tone::Warn
+        }
         _ if !l.complete => Tone::Warn,
         _ => Tone::Plain,
     };
@@ -144,6 +161,7 @@ fn cells(l: &SweepLine) -> Vec<(String, Option<f64>, Tone)> {
         opt(l.ttft_p50_ms, ms),
         opt(l.ttft_p99_ms, ms),
         opt(l.itl_p50_ms, ms),
+        opt(l.hit_ratio, ratio),
         opt(l.cached_share_reported, pct),
         opt(l.cached_share_predicted, pct),
     ]
@@ -195,14 +213,13 @@ fn table(reports: &[Report], s: &Sweep, colour: Colour) -> String {
     let (tone, first) = opening(reports);
     let mut out = paint(colour, tone, &first);
     out.push_str("\n\n");
+    let cols = shown(s);
     let rows: Vec<Vec<(String, Option<f64>, Tone)>> = s.lines.iter().map(cells).collect();
-    let w: Vec<usize> = COLS
-        .iter()
-        .enumerate()
-        .map(|(i, (head, _))| {
+    let w: Vec<usize> = (0..COLS.len())
+        .map(|i| {
             rows.iter()
                 .map(|r| r[i].0.chars().count())
-                .chain([head.chars().count()])
+                .chain([COLS[i].0.chars().count()])
                 .max()
                 .unwrap_or(0)
         })
@@ -215,14 +232,16 @@ fn table(reports: &[Report], s: &Sweep, colour: Colour) -> String {
             format!("{text:<n$}")
         }
     };
-    let head: Vec<String> = COLS.iter().enumerate().map(|(i, c)| pad(c.0, i)).collect();
+    let head: Vec<String> = cols.iter().map(|&i| pad(COLS[i].0, i)).collect();
     out.push_str(head.join("  ").trim_end());
     out.push('\n');
     for r in &rows {
-        let line: Vec<String> = r
+        let line: Vec<String> = cols
             .iter()
-            .enumerate()
-            .map(|(i, (text, _, tone))| paint(colour, *tone, &pad(text, i)))
+            .map(|&i| {
+                let (text, _, tone) = &r[i];
+                paint(colour, *tone, &pad(text, i))
+            })
             .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
@@ -258,19 +277,21 @@ fn markdown(reports: &[Report], s: &Sweep) -> String {
         "## kvbust runs side by side\n\n**{mark}{}**\n\n",
         md_esc(&first)
     );
-    let head: Vec<&str> = COLS.iter().map(|c| c.0).collect();
-    let align: Vec<&str> = COLS
+    let cols = shown(s);
+    let head: Vec<&str> = cols.iter().map(|&i| COLS[i].0).collect();
+    let align: Vec<&str> = cols
         .iter()
-        .map(|c| if c.1 { "---:" } else { "---" })
+        .map(|&i| if COLS[i].1 { "---:" } else { "---" })
         .collect();
     let _ = write!(out, "| {} |\n|{}|\n", head.join(" | "), align.join("|"));
     for l in &s.lines {
-        let row: Vec<String> = cells(l)
-            .into_iter()
-            .enumerate()
-            .map(|(i, (text, _, _))| {
+        let all = cells(l);
+        let row: Vec<String> = cols
+            .iter()
+            .map(|&i| {
+                let text = &all[i].0;
                 if COLS[i].1 {
-                    md_esc(&text)
+                    md_esc(text)
                 } else {
                     format!("`{}`", md_esc(&text.replace('`', "'")))
                 }
@@ -294,6 +315,7 @@ const STYLE: &str = "
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#111827;background:#fff;margin:0;padding:20px 24px;line-height:1.4}
 h1{font-size:24px;margin:0 0 12px}
 h2{font-size:17px;margin:28px 0 8px}
+h3{font-size:15px;font-weight:600;margin:0 0 6px;color:#374151}
 p.verdict{font-size:17px;font-weight:600;margin:0 0 16px;padding:10px 14px;border-left:6px solid #16a34a;background:#f0fdf4}
 p.verdict.warn{border-color:#d97706;background:#fffbeb}
 p.verdict.bad{border-color:#dc2626;background:#fef2f2;color:#991b1b}
@@ -301,6 +323,7 @@ ul.verdicts{list-style:none;padding:0;margin:12px 0;font-size:14px}
 ul.verdicts li{padding:6px 10px;margin:4px 0;border-left:4px solid #16a34a;background:#f9fafb}
 ul.verdicts li.warn{border-color:#d97706;background:#fffbeb}
 ul.verdicts li.bad{border-color:#dc2626;background:#fef2f2}
+p.verdict.none,ul.verdicts li[data-isolation=not_requested]:not(.warn){border-color:#9ca3af;background:#f9fafb}
 .scroll{overflow-x:auto}
 table{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums}
 th,td{padding:4px 8px;border-bottom:1px solid #e5e7eb;white-space:nowrap}
@@ -330,11 +353,22 @@ fn html(reports: &[Report], s: &Sweep) -> String {
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\
          <title>kvbust runs side by side</title><style>{STYLE}</style></head>\n<body>\n\
          <h1>kvbust runs side by side</h1>\n<p class=\"verdict{}\" id=\"verdict\">{}</p>\n",
-        tone_class(tone),
+        // Grey, not the green of isolation held, when no run asked for isolation.
+        if tone == Tone::Plain
+            && reports
+                .iter()
+                .all(|r| r.verdict.isolation == Isolation::NotRequested)
+        {
+            " none"
+        } else {
+            tone_class(tone)
+        },
         esc(&first)
     );
+    let cols = shown(s);
     out.push_str("<div class=\"scroll\"><table id=\"runs\"><thead><tr>");
-    for (head, numeric) in COLS {
+    for &i in &cols {
+        let (head, numeric) = COLS[i];
         let class = if numeric { "num" } else { "name" };
         let _ = write!(out, "<th class=\"{class}\">{}</th>", esc(head));
     }
@@ -347,7 +381,9 @@ fn html(reports: &[Report], s: &Sweep) -> String {
             esc(&l.phase),
             esc(&l.target)
         );
-        for (i, (text, value, tone)) in cells(l).into_iter().enumerate() {
+        let all = cells(l);
+        for &i in &cols {
+            let (text, value, tone) = &all[i];
             let class = if COLS[i].1 { "num" } else { "name" };
             let value = value
                 .map(|v| format!(" data-value=\"{v}\""))
@@ -355,20 +391,15 @@ fn html(reports: &[Report], s: &Sweep) -> String {
             let _ = write!(
                 out,
                 "<td class=\"{class}{}\" data-col=\"{}\"{value}>{}</td>",
-                tone_class(tone),
+                tone_class(*tone),
                 KEYS[i],
-                esc(&text)
+                esc(text)
             );
         }
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>\n");
-    let _ = write!(
-        out,
-        "<h2>The sweep</h2>\n<div class=\"charts\">{}{}</div>\n",
-        sweep_chart::ttft(s),
-        sweep_chart::cached(s)
-    );
+    charts(&mut out, s);
     out.push_str("<h2>Verdicts</h2>\n<ul class=\"verdicts\" id=\"verdicts\">");
     for r in reports {
         let h = headline(r);
@@ -386,6 +417,29 @@ fn html(reports: &[Report], s: &Sweep) -> String {
     out
 }
 
+/// The sweep's charts, each under its title.
+fn charts(out: &mut String, s: &Sweep) {
+    // A sweep of hit rates leads with the curve it was run for. Each chart under its own
+    // title: the two TTFT charts look alike but for their x axes.
+    let mut charts = Vec::new();
+    if sweep_chart::is_hit_rate_sweep(s) {
+        charts.push((
+            "TTFT against the reported hit rate",
+            sweep_chart::ttft_by_hit_rate(s),
+        ));
+    }
+    charts.push(("TTFT per run", sweep_chart::ttft(s)));
+    charts.push((
+        "Cached share of prompt tokens per run",
+        sweep_chart::cached(s),
+    ));
+    out.push_str("<h2>The sweep</h2>\n<div class=\"charts\">");
+    for (title, svg) in charts {
+        let _ = write!(out, "<section><h3>{}</h3>{svg}</section>", esc(title));
+    }
+    out.push_str("</div>\n");
+}
+
 /// What `kvbust run` prints after its client: the verdict, then per row its requests, errors,
 /// TTFT and cached share, then why the report is incomplete when it is.
 pub fn summary(r: &Report) -> String {
@@ -399,6 +453,11 @@ pub fn summary(r: &Report) -> String {
             (None, Some(pred)) => format!("cached {} predicted", pct(pred)),
             (Some(rep), None) => format!("cached {} reported", pct(rep)),
             (None, None) => "cached -".to_string(),
+        };
+        // The dial first, so what was asked stands before what came.
+        let share = match w.dial() {
+            Some(r) => format!("dial {}: {share}", ratio(r)),
+            None => share,
         };
         let opt_ms =
             |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{} ms", ms(v)));
@@ -502,5 +561,172 @@ mod tests {
             "  ! incomplete: 3 requests not in the figures (3 in_flight)"
         );
         assert!(summary(&fixtures::empty()).contains("no generation requests in this run"));
+    }
+
+    /// Five runs of a dial sweep (R = 0 to 1): TTFT falling as the hit rate rises.
+    fn dial_sweep() -> Vec<Report> {
+        [0.0, 0.25, 0.5, 0.75, 1.0]
+            .iter()
+            .map(|&r| {
+                let mut rep = fixtures::dialled();
+                rep.run.name = format!("r{}", ratio(r));
+                let row = &mut rep.rows[1];
+                *row = fixtures::row("profiling", "none", 60, r, true);
+                row.hit_ratio = Some(r);
+                row.dialled_requests = 60;
+                row.latency.ttft_ms.p50 = Some(200.0 * (1.0 - r) + 5.0);
+                row.latency.ttft_ms.p99 = Some(260.0 * (1.0 - r) + 9.0);
+                rep.verdict.warmup_share = Some(r);
+                rep
+            })
+            .collect()
+    }
+
+    /// Issue 40 (5): runs side by side show each run's dial beside its reported and predicted
+    /// hit rate, in every format.
+    #[test]
+    fn a_dial_sweep_shows_the_dial_beside_the_hit_rates() {
+        let reports = dial_sweep();
+        let s = sweep(&reports);
+        let dials: Vec<Option<f64>> = s.lines.iter().map(|l| l.hit_ratio).collect();
+        assert_eq!(
+            dials,
+            [0.0, 0.25, 0.5, 0.75, 1.0].map(Some),
+            "profiling lines only"
+        );
+        let table = render_runs(&reports, Format::Table, Colour::Never);
+        let head = table.lines().nth(2).unwrap();
+        assert!(
+            head.contains("ITL p50 ms  dial  cached reported  cached predicted"),
+            "{table}"
+        );
+        for (line, rep) in table.lines().skip(3).zip(&reports) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let row = &rep.rows[1];
+            assert_eq!(f[0], rep.run.name);
+            assert_eq!(f[f.len() - 3], ratio(row.hit_ratio.unwrap()), "{line}");
+            assert_eq!(f[f.len() - 2], pct(row.reported_hit_rate().unwrap()));
+            assert_eq!(f[f.len() - 1], pct(row.predicted_hit_rate().unwrap()));
+        }
+        let md = render_runs(&reports, Format::Markdown, Colour::Never);
+        assert!(md.contains("| ITL p50 ms | dial | cached reported | cached predicted |"));
+        assert!(md.contains("| 0.25 | "), "{md}");
+        let page = render_runs(&reports, Format::Html, Colour::Never);
+        assert!(page.contains("data-col=\"hit_ratio\" data-value=\"0.75\">0.75</td>"));
+    }
+
+    /// (run, x, value) of each point of a series' SVG.
+    fn circles(series: &str) -> Vec<(String, f64, f64)> {
+        let attr = |c: &str, k: &str| -> String {
+            c.split(&format!(" {k}=\""))
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .into()
+        };
+        series
+            .split("<circle ")
+            .skip(1)
+            .map(|c| {
+                (
+                    attr(c, "data-run"),
+                    attr(c, "data-x").parse().unwrap(),
+                    attr(c, "data-value").parse().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// Issue 40 (6): a dial sweep's page plots TTFT p50 and p99 against the reported hit rate,
+    /// each point at its run's reported share and named by its run; a concurrency sweep at one
+    /// hit rate has no such chart.
+    #[test]
+    fn a_dial_sweep_plots_ttft_against_the_reported_hit_rate() {
+        let reports = dial_sweep();
+        let page = render_runs(&reports, Format::Html, Colour::Never);
+        // The points in the order of the hit rate, each at its run's reported share.
+        let chart = page
+            .split("<svg id=\"chart-sweep-ttft-hit-rate\"")
+            .nth(1)
+            .expect("the hit-rate chart")
+            .split("</svg>")
+            .next()
+            .unwrap();
+        assert!(chart.contains("reported hit rate (cached / prompt tokens)"));
+        let p50 = chart
+            .split("data-series=\"ttft_p50\" data-points=\"5\">")
+            .nth(1)
+            .unwrap()
+            .split("</g>")
+            .next()
+            .unwrap();
+        let points = circles(p50);
+        let want: Vec<(String, f64, f64)> = reports
+            .iter()
+            .map(|r| {
+                let row = &r.rows[1];
+                (
+                    r.run.name.clone(),
+                    row.reported_hit_rate().unwrap(),
+                    row.latency.ttft_ms.p50.unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(points, want);
+        // Each point named by its run, and the chart titled; it leads the charts.
+        for r in &reports {
+            assert!(
+                chart.contains(&format!(">{}</text>", r.run.name)),
+                "{}",
+                r.run.name
+            );
+        }
+        assert!(page.contains("<section><h3>TTFT against the reported hit rate</h3><svg id=\"chart-sweep-ttft-hit-rate\""));
+        assert!(page.find("chart-sweep-ttft-hit-rate") < page.find("id=\"chart-sweep-ttft\""));
+        // Warmup's cache serving dialled requests is what the dial asked for: no warning, and
+        // grey, not the green of isolation held.
+        assert!(!page.contains(" warn"), "{page}");
+        assert!(page.contains(
+            "<p class=\"verdict none\" id=\"verdict\">5 runs: 5 isolation not requested</p>"
+        ));
+    }
+
+    /// A concurrency sweep at one hit rate: no dial column, no hit-rate chart; one target's
+    /// cache serving more in one run makes it a hit-rate sweep.
+    #[test]
+    fn a_sweep_at_one_hit_rate_has_neither() {
+        let mut plain = fixtures::two_phases();
+        plain.run.name = "c1".into();
+        let mut other = plain.clone();
+        other.run.name = "c8".into();
+        let both = [plain, other];
+        let table = render_runs(&both, Format::Table, Colour::Never);
+        assert!(!table.contains("dial"), "{table}");
+        let page = render_runs(&both, Format::Html, Colour::Never);
+        assert!(!page.contains("chart-sweep-ttft-hit-rate"));
+        assert!(!page.contains("hit_ratio"));
+        // The same runs, one target's cache serving more in one of them: a hit-rate sweep.
+        let mut more = both.clone();
+        more[1].rows[2].cached_tokens.reported = Some(more[1].rows[2].prompt_tokens.predicted);
+        assert!(sweep_chart::is_hit_rate_sweep(&sweep(&more)));
+    }
+
+    #[test]
+    fn the_summary_puts_the_dial_before_the_hit_rates() {
+        let r = fixtures::dialled();
+        let text = summary(&r);
+        let lines: Vec<&str> = text.lines().collect();
+        let row = &r.rows[1];
+        assert!(
+            lines[2].ends_with(&format!(
+                "; dial 0.5: cached {} reported, {} predicted",
+                pct(row.reported_hit_rate().unwrap()),
+                pct(row.predicted_hit_rate().unwrap())
+            )),
+            "{text}"
+        );
+        assert!(!lines[1].contains("dial"), "warmup ran without one: {text}");
     }
 }

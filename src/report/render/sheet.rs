@@ -3,7 +3,7 @@
 //! upstream, the shared-cache assumption, unaccounted requests, breaches). Never lays anything
 //! out: the table, markdown and HTML renderers do.
 
-use super::{duration, int, ms, pct, per_s};
+use super::{duration, int, ms, pct, per_s, ratio};
 use crate::report::{Isolation, Report, Row, Verdict};
 
 /// A column of the rows, in the order of [`Col::ALL`]; each view ([`Col::TERMINAL`],
@@ -19,6 +19,7 @@ pub(crate) enum Col {
     PromptCounted,
     CachedReported,
     CachedPredicted,
+    Dial,
     HitReported,
     HitPredicted,
     ReuseSame,
@@ -46,7 +47,7 @@ pub(crate) enum Col {
 }
 
 impl Col {
-    pub(crate) const ALL: [Col; 33] = [
+    pub(crate) const ALL: [Col; 34] = [
         Col::Phase,
         Col::Target,
         Col::Requests,
@@ -56,6 +57,7 @@ impl Col {
         Col::PromptCounted,
         Col::CachedReported,
         Col::CachedPredicted,
+        Col::Dial,
         Col::HitReported,
         Col::HitPredicted,
         Col::ReuseSame,
@@ -83,12 +85,14 @@ impl Col {
     ];
 
     /// What a terminal shows: the key figures of both views, narrow enough for a laptop's
-    /// terminal (the markdown and HTML forms show every column).
-    pub(crate) const TERMINAL: [Col; 13] = [
+    /// terminal (the markdown and HTML forms show every column). [`Col::Dial`] only when a
+    /// row ran under the dial ([`Sheet::view`]).
+    pub(crate) const TERMINAL: [Col; 14] = [
         Col::Phase,
         Col::Target,
         Col::Requests,
         Col::Errors,
+        Col::Dial,
         Col::HitReported,
         Col::HitPredicted,
         Col::Breaches,
@@ -100,8 +104,9 @@ impl Col {
         Col::TokensPerS,
     ];
 
-    /// The cache's view: tokens, hit rates, reuse and isolation.
-    pub(crate) const CACHE: [Col; 15] = [
+    /// The cache's view: tokens, hit rates (beside the dial, when one was set), reuse and
+    /// isolation.
+    pub(crate) const CACHE: [Col; 16] = [
         Col::Phase,
         Col::Target,
         Col::Requests,
@@ -109,6 +114,7 @@ impl Col {
         Col::PromptCounted,
         Col::CachedReported,
         Col::CachedPredicted,
+        Col::Dial,
         Col::HitReported,
         Col::HitPredicted,
         Col::ReuseSame,
@@ -160,6 +166,7 @@ impl Col {
             Col::PromptCounted => "prompt_counted",
             Col::CachedReported => "cached_reported",
             Col::CachedPredicted => "cached_predicted",
+            Col::Dial => "hit_ratio",
             Col::HitReported => "hit_reported",
             Col::HitPredicted => "hit_predicted",
             Col::ReuseSame => "reuse_same_session",
@@ -200,6 +207,8 @@ impl Col {
             Col::PromptCounted => ("prompt tokens", "counted"),
             Col::CachedReported => ("cached tokens", "reported"),
             Col::CachedPredicted => ("cached tokens", "predicted"),
+            // The dial leads its hit-rate group: what was asked, then what came.
+            Col::Dial => ("hit rate", "dial"),
             Col::HitReported => ("hit rate", "reported"),
             Col::HitPredicted => ("hit rate", "predicted"),
             Col::ReuseSame => ("predicted reuse from", "same session"),
@@ -343,6 +352,8 @@ pub(crate) struct Sheet {
     pub facts: Vec<Fact>,
     pub lines: Vec<Line>,
     pub notes: Vec<Note>,
+    /// Some row ran under the cache-hit dial: only then is [`Col::Dial`] shown.
+    pub dialled: bool,
 }
 
 impl Sheet {
@@ -352,7 +363,39 @@ impl Sheet {
             facts: facts(r),
             lines: r.rows.iter().map(line).collect(),
             notes: notes(r),
+            dialled: r.rows.iter().any(dialled),
         }
+    }
+
+    /// The columns of `view` this report shows: all of them but [`Col::Dial`] when no row ran
+    /// under the dial (a column of dashes in every report without one says nothing).
+    pub(crate) fn view(&self, view: &[Col]) -> Vec<Col> {
+        view.iter()
+            .copied()
+            .filter(|c| *c != Col::Dial || self.dialled)
+            .collect()
+    }
+}
+
+/// Whether some request of `row` ran under the dial.
+fn dialled(row: &Row) -> bool {
+    row.dial().is_some()
+}
+
+/// The dial a row ran under, as set (`0.25`); a warning tone when only some of its requests
+/// did, since its hit rates then mix dialled and undialled requests (a note says how many).
+fn dial(row: &Row) -> Cell {
+    match row.dial() {
+        Some(r) => Cell {
+            text: ratio(r),
+            value: Some(r),
+            tone: if row.dialled_requests < row.requests {
+                Tone::Warn
+            } else {
+                Tone::Plain
+            },
+        },
+        None => Cell::missing(),
     }
 }
 
@@ -384,6 +427,7 @@ fn line(row: &Row) -> Line {
             Col::PromptCounted => Cell::count(row.prompt_tokens.predicted),
             Col::CachedReported => opt_count(row.cached_tokens.reported),
             Col::CachedPredicted => Cell::count(row.cached_tokens.predicted),
+            Col::Dial => dial(row),
             Col::HitReported => Cell::maybe(row.reported_hit_rate(), pct),
             Col::HitPredicted => Cell::maybe(row.predicted_hit_rate(), pct),
             Col::ReuseSame => Cell::count(row.reuse.same_session),
@@ -418,12 +462,19 @@ fn line(row: &Row) -> Line {
 }
 
 /// The verdict's sentence and tone: a breach is bad; warmup's cache serving profiling without
-/// isolation is worth a look; isolation held is plain.
+/// isolation is worth a look, unless every profiling request ran under the dial, which asked
+/// for exactly that; isolation held is plain.
 pub(crate) fn headline(r: &Report) -> Headline {
     let v = &r.verdict;
+    let profiling: Vec<&Row> = r.rows.iter().filter(|w| w.phase == "profiling").collect();
+    let dial_asked = !profiling.is_empty()
+        && profiling
+            .iter()
+            .all(|w| dialled(w) && w.dialled_requests == w.requests);
     let tone = match v.isolation {
         Isolation::Held => Tone::Plain,
         Isolation::Breached => Tone::Bad,
+        Isolation::NotRequested if dial_asked => Tone::Plain,
         Isolation::NotRequested if v.warmup_share.is_some_and(|s| s > 0.0) => Tone::Warn,
         Isolation::NotRequested => Tone::Plain,
     };
@@ -626,6 +677,25 @@ fn row_notes(r: &Report, notes: &mut Vec<Note>) {
             ),
         );
     }
+    for row in r
+        .rows
+        .iter()
+        .filter(|row| dialled(row) && row.dialled_requests < row.requests)
+    {
+        note(
+            "dial_partial",
+            Tone::Warn,
+            format!(
+                "{} of {} requests in {} × {} ran under the dial ({}, their mean): the row's hit \
+                 rates count the others too",
+                int(row.dialled_requests),
+                int(row.requests),
+                row.phase,
+                row.target,
+                ratio(row.hit_ratio.unwrap_or_default())
+            ),
+        );
+    }
     for row in r.rows.iter().filter(|row| row.breaches.total() > 0) {
         let b = &row.breaches;
         let kinds: Vec<String> = [
@@ -725,5 +795,59 @@ mod tests {
         let s = Sheet::of(&fixtures::empty());
         assert!(s.lines.is_empty());
         assert_eq!(s.notes[0].key, "empty");
+    }
+
+    /// Issue 40 (5): a row that ran under the dial shows it beside its hit rates; a row without
+    /// one a dash; a report without any dialled row has no dial column at all.
+    #[test]
+    fn the_dial_stands_beside_the_hit_rates_only_where_one_was_set() {
+        let r = fixtures::dialled();
+        let s = Sheet::of(&r);
+        assert!(s.dialled);
+        let (warmup, profiling) = (&s.lines[0], &s.lines[1]);
+        assert_eq!(cell(profiling, Col::Dial).text, "0.5");
+        assert_eq!(cell(profiling, Col::Dial).value, Some(0.5));
+        assert_eq!(cell(profiling, Col::Dial).tone, Tone::Plain);
+        assert_eq!(
+            cell(profiling, Col::HitPredicted).value,
+            r.rows[1].predicted_hit_rate()
+        );
+        assert_eq!(
+            cell(profiling, Col::HitReported).value,
+            r.rows[1].reported_hit_rate()
+        );
+        assert_eq!(cell(warmup, Col::Dial).text, "-");
+        assert_eq!(cell(warmup, Col::Dial).tone, Tone::Missing);
+        let view = s.view(&Col::TERMINAL);
+        let at = |c| view.iter().position(|v| *v == c).unwrap();
+        assert_eq!(at(Col::Dial) + 1, at(Col::HitReported), "{view:?}");
+        assert_eq!(view.len(), Col::TERMINAL.len());
+        assert!(!s.notes.iter().any(|n| n.key == "dial_partial"));
+        // Warmup's cache serving dialled requests is what the dial asked for: no warning.
+        assert_eq!(s.verdict.tone, Tone::Plain, "{:?}", s.verdict);
+        // Without a dial, no column of dashes.
+        let plain = Sheet::of(&fixtures::two_phases());
+        assert!(!plain.dialled);
+        for v in [&Col::TERMINAL[..], &Col::CACHE, &Col::CLIENT] {
+            assert!(!plain.view(v).contains(&Col::Dial));
+        }
+        // A dial on some requests only: a warning and a note that says how many.
+        let mut r = fixtures::dialled();
+        r.rows[1].dialled_requests = 20;
+        r.rows[1].hit_ratio = Some(0.25);
+        let s = Sheet::of(&r);
+        assert_eq!(cell(&s.lines[1], Col::Dial).text, "0.25");
+        assert_eq!(cell(&s.lines[1], Col::Dial).tone, Tone::Warn);
+        let note = s.notes.iter().find(|n| n.key == "dial_partial").unwrap();
+        assert_eq!(
+            s.verdict.tone,
+            Tone::Warn,
+            "warmup's cache served undialled requests"
+        );
+        assert_eq!(
+            note.text,
+            "20 of 60 requests in profiling × none ran under the dial (0.25, their mean): the \
+             row's hit rates count the others too"
+        );
     }
 }

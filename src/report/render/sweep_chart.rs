@@ -1,6 +1,8 @@
-//! The sweep's two charts as inline SVG: TTFT p50 and p99 per run, and the cached share
-//! (reported, predicted) per run, one series per target, the runs along the x axis in the order
-//! given. Each point carries `data-run` and `data-value`. Pure; never scripts.
+//! The sweep's charts as inline SVG: TTFT p50 and p99 per run, and the cached share (reported,
+//! predicted) per run, one series per target, the runs along the x axis in the order given; and,
+//! for a sweep of hit rates (a dial, or runs whose caches served different shares), TTFT p50
+//! and p99 against the reported hit rate, the curve such a sweep is run for. Each point carries
+//! `data-run` and `data-value` (and `data-x` on the hit-rate chart). Pure; never scripts.
 
 use std::fmt::Write as _;
 
@@ -25,9 +27,31 @@ struct Series {
     nth: usize,
     key: &'static str,
     dashed: bool,
-    /// (run's place on the x axis, run, value).
-    points: Vec<(usize, String, f64)>,
+    /// (x: the run's place among the runs, or its hit rate; run; value).
+    points: Vec<(f64, String, f64)>,
 }
+
+/// What the x axis shows.
+enum XAxis {
+    /// The runs, in the order given, evenly spaced.
+    Runs(Vec<String>),
+    /// The reported hit rate, 0 to 100 %.
+    HitRate,
+}
+
+impl XAxis {
+    /// The drawing's x of `x` (a run's place, or a hit rate).
+    fn at(&self, x: f64) -> f64 {
+        match self {
+            XAxis::Runs(runs) => LEFT + (RIGHT - LEFT) * (x + 0.5) / runs.len().max(1) as f64,
+            // Inset, so a point at 0 % is not drawn on the y axis.
+            XAxis::HitRate => LEFT + INSET + (RIGHT - LEFT - 2.0 * INSET) * x.clamp(0.0, 1.0),
+        }
+    }
+}
+
+/// How far in from the plot's edges the hit-rate axis's 0 % and 100 % are.
+const INSET: f64 = 16.0;
 
 fn runs(s: &Sweep) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -64,7 +88,7 @@ fn series(s: &Sweep, kinds: &[(&'static str, bool, Pick)]) -> Vec<Series> {
                     let x = runs.iter().position(|r| *r == l.run)?;
                     pick(l)
                         .filter(|v| v.is_finite())
-                        .map(|v| (x, l.run.clone(), v))
+                        .map(|v| (x as f64, l.run.clone(), v))
                 })
                 .collect::<Vec<_>>();
             if !points.is_empty() {
@@ -91,10 +115,6 @@ fn label(key: &str) -> &'static str {
     }
 }
 
-fn x_of(i: usize, n: usize) -> f64 {
-    LEFT + (RIGHT - LEFT) * (i as f64 + 0.5) / n.max(1) as f64
-}
-
 fn y_of(v: f64, top: f64) -> f64 {
     BOTTOM - (BOTTOM - TOP) * (v / top).clamp(0.0, 1.0)
 }
@@ -108,9 +128,7 @@ struct Axis<'a> {
 }
 
 /// A whole chart: `id` on the `<svg>`.
-fn chart(s: &Sweep, id: &str, label: &str, all: &[Series], axis: &Axis) -> String {
-    let runs = runs(s);
-    let n = runs.len();
+fn chart(id: &str, label: &str, all: &[Series], x_axis: &XAxis, axis: &Axis) -> String {
     let points: usize = all.iter().map(|s| s.points.len()).sum();
     let mut out = format!(
         "<svg id=\"{id}\" class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {W} {H}\" \
@@ -131,25 +149,7 @@ fn chart(s: &Sweep, id: &str, label: &str, all: &[Series], axis: &Axis) -> Strin
             esc(&(axis.fmt)(v))
         );
     }
-    // Run names under their points, slanted when there are many.
-    let slant = n > 6;
-    for (i, run) in runs.iter().enumerate() {
-        let x = x_of(i, n);
-        let (anchor, transform) = if slant {
-            (
-                "end",
-                format!(" transform=\"rotate(-35 {x:.1} {:.1})\"", BOTTOM + 16.0),
-            )
-        } else {
-            ("middle", String::new())
-        };
-        let _ = write!(
-            out,
-            "<text class=\"tick x\" x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\"{transform}>{}</text>",
-            BOTTOM + 16.0,
-            esc(run)
-        );
-    }
+    x_ticks(&mut out, x_axis);
     let _ = write!(
         out,
         "<line x1=\"{LEFT}\" x2=\"{RIGHT}\" y1=\"{BOTTOM}\" y2=\"{BOTTOM}\" stroke=\"#6b7280\"/>\
@@ -168,10 +168,58 @@ fn chart(s: &Sweep, id: &str, label: &str, all: &[Series], axis: &Axis) -> Strin
     }
     legend(&mut out, all);
     for s in all {
-        plot(&mut out, s, n, axis);
+        plot(&mut out, s, x_axis, axis);
     }
     out.push_str("</svg>");
     out
+}
+
+/// The x axis's ticks: run names under their points, or the hit rate's percentages with
+/// its title.
+fn x_ticks(out: &mut String, x_axis: &XAxis) {
+    match x_axis {
+        // Run names under their points, slanted when there are many.
+        XAxis::Runs(runs) => {
+            let slant = runs.len() > 6;
+            for (i, run) in runs.iter().enumerate() {
+                let x = x_axis.at(i as f64);
+                let (anchor, transform) = if slant {
+                    (
+                        "end",
+                        format!(" transform=\"rotate(-35 {x:.1} {:.1})\"", BOTTOM + 16.0),
+                    )
+                } else {
+                    ("middle", String::new())
+                };
+                let _ = write!(
+                    out,
+                    "<text class=\"tick x\" x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\"{transform}>{}</text>",
+                    BOTTOM + 16.0,
+                    esc(run)
+                );
+            }
+        }
+        XAxis::HitRate => {
+            for i in 0..=5 {
+                let v = f64::from(i) * 0.2;
+                let x = x_axis.at(v);
+                let _ = write!(
+                    out,
+                    "<line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{TOP}\" y2=\"{BOTTOM}\" stroke=\"#f3f4f6\"/>\
+                     <text class=\"tick x\" x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+                    BOTTOM + 18.0,
+                    percent_label(v)
+                );
+            }
+            let _ = write!(
+                out,
+                "<text class=\"axis-title x\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"15\">\
+                 reported hit rate (cached / prompt tokens)</text>",
+                (LEFT + RIGHT) / 2.0,
+                BOTTOM + 44.0
+            );
+        }
+    }
 }
 
 fn legend(out: &mut String, all: &[Series]) {
@@ -208,7 +256,7 @@ fn legend(out: &mut String, all: &[Series]) {
     out.push_str("</g>");
 }
 
-fn plot(out: &mut String, s: &Series, n: usize, axis: &Axis) {
+fn plot(out: &mut String, s: &Series, x_axis: &XAxis, axis: &Axis) {
     let c = PALETTE[s.nth % PALETTE.len()];
     let dash = if s.dashed {
         " stroke-dasharray=\"6 4\""
@@ -221,7 +269,7 @@ fn plot(out: &mut String, s: &Series, n: usize, axis: &Axis) {
         .enumerate()
         .map(|(k, (i, _, v))| {
             let cmd = if k == 0 { 'M' } else { 'L' };
-            format!("{cmd}{:.1} {:.1}", x_of(*i, n), y_of(*v, axis.top))
+            format!("{cmd}{:.1} {:.1}", x_axis.at(*i), y_of(*v, axis.top))
         })
         .collect();
     let _ = write!(
@@ -234,12 +282,17 @@ fn plot(out: &mut String, s: &Series, n: usize, axis: &Axis) {
         d.join(" ")
     );
     let fill = if s.dashed { "#ffffff" } else { c };
-    for (i, run, v) in &s.points {
+    for (x, run, v) in &s.points {
+        // On the hit-rate axis the x is a figure too: kept exact, and said on hover.
+        let (data_x, at) = match x_axis {
+            XAxis::Runs(_) => (String::new(), String::new()),
+            XAxis::HitRate => (format!(" data-x=\"{x}\""), format!(" at {} hit", pct(*x))),
+        };
         let _ = write!(
             out,
-            "<circle class=\"point\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{fill}\" stroke=\"{c}\" stroke-width=\"1.5\" data-run=\"{}\" data-value=\"{v}\">\
-             <title>{} {} {}: {}</title></circle>",
-            x_of(*i, n),
+            "<circle class=\"point\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{fill}\" stroke=\"{c}\" stroke-width=\"1.5\" data-run=\"{}\"{data_x} data-value=\"{v}\">\
+             <title>{} {} {}: {}{at}</title></circle>",
+            x_axis.at(*x),
             y_of(*v, axis.top),
             esc(run),
             esc(run),
@@ -247,6 +300,28 @@ fn plot(out: &mut String, s: &Series, n: usize, axis: &Axis) {
             label(s.key),
             esc(&(axis.show)(*v))
         );
+    }
+    // On the hit-rate axis a point's run is not on the axis: name it beside the solid
+    // series' points, so a reader maps each point to its run without hovering.
+    if matches!(x_axis, XAxis::HitRate) && !s.dashed {
+        for (x, run, v) in &s.points {
+            // Right of the point, or left near the right edge; below it, or above near the
+            // x axis, where its tick labels are.
+            let (anchor, dx) = if *x > 0.85 {
+                ("end", -7.0)
+            } else {
+                ("start", 7.0)
+            };
+            let y = y_of(*v, axis.top);
+            let dy = if y > BOTTOM - 24.0 { -9.0 } else { 16.0 };
+            let _ = write!(
+                out,
+                "<text class=\"run-label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\" font-size=\"12\" fill=\"#4b5563\">{}</text>",
+                x_axis.at(*x) + dx,
+                y + dy,
+                esc(run)
+            );
+        }
     }
     out.push_str("</g>");
 }
@@ -260,13 +335,7 @@ pub(crate) fn ttft(s: &Sweep) -> String {
             ("ttft_p99", true, |l| l.ttft_p99_ms),
         ],
     );
-    let max = all
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.2))
-        .fold(0.0, f64::max);
-    let basis = if max > 0.0 { max } else { 100.0 };
-    let step = nice_step(basis, 5.0);
-    let top = (basis / step).ceil().max(1.0) * step;
+    let (top, step) = ttft_axis(&all);
     let show = |v: f64| format!("{} ms", ms(v));
     let axis = Axis {
         top,
@@ -276,10 +345,90 @@ pub(crate) fn ttft(s: &Sweep) -> String {
         show: &show,
     };
     chart(
-        s,
         "chart-sweep-ttft",
         "TTFT p50 and p99 per run",
         &all,
+        &XAxis::Runs(runs(s)),
+        &axis,
+    )
+}
+
+/// A TTFT axis over `all`'s values: round steps, the top a step above the largest.
+fn ttft_axis(all: &[Series]) -> (f64, f64) {
+    let max = all
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.2))
+        .fold(0.0, f64::max);
+    let basis = if max > 0.0 { max } else { 100.0 };
+    let step = nice_step(basis, 5.0);
+    ((basis / step).ceil().max(1.0) * step, step)
+}
+
+/// Whether a sweep is one of hit rates, so TTFT against the hit rate says something: some
+/// line ran under the dial, or one target's reported hit rate differs by 5 points or more
+/// between runs (datasets that share more or less). A concurrency sweep at one hit rate gets no
+/// such chart (its points would stand in one column), nor do targets that merely differ.
+pub(crate) fn is_hit_rate_sweep(s: &Sweep) -> bool {
+    let spread = |target: &str| {
+        let rates = s
+            .lines
+            .iter()
+            .filter(|l| l.target == target)
+            .filter_map(|l| l.cached_share_reported);
+        let (lo, hi) = rates.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+        hi - lo
+    };
+    s.lines.iter().any(|l| l.hit_ratio.is_some()) || targets(s).iter().any(|t| spread(t) >= 0.05)
+}
+
+/// TTFT p50 and p99 against the reported hit rate, one point per run (and target), drawn in
+/// the order of the hit rate.
+pub(crate) fn ttft_by_hit_rate(s: &Sweep) -> String {
+    let mut all = Vec::new();
+    for (nth, target) in targets(s).into_iter().enumerate() {
+        let kinds: [(&'static str, bool, Pick); 2] = [
+            ("ttft_p50", false, |l| l.ttft_p50_ms),
+            ("ttft_p99", true, |l| l.ttft_p99_ms),
+        ];
+        for (key, dashed, pick) in kinds {
+            let mut points: Vec<(f64, String, f64)> = s
+                .lines
+                .iter()
+                .filter(|l| l.target == target)
+                .filter_map(|l| {
+                    let x = l.cached_share_reported.filter(|x| x.is_finite())?;
+                    let v = pick(l).filter(|v| v.is_finite())?;
+                    Some((x, l.run.clone(), v))
+                })
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if !points.is_empty() {
+                all.push(Series {
+                    target: target.clone(),
+                    nth,
+                    key,
+                    dashed,
+                    points,
+                });
+            }
+        }
+    }
+    let (top, step) = ttft_axis(&all);
+    let show = |v: f64| format!("{} ms", ms(v));
+    let axis = Axis {
+        top,
+        step,
+        fmt: &tick_label,
+        title: "TTFT (ms)",
+        show: &show,
+    };
+    chart(
+        "chart-sweep-ttft-hit-rate",
+        "TTFT p50 and p99 against the reported hit rate",
+        &all,
+        &XAxis::HitRate,
         &axis,
     )
 }
@@ -300,5 +449,11 @@ pub(crate) fn cached(s: &Sweep) -> String {
         title: "cached share of prompt tokens",
         show: &pct,
     };
-    chart(s, "chart-sweep-cached", "cached share per run", &all, &axis)
+    chart(
+        "chart-sweep-cached",
+        "cached share per run",
+        &all,
+        &XAxis::Runs(runs(s)),
+        &axis,
+    )
 }

@@ -103,13 +103,10 @@ fn pad(text: &str, w: usize, right: bool) -> String {
     }
 }
 
-/// The columns a terminal shows.
-const COLS: &[Col] = &Col::TERMINAL;
-
 /// Runs of adjacent columns under one heading: (first column, last column, heading).
-fn spans() -> Vec<(usize, usize, &'static str)> {
+fn spans(cols: &[Col]) -> Vec<(usize, usize, &'static str)> {
     let mut out: Vec<(usize, usize, &'static str)> = Vec::new();
-    for (i, c) in COLS.iter().enumerate() {
+    for (i, c) in cols.iter().enumerate() {
         let (group, _) = c.terminal_heading();
         match out.last_mut() {
             Some(last) if !group.is_empty() && last.2 == group => last.1 = i,
@@ -120,8 +117,8 @@ fn spans() -> Vec<(usize, usize, &'static str)> {
 }
 
 /// Column widths: the widest of the heading and the cells, widened so a run's heading fits.
-fn widths(sheet: &Sheet) -> Vec<usize> {
-    let mut w: Vec<usize> = COLS
+fn widths(sheet: &Sheet, cols: &[Col]) -> Vec<usize> {
+    let mut w: Vec<usize> = cols
         .iter()
         .map(|c| {
             sheet
@@ -133,7 +130,7 @@ fn widths(sheet: &Sheet) -> Vec<usize> {
                 .unwrap_or(0)
         })
         .collect();
-    for (a, b, group) in spans() {
+    for (a, b, group) in spans(cols) {
         let have: usize = w[a..=b].iter().sum::<usize>() + GAP.len() * (b - a);
         // A heading over several columns gets a dash and a space either side.
         let need = width(group) + if a < b { 4 } else { 0 };
@@ -149,14 +146,16 @@ fn widths(sheet: &Sheet) -> Vec<usize> {
 }
 
 fn grid(sheet: &Sheet, colour: Colour, paint: &dyn Fn(Tone, &str) -> String) -> String {
-    let w = widths(sheet);
+    // The terminal's columns, the dial among them only when a row ran under it.
+    let cols = sheet.view(&Col::TERMINAL);
+    let w = widths(sheet, &cols);
     let mut groups = Vec::new();
-    for (a, b, group) in spans() {
+    for (a, b, group) in spans(&cols) {
         let span: usize = w[a..=b].iter().sum::<usize>() + GAP.len() * (b - a);
         groups.push(if group.is_empty() {
             " ".repeat(span)
         } else if a == b {
-            pad(group, span, COLS[a].numeric())
+            pad(group, span, cols[a].numeric())
         } else {
             let label = format!(" {group} ");
             let dashes = span - width(&label);
@@ -164,7 +163,7 @@ fn grid(sheet: &Sheet, colour: Colour, paint: &dyn Fn(Tone, &str) -> String) -> 
             format!("{}{label}{}", "-".repeat(left), "-".repeat(dashes - left))
         });
     }
-    let names: Vec<String> = COLS
+    let names: Vec<String> = cols
         .iter()
         .enumerate()
         .map(|(i, c)| bold(colour, &pad(c.terminal_heading().1, w[i], c.numeric())))
@@ -175,7 +174,7 @@ fn grid(sheet: &Sheet, colour: Colour, paint: &dyn Fn(Tone, &str) -> String) -> 
         out.push('\n');
     }
     for line in &sheet.lines {
-        let cells: Vec<String> = COLS
+        let cells: Vec<String> = cols
             .iter()
             .enumerate()
             .map(|(i, c)| {
@@ -250,7 +249,7 @@ mod tests {
         let lines = data_lines(&text, r.rows.len());
         for (line, row) in lines.iter().zip(&r.rows) {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            assert_eq!(fields.len(), COLS.len(), "{line}");
+            assert_eq!(fields.len(), Col::TERMINAL.len() - 1, "no dial: {line}");
             assert_eq!(fields[0], row.phase);
             assert_eq!(fields[1], row.target);
             assert_eq!(
@@ -350,5 +349,40 @@ mod tests {
         let after: Vec<&str> = text.lines().skip_while(|l| *l != lines[0]).collect();
         assert!(after.get(1).is_none_or(|l| l.is_empty()), "one row: {text}");
         assert!(!text.contains('!'), "nothing to warn about: {text}");
+    }
+
+    /// Issue 40 (5): a dialled run's table shows the dial first in the hit-rate group, then
+    /// the reported and predicted hit rate; a row without a dial a dash.
+    #[test]
+    fn a_dialled_run_shows_the_dial_beside_the_hit_rates() {
+        let r = fixtures::dialled();
+        let text = table(&r);
+        let head = text.lines().find(|l| l.starts_with("phase")).unwrap();
+        let names: Vec<&str> = head.split_whitespace().collect();
+        let dial = names
+            .iter()
+            .position(|n| *n == "dial")
+            .expect("a dial column");
+        assert_eq!(&names[dial..dial + 3], ["dial", "reported", "predicted"]);
+        let lines = data_lines(&text, 2);
+        for (line, row) in lines.iter().zip(&r.rows) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(fields.len(), Col::TERMINAL.len(), "{line}");
+            // phase, target, requests, errors, then the hit-rate group.
+            let want = row
+                .hit_ratio
+                .map_or("-".to_string(), crate::report::render::ratio);
+            assert_eq!(fields[4], want, "{line}");
+            assert_eq!(fields[5], pct(row.reported_hit_rate().unwrap()));
+            assert_eq!(fields[6], pct(row.predicted_hit_rate().unwrap()));
+            assert_eq!(line.len(), head.len(), "{line}\n{head}");
+        }
+        assert_eq!(lines[1].split_whitespace().nth(4), Some("0.5"));
+        // The group's heading spans the dial too: its dashes start over the dial column.
+        let groups = text.lines().find(|l| l.contains(" hit rate ")).unwrap();
+        let dial_at = head.find("dial").unwrap();
+        let dashes_at = groups.find("-").unwrap();
+        assert!(dashes_at <= dial_at, "{groups}\n{head}");
+        assert!(head.len() <= 130, "{} wide: {head}", head.len());
     }
 }
