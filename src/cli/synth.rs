@@ -242,7 +242,7 @@ pub struct SynthArgs {
     pub trace_block_terminator: BlockTerminator,
     /// Trace input: the most prompt text one conversation may hold (e.g. 256MiB, 1GiB). A
     /// replay is built and written one conversation at a time, so this bounds its memory (about
-    /// twice this); a conversation over it stops the run (exit 2) naming it.
+    /// three times this); a conversation over it stops the run (exit 2) naming it.
     #[arg(long, value_name = "SIZE", default_value_t = ByteSize(DEFAULT_MAX_ROW_BYTES))]
     pub max_row_bytes: ByteSize,
     /// tracelab: the hash-id blocks the file's rows may ask for in all (at --isl-block-size).

@@ -89,7 +89,8 @@ pub struct Conversation {
 
 /// The default of `kvbust synth --max-row-bytes`: the prompt text one conversation may hold.
 /// A replay is built and written one conversation at a time, so this is what bounds its memory
-/// (a conversation is held as text and once more as it is written, so about twice this); 256 MiB
+/// (a conversation is held as tokens, as text and once more as it is written, so about three
+/// times this); 256 MiB
 /// is six times the largest single prompt a trace may ask for (10M tokens, about 40 MB of text),
 /// and a real agentic session's deltas stay far below it.
 pub const DEFAULT_MAX_ROW_BYTES: u64 = 256 << 20;
@@ -145,7 +146,7 @@ pub fn row_too_large(session: &str, bytes: u64, turns: usize, cap: u64) -> Strin
     format!(
         "conversation {session:?} holds {bytes} bytes of prompt text by its turn {turns}, more \
          than --max-row-bytes ({}); kvbust builds and writes one conversation at a time and \
-         this caps what one may hold in memory (about twice it while it is written). Raise \
+         this caps what one may hold in memory (about three times it while it is written). Raise \
          --max-row-bytes if the machine has the memory, or cut the trace (--synthesis-max-isl \
          skips longer requests)",
         crate::units::ByteSize(cap)
