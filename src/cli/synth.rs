@@ -33,9 +33,10 @@ use crate::synth::dataset::trace::burst;
 use crate::synth::dataset::trace::input::TraceReader;
 use crate::synth::dataset::trace::{self, analyze, record};
 use crate::synth::dataset::trace_kind::{BlockTerminator, TraceKind};
-use crate::synth::dataset::{Conversation, Dataset, Turn};
+use crate::synth::dataset::{Conversation, Dataset, Out, Turn, DEFAULT_MAX_ROW_BYTES};
 use crate::synth::error::SynthError;
 use crate::synth::tokenizer::Tokenizer;
+use crate::units::ByteSize;
 
 /// What the output file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -239,6 +240,16 @@ pub struct SynthArgs {
     /// end-of-message token at every block start.
     #[arg(long, value_enum, value_name = "WHICH", default_value_t = BlockTerminator::Aiperf)]
     pub trace_block_terminator: BlockTerminator,
+    /// Trace input: the most prompt text one conversation may hold (e.g. 256MiB, 1GiB). A
+    /// replay is built and written one conversation at a time, so this bounds its memory (about
+    /// three times this); a conversation over it stops the run (exit 2) naming it.
+    #[arg(long, value_name = "SIZE", default_value_t = ByteSize(DEFAULT_MAX_ROW_BYTES))]
+    pub max_row_bytes: ByteSize,
+    /// tracelab: the hash-id blocks the file's rows may ask for in all (at --isl-block-size).
+    /// TraceLab rows hold token counts, not ids, so a file of kilobytes can ask for billions of
+    /// ids; over this the run stops (exit 2) naming the row.
+    #[arg(long, value_name = "N", default_value_t = agentic::tracelab::DEFAULT_MAX_BLOCKS)]
+    pub max_blocks: u64,
     /// Folder for cached corpus token ids (default: $KVBUST_CACHE_DIR, $XDG_CACHE_HOME/kvbust or
     /// ~/.cache/kvbust).
     #[arg(long, value_name = "DIR")]
@@ -806,6 +817,11 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
             let mut answers = answers_for(Some(params.seed))?;
             run_bench(args, &params, &tokenizer, &opts, answers.as_mut(), started)?;
         }
+        Job::Aiperf(params) if params.input_file.is_some() => {
+            let answers = answers_for(params.random_seed)?;
+            let cache = cache_dir.as_deref();
+            stream_trace(args, &params, &tokenizer, cache, &opts, answers, started)?;
+        }
         Job::Aiperf(params) => {
             // A trace's length is known only once it is read: a spinner, not a bar.
             let bar = match params.input_file {
@@ -844,6 +860,89 @@ fn run_with(args: &SynthArgs, exiting: bool) -> anyhow::Result<()> {
     }
     if exiting {
         std::mem::forget(tokenizer);
+    }
+    Ok(())
+}
+
+/// What a streamed replay wrote, counted as it went (for the summary and the warning).
+#[derive(Default)]
+struct Rows {
+    conversations: usize,
+    turns: usize,
+    osl: u64,
+    sharegpt: export::SharegptLengths,
+}
+
+impl Rows {
+    fn summary(&self, written: u64, to: Option<&Path>, elapsed: std::time::Duration) -> String {
+        let rows = format!(
+            "{} conversations, {} turns, {} output tokens requested",
+            self.conversations, self.turns, self.osl
+        );
+        summary_line("synth", &rows, written, to, elapsed)
+    }
+}
+
+/// Replays `params.input_file` straight into the output: each conversation is written in
+/// `opts.format` as soon as the trace's builder hands it over, then dropped, so memory holds
+/// the trace's own records and one conversation (at most `--max-row-bytes` of text), whatever
+/// the output's size. Byte for byte what building the dataset first and writing it wrote: the
+/// formats carry no state from one conversation to the next but the answer stream, the model
+/// round robin and the sharegpt array's commas, each carried here in order.
+fn stream_trace(
+    args: &SynthArgs,
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    cache_dir: Option<&Path>,
+    opts: &WriteOptions<'_>,
+    mut answers: Option<Answers<'_>>,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let spinner = spinner("replaying the trace");
+    let names = model_names(args.model.as_deref());
+    let mut rows = Rows::default();
+    let written = write_counted(args.output.as_deref(), |w| {
+        let mut next_model = 0;
+        let mut array = export::SharegptArray::default();
+        let mut sink = |mut conv: Conversation, unscheduled: bool| -> Result<(), SynthError> {
+            conv.assign_models(&names, &mut next_model);
+            rows.conversations += 1;
+            rows.turns += conv.turns.len();
+            rows.osl += conv.turns.iter().filter_map(|t| t.max_tokens).sum::<u64>();
+            if opts.format == OutputFormat::Sharegpt {
+                rows.sharegpt.add(&conv, tokenizer)?;
+                let need = || SynthError::invalid("sharegpt needs answer texts");
+                return array.entry(w, &conv, answers.as_mut().ok_or_else(need)?);
+            }
+            let one = Dataset {
+                conversations: vec![conv],
+            };
+            match opts.format {
+                OutputFormat::Mooncake => export::write_mooncake_with(w, &one, unscheduled),
+                _ => write_dataset(w, &one, opts, answers.as_mut()),
+            }
+        };
+        let mut out = Out {
+            sink: &mut sink,
+            max_row_bytes: args.max_row_bytes.as_u64(),
+            max_blocks: args.max_blocks,
+            unscheduled: false,
+        };
+        trace::stream_from_params(params, tokenizer, cache_dir, &mut out)?;
+        if opts.format == OutputFormat::Sharegpt {
+            array.finish(w)?;
+        }
+        Ok(())
+    })?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    if let Some(w) = rows.sharegpt.warning() {
+        eprintln!("kvbust synth: warning: {w}");
+    }
+    if let Written::Bytes(n) = written {
+        let to = args.output.as_deref();
+        eprintln!("{}", rows.summary(n, to, started.elapsed()));
     }
     Ok(())
 }
@@ -974,25 +1073,31 @@ pub struct AnalyzeArgs {
     /// The trace's type (default: detected as `kvbust synth --input-file` detects it).
     #[arg(long, value_name = "TYPE")]
     pub custom_dataset_type: Option<TraceKind>,
+    /// The hash-id blocks the analysis may count in all (every request's, summed). The
+    /// analyzer's prefix tables take about 100 bytes a block, so this bounds its memory and
+    /// time; over it the run stops (exit 2) naming the row that passed it.
+    #[arg(long, value_name = "N", default_value_t = analyze::DEFAULT_MAX_BLOCKS)]
+    pub max_blocks: u64,
 }
 
 /// The analyzer's rows for `path` and the block size they are counted at.
 fn analysis_rows(args: &AnalyzeArgs) -> Result<(Vec<analyze::Row>, u64), SynthError> {
     let path = args.input_file.as_path();
     let kind = trace::detect_kind(path, args.custom_dataset_type)?;
+    // The sources are taken apart, not copied: their hash ids become the rows'.
     let from_sources = |sources: Vec<crate::synth::dataset::trace::agentic::weka::Source>| {
         let declared = sources.first().map(|s| s.trace.block_size.max(1) as u64);
         let rows = sources
-            .iter()
-            .flat_map(|s| s.trace.requests.iter())
+            .into_iter()
+            .flat_map(|s| s.trace.requests)
             .flat_map(|e| match e {
                 schema::Entry::Request(r) => vec![r],
-                schema::Entry::Subagent(s) => s.requests.iter().collect(),
+                schema::Entry::Subagent(s) => s.requests,
             })
             .map(|r| analyze::Row {
                 input_length: r.input_length,
                 output_length: r.output_length,
-                hash_ids: r.hash_ids.clone(),
+                hash_ids: r.hash_ids,
             })
             .collect::<Vec<_>>();
         (rows, declared)
@@ -1037,10 +1142,12 @@ fn analysis_rows(args: &AnalyzeArgs) -> Result<(Vec<analyze::Row>, u64), SynthEr
         }
         TraceKind::Tracelab => {
             let block = args.block_size.unwrap_or(64).max(1) as usize;
-            let (rows, _) = from_sources(agentic::tracelab::read(path, block, false)?);
+            let sources = agentic::tracelab::read_capped(path, block, false, args.max_blocks)?;
+            let (rows, _) = from_sources(sources);
             (rows, 64)
         }
     };
+    analyze::check_blocks(path, &rows, args.max_blocks)?;
     Ok((rows, args.block_size.unwrap_or(default_block)))
 }
 

@@ -28,6 +28,7 @@ mod proxy;
 mod reencode;
 mod rng;
 mod signals;
+mod streaming;
 mod trace_fuzz;
 mod trace_tools;
 mod tracelab;

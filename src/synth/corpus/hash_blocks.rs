@@ -74,13 +74,24 @@ pub enum LayoutError {
     },
 }
 
+/// Block tokens [`HashBlocks`] keeps for reuse: a block is a pure function of its seed, so
+/// one dropped is drawn again, identical, when next needed. 4M tokens is 16 MB of ids; without
+/// a bound a trace of a million distinct 512-token blocks held 2 GB.
+const CACHED_TOKENS: usize = 4 << 20;
+
 /// The block cache of one dataset.
 pub struct HashBlocks {
     base_seed: u64,
     trace_id: String,
     separator: Option<u32>,
-    /// hash id → (tokens, line that built it).
-    cache: HashMap<i64, (Vec<u32>, usize)>,
+    /// hash id → (size, line that built it): kept for every id, for AIPerf's size check.
+    sizes: HashMap<i64, (usize, usize)>,
+    /// hash id → tokens, for the ids seen lately (at most [`CACHED_TOKENS`] in all).
+    cache: HashMap<i64, Vec<u32>>,
+    cached_tokens: usize,
+    /// Whether a dropped block can be drawn again: not once [`Self::set_trace_id`] changed
+    /// the scope, since the blocks cached before keep the old one.
+    evictable: bool,
 }
 
 impl HashBlocks {
@@ -91,12 +102,18 @@ impl HashBlocks {
             base_seed,
             trace_id,
             separator,
+            sizes: HashMap::new(),
             cache: HashMap::new(),
+            cached_tokens: 0,
+            evictable: true,
         }
     }
 
     /// `set_trace_id`: scopes the hash ids that are not cached yet to another trace file.
     pub fn set_trace_id(&mut self, trace_id: &str) {
+        if trace_id != self.trace_id && !self.cache.is_empty() {
+            self.evictable = false;
+        }
         trace_id.clone_into(&mut self.trace_id);
     }
 
@@ -132,21 +149,32 @@ impl HashBlocks {
             } else {
                 block_size
             };
-            match self.cache.get(&h) {
-                Some((b, first_line)) if b.len() != size => {
+            match self.sizes.get(&h) {
+                Some(&(first_size, first_line)) if first_size != size => {
                     return Err(LayoutError::SizeConflict {
                         hash_id: h,
                         size,
-                        first_size: b.len(),
-                        first_line: *first_line,
+                        first_size,
+                        first_line,
                     })
                 }
-                Some((b, _)) => out.extend_from_slice(b),
+                Some(_) => {}
+                None => {
+                    self.sizes.insert(h, (size, line));
+                }
+            }
+            match self.cache.get(&h) {
+                Some(b) => out.extend_from_slice(b),
                 None => {
                     let mut rng = PyRandom::new(hash_id_seed(self.base_seed, &self.trace_id, h));
                     let b = sample_block(corpus, size, &mut rng, self.separator);
                     out.extend_from_slice(&b);
-                    self.cache.insert(h, (b, line));
+                    if self.evictable && self.cached_tokens + b.len() > CACHED_TOKENS {
+                        self.cache.clear();
+                        self.cached_tokens = 0;
+                    }
+                    self.cached_tokens += b.len();
+                    self.cache.insert(h, b);
                 }
             }
         }
@@ -247,5 +275,34 @@ mod tests {
         assert!(window(&pool, 3, 0).is_empty() && window(&[], 3, 2).is_empty());
         // Longer than the pool: the wrap is appended once, capped at the pool.
         assert_eq!(window(&pool, 5, 25).len(), 5 + 10);
+    }
+
+    /// The block cache is bounded: past [`CACHED_TOKENS`] it starts over, and a block drawn
+    /// again is the one drawn first (it is a pure function of its seed), while a size conflict
+    /// is still caught on an id whose tokens were dropped.
+    #[test]
+    fn a_dropped_block_is_drawn_again_identical() {
+        let c = corpus();
+        let mut none = |_: usize| -> Vec<u32> { panic!("no tail expected") };
+        let mut b = HashBlocks::new(7, "abc".into(), Some(9999));
+        let first = b.token_sequence(&c, 4, &[1], 4, 1, &mut none).unwrap();
+        // Enough other blocks to drop block 1 (64 tokens each).
+        let ids: Vec<i64> = (100..100 + (CACHED_TOKENS / 64) as i64 + 10).collect();
+        let n = ids.len() as i64 * 64;
+        b.token_sequence(&c, n, &ids, 64, 2, &mut none).unwrap();
+        assert!(b.cached_tokens <= CACHED_TOKENS);
+        assert!(!b.cache.contains_key(&1), "block 1 was not dropped");
+        let again = b.token_sequence(&c, 4, &[1], 4, 3, &mut none).unwrap();
+        assert_eq!(again, first);
+        let e = b.token_sequence(&c, 3, &[1], 4, 4, &mut none).unwrap_err();
+        assert_eq!(
+            e,
+            LayoutError::SizeConflict {
+                hash_id: 1,
+                size: 3,
+                first_size: 4,
+                first_line: 1
+            }
+        );
     }
 }

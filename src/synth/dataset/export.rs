@@ -283,25 +283,47 @@ pub fn sharegpt_length_warning(
     dataset: &Dataset,
     tokenizer: &Tokenizer,
 ) -> Result<Option<String>, SynthError> {
-    let mut long = 0;
-    let mut longest = 0;
+    let mut lengths = SharegptLengths::default();
     for conv in &dataset.conversations {
+        lengths.add(conv, tokenizer)?;
+    }
+    Ok(lengths.warning())
+}
+
+/// [`sharegpt_length_warning`] counted a conversation at a time.
+#[derive(Default)]
+pub struct SharegptLengths {
+    entries: usize,
+    long: usize,
+    longest: usize,
+}
+
+impl SharegptLengths {
+    /// Counts `conv`'s first prompt.
+    pub fn add(&mut self, conv: &Conversation, tokenizer: &Tokenizer) -> Result<(), SynthError> {
+        self.entries += 1;
         if let Some(first) = conv.turns.first() {
             let n = tokenizer.encode(&first.text)?.len();
             if n > SHAREGPT_MAX_PROMPT {
-                long += 1;
-                longest = longest.max(n);
+                self.long += 1;
+                self.longest = self.longest.max(n);
             }
         }
+        Ok(())
     }
-    Ok((long > 0).then(|| {
-        format!(
-            "{long} of {} sharegpt entries have a first prompt over {SHAREGPT_MAX_PROMPT} tokens \
-             (longest {longest}), which vLLM's ShareGPT loader drops: pass \
-             --sharegpt-output-len to `vllm bench serve` to keep them, or a shorter --isl",
-            dataset.conversations.len()
-        )
-    }))
+
+    /// The warning, when a first prompt was too long.
+    pub fn warning(&self) -> Option<String> {
+        let (long, longest) = (self.long, self.longest);
+        (long > 0).then(|| {
+            format!(
+                "{long} of {} sharegpt entries have a first prompt over {SHAREGPT_MAX_PROMPT} \
+                 tokens (longest {longest}), which vLLM's ShareGPT loader drops: pass \
+                 --sharegpt-output-len to `vllm bench serve` to keep them, or a shorter --isl",
+                self.entries
+            )
+        })
+    }
 }
 
 /// `sharegpt`: one JSON array of `{"id", "conversations": [human, gpt, …]}`; each `gpt` value is
@@ -311,8 +333,29 @@ pub fn write_sharegpt(
     dataset: &Dataset,
     answers: &mut Answers,
 ) -> Result<(), SynthError> {
-    writeln!(out, "[")?;
-    for (ci, conv) in dataset.conversations.iter().enumerate() {
+    let mut array = SharegptArray::default();
+    for conv in &dataset.conversations {
+        array.entry(out, conv, answers)?;
+    }
+    array.finish(out)
+}
+
+/// The `sharegpt` array written an entry at a time: `[`, then each entry on its line, a comma
+/// ending every line but the last (put in front of the next entry, which is when it is known),
+/// then `]`.
+#[derive(Default)]
+pub struct SharegptArray {
+    entries: usize,
+}
+
+impl SharegptArray {
+    /// Writes `conv` as the array's next entry.
+    pub fn entry(
+        &mut self,
+        out: &mut dyn Write,
+        conv: &Conversation,
+        answers: &mut Answers,
+    ) -> Result<(), SynthError> {
         refuse_agentic(conv, "--format sharegpt")?;
         refuse_context(conv, "--format sharegpt")?;
         for turn in &conv.turns {
@@ -331,20 +374,25 @@ pub fn write_sharegpt(
                 )
             })
             .collect();
-        let comma = if ci + 1 < dataset.conversations.len() {
-            ","
-        } else {
-            ""
-        };
-        writeln!(
+        let before = if self.entries == 0 { "[\n" } else { ",\n" };
+        write!(
             out,
-            "{{\"id\":{},\"conversations\":[{}]}}{comma}",
+            "{before}{{\"id\":{},\"conversations\":[{}]}}",
             js(&conv.session_id),
             parts.join(",")
         )?;
+        self.entries += 1;
+        Ok(())
     }
-    writeln!(out, "]")?;
-    Ok(())
+
+    /// Closes the array.
+    pub fn finish(self, out: &mut dyn Write) -> Result<(), SynthError> {
+        match self.entries {
+            0 => writeln!(out, "[\n]")?,
+            _ => writeln!(out, "\n]")?,
+        }
+        Ok(())
+    }
 }
 
 /// `mooncake`: AIPerf `mooncake_trace` lines carrying the texts (`text_input`, or the verbatim
@@ -359,6 +407,15 @@ pub fn write_mooncake(out: &mut dyn Write, dataset: &Dataset) -> Result<(), Synt
         .iter()
         .flat_map(|c| &c.turns)
         .all(|t| t.timestamp.is_none() && t.delay.is_none());
+    write_mooncake_with(out, dataset, unscheduled)
+}
+
+/// [`write_mooncake`] for part of a dataset, `unscheduled` said for the whole of it.
+pub fn write_mooncake_with(
+    out: &mut dyn Write,
+    dataset: &Dataset,
+    unscheduled: bool,
+) -> Result<(), SynthError> {
     for conv in &dataset.conversations {
         refuse_context(conv, "--format mooncake")?;
         for (i, turn) in conv.turns.iter().enumerate() {

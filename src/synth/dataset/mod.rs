@@ -87,6 +87,72 @@ pub struct Conversation {
     pub agentic: Option<Box<Topology>>,
 }
 
+/// The default of `kvbust synth --max-row-bytes`: the prompt text one conversation may hold.
+/// A replay is built and written one conversation at a time, so this is what bounds its memory
+/// (a conversation is held as tokens, as text and once more as it is written, so about three
+/// times this); 256 MiB
+/// is six times the largest single prompt a trace may ask for (10M tokens, about 40 MB of text),
+/// and a real agentic session's deltas stay far below it.
+pub const DEFAULT_MAX_ROW_BYTES: u64 = 256 << 20;
+
+/// What a streamed replay's sink is handed: a conversation, and whether no turn of the whole
+/// dataset has a timestamp or delay (known from the trace before any prompt is made; the
+/// mooncake export then writes the simplest schedule, which it otherwise decides on the whole
+/// dataset).
+pub type Sink<'a> =
+    dyn FnMut(Conversation, bool) -> Result<(), crate::synth::error::SynthError> + 'a;
+
+/// Where a streamed replay hands each conversation, in output order, as soon as it is built:
+/// `sink` writes it (or collects it), and no conversation may hold more than `max_row_bytes`
+/// of prompt text (the build stops with an error naming the row before it holds more).
+pub struct Out<'a> {
+    pub sink: &'a mut Sink<'a>,
+    pub max_row_bytes: u64,
+    /// The hash-id blocks a trace that mints its own (TraceLab) may ask for in all.
+    pub max_blocks: u64,
+    /// Set by the builder before its first conversation: see [`Sink`].
+    pub unscheduled: bool,
+}
+
+impl Out<'_> {
+    /// Hands `conv` to the sink.
+    pub fn emit(&mut self, conv: Conversation) -> Result<(), crate::synth::error::SynthError> {
+        (self.sink)(conv, self.unscheduled)
+    }
+}
+
+/// Collects a streamed build into a [`Dataset`] (the proxy serves its dataset from memory, so
+/// nothing is capped there).
+pub fn collect(
+    build: impl FnOnce(&mut Out<'_>) -> Result<(), crate::synth::error::SynthError>,
+) -> Result<Dataset, crate::synth::error::SynthError> {
+    let mut conversations = Vec::new();
+    let mut sink = |c: Conversation, _| {
+        conversations.push(c);
+        Ok(())
+    };
+    build(&mut Out {
+        sink: &mut sink,
+        max_row_bytes: u64::MAX,
+        max_blocks: u64::MAX,
+        unscheduled: false,
+    })?;
+    Ok(Dataset { conversations })
+}
+
+/// Why a conversation is refused for holding more than `cap` bytes of prompt text: what was
+/// reached, where, and the two ways out.
+pub fn row_too_large(session: &str, bytes: u64, turns: usize, cap: u64) -> String {
+    format!(
+        "conversation {session:?} holds {bytes} bytes of prompt text by its turn {turns}, more \
+         than --max-row-bytes ({}); kvbust builds and writes one conversation at a time and \
+         this caps what one may hold in memory (about three times it while it is written). Raise \
+         --max-row-bytes if the machine has the memory, or cut the trace (--synthesis-max-isl \
+         skips longer requests)",
+        crate::units::ByteSize(cap)
+    )
+}
+
 /// A whole synthetic dataset.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Dataset {
@@ -103,14 +169,27 @@ impl Dataset {
             return;
         }
         let mut next = 0;
-        for turn in self.conversations.iter_mut().flat_map(|c| &mut c.turns) {
+        for conv in &mut self.conversations {
+            conv.assign_models(names, &mut next);
+        }
+    }
+}
+
+impl Conversation {
+    /// [`Dataset::assign_models`] for one conversation, `next` carrying the round robin from
+    /// the conversations before it (a streamed build assigns them one at a time).
+    pub fn assign_models(&mut self, names: &[&str], next: &mut usize) {
+        if names.is_empty() {
+            return;
+        }
+        for turn in &mut self.turns {
             let slot = match turn.agentic.as_deref_mut() {
                 Some(info) => &mut info.model,
                 None => &mut turn.model,
             };
             if slot.is_none() {
-                *slot = Some(names[next % names.len()].to_owned());
-                next += 1;
+                *slot = Some(names[*next % names.len()].to_owned());
+                *next += 1;
             }
         }
     }

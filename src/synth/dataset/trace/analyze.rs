@@ -20,6 +20,33 @@ pub struct Row {
     pub hash_ids: Vec<i64>,
 }
 
+/// The default of `analyze-trace --max-blocks`: hash-id blocks counted in all. The analyzer
+/// keeps a prefix-trie node, a (position, id) count and a seen id per distinct block, about 100
+/// bytes each when none repeat, so 8Mi blocks is under 1 GiB however the trace is shaped (a
+/// million-request mooncake trace of 8 blocks a request fits).
+pub const DEFAULT_MAX_BLOCKS: u64 = 8 << 20;
+
+/// Refuses rows holding more than `max` hash-id blocks in all, naming the request (by its
+/// place) that passed it.
+pub fn check_blocks(path: &Path, rows: &[Row], max: u64) -> Result<(), TraceError> {
+    let mut blocks = 0u64;
+    for (i, row) in rows.iter().enumerate() {
+        blocks += row.hash_ids.len() as u64;
+        if blocks > max {
+            return Err(TraceError::File {
+                path: path.to_path_buf(),
+                message: format!(
+                    "request {} takes the trace to {blocks} hash-id blocks, more than \
+                     --max-blocks ({max}); the analysis holds about 100 bytes a block, so raise \
+                     --max-blocks if the machine has the memory, or analyze part of the trace",
+                    i + 1
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// AIPerf's `MetricStats`: numpy's mean, population std, min, linear percentiles and max.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct MetricStats {

@@ -14,7 +14,7 @@ use super::{Build, Loader};
 use crate::synth::dataset::trace::input::{self, TraceReader};
 use crate::synth::dataset::trace::record::{Entry, Input};
 use crate::synth::dataset::trace_kind::TraceKind;
-use crate::synth::dataset::Dataset;
+use crate::synth::dataset::{Conversation, Out};
 use crate::synth::error::SynthError;
 use crate::synth::error::TraceError;
 
@@ -33,7 +33,11 @@ pub const LOADER: Loader = Loader {
 
 /// The CSV's rows, each a single-turn request built as AIPerf builds them (512-token blocks,
 /// no hash ids), with `--synthesis-max-osl` capping `max_tokens` after.
-fn build(b: &Build<'_>, content: &mut dyn TraceContent) -> Result<Dataset, SynthError> {
+fn build(
+    b: &Build<'_>,
+    content: &mut dyn TraceContent,
+    out: &mut Out<'_>,
+) -> Result<(), SynthError> {
     let kind = TraceKind::BurstGptTrace;
     let file = TraceFile {
         path: b.path.to_path_buf(),
@@ -44,7 +48,25 @@ fn build(b: &Build<'_>, content: &mut dyn TraceContent) -> Result<Dataset, Synth
     let max_isl = b.params.synthesis_max_isl.map(|m| m as i64);
     let rows = entries(b.path, text, max_isl, b.params.strict)?;
     let trace = TraceParams::of(b.params, kind);
-    let mut ds = build_entries(
+    let cap = b.params.synthesis_max_osl;
+    let (max_row_bytes, max_blocks) = (out.max_row_bytes, out.max_blocks);
+    // `--synthesis-max-osl` applies to each conversation on its way out.
+    let mut capped = |mut conv: Conversation, unscheduled: bool| {
+        out.unscheduled = unscheduled;
+        if let Some(cap) = cap {
+            for t in &mut conv.turns {
+                t.max_tokens = t.max_tokens.map(|m| m.min(cap));
+            }
+        }
+        out.emit(conv)
+    };
+    let mut out = Out {
+        sink: &mut capped,
+        max_row_bytes,
+        max_blocks,
+        unscheduled: false,
+    };
+    build_entries(
         &file,
         kind,
         rows,
@@ -53,13 +75,8 @@ fn build(b: &Build<'_>, content: &mut dyn TraceContent) -> Result<Dataset, Synth
         content,
         b.root_seed,
         512,
-    )?;
-    if let Some(cap) = b.params.synthesis_max_osl {
-        for t in ds.conversations.iter_mut().flat_map(|c| c.turns.iter_mut()) {
-            t.max_tokens = t.max_tokens.map(|m| m.min(cap));
-        }
-    }
-    Ok(ds)
+        &mut out,
+    )
 }
 
 /// Whether `bytes` start with a header holding the three BurstGPT columns.

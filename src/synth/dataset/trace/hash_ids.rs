@@ -15,7 +15,7 @@ use super::{input, synthesize, Build, Loader, Probe};
 use crate::synth::corpus::hash_blocks::{self, HashBlocks, LayoutError};
 use crate::synth::dataset::params::SynthParams;
 use crate::synth::dataset::trace_kind::{BlockTerminator, TraceKind};
-use crate::synth::dataset::{Conversation, Dataset, Turn};
+use crate::synth::dataset::{row_too_large, Conversation, Dataset, Out, Turn};
 use crate::synth::error::{SynthError, TraceError};
 use crate::synth::rng::uuid::uuid4;
 use crate::synth::rng::DerivedRng;
@@ -26,14 +26,14 @@ use crate::synth::tokenizer::Tokenizer;
 pub const MOONCAKE: Loader = Loader {
     kind: TraceKind::MooncakeTrace,
     can_load: |_| Ok(true),
-    build: |b, content| build_file(b, TraceKind::MooncakeTrace, content),
+    build: |b, content, out| build_file(b, TraceKind::MooncakeTrace, content, out),
 };
 
 /// `bailian_trace`: claims a first line only bailian's model accepts.
 pub const BAILIAN: Loader = Loader {
     kind: TraceKind::BailianTrace,
     can_load: |p| Ok(hash_id_kind(p)? == TraceKind::BailianTrace),
-    build: |b, content| build_file(b, TraceKind::BailianTrace, content),
+    build: |b, content, out| build_file(b, TraceKind::BailianTrace, content, out),
 };
 
 /// Which of the two hash-id types the first line is (AIPerf's structural inference).
@@ -53,19 +53,34 @@ fn build_file(
     b: &Build<'_>,
     kind: TraceKind,
     content: &mut dyn TraceContent,
-) -> Result<Dataset, SynthError> {
-    let file = TraceFile::read(b.path)?;
-    build(
+    out: &mut Out<'_>,
+) -> Result<(), SynthError> {
+    let mut file = TraceFile::read(b.path)?;
+    let params = TraceParams::of(b.params, kind);
+    let (kind, block_size, entries) = read_entries(&file, &params)?;
+    // The entries hold all the replay reads of the lines (errors name lines by number), and
+    // the lines were as large as the file.
+    file.lines = Vec::new();
+    build_entries(
         &file,
-        &TraceParams::of(b.params, kind),
+        kind,
+        entries,
+        &params,
         b.tokenizer,
         content,
         b.root_seed,
+        block_size,
+        out,
     )
 }
 
-/// Hash-id sequences decoded together (bounds the token sequences held at once).
+/// Hash-id sequences decoded together, in parallel (bounds the sequences held at once).
 const DECODE_BATCH: usize = 512;
+
+/// Tokens of hash-id sequences held before they are decoded, whatever their number: 512 lines
+/// of 10M tokens each would otherwise be 20 GB of token ids (4M tokens: 16 MB of ids and
+/// about as much text).
+const DECODE_TOKENS: usize = 4 << 20;
 
 /// A trace file as read from disk: its bytes decide the hash-id scope.
 #[derive(Debug, Clone)]
@@ -360,6 +375,31 @@ pub fn build(
     content: &mut dyn TraceContent,
     root_seed: u64,
 ) -> Result<Dataset, SynthError> {
+    crate::synth::dataset::collect(|out| {
+        build_into(file, params, tokenizer, content, root_seed, out)
+    })
+}
+
+/// [`build`], each conversation handed to `out` as soon as its prompts are decoded.
+pub fn build_into(
+    file: &TraceFile,
+    params: &TraceParams,
+    tokenizer: &Tokenizer,
+    content: &mut dyn TraceContent,
+    root_seed: u64,
+    out: &mut Out<'_>,
+) -> Result<(), SynthError> {
+    let (kind, block_size, entries) = read_entries(file, params)?;
+    build_entries(
+        file, kind, entries, params, tokenizer, content, root_seed, block_size, out,
+    )
+}
+
+/// The file's type, block size and entries (those `--synthesis-max-isl` keeps).
+fn read_entries(
+    file: &TraceFile,
+    params: &TraceParams,
+) -> Result<(TraceKind, usize, Vec<Entry>), SynthError> {
     let kind = file.detect(params.kind)?;
     let block_size = params
         .isl_block_size
@@ -373,9 +413,7 @@ pub fn build(
         // counter only counts the lines kept).
         entries.retain(|e| !matches!(e.input, Input::Length(n) if n > max));
     }
-    build_entries(
-        file, kind, entries, params, tokenizer, content, root_seed, block_size,
-    )
+    Ok((kind, block_size, entries))
 }
 
 /// AIPerf's synthesis step of `load_dataset`: the Synthesizer when a multiplier is set, then
@@ -451,7 +489,8 @@ pub fn build_entries(
     content: &mut dyn TraceContent,
     root_seed: u64,
     block_size: usize,
-) -> Result<Dataset, SynthError> {
+    out: &mut Out<'_>,
+) -> Result<(), SynthError> {
     let mut sessions = group(kind, entries, params.random_seed.is_some());
     reshape(file, kind, &mut sessions, params, root_seed, block_size)?;
     if kind == TraceKind::MooncakeTrace {
@@ -459,125 +498,197 @@ pub fn build_entries(
             check_session(file, sid, entries)?;
         }
     }
-    let texts = prompts(file, params, tokenizer, content, &sessions, block_size)?;
-    Ok(Dataset {
-        conversations: conversations(params, sessions, texts, root_seed),
-    })
+    out.unscheduled = sessions
+        .iter()
+        .flat_map(|(_, es)| es)
+        .all(|e| e.timestamp.is_none() && e.delay.is_none());
+    Replay {
+        file,
+        params,
+        tokenizer,
+        block_size,
+        max_tokens_rng: DerivedRng::derive(root_seed, "composer.turn.max_tokens").py,
+        batch: Vec::new(),
+        seqs: Vec::new(),
+        seq_tokens: 0,
+    }
+    .run(sessions, content, out)
 }
 
-/// Every line's prompt text in AIPerf's request order (one flat list, session by session).
-fn prompts(
-    file: &TraceFile,
-    params: &TraceParams,
-    tokenizer: &Tokenizer,
-    content: &mut dyn TraceContent,
-    sessions: &[(String, Vec<Entry>)],
+fn entries_len(batch: &[Pending]) -> usize {
+    batch.last().map_or(0, |p| p.entries.len())
+}
+
+/// A session whose prompts are being made: its lines, and each line's text once known.
+struct Pending {
+    sid: String,
+    entries: Vec<Entry>,
+    texts: Vec<Option<String>>,
+    /// Bytes of text decoded so far (checked against the row cap as they come).
+    bytes: u64,
+}
+
+/// The replay of a hash-id trace's sessions, conversation by conversation: prompts are made in
+/// AIPerf's request order (one flat order, session by session), hash-id sequences decoded in
+/// parallel batches (they make no draws when decoded), and each session handed on once all its
+/// prompts are text, so only a batch of sessions is ever held, never the dataset.
+struct Replay<'a> {
+    file: &'a TraceFile,
+    params: &'a TraceParams,
+    tokenizer: &'a Tokenizer,
     block_size: usize,
-) -> Result<Vec<Option<String>>, SynthError> {
-    let separator = match params.terminator {
-        BlockTerminator::Aiperf => tokenizer.bos_token_id().or(tokenizer.eos_token_id()),
-        BlockTerminator::None => None,
-    };
-    let mut blocks = HashBlocks::new(content.corpus_seed(), file.trace_id.clone(), separator);
-    let corpus = content.block_corpus();
-    // Prompts in AIPerf's request order (one flat list, session by session). Hash-id
-    // sequences make no draws when decoded, so they are decoded in parallel batches.
-    let mut flat: Vec<Option<String>> = Vec::new();
-    let mut pending: Vec<(usize, Vec<u32>)> = Vec::new();
-    let flush = |pending: &mut Vec<(usize, Vec<u32>)>, flat: &mut Vec<Option<String>>| {
-        let decoded: Vec<String> = pending
+    /// `max_tokens` drawn around `--osl`, in conversation order (its own stream).
+    max_tokens_rng: crate::synth::rng::PyRandom,
+    batch: Vec<Pending>,
+    /// ((session in `batch`, line in it), tokens) waiting to be decoded.
+    seqs: Vec<((usize, usize), Vec<u32>)>,
+    seq_tokens: usize,
+}
+
+impl Replay<'_> {
+    fn run(
+        mut self,
+        sessions: Vec<(String, Vec<Entry>)>,
+        content: &mut dyn TraceContent,
+        out: &mut Out<'_>,
+    ) -> Result<(), SynthError> {
+        let separator = match self.params.terminator {
+            BlockTerminator::Aiperf => self
+                .tokenizer
+                .bos_token_id()
+                .or(self.tokenizer.eos_token_id()),
+            BlockTerminator::None => None,
+        };
+        let mut blocks =
+            HashBlocks::new(content.corpus_seed(), self.file.trace_id.clone(), separator);
+        let corpus = content.block_corpus();
+        for (sid, entries) in sessions {
+            self.batch.push(Pending {
+                sid,
+                texts: Vec::with_capacity(entries.len()),
+                entries,
+                bytes: 0,
+            });
+            let lines = entries_len(&self.batch);
+            for i in 0..lines {
+                // This session is always the batch's last (those before it may have gone).
+                let at = self.batch.len() - 1;
+                let e = &self.batch[at].entries[i];
+                let text = match &e.input {
+                    Input::Text(t) => Some(t.clone()),
+                    Input::Messages { .. } | Input::Payload(_) => Some(String::new()),
+                    Input::Length(n) if e.hash_ids.is_empty() => Some(content.plain_prompt(*n)?),
+                    Input::Length(n) => {
+                        let seq = blocks
+                            .token_sequence(
+                                corpus.tokens(),
+                                *n,
+                                &e.hash_ids,
+                                self.block_size,
+                                e.line,
+                                &mut |k| content.sample_tokens(k),
+                            )
+                            .map_err(|err| layout_error(self.file, e, *n, self.block_size, err))?;
+                        self.seq_tokens += seq.len();
+                        self.seqs.push(((at, i), seq));
+                        None
+                    }
+                };
+                let p = &mut self.batch[at];
+                p.bytes += text.as_ref().map_or(0, |t| t.len() as u64);
+                p.texts.push(text);
+                self.check_row(at, i, out.max_row_bytes)?;
+                if self.seqs.len() >= DECODE_BATCH || self.seq_tokens >= DECODE_TOKENS {
+                    self.decode()?;
+                    self.check_row(at, i, out.max_row_bytes)?;
+                    // Every session before this one is whole text now.
+                    self.emit(at, out)?;
+                }
+            }
+        }
+        self.decode()?;
+        let done = self.batch.len();
+        self.emit(done, out)
+    }
+
+    /// Decodes the waiting sequences into their lines' texts.
+    fn decode(&mut self) -> Result<(), SynthError> {
+        let tokenizer = self.tokenizer;
+        let decoded: Vec<String> = self
+            .seqs
             .par_iter()
             .map(|(_, seq)| tokenizer.decode(seq))
             .collect::<Result<_, _>>()?;
-        for ((i, _), text) in pending.drain(..).zip(decoded) {
-            flat[i] = Some(text);
+        for (((s, i), _), text) in self.seqs.drain(..).zip(decoded) {
+            let p = &mut self.batch[s];
+            p.bytes += text.len() as u64;
+            p.texts[i] = Some(text);
         }
-        Ok::<(), SynthError>(())
-    };
-    for (_, entries) in sessions {
-        for e in entries {
-            let text = match &e.input {
-                Input::Text(t) => Some(t.clone()),
-                Input::Messages { .. } | Input::Payload(_) => Some(String::new()),
-                Input::Length(n) if e.hash_ids.is_empty() => Some(content.plain_prompt(*n)?),
-                Input::Length(n) => {
-                    let seq = blocks
-                        .token_sequence(
-                            corpus.tokens(),
-                            *n,
-                            &e.hash_ids,
-                            block_size,
-                            e.line,
-                            &mut |k| content.sample_tokens(k),
-                        )
-                        .map_err(|err| layout_error(file, e, *n, block_size, err))?;
-                    pending.push((flat.len(), seq));
-                    None
-                }
-            };
-            flat.push(text);
-            if pending.len() >= DECODE_BATCH {
-                flush(&mut pending, &mut flat)?;
-            }
-        }
+        self.seq_tokens = 0;
+        Ok(())
     }
-    flush(&mut pending, &mut flat)?;
-    Ok(flat)
-}
 
-/// The sessions as conversations, their turns taking `texts` in order, with `max_tokens` from
-/// the line or drawn around `--osl`.
-fn conversations(
-    params: &TraceParams,
-    sessions: Vec<(String, Vec<Entry>)>,
-    texts: Vec<Option<String>>,
-    root_seed: u64,
-) -> Vec<Conversation> {
-    let mut texts = texts.into_iter();
-    let mut max_tokens_rng = DerivedRng::derive(root_seed, "composer.turn.max_tokens").py;
-    let osl_stddev = params.osl_stddev.trunc();
-    let mut conversations = Vec::with_capacity(sessions.len());
-    for (sid, entries) in sessions {
-        let mut turns = Vec::with_capacity(entries.len());
-        for e in entries {
-            let text = texts.next().flatten();
-            let max_tokens = match (e.output_length, params.osl) {
-                // At least 1: checked when the line was read.
-                (Some(n), _) => Some(n as u64),
-                (None, Some(m)) if m > 0 => Some(
-                    max_tokens_rng
-                        .sample_positive_normal_integer(m as f64, osl_stddev)
-                        .max(1),
-                ),
-                _ => None,
-            };
-            let (raw_messages, raw_tools, raw_payload) = match e.input {
-                Input::Messages { messages, tools } => (Some(messages), tools, None),
-                Input::Payload(p) => (None, None, Some(p)),
-                _ => (None, None, None),
-            };
-            turns.push(Turn {
-                model: None,
-                text: text.unwrap_or_default(),
-                max_tokens,
-                timestamp: e.timestamp,
-                delay: e.delay,
-                raw_messages,
-                raw_tools,
-                raw_payload,
-                extra_body: e.extra,
-                agentic: None,
-            });
+    /// Refuses session `at` once its text passes `cap`, naming the line that took it over.
+    fn check_row(&self, at: usize, i: usize, cap: u64) -> Result<(), SynthError> {
+        let p = &self.batch[at];
+        if p.bytes <= cap {
+            return Ok(());
         }
-        conversations.push(Conversation {
-            session_id: sid,
-            system_message: params.system_prompt.clone(),
-            user_context_message: None,
-            turns,
-            agentic: None,
-        });
+        let line = p.entries[i].line;
+        Err(self
+            .file
+            .line_error(line, row_too_large(&p.sid, p.bytes, i + 1, cap))
+            .into())
     }
-    conversations
+
+    /// Hands on the first `n` sessions of the batch (all their texts decoded), in order.
+    fn emit(&mut self, n: usize, out: &mut Out<'_>) -> Result<(), SynthError> {
+        let osl_stddev = self.params.osl_stddev.trunc();
+        for p in self.batch.drain(..n) {
+            let mut turns = Vec::with_capacity(p.entries.len());
+            for (e, text) in p.entries.into_iter().zip(p.texts) {
+                let max_tokens = match (e.output_length, self.params.osl) {
+                    // At least 1: checked when the line was read.
+                    (Some(n), _) => Some(n as u64),
+                    (None, Some(m)) if m > 0 => Some(
+                        self.max_tokens_rng
+                            .sample_positive_normal_integer(m as f64, osl_stddev)
+                            .max(1),
+                    ),
+                    _ => None,
+                };
+                let (raw_messages, raw_tools, raw_payload) = match e.input {
+                    Input::Messages { messages, tools } => (Some(messages), tools, None),
+                    Input::Payload(p) => (None, None, Some(p)),
+                    _ => (None, None, None),
+                };
+                turns.push(Turn {
+                    model: None,
+                    text: text.unwrap_or_default(),
+                    max_tokens,
+                    timestamp: e.timestamp,
+                    delay: e.delay,
+                    raw_messages,
+                    raw_tools,
+                    raw_payload,
+                    extra_body: e.extra,
+                    agentic: None,
+                });
+            }
+            out.emit(Conversation {
+                session_id: p.sid,
+                system_message: self.params.system_prompt.clone(),
+                user_context_message: None,
+                turns,
+                agentic: None,
+            })?;
+        }
+        // The sequences waiting point into the sessions left, now `n` places earlier.
+        for ((s, _), _) in &mut self.seqs {
+            *s -= n;
+        }
+        Ok(())
+    }
 }
 
 fn layout_error(

@@ -22,7 +22,7 @@ use crate::synth::corpus::PromptCorpus;
 use crate::synth::corpus::TokenCorpus;
 use crate::synth::dataset::params::SynthParams;
 use crate::synth::dataset::trace_kind::{corpus_refusal, TraceKind};
-use crate::synth::dataset::Dataset;
+use crate::synth::dataset::{Dataset, Out};
 use crate::synth::error::{SynthError, TraceError};
 use crate::synth::tokenizer::Tokenizer;
 
@@ -50,13 +50,15 @@ pub struct Build<'a> {
     pub root_seed: u64,
 }
 
-/// One trace loader: AIPerf's `can_load` for it, and its dataset builder.
+/// One trace loader: AIPerf's `can_load` for it, and its dataset builder, which hands each
+/// conversation to `out` as soon as it is built (in output order), so a replay never holds more
+/// than the conversations it is working on.
 pub struct Loader {
     pub kind: TraceKind,
     /// Whether this loader reads the probed input (an error when the input is ambiguous or
     /// empty, naming the file).
     pub can_load: fn(&Probe<'_>) -> Result<bool, TraceError>,
-    pub build: fn(&Build<'_>, &mut dyn TraceContent) -> Result<Dataset, SynthError>,
+    pub build: fn(&Build<'_>, &mut dyn TraceContent, &mut Out<'_>) -> Result<(), SynthError>,
 }
 
 /// Every loader, in AIPerf's detection order: the first whose `can_load` holds reads the input.
@@ -136,6 +138,17 @@ pub fn build_from_params(
     tokenizer: &Tokenizer,
     cache_dir: Option<&Path>,
 ) -> Result<Dataset, SynthError> {
+    crate::synth::dataset::collect(|out| stream_from_params(params, tokenizer, cache_dir, out))
+}
+
+/// [`build_from_params`], each conversation handed to `out` as it is built (`kvbust synth`
+/// writes it then and there).
+pub fn stream_from_params(
+    params: &SynthParams,
+    tokenizer: &Tokenizer,
+    cache_dir: Option<&Path>,
+    out: &mut Out<'_>,
+) -> Result<(), SynthError> {
     let path = params
         .input_file
         .as_deref()
@@ -154,11 +167,15 @@ pub fn build_from_params(
     match corpus {
         PromptCorpus::Sonnet => {
             let corpus = TokenCorpus::build_cached(SHAKESPEARE, tokenizer, cache_dir)?;
-            build(&b, &mut SonnetContent::new(tokenizer, corpus, root_seed))
+            build(
+                &b,
+                &mut SonnetContent::new(tokenizer, corpus, root_seed),
+                out,
+            )
         }
         PromptCorpus::Coding => {
             let pool = CodingPool::build_cached(root_seed, tokenizer, cache_dir)?;
-            build(&b, &mut CodingContent::new(tokenizer, Arc::new(pool)))
+            build(&b, &mut CodingContent::new(tokenizer, Arc::new(pool)), out)
         }
         PromptCorpus::CodingExact if !kind.is_agentic() && kind != TraceKind::BurstGptTrace => {
             let coding = crate::synth::corpus::kvbust_coding::CodingCorpus::for_root_seed_cached(
@@ -167,6 +184,7 @@ pub fn build_from_params(
             build(
                 &b,
                 &mut ExactContent::new(tokenizer, coding.tokens(), root_seed)?,
+                out,
             )
         }
         // Checked by SynthParams::validate; kept for callers that skip it.

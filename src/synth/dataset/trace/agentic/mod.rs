@@ -264,7 +264,7 @@ pub fn weka_keys(keys: &[String]) -> bool {
 pub const WEKA: super::Loader = super::Loader {
     kind: crate::synth::dataset::trace_kind::TraceKind::WekaTrace,
     can_load: |p| Ok(p.dir || weka_keys(&p.keys)),
-    build: |b, content| build_weka(b.path, b.params, b.tokenizer, content),
+    build: |b, content, out| build_weka(b.path, b.params, b.tokenizer, content, out),
 };
 
 /// `tracelab`: AIPerf's tracelab `can_load`, a first row holding TraceLab's distinctive keys,
@@ -272,7 +272,7 @@ pub const WEKA: super::Loader = super::Loader {
 pub const TRACELAB: super::Loader = super::Loader {
     kind: crate::synth::dataset::trace_kind::TraceKind::Tracelab,
     can_load: |p| Ok(tracelab::tracelab_keys(&p.keys)),
-    build: |b, content| build_tracelab(b.path, b.params, b.tokenizer, content),
+    build: |b, content, out| build_tracelab(b.path, b.params, b.tokenizer, content, out),
 };
 
 pub fn build_weka(
@@ -280,7 +280,8 @@ pub fn build_weka(
     params: &crate::synth::dataset::params::SynthParams,
     tokenizer: &crate::synth::tokenizer::Tokenizer,
     content: &mut dyn crate::synth::dataset::trace::TraceContent,
-) -> Result<crate::synth::dataset::Dataset, crate::synth::error::SynthError> {
+    out: &mut crate::synth::dataset::Out<'_>,
+) -> Result<(), crate::synth::error::SynthError> {
     let sources = read_weka(path)?;
     if params.isl_block_size.is_none() {
         if let Some(s) = sources
@@ -299,7 +300,14 @@ pub fn build_weka(
             );
         }
     }
-    reconstruct(sources, params.isl_block_size, params, tokenizer, content)
+    reconstruct(
+        sources,
+        params.isl_block_size,
+        params,
+        tokenizer,
+        content,
+        out,
+    )
 }
 
 /// The dataset AIPerf 0.13.0 builds for `--input-file PATH --custom-dataset-type tracelab`:
@@ -310,12 +318,13 @@ pub fn build_tracelab(
     params: &crate::synth::dataset::params::SynthParams,
     tokenizer: &crate::synth::tokenizer::Tokenizer,
     content: &mut dyn crate::synth::dataset::trace::TraceContent,
-) -> Result<crate::synth::dataset::Dataset, crate::synth::error::SynthError> {
+    out: &mut crate::synth::dataset::Out<'_>,
+) -> Result<(), crate::synth::error::SynthError> {
     let block_size = params
         .isl_block_size
         .unwrap_or(tracelab::DEFAULT_BLOCK_SIZE);
-    let sources = tracelab::read(path, block_size, params.strict)?;
-    reconstruct(sources, Some(block_size), params, tokenizer, content)
+    let sources = tracelab::read_capped(path, block_size, params.strict, out.max_blocks)?;
+    reconstruct(sources, Some(block_size), params, tokenizer, content, out)
 }
 
 /// `WekaTraceLoader.convert_to_conversations` on parsed traces, with the run's flags.
@@ -325,7 +334,8 @@ fn reconstruct(
     params: &crate::synth::dataset::params::SynthParams,
     tokenizer: &crate::synth::tokenizer::Tokenizer,
     content: &mut dyn crate::synth::dataset::trace::TraceContent,
-) -> Result<crate::synth::dataset::Dataset, crate::synth::error::SynthError> {
+    out: &mut crate::synth::dataset::Out<'_>,
+) -> Result<(), crate::synth::error::SynthError> {
     let settings = weka::Settings {
         block_size,
         max_isl: params.synthesis_max_isl.map(|x| x as i64),
@@ -346,10 +356,11 @@ fn reconstruct(
                     .collect()
             })
             .unwrap_or_default(),
+        max_row_bytes: out.max_row_bytes,
         ..weka::Settings::default()
     };
     let corpus = content.block_corpus();
-    let conversations = weka::build(
+    weka::build_into(
         sources,
         &settings,
         weka::Corpus {
@@ -357,8 +368,8 @@ fn reconstruct(
             seed: content.corpus_seed(),
         },
         tokenizer,
-    )?;
-    Ok(crate::synth::dataset::Dataset { conversations })
+        out,
+    )
 }
 
 /// The whole context turn `k` of an agentic conversation sends (`deltas_with_responses`):

@@ -514,8 +514,14 @@ fn round_of(line: usize, obj: Map<String, Value>) -> Result<Round, FieldError> {
 /// Every row with a `session_id`, grouped by it in order of first appearance (rows keep file
 /// order). Rows that are not objects, or have no `session_id`, are skipped as AIPerf skips them,
 /// and counted in one warning (with `strict`, the first is an error).
-fn read_sessions(path: &Path, origin: &Origin, strict: bool) -> Result<Vec<Session>, SynthError> {
+fn read_sessions(
+    path: &Path,
+    origin: &Origin,
+    strict: bool,
+    (block_size, max_blocks): (usize, u64),
+) -> Result<Vec<Session>, SynthError> {
     let mut reader = TraceReader::open(path)?;
+    let mut blocks = 0u64;
     let mut sessions: Vec<Session> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut dropped: Vec<usize> = Vec::new();
@@ -548,6 +554,28 @@ fn read_sessions(path: &Path, origin: &Origin, strict: bool) -> Result<Vec<Sessi
         };
         check_row(&obj).map_err(|e| origin.at(line, &sid, e))?;
         let round = round_of(line, obj).map_err(|e| origin.at(line, &sid, e))?;
+        // Counted as the rows come, before any id is minted: a 400-byte row may ask for 10M
+        // tokens, 156K block ids at block size 64, so the ids, not the file, take the memory.
+        let total = round.int_or_zero("input_tokens_total").unwrap_or(0).max(0) as u64;
+        blocks = blocks.saturating_add(total / block_size.max(1) as u64);
+        if blocks > max_blocks {
+            return Err(origin
+                .at(
+                    line,
+                    &sid,
+                    (
+                        "input_tokens_total".into(),
+                        format!(
+                            "takes the trace to {blocks} hash-id blocks of {block_size} tokens, \
+                             more than the cap of {max_blocks} (--max-blocks); every block is an \
+                             id held in memory (8 bytes in synth, about 100 in analyze-trace). \
+                             Raise --max-blocks if the machine has the memory, use a larger \
+                             --isl-block-size / --block-size, or split the trace"
+                        ),
+                    ),
+                )
+                .into());
+        }
         let k = *index.entry(sid.clone()).or_insert_with(|| {
             sessions.push(Session {
                 id: sid,
@@ -1042,8 +1070,24 @@ impl Converter<'_> {
 /// root session (children nested as subagent entries), then the children that could not be
 /// nested as traces of their own, at `block_size` tokens per synthesized block id.
 pub fn read(path: &Path, block_size: usize, strict: bool) -> Result<Vec<weka::Source>, SynthError> {
+    read_capped(path, block_size, strict, u64::MAX)
+}
+
+/// The default of `--max-blocks`: the hash-id blocks a TraceLab file may ask for in all (32Mi
+/// ids: 256 MiB as `synth` holds them). TraceLab rows carry token counts, not ids, so a file of
+/// kilobytes can ask for billions; this bounds the memory the ids take.
+pub const DEFAULT_MAX_BLOCKS: u64 = 32 << 20;
+
+/// [`read`], refusing a file whose rows ask for more than `max_blocks` block ids in all (the
+/// row that passes it named), before any is minted.
+pub fn read_capped(
+    path: &Path,
+    block_size: usize,
+    strict: bool,
+    max_blocks: u64,
+) -> Result<Vec<weka::Source>, SynthError> {
     let origin = Origin { path };
-    let sessions = read_sessions(path, &origin, strict)?;
+    let sessions = read_sessions(path, &origin, strict, (block_size, max_blocks))?;
     if sessions.is_empty() {
         return Err(origin
             .file(

@@ -12,7 +12,8 @@ use super::recon::{asst_block_caps, Blocks, Reconstructor};
 use super::schema::{Entry, Request, Subagent, WekaTrace};
 use super::{AgenticError, Branch, Topology, TurnInfo};
 use crate::synth::dataset::trace_kind::TraceKind;
-use crate::synth::dataset::{Conversation, Turn};
+use crate::synth::dataset::{row_too_large, Conversation, Turn};
+use crate::synth::error::SynthError;
 use crate::synth::tokenizer::Tokenizer;
 
 const JOIN_EPSILON: f64 = 1e-6;
@@ -49,6 +50,9 @@ pub struct Settings {
     pub chains: ChainSettings,
     /// `--model`: trace models map onto these (empty: trace models kept).
     pub model_names: Vec<String>,
+    /// `kvbust synth --max-row-bytes`: the prompt text one conversation may hold (a kvbust
+    /// bound, not AIPerf's: see [`crate::synth::dataset::DEFAULT_MAX_ROW_BYTES`]).
+    pub max_row_bytes: u64,
 }
 
 impl Default for Settings {
@@ -67,6 +71,7 @@ impl Default for Settings {
             split_flattened_agents: true,
             chains: ChainSettings::default(),
             model_names: Vec::new(),
+            max_row_bytes: u64::MAX,
         }
     }
 }
@@ -755,6 +760,7 @@ fn emit_chain(
         settings.inter_turn_delay_cap_seconds
     };
     let mut turns = Vec::with_capacity(c.requests.len());
+    let mut bytes = 0u64;
     for (k, (r, path)) in c.requests.iter().enumerate() {
         let seed = format!("{}:turn_{k}:partial_tail", c.session_id);
         let prev = k.checked_sub(1).map(|p| c.requests[p].0);
@@ -782,6 +788,18 @@ fn emit_chain(
             Kind::Main | Kind::Flat => peak_output(r.output_length, settings.max_osl),
         };
         let delta = recon.turn_delta();
+        // Checked turn by turn, so a conversation too large to hold stops here, not after.
+        bytes += delta
+            .messages
+            .iter()
+            .map(|m| m.content().len() as u64)
+            .sum::<u64>();
+        if bytes > settings.max_row_bytes {
+            return Err(ctx.error(
+                path,
+                row_too_large(c.session_id, bytes, k + 1, settings.max_row_bytes),
+            ));
+        }
         let number = |x: f64| serde_json::Number::from_f64(x);
         turns.push(Turn {
             max_tokens: Some(max_tokens as u64),
@@ -854,13 +872,36 @@ fn group_push<T>(groups: &mut Groups<T>, key: (usize, Option<usize>), item: T) {
     }
 }
 
-/// The parent conversation and the trace's children, in AIPerf's order.
+/// Which conversations of a trace [`emit_trace`] builds: AIPerf writes every trace's parent
+/// before any trace's children, and a streamed build makes them in that order, one pass each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Parent,
+    Children,
+}
+
+/// The subagents no main turn precedes (AIPerf drops them), as [`link_branches`] finds them,
+/// for the children's pass, which builds no parent turns to link.
+fn unpreceded_subagents(plan: &Plan) -> HashSet<usize> {
+    plan.subagents
+        .iter()
+        .enumerate()
+        .filter(|(_, (sa_outer, _))| !plan.normals.iter().any(|(o, _)| o < sa_outer))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The parent conversation or the trace's children, in AIPerf's order. Block content is a pure
+/// function of the trace and the hash id, so the children come out the same without the parent
+/// built first.
 fn emit_trace(
     source: &Source,
     settings: &Settings,
     corpus: Corpus,
     tokenizer: &Tokenizer,
-) -> Result<(Conversation, Vec<Conversation>), AgenticError> {
+    part: Part,
+    emit: &mut Emit<'_>,
+) -> Result<(), AgenticError> {
     let trace = &source.trace;
     let plan = plan_trace(trace, settings).map_err(|m| AgenticError::Input {
         origin: source.origin.clone(),
@@ -885,6 +926,18 @@ fn emit_trace(
         plan.block_size,
         tokenizer,
     );
+    if part == Part::Children {
+        let dropped = unpreceded_subagents(&plan);
+        return emit_children(
+            &plan,
+            &trace.id,
+            &dropped,
+            idle.as_ref(),
+            &ctx,
+            &mut blocks,
+            emit,
+        );
+    }
     let main_reqs: Vec<(&Request, String)> = plan
         .normals
         .iter()
@@ -908,10 +961,8 @@ fn emit_trace(
     };
     let mut turns = emit_chain(&main, &ctx, &mut blocks)?;
     let mut topology = Topology::root();
-    let dropped = link_branches(&plan, &trace.id, idle.as_ref(), &mut topology, &mut turns);
-    let parent = conversation(&trace.id, topology, turns);
-    let children = emit_children(&plan, &trace.id, &dropped, idle.as_ref(), &ctx, &mut blocks)?;
-    Ok((parent, children))
+    link_branches(&plan, &trace.id, idle.as_ref(), &mut topology, &mut turns);
+    emit(conversation(&trace.id, topology, turns))
 }
 
 /// Spawn and join: each subagent (grouped with those that share its spawning and joining
@@ -1004,8 +1055,8 @@ fn emit_children(
     idle: Option<&IdleTiming>,
     ctx: &TraceCtx,
     blocks: &mut Blocks,
-) -> Result<Vec<Conversation>, AgenticError> {
-    let mut out = Vec::new();
+    emit: &mut Emit<'_>,
+) -> Result<(), AgenticError> {
     for c in plan.children.iter().chain(&plan.flats) {
         let (kind, requests): (Kind, Vec<(&Request, String)>) = match c.subagent {
             Some(i) if dropped.contains(&i) => continue,
@@ -1032,7 +1083,7 @@ fn emit_children(
                 .collect(),
             None => raw_timing(&requests, ctx.settings.use_think_time_only),
         };
-        let emit = ChainEmit {
+        let emit_chain_of = ChainEmit {
             session_id: &c.session_id,
             kind,
             requests,
@@ -1040,15 +1091,18 @@ fn emit_children(
             init_system: c.init_system,
             timing,
         };
-        let turns = emit_chain(&emit, ctx, blocks)?;
-        out.push(conversation(
+        let turns = emit_chain(&emit_chain_of, ctx, blocks)?;
+        emit(conversation(
             &c.session_id,
             Topology::child(trace_id),
             turns,
-        ));
+        ))?;
     }
-    Ok(out)
+    Ok(())
 }
+
+/// Where [`emit_trace`] hands each conversation it builds.
+type Emit<'a> = dyn FnMut(Conversation) -> Result<(), AgenticError> + 'a;
 
 /// Adds a branch started after turn `pre` (at `start_seconds`), joined by turn `joined`.
 fn link(
@@ -1102,14 +1156,40 @@ fn select<'s>(sources: &'s [Source], settings: &Settings) -> Result<Vec<&'s Sour
 }
 
 /// AIPerf's `convert_to_conversations` for parsed traces: the max-context filter, then every
-/// trace's parent conversation in order, then every trace's children. Traces are
-/// reconstructed in parallel (each owns its hash-id scope; the output order is AIPerf's).
+/// trace's parent conversation in order, then every trace's children.
 pub fn build(
     sources: Vec<Source>,
     settings: &Settings,
     corpus: Corpus,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<Conversation>, AgenticError> {
+    let mut conversations = Vec::new();
+    let mut sink = |c: Conversation, _| {
+        conversations.push(c);
+        Ok(())
+    };
+    let mut out = crate::synth::dataset::Out {
+        sink: &mut sink,
+        max_row_bytes: settings.max_row_bytes,
+        max_blocks: u64::MAX,
+        unscheduled: false,
+    };
+    build_into(sources, settings, corpus, tokenizer, &mut out).map_err(AgenticError::from)?;
+    Ok(conversations)
+}
+
+/// [`build`], each conversation handed to `out` as soon as it is built: the parents in one pass
+/// over the traces, a few traces at a time in parallel (each owns its hash-id scope; the output
+/// order is AIPerf's), then the children in a second pass, one after the other (one trace may
+/// have hundreds; building them in parallel would hold them all), so at most those few parents
+/// or one child are ever held.
+pub fn build_into(
+    sources: Vec<Source>,
+    settings: &Settings,
+    corpus: Corpus,
+    tokenizer: &Tokenizer,
+    out: &mut crate::synth::dataset::Out<'_>,
+) -> Result<(), SynthError> {
     let mut seen: HashMap<&str, &str> = HashMap::new();
     for s in &sources {
         if let Some(prior) = seen.insert(&s.trace.id, &s.origin) {
@@ -1118,20 +1198,36 @@ pub fn build(
                 trace_id: Some(s.trace.id.clone()),
                 path: "id".into(),
                 message: format!("duplicate trace id: {prior} has the same id"),
-            });
+            }
+            .into());
         }
     }
     let sources = select(&sources, settings)?;
-    let built: Vec<(Conversation, Vec<Conversation>)> = sources
-        .par_iter()
-        .map(|s| emit_trace(s, settings, corpus, tokenizer))
-        .collect::<Result<_, _>>()?;
-    let mut parents = Vec::with_capacity(built.len());
-    let mut children = Vec::new();
-    for (p, c) in built {
-        parents.push(p);
-        children.extend(c);
+    // Every turn has its timestamp unless delays are ignored.
+    out.unscheduled = settings.ignore_trace_delays;
+    let at_once = rayon::current_num_threads().max(1);
+    for chunk in sources.chunks(at_once) {
+        let parents: Vec<Conversation> = chunk
+            .par_iter()
+            .map(|s| {
+                let mut parent = None;
+                emit_trace(s, settings, corpus, tokenizer, Part::Parent, &mut |c| {
+                    parent = Some(c);
+                    Ok(())
+                })?;
+                Ok(parent)
+            })
+            .collect::<Result<Vec<_>, AgenticError>>()?
+            .into_iter()
+            .flatten()
+            .collect();
+        for conv in parents {
+            out.emit(conv)?;
+        }
     }
-    parents.extend(children);
-    Ok(parents)
+    for s in sources {
+        let mut emit = |c: Conversation| out.emit(c).map_err(AgenticError::from);
+        emit_trace(s, settings, corpus, tokenizer, Part::Children, &mut emit)?;
+    }
+    Ok(())
 }
