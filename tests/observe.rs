@@ -10,7 +10,6 @@ mod common;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
