@@ -49,28 +49,6 @@ inter_token = "6ms"
 max_num_seqs = 64
 TOML
 
-body() { # size -> a chat body of exactly about `size` bytes, @SEQ@ first in the user turn
-    python3 - "$1" >"$WORK/body-$1.json" <<'PY'
-import json, random, sys
-size = int(sys.argv[1])
-r = random.Random(size)
-words = ("the model reads a long context of tool output, code and prose; fn main() { let x = 42; }"
-         " naïve café 東京 path/to/file.rs:120 error[E0308]: mismatched types").split()
-head = {"model": "bench", "max_tokens": 16, "messages": [
-    {"role": "system", "content": "You are a careful coding agent."},
-    {"role": "user", "content": "@SEQ@ "}]}
-room = size - len(json.dumps(head, ensure_ascii=False).encode())
-text = []
-n = 0
-while n < room:
-    w = r.choice(words)
-    text.append(w)
-    n += len(w.encode()) + 1
-head["messages"][1]["content"] += " ".join(text)[: max(room, 0)]
-sys.stdout.write(json.dumps(head, ensure_ascii=False))
-PY
-}
-
 echo "| mock | body | requests | req/s | accounted | share | queue_full | model CPU µs/req | kvbust CPU µs/req |"
 echo "|---|---|---|---|---|---|---|---|---|"
 port=$BASE

@@ -27,3 +27,27 @@ thread_cpu() {
 rss_kb() { awk '/VmRSS/ {print $2}' /proc/"$1"/status; }
 hwm_kb() { awk '/VmHWM/ {print $2}' /proc/"$1"/status; }
 metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" 'index($0, m) == 1 {print $2}'; }
+
+# body SIZE: writes $WORK/body-SIZE.json, an agent-like chat body of about SIZE bytes with @SEQ@
+# first in the user turn (loadgen fixed numbers each request there: distinct prompts).
+body() {
+    python3 - "$1" >"$WORK/body-$1.json" <<'PY'
+import json, random, sys
+size = int(sys.argv[1])
+r = random.Random(size)
+words = ("the model reads a long context of tool output, code and prose; fn main() { let x = 42; }"
+         " naïve café 東京 path/to/file.rs:120 error[E0308]: mismatched types").split()
+head = {"model": "bench", "max_tokens": 16, "messages": [
+    {"role": "system", "content": "You are a careful coding agent."},
+    {"role": "user", "content": "@SEQ@ "}]}
+room = size - len(json.dumps(head, ensure_ascii=False).encode())
+text = []
+n = 0
+while n < room:
+    w = r.choice(words)
+    text.append(w)
+    n += len(w.encode()) + 1
+head["messages"][1]["content"] += " ".join(text)[: max(room, 0)]
+sys.stdout.write(json.dumps(head, ensure_ascii=False))
+PY
+}
