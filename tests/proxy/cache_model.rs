@@ -750,14 +750,12 @@ async fn under_salt_isolation_following_the_events_still_predicts_what_the_mock_
     assert_eq!(with, 0);
 }
 
-/// One run of the overflow above: 40 requests, five conversations' growing prefixes
-/// interleaved, through kvbust to a 64-block mock publishing its events; kvbust follows them
-/// when `follow`, and isolates each conversation by `cache_salt` when `salt`. Returns the
-/// divergent requests, having checked what the events and the salts did.
-async fn overflow_the_mocks_cache(follow: bool, salt: bool) -> u64 {
+/// A mock of `cache_blocks` blocks of 4 tokens publishing its KV events on a port of its own;
+/// the endpoint a subscriber connects to.
+async fn publishing_mock(cache_blocks: usize) -> (Arc<Mock>, String) {
     let mock = Mock::new(
         MockConfig {
-            cache_blocks: 64,
+            cache_blocks,
             block_size: 4,
             kv_events: Some(
                 r#"{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:0"}"#
@@ -773,6 +771,15 @@ async fn overflow_the_mocks_cache(follow: bool, salt: bool) -> u64 {
         .expect("binds")
         .expect("on")
         .replace("0.0.0.0", "127.0.0.1");
+    (mock, endpoint)
+}
+
+/// One run of the overflow above: 40 requests, five conversations' growing prefixes
+/// interleaved, through kvbust to a 64-block mock publishing its events; kvbust follows them
+/// when `follow`, and isolates each conversation by `cache_salt` when `salt`. Returns the
+/// divergent requests, having checked what the events and the salts did.
+async fn overflow_the_mocks_cache(follow: bool, salt: bool) -> u64 {
+    let (mock, endpoint) = publishing_mock(64).await;
     let h = common::start_with(mock.clone(), |c| {
         c.cache_model.block_size = 4;
         if follow {
@@ -895,24 +902,7 @@ async fn overflow_the_mocks_cache(follow: bool, salt: bool) -> u64 {
 async fn a_salted_requests_stored_event_carries_the_salt_on_its_first_block_only() {
     use kvbust::mock::kv_events::{decode_batch, ExtraKey, KvEvent};
     use zeromq::{Socket as _, SocketRecv as _};
-    let mock = Mock::new(
-        MockConfig {
-            cache_blocks: 1000,
-            block_size: 4,
-            kv_events: Some(
-                r#"{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:0"}"#
-                    .into(),
-            ),
-            ..common::quick_mock()
-        },
-        None,
-    );
-    let endpoint = mock
-        .start_kv_events()
-        .await
-        .expect("binds")
-        .expect("on")
-        .replace("0.0.0.0", "127.0.0.1");
+    let (mock, endpoint) = publishing_mock(1000).await;
     let addr = serve_mock(mock.clone()).await;
     let mut sub = zeromq::SubSocket::new();
     sub.connect(&endpoint).await.expect("connects");
