@@ -10,6 +10,7 @@
 # tokenizing does not throttle the load.
 #   benches/accounting.sh                       # builds the release binary and loadgen
 #   SKIP_BUILD=1 REQUESTS=2000 SIZES="1024 102400" CONC=64 MOCKS="fast preset" benches/accounting.sh
+#   BENCH_KVBUST=target/dist/kvbust BENCH_LOADGEN=target/dist/examples/loadgen SKIP_BUILD=1 benches/accounting.sh
 # Not part of .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +22,8 @@ MOCKS=${MOCKS:-"fast preset"}
 BASE=${PORT_BASE:-18400}
 WORK=$(mktemp -d /tmp/kvbust-accounting.XXXXXX)
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen
-KVBUST=$ROOT/target/release/kvbust
-LOADGEN=$ROOT/target/release/examples/loadgen
+KVBUST=${BENCH_KVBUST:-$ROOT/target/release/kvbust}
+LOADGEN=${BENCH_LOADGEN:-$ROOT/target/release/examples/loadgen}
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -414,9 +414,12 @@ async fn connect(
         Ok(Ok(s)) => s,
     };
     let _ = stream.set_nodelay(true);
-    // Flattened writes, as on the client side (`server::data_builder`).
+    // Vectored writes towards the upstream: a request body (an agent's context: 100 KB to
+    // 1 MB) goes out from its own buffer; flattened, hyper would copy all of it into its write
+    // buffer first (10% of kvbust's CPU on a 227 KB body). The client side stays flattened
+    // (`server::data_builder`): its responses are small frames.
     let (send, conn) = hyper::client::conn::http1::Builder::new()
-        .writev(false)
+        .writev(true)
         .handshake(hyper_util::rt::TokioIo::new(stream))
         .await
         .map_err(|e| ProxyError::UpstreamConnect {
