@@ -88,7 +88,7 @@ pub enum Vocab {
         /// `None`: `chat_template = "none"` or a tokenizer without one.
         template: Option<Box<ChatTemplate>>,
         /// The special tokens the template writes, with their ids: the safe cut points.
-        cuts: Vec<(String, u32)>,
+        cuts: Cuts,
         /// The byte-level encoder, where it reproduces `tokenizer`: decided at load, filled in by
         /// a builder thread when ready (`tokenizers` counts the same ids until then).
         fast: FastSlot,
@@ -118,7 +118,7 @@ impl Vocab {
         };
         let cuts = match (&template, tokenizer.chat_template()) {
             (Some(_), Some(source)) => cut_tokens(&tokenizer, source),
-            _ => Vec::new(),
+            _ => Cuts::default(),
         };
         let fast = FastSlot::default();
         match ByteLevelBpe::already_built(&tokenizer) {
@@ -229,7 +229,7 @@ impl<'a> Text<'a> {
 /// normalized, no stripping of neighbours, not word-bound): the tokenizer splits its input at
 /// each of them before anything else, so the text between two of them tokenizes on its own to
 /// the very ids it gets inside the whole.
-fn cut_tokens(tokenizer: &Tokenizer, template_source: &str) -> Vec<(String, u32)> {
+fn cut_tokens(tokenizer: &Tokenizer, template_source: &str) -> Cuts {
     let mut cuts: Vec<(String, u32)> = tokenizer
         .inner()
         .get_added_tokens_decoder()
@@ -246,7 +246,74 @@ fn cut_tokens(tokenizer: &Tokenizer, template_source: &str) -> Vec<(String, u32)
         .map(|(id, t)| (t.content, id))
         .collect();
     cuts.sort();
-    cuts
+    Cuts::new(cuts)
+}
+
+/// The cut tokens, found in one pass over the text: a scan for the bytes they begin with, then
+/// a comparison at each such byte. One `memmem` search per token per piece (the first way)
+/// built a searcher each time: 6,000 instructions a 1 KB chat request, more than the search.
+#[derive(Debug, Clone, Default)]
+pub struct Cuts {
+    /// Longest first, so the first match at a position is the longest there.
+    tokens: Vec<(String, u32)>,
+    /// The distinct first bytes of the tokens.
+    firsts: Vec<u8>,
+    /// `firsts` as a table, for more than three of them.
+    starts: Option<Box<[bool; 256]>>,
+}
+
+impl Cuts {
+    fn new(mut tokens: Vec<(String, u32)>) -> Self {
+        tokens.retain(|(t, _)| !t.is_empty());
+        tokens.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        let mut firsts: Vec<u8> = tokens.iter().map(|(t, _)| t.as_bytes()[0]).collect();
+        firsts.sort_unstable();
+        firsts.dedup();
+        let starts = (firsts.len() > 3).then(|| {
+            let mut table = Box::new([false; 256]);
+            for &b in &firsts {
+                table[usize::from(b)] = true;
+            }
+            table
+        });
+        Self {
+            tokens,
+            firsts,
+            starts,
+        }
+    }
+
+    /// The tokens, longest first.
+    pub fn iter(&self) -> impl Iterator<Item = &(String, u32)> {
+        self.tokens.iter()
+    }
+
+    /// The earliest cut token at or after `from` (the longest, where two begin there).
+    fn next<'c>(&'c self, text: &str, from: usize) -> Option<(usize, &'c str, u32)> {
+        let bytes = text.as_bytes();
+        let mut at = from;
+        while at < bytes.len() {
+            let hay = &bytes[at..];
+            let found = match (&self.starts, self.firsts.as_slice()) {
+                (Some(table), _) => hay.iter().position(|&b| table[usize::from(b)]),
+                (None, [a]) => memchr::memchr(*a, hay),
+                (None, [a, b]) => memchr::memchr2(*a, *b, hay),
+                (None, [a, b, c]) => memchr::memchr3(*a, *b, *c, hay),
+                (None, _) => None,
+            };
+            let p = at + found?;
+            let rest = &bytes[p..];
+            if let Some((t, id)) = self
+                .tokens
+                .iter()
+                .find(|(t, _)| rest.starts_with(t.as_bytes()))
+            {
+                return Some((p, t.as_str(), *id));
+            }
+            at = p + 1;
+        }
+        None
+    }
 }
 
 /// The tokenization's state: text pieces' ids, remembered by the piece's length and hash,
@@ -448,7 +515,7 @@ fn builtin_with_iso(text: &str, at: Option<usize>) -> Encoded {
 /// Tokenizes `text` piece by piece between the cut tokens, from the memo where it can.
 fn encode_cut(
     text_encoder: Text<'_>,
-    cuts: &[(String, u32)],
+    cuts: &Cuts,
     memo: &mut Memo,
     text: &str,
     at: Option<usize>,
@@ -462,7 +529,7 @@ fn encode_cut(
         text,
         at,
     };
-    while let Some((pos, content, id)) = next_cut(text, start, cuts) {
+    while let Some((pos, content, id)) = cuts.next(text, start) {
         cx.push(&mut ids, &mut iso, start..pos)?;
         if iso.is_none() && at.is_some_and(|a| a >= pos && a < pos + content.len()) {
             iso = Some(ids.len());
@@ -511,18 +578,6 @@ impl Pieces<'_> {
         ids.extend_from_slice(&got);
         Ok(())
     }
-}
-
-/// The earliest cut token at or after `from`.
-fn next_cut<'c>(
-    text: &str,
-    from: usize,
-    cuts: &'c [(String, u32)],
-) -> Option<(usize, &'c str, u32)> {
-    let hay = &text.as_bytes()[from..];
-    cuts.iter()
-        .filter_map(|(c, id)| memmem::find(hay, c.as_bytes()).map(|p| (from + p, c.as_str(), *id)))
-        .min_by_key(|(p, c, _)| (*p, std::cmp::Reverse(c.len())))
 }
 
 /// Tokens of `piece` that end at or before byte `at` (the first token past them holds `at`),
@@ -634,6 +689,67 @@ mod tests {
         assert!(plain.bytes() > 4 * 2000, "{}", plain.bytes());
         assert!(marked.bytes() < 4 * 200, "{}", marked.bytes());
         assert_eq!(marked.hits + marked.misses + 1, plain.hits + plain.misses);
+    }
+
+    /// The one-pass search finds what one search per token finds: the earliest token, and the
+    /// longest of those beginning there; with one, two, three first bytes (`memchr`) and more
+    /// (the table).
+    #[test]
+    fn cuts_are_found_earliest_then_longest() {
+        fn naive<'c>(
+            cuts: &'c [(String, u32)],
+            text: &str,
+            from: usize,
+        ) -> Option<(usize, &'c str, u32)> {
+            cuts.iter()
+                .filter_map(|(c, id)| {
+                    text[from..]
+                        .find(c.as_str())
+                        .map(|p| (from + p, c.as_str(), *id))
+                })
+                .min_by_key(|(p, c, _)| (*p, std::cmp::Reverse(c.len())))
+        }
+        let sets: [&[&str]; 4] = [
+            &["<|im_start|>", "<|im_end|>"],
+            &["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|im"],
+            &["<tool_call>", "[INST]", "{{x}}"],
+            &["<a>", "[b]", "{c}", "(d)", "!e!", "<a>>"],
+        ];
+        let texts = [
+            "",
+            "plain text, no token at all",
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n",
+            "<|im<|im_start|><think>\n\n</think>\n\n<|im_end|>",
+            "[INST] x [/INST] {{x}} <tool_call>{}</tool_call> {{x}",
+            "<a>> <a> [b] {c} (d) !e! <<a>> [[b]] {{c}} ((d)) !!e!!",
+            "é <|im_end|> 😀 <a>> ZWJ 👩‍💻 [b]",
+        ];
+        for set in sets {
+            let cuts: Vec<(String, u32)> = set
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.to_string(), i as u32))
+                .collect();
+            let fast = Cuts::new(cuts.clone());
+            for text in texts {
+                let mut from = 0;
+                loop {
+                    let (got, want) = (fast.next(text, from), naive(&cuts, text, from));
+                    assert_eq!(got, want, "{set:?} in {text:?} from {from}");
+                    match want {
+                        Some((p, c, _)) => from = p + c.len(),
+                        None => break,
+                    }
+                }
+                for from in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+                    assert_eq!(
+                        fast.next(text, from),
+                        naive(&cuts, text, from),
+                        "{set:?} {text:?} {from}"
+                    );
+                }
+            }
+        }
     }
 
     /// The pieces between the template's special tokens tokenize to exactly what the mock (the

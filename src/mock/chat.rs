@@ -356,9 +356,11 @@ const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
 /// reasoning, reasoning_content, tool_call_id, name).
 fn conversation(messages: &[Message], template: &ChatTemplate) -> Vec<Dict> {
     let mut conv: Vec<Dict> = messages.iter().map(message_dict).collect();
-    let source = template.source();
-    let names_developer = source.contains("\"developer\"") || source.contains("'developer'");
-    if !names_developer && messages.iter().any(|m| m.role == "developer") {
+    // The template's source is searched only for a chat that has a developer message: two
+    // searches of a 4 KB source were 5% of the cache model's work on every request.
+    let names_developer =
+        |source: &str| source.contains("\"developer\"") || source.contains("'developer'");
+    if messages.iter().any(|m| m.role == "developer") && !names_developer(template.source()) {
         for (d, m) in conv.iter_mut().zip(messages) {
             if m.role == "developer" {
                 d.set("role", Value::from("system"));

@@ -524,3 +524,42 @@ fn the_load_check_catches_a_difference() {
     crate::sync::lock(&bpe.cache).clear();
     assert!(bpe.check(tok.inner()).is_err());
 }
+
+/// The ASCII split and the regex cut every text at the same places: random strings of the
+/// fragments each alternative turns on (contractions in every case, runs of digits, spaces and
+/// breaks of each kind, ASCII controls and the wide characters next to which the ASCII split
+/// must give way), for both patterns. And it does the work: most pieces of ASCII text are its.
+#[test]
+fn the_ascii_split_cuts_where_the_regex_cuts() {
+    let pool = [
+        " ", "  ", "\t", "\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1f", "\x7f", "\0", "a",
+        "Z", "word", " word", "'", "'s", "'S", "'t", "'re", "'RE", "'rE", "'ve", "'m", "'ll",
+        "'Ll", "'d", "'x", "'r", "'l", "1", "12", "123", "1234", ".", ",", "!?", "((", "-->", "_",
+        "{", "\\", "\"", "é", "ſ", "²", "١", "\u{a0}", "\u{85}", "\u{3000}", "\u{2028}", "«", "😀",
+        "東", "K", "e\u{301}",
+    ];
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(4404);
+    for (name, _, bpe) in both() {
+        let (mut fast, mut all) = (0usize, 0usize);
+        for round in 0..20_000 {
+            let n = rng.random_range(1..16);
+            let text: String = (0..n)
+                .map(|_| pool[rng.random_range(0..pool.len())])
+                .collect();
+            let mut pos = 0;
+            while pos < text.len() {
+                let want = bpe.regex_piece(&text, pos);
+                if let Some(got) = ascii_piece(text.as_bytes(), pos, bpe.digits) {
+                    assert_eq!(got, want, "{name}: {text:?} at {pos} (round {round})");
+                    fast += 1;
+                }
+                all += 1;
+                pos = want;
+            }
+        }
+        assert!(
+            fast * 2 > all,
+            "{name}: the ASCII split took {fast} of {all} pieces"
+        );
+    }
+}
