@@ -13,9 +13,11 @@
 //! the adjacent pair of lowest merge rank merged first, the leftmost of equal ones.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use aho_corasick::{AhoCorasick, MatchKind};
@@ -57,6 +59,19 @@ const SAMPLE: &str = "Hello, world! It's the user's turn; THEY'LL see 12345 appl
 /// Short pieces' bytes → their ids.
 type PieceCache = HashMap<Box<[u8]>, Box<[u32]>, BuildHasherDefault<PairHasher>>;
 
+/// Encoders a thread keeps piece caches for; past it, the oldest cache goes.
+const CACHES_PER_THREAD: usize = 4;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Each thread's short-piece caches, by encoder (a piece's ids are a pure function of its
+    /// bytes, so a hit is always exact). Per thread, not one behind a lock: the model's
+    /// prepare threads encode at once, and an uncontended lock per piece was a sixth of a
+    /// piece's cost already.
+    static PIECES: RefCell<Vec<(u64, PieceCache)>> = const { RefCell::new(Vec::new()) };
+}
+
 /// A byte-level BPE tokenizer, ready to encode.
 pub struct ByteLevelBpe {
     /// Added tokens matched in the raw text (`normalized: false`), leftmost-longest as
@@ -78,8 +93,8 @@ pub struct ByteLevelBpe {
     /// What `add_special_tokens` adds around a single sequence (Llama 3's BOS).
     prefix: Vec<u32>,
     suffix: Vec<u32>,
-    /// Short pieces' ids (a pure function of the bytes, so a hit is always exact).
-    cache: Mutex<PieceCache>,
+    /// This encoder's key among a thread's piece caches ([`PIECES`]).
+    id: u64,
 }
 
 impl std::fmt::Debug for ByteLevelBpe {
@@ -224,7 +239,7 @@ impl ByteLevelBpe {
             lens,
             prefix: Vec::new(),
             suffix: Vec::new(),
-            cache: Mutex::default(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -420,8 +435,25 @@ impl ByteLevelBpe {
     }
 
     /// Splits `text` (at byte `base`) with the split regex and encodes each piece.
-    fn pieces(
+    fn pieces(&self, text: &str, base: usize, out: &mut Vec<u32>, ends: Option<&mut Vec<usize>>) {
+        PIECES.with_borrow_mut(|caches| {
+            let at = match caches.iter().position(|(id, _)| *id == self.id) {
+                Some(at) => at,
+                None => {
+                    if caches.len() >= CACHES_PER_THREAD {
+                        caches.remove(0);
+                    }
+                    caches.push((self.id, PieceCache::default()));
+                    caches.len() - 1
+                }
+            };
+            self.pieces_with(&mut caches[at].1, text, base, out, ends);
+        });
+    }
+
+    fn pieces_with(
         &self,
+        cache: &mut PieceCache,
         text: &str,
         base: usize,
         out: &mut Vec<u32>,
@@ -434,7 +466,7 @@ impl ByteLevelBpe {
                 None => self.regex_piece(text, pos),
             };
             let first = out.len();
-            self.bpe(&text.as_bytes()[pos..end], out);
+            self.bpe(cache, &text.as_bytes()[pos..end], out);
             if let Some(e) = ends.as_deref_mut() {
                 let mut at = base + pos;
                 for &id in &out[first..] {
@@ -487,17 +519,16 @@ impl ByteLevelBpe {
     }
 
     /// One piece's ids, from the cache when it is short.
-    fn bpe(&self, piece: &[u8], out: &mut Vec<u32>) {
+    fn bpe(&self, cache: &mut PieceCache, piece: &[u8], out: &mut Vec<u32>) {
         if piece.len() < 2 || piece.len() > CACHED_PIECE {
             return self.bpe_uncached(piece, out);
         }
-        if let Some(ids) = crate::sync::lock(&self.cache).get(piece) {
+        if let Some(ids) = cache.get(piece) {
             out.extend_from_slice(ids);
             return;
         }
         let first = out.len();
         self.bpe_uncached(piece, out);
-        let mut cache = crate::sync::lock(&self.cache);
         if cache.len() >= CACHE_ENTRIES {
             cache.clear();
         }
