@@ -316,10 +316,11 @@ impl Cuts {
     }
 }
 
-/// The tokenization's state: text pieces' ids, remembered by the piece's length and hash,
+/// The tokenization's state: text pieces' ids, remembered by the piece's length and hash (and,
+/// for the piece that holds a marker, the marker's offset in it, with the tokens before it),
 /// bounded in tokens; and the bound on the text one prompt may make the tokenizer read.
 pub struct Memo {
-    pieces: LruCache<(usize, u64), Arc<[u32]>>,
+    pieces: LruCache<PieceKey, (Arc<[u32]>, usize)>,
     tokens: usize,
     max_tokens: usize,
     /// `cache_model.max_prompt_bytes`: a prompt with more text is [`EncodeError::TooLarge`].
@@ -367,25 +368,50 @@ impl Memo {
         piece: &str,
         encode: impl FnOnce(&str) -> Result<Vec<u32>, EncodeError>,
     ) -> Result<Arc<[u32]>, EncodeError> {
-        let key = (piece.len(), text_hash(piece));
-        if let Some(ids) = self.pieces.get(&key) {
+        let (ids, _) = self.get_or_encode_at(piece, None, |p| Ok((0, encode(p)?)))?;
+        Ok(ids)
+    }
+
+    /// The piece's ids and, for a point `at` in it, how many of them end at or before it.
+    fn get_or_encode_at(
+        &mut self,
+        piece: &str,
+        at: Option<usize>,
+        encode: impl FnOnce(&str) -> Result<(usize, Vec<u32>), EncodeError>,
+    ) -> Result<(Arc<[u32]>, usize), EncodeError> {
+        let key = PieceKey {
+            len: piece.len(),
+            hash: text_hash(piece),
+            at,
+        };
+        if let Some((ids, before)) = self.pieces.get(&key) {
             self.hits += 1;
-            return Ok(ids.clone());
+            return Ok((ids.clone(), *before));
         }
         self.misses += 1;
-        let ids: Arc<[u32]> = encode(piece)?.into();
+        let (before, ids) = encode(piece)?;
+        let ids: Arc<[u32]> = ids.into();
         if ids.len() <= self.max_tokens {
             self.tokens += ids.len();
-            self.pieces.put(key, ids.clone());
+            self.pieces.put(key, (ids.clone(), before));
             while self.tokens > self.max_tokens {
                 match self.pieces.pop_lru() {
-                    Some((_, old)) => self.tokens -= old.len(),
+                    Some((_, (old, _))) => self.tokens -= old.len(),
                     None => break,
                 }
             }
         }
-        Ok(ids)
+        Ok((ids, before))
     }
+}
+
+/// A remembered piece: its length and hash, and where in it a marker's point was (`None`: no
+/// marker in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PieceKey {
+    len: usize,
+    hash: u64,
+    at: Option<usize>,
 }
 
 fn text_hash(s: &str) -> u64 {
@@ -564,9 +590,14 @@ impl Pieces<'_> {
         // Pieces come in order, so the first one that ends past the point holds it.
         if let Some(at) = self.at.filter(|&a| iso.is_none() && a < range.end) {
             // One encoding with offsets gives both the point and the ids. The piece holds the
-            // request's marker, so no other request has it: it stays out of the memo, where it
-            // would only push out pieces that do come back.
-            let (before, got) = self.encoder.before(piece, at.saturating_sub(range.start))?;
+            // request's marker, which a conversation sends again with every turn (its first
+            // user turn, or its system prompt): remembered with the point's place, a long
+            // first turn is tokenized once a conversation, not once a turn.
+            let off = at.saturating_sub(range.start);
+            let encoder = self.encoder;
+            let (got, before) = self
+                .memo
+                .get_or_encode_at(piece, Some(off), |p| encoder.before(p, off))?;
             *iso = Some(ids.len() + before);
             ids.extend_from_slice(&got);
             return Ok(());
@@ -662,33 +693,74 @@ mod tests {
         pairs.iter().map(|(r, c)| Message::new(*r, *c)).collect()
     }
 
-    /// The piece that holds a request's marker is tokenized once (with offsets: the point and
-    /// the ids together), gives the ids the unmarked path gives, and stays out of the memo: no
-    /// other request has it, and a long one would push out pieces that come back.
+    /// The piece that holds a request's marker is tokenized with offsets (the point and the ids
+    /// together) and gives the ids the unmarked path gives. It is remembered with the point's
+    /// place: the conversation's next turn (the same marked first turn) is a memo hit with the
+    /// same point, while another conversation's marker, or the same text with the point
+    /// elsewhere, is tokenized anew.
     #[test]
-    fn the_marked_piece_is_encoded_once_and_not_remembered() {
+    fn the_marked_piece_is_remembered_with_its_point() {
         let vocab = Vocab::hf(qwen(), true).expect("template");
         let long = "tool output line with numbers 12345 and words; ".repeat(200);
-        let m = msgs(&[
-            ("system", "Be brief."),
-            ("user", &format!("[rid:0123456789ab]\n\n{long}")),
-        ]);
-        let (mut plain, mut marked) = (Memo::new(1 << 20), Memo::new(1 << 20));
+        let turn = |rid: &str| format!("[rid:{rid}]\n\n{long}");
+        let first = msgs(&[("system", "Be brief."), ("user", &turn("0123456789ab"))]);
+        let mut second = first.clone();
+        second.extend(msgs(&[("assistant", "Done."), ("user", "And now?")]));
+        let mut plain = Memo::new(1 << 20);
         let a = encode(
             &vocab,
             &mut plain,
-            &Prompt::Messages(m.clone()),
+            &Prompt::Messages(first.clone()),
             &IsoHint::None,
         )
         .expect("encodes");
+        let mut memo = Memo::new(1 << 20);
         let rid = IsoHint::rid("0123456789ab");
-        let b = encode(&vocab, &mut marked, &Prompt::Messages(m), &rid).expect("encodes");
+        let b = encode(&vocab, &mut memo, &Prompt::Messages(first), &rid).expect("encodes");
         assert_eq!(a.ids, b.ids);
-        assert!(b.iso.is_some());
-        // The plain memo holds the long turn; the marked one only the short pieces.
-        assert!(plain.bytes() > 4 * 2000, "{}", plain.bytes());
-        assert!(marked.bytes() < 4 * 200, "{}", marked.bytes());
-        assert_eq!(marked.hits + marked.misses + 1, plain.hits + plain.misses);
+        let point = b.iso.expect("a point");
+        let misses = memo.misses;
+        let c = encode(&vocab, &mut memo, &Prompt::Messages(second), &rid).expect("encodes");
+        assert_eq!(c.iso, Some(point));
+        assert_eq!(c.ids[..b.ids.len() - 2], b.ids[..b.ids.len() - 2]);
+        // The long marked turn came back from the memo: only the new short pieces missed.
+        assert!(
+            memo.misses - misses <= 3,
+            "{} new misses",
+            memo.misses - misses
+        );
+        let tokens_after_two = memo.bytes();
+        // Another conversation's marker: a piece of its own, tokenized anew.
+        let other = msgs(&[("system", "Be brief."), ("user", &turn("ba9876543210"))]);
+        let misses = memo.misses;
+        let d = encode(
+            &vocab,
+            &mut memo,
+            &Prompt::Messages(other),
+            &IsoHint::rid("ba9876543210"),
+        )
+        .expect("encodes");
+        assert_eq!(d.iso, Some(point));
+        assert!(memo.misses > misses);
+        assert!(
+            memo.bytes() > tokens_after_two + 4 * 2000,
+            "{}",
+            memo.bytes()
+        );
+        // The same text with the point elsewhere is not the remembered entry.
+        let e = encode(
+            &vocab,
+            &mut memo,
+            &Prompt::Messages(msgs(&[
+                ("system", "Be brief."),
+                ("user", &turn("0123456789ab")),
+            ])),
+            &IsoHint::Marker("[rid:0123".into()),
+        )
+        .expect("encodes");
+        assert_eq!(e.ids, b.ids);
+        let earlier = e.iso.expect("a point");
+        assert!(earlier < point, "{earlier} {point}");
     }
 
     /// The one-pass search finds what one search per token finds: the earliest token, and the
