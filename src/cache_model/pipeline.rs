@@ -117,9 +117,10 @@ impl<T: Send> Outlet<T> {
     /// own of `states`) and `apply` on the calling thread, in number order. Returns once the
     /// inlet is gone and every job taken has been applied.
     ///
-    /// A prepare that panics loses its job (the job's ticket counts it as not modelled): its
-    /// number still reaches the apply stage, as nothing, and the thread ends, so its lane's later
-    /// jobs are refused (`model_stopped`), as every job is once the one-thread model stopped.
+    /// A prepare that panics loses its job (the job's ticket counts it as not modelled, and its
+    /// bytes stay counted as queued, as a stopped one-thread model's do): its number still
+    /// reaches the apply stage, as nothing, and the thread ends, so its lane's later jobs are
+    /// refused (`model_stopped`), as every job is once the one-thread model stopped.
     pub(super) fn run<S: Send, P: Send>(
         self,
         nice: i32,

@@ -714,7 +714,11 @@ async fn with_three_threads_predictions_still_equal_the_mocks_report_on_niced_th
     .await;
     let client = h1();
     for (i, c) in conversations.iter().enumerate() {
-        let phase = if i < 5 { Phase::Warmup } else { Phase::Profiling };
+        let phase = if i < 5 {
+            Phase::Warmup
+        } else {
+            Phase::Profiling
+        };
         run_conversation(&client, &h, c, &[("x-kvbust-phase", phase.as_str())]).await;
     }
     let r = report(&h).await;
