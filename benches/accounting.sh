@@ -7,9 +7,11 @@
 # "full speed" (no delays: the proxy's pace alone) and "preset" (config/README.md's shared
 # capacity near an 8B model on one H100: prefill 16,000 and decode 4,000 tokens/s, 6 ms between
 # tokens, max_num_seqs 64). Both mocks count with the built-in tokenizer, so the mock's own
-# tokenizing does not throttle the load.
+# tokenizing does not throttle the load. THREADS sets cache_model.threads (1 by default); the
+# model's CPU is its thread's plus its prepare threads'.
 #   benches/accounting.sh                       # builds the release binary and loadgen
 #   SKIP_BUILD=1 REQUESTS=2000 SIZES="1024 102400" CONC=64 MOCKS="fast preset" benches/accounting.sh
+#   THREADS=2 SKIP_BUILD=1 MOCKS=fast benches/accounting.sh
 #   BENCH_KVBUST=target/dist/kvbust BENCH_LOADGEN=target/dist/examples/loadgen SKIP_BUILD=1 benches/accounting.sh
 # Not part of .ci/run.
 set -euo pipefail
@@ -19,6 +21,7 @@ REQUESTS=${REQUESTS:-4000}
 SIZES=${SIZES:-"1024 102400"}
 CONC=${CONC:-64}
 MOCKS=${MOCKS:-"fast preset"}
+THREADS=${THREADS:-1}
 BASE=${PORT_BASE:-18400}
 WORK=$(mktemp -d /tmp/kvbust-accounting.XXXXXX)
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen
@@ -50,8 +53,8 @@ inter_token = "6ms"
 max_num_seqs = 64
 TOML
 
-echo "| mock | body | requests | req/s | accounted | share | queue_full | model CPU µs/req | kvbust CPU µs/req |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| mock | body | threads | requests | req/s | accounted | share | queue_full | model CPU µs/req | kvbust CPU µs/req |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 port=$BASE
 for mock in $MOCKS; do
     P_MOCK=$port
@@ -63,7 +66,7 @@ for mock in $MOCKS; do
         body "$size"
         P=$port
         port=$((port + 2))
-        KVBUST_LOG__ACCESS=false RUST_LOG=warn \
+        KVBUST_LOG__ACCESS=false KVBUST_CACHE_MODEL__THREADS=$THREADS RUST_LOG=warn \
             "$KVBUST" serve --listen 127.0.0.1:$P --admin-listen 127.0.0.1:$((P + 1)) \
             --upstream "http://127.0.0.1:$P_MOCK" >"$WORK/serve-$mock-$size.log" 2>&1 &
         pid=$!
@@ -71,21 +74,22 @@ for mock in $MOCKS; do
         wait_port $P
         until curl -sf "http://127.0.0.1:$((P + 1))/readyz" >/dev/null; do sleep 0.2; done
         cpu0=$(proc_cpu $pid)
-        m0=$(thread_cpu $pid kvbust-cache-mo)
+        m0=$(threads_cpu $pid kvbust-cache-mo kvbust-model-pr)
         out=$("$LOADGEN" fixed "http://127.0.0.1:$P/v1/chat/completions" "$WORK/body-$size.json" "$REQUESTS" "$CONC")
         curl -s "http://127.0.0.1:$((P + 1))/report?wait=60s" >"$WORK/report-$mock-$size.json"
         drops=$(metric $((P + 1)) 'kvbust_cache_model_unaccounted_total{reason="queue_full"}')
         cpu1=$(proc_cpu $pid)
-        m1=$(thread_cpu $pid kvbust-cache-mo)
-        python3 - "$mock" "$size" "$out" "$WORK/report-$mock-$size.json" "${drops:-0}" "$cpu0" "$cpu1" "$m0" "$m1" <<'PY'
+        m1=$(threads_cpu $pid kvbust-cache-mo kvbust-model-pr)
+        python3 - "$mock" "$size" "$out" "$WORK/report-$mock-$size.json" "${drops:-0}" "$cpu0" "$cpu1" "$m0" "$m1" "$THREADS" <<'PY'
 import json, sys
 mock, size, out, rep, drops = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]
 c0, c1, m0, m1 = map(float, sys.argv[6:10])
+threads = sys.argv[10]
 rows = json.load(open(rep))["rows"]
 req = sum(x["requests"] for x in rows)
 acc = sum(x["accounted_requests"] for x in rows)
 n = max(out["requests"], 1)
-print(f"| {mock} | {size} B | {req} | {out['requests'] / out['seconds']:.0f} | {acc} | **{100 * acc / max(req, 1):.1f}%** "
+print(f"| {mock} | {size} B | {threads} | {req} | {out['requests'] / out['seconds']:.0f} | {acc} | **{100 * acc / max(req, 1):.1f}%** "
       f"| {float(drops):.0f} | {1e6 * (m1 - m0) / n:.0f} | {1e6 * (c1 - c0) / n:.0f} |")
 PY
         kill $pid

@@ -24,6 +24,18 @@ thread_cpu() {
     done
     echo 0
 }
+# CPU seconds of all threads of process $1 whose comm is one of $2... (summed); 0 if none.
+threads_cpu() {
+    local pid=$1 t comm name total=0
+    shift
+    for t in /proc/"$pid"/task/*; do
+        comm=$(cat "$t/comm" 2>/dev/null) || continue
+        for name in "$@"; do
+            [ "$comm" = "$name" ] && total="$total + $(ticks "$t/stat")"
+        done
+    done
+    python3 -c "print(($total) / $TICK)"
+}
 rss_kb() { awk '/VmRSS/ {print $2}' /proc/"$1"/status; }
 hwm_kb() { awk '/VmHWM/ {print $2}' /proc/"$1"/status; }
 metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" 'index($0, m) == 1 {print $2}'; }

@@ -570,6 +570,10 @@ pub struct CacheModelConfig {
     /// gets only the CPU the data workers leave, so a saturated proxy drops model jobs
     /// (`queue_full`) instead of forwarding slower.
     pub nice: i32,
+    /// Threads that parse and tokenize the bodies, 1 to 64 (each at `nice`, each with its share
+    /// of the token memo); the index still sees requests in forwarding order, on one thread. 1:
+    /// one thread does it all.
+    pub threads: usize,
 }
 
 impl Default for CacheModelConfig {
@@ -587,6 +591,7 @@ impl Default for CacheModelConfig {
             topology: Topology::Auto,
             kv_events: None,
             nice: 19,
+            threads: 1,
         }
     }
 }
@@ -1081,6 +1086,32 @@ mod tests {
             assert!(e.contains("cache_model.nice"), "{e}");
             assert!(
                 e.contains("0 (the model's thread runs as the process) to 19"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn cache_model_threads_is_layered_and_checked_at_start_naming_the_key() {
+        let load = |v: &str| {
+            Config::load(
+                None,
+                &env(&[("KVBUST_CACHE_MODEL__THREADS", v)]),
+                &CliOverrides::default(),
+            )
+        };
+        assert_eq!(Config::default().cache_model.threads, 1);
+        assert_eq!(load("1").unwrap().cache_model.threads, 1);
+        assert_eq!(load("4").unwrap().cache_model.threads, 4);
+        assert_eq!(load("64").unwrap().cache_model.threads, 64);
+        for bad in ["0", "65"] {
+            let e = load(bad).expect_err("out of range");
+            assert_eq!(e.key, "cache_model.threads");
+            let e = e.to_string();
+            assert!(e.contains("cache_model.threads"), "{e}");
+            assert!(e.contains(&format!("{bad} is not a thread count")), "{e}");
+            assert!(
+                e.contains("use 1 (one thread tokenizes and serves, the default) to 64"),
                 "{e}"
             );
         }

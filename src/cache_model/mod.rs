@@ -7,13 +7,16 @@
 //!
 //! Never on the request path: the request side only clones the body's `Bytes` into the queue
 //! (or counts the request as unaccounted when the queue is full) and never waits for the model.
-//! One worker, in forwarding order, so the index sees requests in the order the engine does.
+//! The index sees requests in forwarding order, the order the engine does: one worker serves
+//! them, and with `cache_model.threads` > 1 the tokenizing before it is spread over that many
+//! threads ([`pipeline`]) and put back in order.
 
 pub mod attribution;
 pub mod dial;
 pub mod events;
 pub mod index;
 pub mod ledger;
+mod pipeline;
 mod priority;
 pub mod runs;
 pub mod tokens;
@@ -308,8 +311,16 @@ pub(crate) struct Settings {
     pub max_prompt_bytes: usize,
     /// Sessions whose last prompt is remembered (for collisions).
     pub sessions: NonZeroUsize,
-    /// The worker thread's nice value (`cache_model.nice`).
+    /// The model's threads' nice value (`cache_model.nice`).
     pub nice: i32,
+    /// Threads that tokenize (`cache_model.threads`); 1: the worker does everything.
+    pub threads: usize,
+}
+
+/// The queue to the model: one worker's, or the inlet of its prepare threads.
+enum Queue {
+    One(SyncSender<Queued>),
+    Fanned(pipeline::Inlet<Queued>),
 }
 
 /// The model and the run ledger.
@@ -323,7 +334,7 @@ pub struct CacheModel {
     epoch: AtomicU64,
     stats: Arc<Stats>,
     /// The queue to the worker, made (and the worker started) by the first job.
-    queue: OnceLock<Option<SyncSender<Queued>>>,
+    queue: OnceLock<Option<Queue>>,
     queue_len: usize,
     queued_bytes: Arc<AtomicU64>,
     /// Bytes of bodies the queue may hold: a quarter of `max_memory`.
@@ -384,6 +395,7 @@ impl CacheModel {
             sessions: NonZeroUsize::new(config.cache_bust.ledger_capacity.max(1))
                 .unwrap_or(NonZeroUsize::MIN),
             nice: c.nice,
+            threads: c.threads.max(1),
         };
         let capture_settings = capture_settings(config, &tokenizer);
         let (kv_events, kv_events_rx) = match c.kv_events.clone().filter(|_| c.enabled) {
@@ -535,18 +547,25 @@ impl CacheModel {
             self.unaccounted("queue_full");
             return;
         }
-        let sender = self.queue.get_or_init(|| self.start_worker());
-        let epoch = self.epoch.load(Ordering::Acquire);
-        let refused = match sender {
-            Some(tx) => match tx.try_send(Queued {
+        let refused = match self.queue.get_or_init(|| self.start_worker()) {
+            Some(Queue::One(tx)) => match tx.try_send(Queued {
                 job,
-                epoch,
+                epoch: self.epoch.load(Ordering::Acquire),
                 events: self.events_mark(),
             }) {
                 Ok(()) => None,
                 Err(TrySendError::Full(_)) => Some("queue_full"),
                 Err(TrySendError::Disconnected(_)) => Some("model_stopped"),
             },
+            Some(Queue::Fanned(inlet)) => inlet
+                .try_send(lane_key(&job.session), || Queued {
+                    // Read as the job takes its number: in forwarding order.
+                    epoch: self.epoch.load(Ordering::Acquire),
+                    events: self.events_mark(),
+                    job,
+                })
+                .err()
+                .map(pipeline::Refused::reason),
             None => Some("model_stopped"),
         };
         if let Some(reason) = refused {
@@ -571,8 +590,9 @@ impl CacheModel {
             .map_or(0, |(_, s)| s.handed.load(Ordering::Acquire))
     }
 
-    fn start_worker(&self) -> Option<SyncSender<Queued>> {
-        let (tx, rx) = sync_channel(self.queue_len);
+    /// Starts the model's thread (`kvbust-cache-model`), which loads the tokenizer and, with
+    /// `cache_model.threads` > 1, starts the prepare threads; the queue to it.
+    fn start_worker(&self) -> Option<Queue> {
         let model = worker::Worker::new(
             self.settings.clone(),
             self.metrics.clone(),
@@ -584,16 +604,29 @@ impl CacheModel {
                 .zip(self.kv_events.as_ref().map(|(_, s)| s.clone())),
         );
         let nice = self.settings.nice;
+        let (queue, run): (Queue, Box<dyn FnOnce() + Send>) = match self.settings.threads {
+            0 | 1 => {
+                let (tx, rx) = sync_channel(self.queue_len);
+                (Queue::One(tx), Box::new(move || model.run(rx)))
+            }
+            n => {
+                let (inlet, outlet) = pipeline::channel(n, self.queue_len);
+                (
+                    Queue::Fanned(inlet),
+                    Box::new(move || model.run_fanned(outlet)),
+                )
+            }
+        };
         let spawned = std::thread::Builder::new()
             .name("kvbust-cache-model".into())
             .spawn(move || {
                 // Set from inside: a nice value is the thread's own, and taking it before the
                 // tokenizer loads keeps even that off the data workers' CPU.
                 priority::lower_this_thread(nice);
-                model.run(rx)
+                run()
             });
         match spawned {
-            Ok(_) => Some(tx),
+            Ok(_) => Some(queue),
             Err(e) => {
                 tracing::error!("cannot start the cache model's thread: {e}; the model is off");
                 None
@@ -639,6 +672,15 @@ impl CacheModel {
             note,
         }
     }
+}
+
+/// The key that keeps a session's jobs on one prepare thread, when the request side knows it:
+/// the session given outright, else the first header source's digest. Only a hint for the
+/// memo: the model resolves the session itself.
+fn lane_key(hint: &SessionHint) -> Option<u64> {
+    hint.known
+        .map(|(key, _)| key)
+        .or_else(|| hint.sources.iter().find_map(|(_, digest)| *digest))
 }
 
 /// Counts one request the model did not account for.

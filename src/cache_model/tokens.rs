@@ -349,13 +349,7 @@ impl Memo {
 
     /// `Err(TooLarge)` when `bytes` of text is more than one prompt may have tokenized.
     fn admit(&self, bytes: usize) -> Result<(), EncodeError> {
-        if bytes > self.max_prompt_bytes {
-            return Err(EncodeError::TooLarge {
-                bytes,
-                max: self.max_prompt_bytes,
-            });
-        }
-        Ok(())
+        admit(bytes, self.max_prompt_bytes)
     }
 
     /// Bytes the memo holds, roughly (ids, keys and the LRU's links).
@@ -412,6 +406,16 @@ struct PieceKey {
     len: usize,
     hash: u64,
     at: Option<usize>,
+}
+
+/// `Err(TooLarge)` when `bytes` of text is more than `max` (`cache_model.max_prompt_bytes`): the
+/// check [`encode`] and [`encode_contents`] make first, for text whose pieces were tokenized
+/// apart and are put together later.
+pub fn admit(bytes: usize, max: usize) -> Result<(), EncodeError> {
+    if bytes > max {
+        return Err(EncodeError::TooLarge { bytes, max });
+    }
+    Ok(())
 }
 
 fn text_hash(s: &str) -> u64 {

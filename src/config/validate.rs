@@ -590,7 +590,8 @@ fn validate_capture(c: &CaptureConfig, model: &CacheModelConfig) -> Result<(), C
     Ok(())
 }
 
-/// `[cache_model]`: sizes that make sense, a nice value in range, a tokenizer that exists.
+/// `[cache_model]`: sizes that make sense, a nice value and thread count in range, a tokenizer
+/// that exists.
 fn validate_cache_model(c: &CacheModelConfig) -> Result<(), ConfigError> {
     if !(1..=4096).contains(&c.block_size) {
         return Err(ConfigError::new(
@@ -616,6 +617,17 @@ fn validate_cache_model(c: &CacheModelConfig) -> Result<(), ConfigError> {
                 "{} is not a nice value kvbust sets: use 0 (the model's thread runs as the \
                  process) to 19 (it gets only the CPU forwarding leaves; the default)",
                 c.nice
+            ),
+        ));
+    }
+    if !(1..=64).contains(&c.threads) {
+        return Err(ConfigError::new(
+            "cache_model.threads",
+            format!(
+                "{} is not a thread count kvbust starts: use 1 (one thread tokenizes and \
+                 serves, the default) to 64; more than the cores left over from forwarding \
+                 only adds memory",
+                c.threads
             ),
         ));
     }

@@ -697,6 +697,56 @@ async fn the_models_thread_runs_at_the_configured_nice_value() {
     h.shutdown().await;
 }
 
+/// `cache_model.threads = 3`: bodies are tokenized on three prepare threads, each named and at
+/// `cache_model.nice` (6 here, which no other test sets), and served in forwarding order, so the
+/// model still predicts exactly what the mock reports, request for request, as with one thread.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_three_threads_predictions_still_equal_the_mocks_report_on_niced_threads() {
+    let base = nice_in(std::path::Path::new("/proc/thread-self/stat"));
+    let conversations = sonnet_conversations(10);
+    let h = common::start_with(qwen3_mock(10_000_000), |c| {
+        c.cache_model.tokenizer = Some(MockTokenizerSetting::Qwen3);
+        c.cache_model.threads = 3;
+        c.cache_model.nice = 6;
+        c.cache_bust.target = Target::FirstTurnPrefix;
+    })
+    .await;
+    let client = h1();
+    for (i, c) in conversations.iter().enumerate() {
+        let phase = if i < 5 {
+            Phase::Warmup
+        } else {
+            Phase::Profiling
+        };
+        run_conversation(&client, &h, c, &[("x-kvbust-phase", phase.as_str())]).await;
+    }
+    let r = report(&h).await;
+    assert_eq!(r.rows.len(), 2, "{:?}", r.rows);
+    for row in &r.rows {
+        let what = format!("{} {}", row.phase, row.target);
+        assert!(row.requests >= 15, "{what}");
+        assert_eq!(row.accounted_requests, row.requests, "{what}");
+        assert_eq!(row.divergent_requests, 0, "{what}: {row:?}");
+        assert_eq!(
+            row.cached_tokens.reported,
+            Some(row.cached_tokens.predicted),
+            "{what}"
+        );
+        assert_eq!(
+            row.prompt_tokens.reported,
+            Some(row.prompt_tokens.predicted),
+            "{what}"
+        );
+    }
+    assert!(r.rows.iter().any(|row| row.cached_tokens.predicted > 0));
+    let want = 6.max(base);
+    let prep = nices_of_threads("kvbust-model-prep-0");
+    assert_eq!(prep, [want; 3], "prepare threads' nice values");
+    assert!(nices_of_threads("kvbust-cache-model").contains(&want));
+    h.shutdown().await;
+}
+
 /// The run's report, read until `done` holds for it (a condition on the report, not a delay).
 async fn report_until(h: &Harness, what: &str, done: impl Fn(&Report) -> bool) -> Report {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
