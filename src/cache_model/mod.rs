@@ -530,6 +530,26 @@ impl CacheModel {
         }
     }
 
+    /// Whether the queue's byte budget could take a job of `size` bytes now (a hint, read
+    /// without a claim: [`CacheModel::submit`] decides). Lets a caller skip building a body
+    /// the queue would refuse.
+    pub fn has_room(&self, size: u64) -> bool {
+        self.facts.enabled && self.queued_bytes.load(Ordering::Acquire) + size <= self.queue_budget
+    }
+
+    /// Counts the request `ticket` stands for as unaccounted (`queue_full`) without a job, as
+    /// [`CacheModel::submit`] counts one the full queue refuses.
+    pub fn refuse_full(&self, ticket: &Ticket) {
+        if !self.facts.enabled {
+            return;
+        }
+        ticket.with(|r| {
+            r.submitted = true;
+            r.unaccounted = Some("queue_full");
+        });
+        self.unaccounted("queue_full");
+    }
+
     /// Hands `job` to the worker; when the queue is full, counts it as unaccounted instead.
     /// Never blocks.
     pub fn submit(&self, job: Job) {

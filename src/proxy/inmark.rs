@@ -216,14 +216,16 @@ impl InMark {
             return Ok(Vec::new());
         }
         const HEAD: &[u8] = b"{\"messages\":[";
-        let inner = gather(chunks, from..to);
+        let inner_len = to - from;
         // A whole body's session may be its `user`: that member goes too, as it came.
         let user = facts.user.clone().filter(|_| self.whole);
         let user = user.map(|r| gather(chunks, r));
         let tail = user.as_ref().map_or(0, |u| u.len() + 10);
-        let mut own = Vec::with_capacity(HEAD.len() + inner.len() + tail + 2);
+        let mut own = Vec::with_capacity(HEAD.len() + inner_len + tail + 2);
         own.extend_from_slice(HEAD);
-        own.extend_from_slice(&inner);
+        // Straight from the chunks: an agent's first turn is hundreds of KB, and gathering it
+        // first was a second copy of it on every request.
+        gather_into(&mut own, chunks, from..to);
         own.push(b']');
         if let Some(u) = &user {
             own.extend_from_slice(b",\"user\":");
@@ -234,7 +236,7 @@ impl InMark {
             rewrite::plan_marks(&self.decision, Shape::Chat, &own, &self.headers, &self.rt)?;
         let mut edits = Vec::with_capacity(marks.edits.len());
         for (range, bytes) in marks.edits {
-            let inside = HEAD.len()..HEAD.len() + inner.len();
+            let inside = HEAD.len()..HEAD.len() + inner_len;
             if range.start < inside.start || range.end > inside.end {
                 return Err(ProxyError::Internal(
                     "a marker planned outside the messages it was planned on".into(),
@@ -301,26 +303,39 @@ impl InMark {
 }
 
 /// The bytes `range` of the body received as `chunks`: borrowed when one chunk holds them.
-pub(super) fn gather(chunks: &[Bytes], range: Range<usize>) -> Cow<'_, [u8]> {
+/// Appends the bytes `range` of the body received as `chunks` to `out`.
+fn gather_into(out: &mut Vec<u8>, chunks: &[Bytes], range: Range<usize>) {
     let mut start = 0;
-    let mut out: Option<Vec<u8>> = None;
     for chunk in chunks {
         let end = start + chunk.len();
         if end > range.start && start < range.end {
             let from = range.start.max(start) - start;
             let to = range.end.min(end) - start;
-            if out.is_none() && to - from == range.len() {
-                return Cow::Borrowed(&chunk[from..to]);
-            }
-            out.get_or_insert_with(|| Vec::with_capacity(range.len()))
-                .extend_from_slice(&chunk[from..to]);
+            out.extend_from_slice(&chunk[from..to]);
         }
         start = end;
         if start >= range.end {
             break;
         }
     }
-    Cow::Owned(out.unwrap_or_default())
+}
+
+pub(super) fn gather(chunks: &[Bytes], range: Range<usize>) -> Cow<'_, [u8]> {
+    // Within one chunk (a small body's usual case): borrowed, not copied.
+    let mut start = 0;
+    for chunk in chunks {
+        let end = start + chunk.len();
+        if start <= range.start && range.end <= end {
+            return Cow::Borrowed(&chunk[range.start - start..range.end - start]);
+        }
+        if end > range.start {
+            break;
+        }
+        start = end;
+    }
+    let mut out = Vec::with_capacity(range.len());
+    gather_into(&mut out, chunks, range);
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -329,6 +344,30 @@ mod tests {
     use crate::cachebust::{Phase, Target};
     use crate::json::stream::TopScan;
     use crate::metrics::Metrics;
+
+    /// A range of the body, gathered (borrowed or copied) or appended, is those bytes of the
+    /// body, however the body came in chunks.
+    #[test]
+    fn gathered_ranges_are_the_bodys_bytes() {
+        let body: Vec<u8> = (0..40u8).collect();
+        let cuts: [&[usize]; 4] = [&[], &[1], &[7, 8, 20], &[1, 2, 3, 39]];
+        for cut in cuts {
+            let mut chunks = Vec::new();
+            let mut at = 0;
+            for &c in cut.iter().chain([&body.len()]) {
+                chunks.push(Bytes::copy_from_slice(&body[at..c]));
+                at = c;
+            }
+            for a in 0..=body.len() {
+                for b in a..=body.len() {
+                    assert_eq!(&*gather(&chunks, a..b), &body[a..b], "{cut:?} {a}..{b}");
+                    let mut out = b"head".to_vec();
+                    gather_into(&mut out, &chunks, a..b);
+                    assert_eq!(&out[4..], &body[a..b], "{cut:?} {a}..{b}");
+                }
+            }
+        }
+    }
 
     fn rt() -> Arc<SharedState> {
         let mut c = crate::config::Config::default();

@@ -710,12 +710,18 @@ impl Proxy {
                 .await?;
             return received.send_edited(&whole, edited.as_ref()).await;
         }
-        // Nothing to edit: the held bytes go first, the cache model's copy after.
+        // Nothing to edit: the held bytes go first, the cache model's copy after, and only when
+        // its queue has room: a body that came in chunks, or was marked, is copied whole for it.
         let _ = received.send_held().await;
         if work.model {
-            let whole = received.output();
             let unmarked = work.unmarked.take();
-            submit_to_model(&self.rt, &work, &headers, (&whole, unmarked), None, ex);
+            let size = received.len() + unmarked.as_ref().map_or(0, Bytes::len);
+            if self.rt.cache_model.has_room(size as u64) {
+                let whole = received.output();
+                submit_to_model(&self.rt, &work, &headers, (&whole, unmarked), None, ex);
+            } else if let Some(ticket) = &ex.ticket {
+                self.rt.cache_model.refuse_full(ticket);
+            }
         }
         Ok(())
     }

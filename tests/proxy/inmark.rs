@@ -366,3 +366,33 @@ async fn bodies_without_a_session_header_are_marked_alike_however_they_arrive() 
     flow.shutdown().await;
     whole.shutdown().await;
 }
+
+/// A flowing body larger than the model's queue may hold (a quarter of
+/// `cache_model.max_memory`, 256 KiB here) reaches the upstream whole and marked, and is counted
+/// unaccounted as `queue_full`: refused before the model's copy of it is made.
+#[tokio::test]
+async fn a_flowing_body_past_the_models_queue_is_forwarded_and_counted_queue_full() {
+    let (upstream, mut progress, mut seen) = raw_upstream(1).await;
+    let h = start_proxy(&upstream, |c| {
+        c.cache_bust.target = Target::FirstTurnPrefix;
+        c.cache_model.max_memory = kvbust::units::ByteSize(1 << 20);
+    })
+    .await;
+    let body = agentic(512 * 1024, "");
+    let hdr = "x-correlation-id: conv-1\r\n";
+    let (status, got) = send(&h, Some(&mut progress), &mut seen, (hdr, &body, 200 * 1024)).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let got = String::from_utf8(got.expect("the upstream had it").body).unwrap();
+    assert!(
+        got.contains(r#"{"role":"user","content":"[rid:"#),
+        "not marked"
+    );
+    let r = crate::cache_model::report(&h).await;
+    assert_eq!(
+        r.cache_model.unaccounted.get("queue_full"),
+        Some(&1),
+        "{:?}",
+        r.cache_model.unaccounted
+    );
+    h.shutdown().await;
+}
