@@ -1068,15 +1068,14 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The configuration with one environment variable set.
+    fn load_one(key: &str, value: &str) -> Result<Config, ConfigError> {
+        Config::load(None, &env(&[(key, value)]), &CliOverrides::default())
+    }
+
     #[test]
     fn cache_model_nice_is_layered_and_checked_at_start_naming_the_key() {
-        let load = |v: &str| {
-            Config::load(
-                None,
-                &env(&[("KVBUST_CACHE_MODEL__NICE", v)]),
-                &CliOverrides::default(),
-            )
-        };
+        let load = |v: &str| load_one("KVBUST_CACHE_MODEL__NICE", v);
         assert_eq!(Config::default().cache_model.nice, 19);
         assert_eq!(load("0").unwrap().cache_model.nice, 0);
         assert_eq!(load("7").unwrap().cache_model.nice, 7);
@@ -1093,13 +1092,7 @@ mod tests {
 
     #[test]
     fn cache_model_threads_is_layered_and_checked_at_start_naming_the_key() {
-        let load = |v: &str| {
-            Config::load(
-                None,
-                &env(&[("KVBUST_CACHE_MODEL__THREADS", v)]),
-                &CliOverrides::default(),
-            )
-        };
+        let load = |v: &str| load_one("KVBUST_CACHE_MODEL__THREADS", v);
         assert_eq!(Config::default().cache_model.threads, 1);
         assert_eq!(load("1").unwrap().cache_model.threads, 1);
         assert_eq!(load("4").unwrap().cache_model.threads, 4);

@@ -16,6 +16,22 @@ use kvbust::mock::tokenize::MockTokenizer;
 use kvbust::mock::{Mock, MockConfig, MockTokenizerSetting};
 use kvbust::report::Report;
 
+/// A report row whose every prediction is what the upstream reported: no request diverged,
+/// and the cached and prompt tokens predicted are the ones reported.
+pub(crate) fn assert_predicted_as_reported(row: &kvbust::report::Row, what: &str) {
+    assert_eq!(row.divergent_requests, 0, "{what}: {row:?}");
+    assert_eq!(
+        row.cached_tokens.reported,
+        Some(row.cached_tokens.predicted),
+        "{what}"
+    );
+    assert_eq!(
+        row.prompt_tokens.reported,
+        Some(row.prompt_tokens.predicted),
+        "{what}"
+    );
+}
+
 /// The run's report once every request is counted.
 pub(crate) async fn report(h: &Harness) -> Report {
     let resp = send(&h1(), get(&h.admin_url("/report?wait=60s"))).await;
@@ -143,17 +159,7 @@ async fn predictions_equal_the_mocks_report_under_every_target_and_phase() {
             assert_eq!(row.target, target.as_str());
             assert_eq!(row.requests, 15, "{what}");
             assert_eq!(row.accounted_requests, 15, "{what}");
-            assert_eq!(row.divergent_requests, 0, "{what}: {row:?}");
-            assert_eq!(
-                row.cached_tokens.reported,
-                Some(row.cached_tokens.predicted),
-                "{what}"
-            );
-            assert_eq!(
-                row.prompt_tokens.reported,
-                Some(row.prompt_tokens.predicted),
-                "{what}"
-            );
+            assert_predicted_as_reported(row, &what);
             assert_eq!(row.breaches.total(), 0, "{what}: {row:?}");
             let reuse = row.reuse.same_session + row.reuse.other_session + row.reuse.warmup;
             assert_eq!(reuse, row.cached_tokens.predicted, "{what}");
@@ -727,17 +733,7 @@ async fn with_three_threads_predictions_still_equal_the_mocks_report_on_niced_th
         let what = format!("{} {}", row.phase, row.target);
         assert!(row.requests >= 15, "{what}");
         assert_eq!(row.accounted_requests, row.requests, "{what}");
-        assert_eq!(row.divergent_requests, 0, "{what}: {row:?}");
-        assert_eq!(
-            row.cached_tokens.reported,
-            Some(row.cached_tokens.predicted),
-            "{what}"
-        );
-        assert_eq!(
-            row.prompt_tokens.reported,
-            Some(row.prompt_tokens.predicted),
-            "{what}"
-        );
+        assert_predicted_as_reported(row, &what);
     }
     assert!(r.rows.iter().any(|row| row.cached_tokens.predicted > 0));
     let want = 6.max(base);
