@@ -745,8 +745,20 @@ async fn with_three_threads_predictions_still_equal_the_mocks_report_on_niced_th
 
 /// The run's report, read until `done` holds for it (a condition on the report, not a delay).
 async fn report_until(h: &Harness, what: &str, done: impl Fn(&Report) -> bool) -> Report {
+    report_poking(h, what, async || {}, done).await
+}
+
+/// [`report_until`], with `poke` done before each read: what makes `done` come true, sent
+/// again until it has (a PUB drops what it sends before a subscription reaches it).
+async fn report_poking(
+    h: &Harness,
+    what: &str,
+    mut poke: impl AsyncFnMut(),
+    done: impl Fn(&Report) -> bool,
+) -> Report {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
+        poke().await;
         let resp = send(&h1(), get(&h.admin_url("/report"))).await;
         let r: Report = serde_json::from_slice(&body_bytes(resp).await).expect("a report");
         if done(&r) {
@@ -759,6 +771,14 @@ async fn report_until(h: &Harness, what: &str, done: impl Fn(&Report) -> bool) -
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// kvbust has received at least one batch of the engine's KV events.
+fn has_batches(r: &Report) -> bool {
+    r.cache_model
+        .kv_events
+        .as_ref()
+        .is_some_and(|k| k.batches > 0)
 }
 
 /// The mock's cache holds 64 blocks, the model's is unbounded, and a workload overflows the
@@ -840,24 +860,13 @@ async fn overflow_the_mocks_cache(follow: bool, salt: bool) -> u64 {
     if follow {
         // A PUB drops what it sends before a subscription reaches it: reset (an event)
         // until kvbust receives one.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            mock.reset_prefix_cache();
-            let resp = send(&h1(), get(&h.admin_url("/report"))).await;
-            let r: Report = serde_json::from_slice(&body_bytes(resp).await).expect("report");
-            if r.cache_model
-                .kv_events
-                .as_ref()
-                .is_some_and(|k| k.batches > 0)
-            {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no event reached kvbust"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        report_poking(
+            &h,
+            "no event reached kvbust",
+            async || mock.reset_prefix_cache(),
+            has_batches,
+        )
+        .await;
         // Every reset sent above reached kvbust before the first request: a late one would
         // empty the model's index after that request (a race a loaded machine lost).
         let queued = mock.kv_events_queued();
@@ -1064,24 +1073,13 @@ async fn a_gap_in_the_event_seq_counts_lost_batches() {
     };
     // Until the subscription reaches the publisher, what it sends is dropped: send seq 0
     // until kvbust has one (a lower seq than the rest: never a gap).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        publisher.send(batch(0)).await.expect("sends");
-        let resp = send(&h1(), get(&h.admin_url("/report"))).await;
-        let r: Report = serde_json::from_slice(&body_bytes(resp).await).expect("report");
-        if r.cache_model
-            .kv_events
-            .as_ref()
-            .is_some_and(|k| k.batches > 0)
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no batch reached kvbust"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    report_poking(
+        &h,
+        "no batch reached kvbust",
+        async || publisher.send(batch(0)).await.expect("sends"),
+        has_batches,
+    )
+    .await;
     for seq in [1, 3, 4, 7] {
         publisher.send(batch(seq)).await.expect("sends");
     }
