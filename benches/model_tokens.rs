@@ -19,7 +19,6 @@
 #![forbid(unsafe_code)]
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,16 +35,15 @@ use kvbust::mock::openai::parse_request;
 use kvbust::synth::tokenizer::bpe::ByteLevelBpe;
 use kvbust::synth::tokenizer::Tokenizer;
 
+mod sources;
+use sources::{root, rust_sources};
+
 /// The model's default block size.
 const BLOCK_SIZE: usize = 16;
 /// The tool schemas' JSON, in bytes (issue 41: "30 KB of tool schemas").
 const TOOLS_BYTES: usize = 30 << 10;
 /// Tool calls and results before the last user turn.
 const ROUNDS: usize = 6;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// CPU time of the calling thread, in nanoseconds: the first field of
 /// `/proc/thread-self/schedstat` (the scheduler's own account, to the nanosecond; no `unsafe`
@@ -232,20 +230,7 @@ fn model(vocab: &Vocab, memo: &mut Memo, body: &[u8]) -> usize {
 }
 
 fn source() -> String {
-    let mut s = String::new();
-    for dir in ["src/cache_model", "src/mock"] {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
-            .expect("source folder")
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
-            .collect();
-        files.sort();
-        for p in files {
-            s.push_str(&std::fs::read_to_string(&p).expect("source file"));
-        }
-    }
-    s
+    rust_sources(&["src/cache_model", "src/mock"])
 }
 
 fn bench(c: &mut Criterion<ThreadCpu>) {

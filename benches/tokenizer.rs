@@ -8,7 +8,7 @@
 #![forbid(unsafe_code)]
 
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -16,12 +16,11 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use kvbust::synth::tokenizer::bpe::ByteLevelBpe;
 use kvbust::synth::tokenizer::Tokenizer;
 
+mod sources;
+use sources::{root, rust_sources};
+
 /// Bytes of each text (HF runs at ~1.5 MB/s here: a sample is a fraction of a second).
 const TEXT_BYTES: usize = 256 << 10;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// `text` cut to about `TEXT_BYTES`, at a character boundary.
 fn cut(text: &str) -> String {
@@ -33,20 +32,11 @@ fn cut(text: &str) -> String {
 }
 
 fn code() -> String {
-    let mut code = String::new();
-    for dir in ["src/proxy", "src/cache_model", "src/synth/tokenizer"] {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
-            .expect("source folder")
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
-            .collect();
-        files.sort();
-        for p in files {
-            code.push_str(&std::fs::read_to_string(&p).expect("source file"));
-        }
-    }
-    cut(&code)
+    cut(&rust_sources(&[
+        "src/proxy",
+        "src/cache_model",
+        "src/synth/tokenizer",
+    ]))
 }
 
 fn load(path: &Path) -> Tokenizer {
