@@ -27,12 +27,6 @@ WORK=$(mktemp -d /tmp/kvbust-accounting.XXXXXX)
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release --locked --quiet --bin kvbust --example loadgen
 KVBUST=${BENCH_KVBUST:-$ROOT/target/release/kvbust}
 LOADGEN=${BENCH_LOADGEN:-$ROOT/target/release/examples/loadgen}
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
 . "$ROOT/benches/lib.sh"
 
 cat >"$WORK/fast.toml" <<'TOML'

@@ -22,13 +22,6 @@ fi
 [ -n "${SKIP_BUILD:-}" ] || cargo build --profile dist --locked --quiet --bin kvbust --example loadgen
 KVBUST=$ROOT/target/dist/kvbust
 LOADGEN=$ROOT/target/dist/examples/loadgen
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    [ -f "$WORK/upstream.pid" ] && kill "$(cat "$WORK/upstream.pid")" 2>/dev/null || true
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
 . "$ROOT/benches/lib.sh"
 model_cpu() { thread_cpu "$1" kvbust-cache-mo; }
 report() { curl -s "http://127.0.0.1:$1/report?wait=60s"; }

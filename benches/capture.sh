@@ -21,13 +21,6 @@ fi
 [ -n "${SKIP_BUILD:-}" ] || cargo build --profile dist --locked --quiet --bin kvbust --example loadgen
 KVBUST=$ROOT/target/dist/kvbust
 LOADGEN=$ROOT/target/dist/examples/loadgen
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for f in "$WORK"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
 . "$ROOT/benches/lib.sh"
 rps() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(f\"{d['requests']/d['seconds']:.0f} {d['non_2xx']}\")" "$1"; }
 

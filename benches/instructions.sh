@@ -41,13 +41,6 @@ LOADGEN=${BENCH_LOADGEN:-$ROOT/target/dist/examples/loadgen}
 FLOOR=${BENCH_FLOOR:-$ROOT/target/dist/examples/floor}
 P_UP=$BASE
 
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    [ -f "$WORK/upstream.pid" ] && kill "$(cat "$WORK/upstream.pid")" 2>/dev/null || true
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
 . "$ROOT/benches/lib.sh"
 
 sed -e "s#@DIR@#$WORK#g" -e "s#@PORT@#$P_UP#g" "$ROOT/benches/nginx/upstream.conf" >"$WORK/upstream.conf"

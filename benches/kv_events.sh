@@ -26,12 +26,6 @@ WORK=$(mktemp -d /tmp/kvbust-kv-events.XXXXXX)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
 KVBUST=$BIN/kvbust
 LOADGEN=$BIN/examples/loadgen
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
 . "$ROOT/benches/lib.sh"
 
 P_MOCK=$BASE

@@ -1,6 +1,14 @@
-# Helpers the kvbust bench scripts share (sourced by benches/proxy.sh, instructions.sh,
-# cache_model.sh and capture.sh): waiting for a port, a process's and a thread's CPU seconds, its resident
-# memory, and one metric read from an admin port.
+# Helpers the kvbust bench scripts share (sourced by the benches/*.sh that start processes): waiting for a port, a process's and a thread's CPU seconds, its resident
+# memory, and one metric read from an admin port; and the clean-up on exit. A script sets
+# WORK before it sources this file, and appends what it starts to PIDS; a daemon that forks
+# (nginx) leaves its pid in a file $WORK/*.pid.
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for f in "${WORK:-/nonexistent}"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
 wait_port() {
     for _ in $(seq 1 600); do
         (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0

@@ -60,13 +60,7 @@ P_KV_CAPTURE=$((BASE + 22))      # kvbust target none, capture on -> upstream
 P_NGINX_STREAM=$((BASE + 24))    # nginx proxy, proxy_request_buffering off -> upstream
 P_KV_SS=$((BASE + 26))           # kvbust system_suffix -> upstream
 
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for f in "$WORK"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
+. "$ROOT/benches/lib.sh"
 
 # NGINX_ACCESS_LOG=1: the proxying nginx writes an access log to a file, buffered as kvbust's
 # is, to compare like with like with kvbust's log.access (on unless KVBUST_LOG__ACCESS=false).
@@ -82,7 +76,6 @@ nginx_conf() { # template port upstream [directives for proxy.conf's location bl
         -e "s#\# @LOCATION_EXTRA@#${4:-}#" "$ROOT/benches/nginx/$1.conf" >"$WORK/$1-$2.conf"
     nginx -c "$WORK/$1-$2.conf" -p "$WORK" -e "$WORK/nginx-$2.log"
 }
-. "$ROOT/benches/lib.sh"
 kvbust() { # data-port admin-port upstream target [extra args]
     local port=$1 admin=$2 up=$3 target=$4
     shift 4
