@@ -459,6 +459,8 @@ fn split_flat<'t>(
     (main_normals, flats)
 }
 
+/// The subagents no main turn precedes: AIPerf drops them (used by [`link_branches`], and by
+/// the children's pass, which builds no parent turns to link).
 fn dropped_subagents(plan: &Plan) -> HashSet<usize> {
     plan.subagents
         .iter()
@@ -880,17 +882,6 @@ enum Part {
     Children,
 }
 
-/// The subagents no main turn precedes (AIPerf drops them), as [`link_branches`] finds them,
-/// for the children's pass, which builds no parent turns to link.
-fn unpreceded_subagents(plan: &Plan) -> HashSet<usize> {
-    plan.subagents
-        .iter()
-        .enumerate()
-        .filter(|(_, (sa_outer, _))| !plan.normals.iter().any(|(o, _)| o < sa_outer))
-        .map(|(i, _)| i)
-        .collect()
-}
-
 /// The parent conversation or the trace's children, in AIPerf's order. Block content is a pure
 /// function of the trace and the hash id, so the children come out the same without the parent
 /// built first.
@@ -927,7 +918,7 @@ fn emit_trace(
         tokenizer,
     );
     if part == Part::Children {
-        let dropped = unpreceded_subagents(&plan);
+        let dropped = dropped_subagents(&plan);
         return emit_children(
             &plan,
             &trace.id,
