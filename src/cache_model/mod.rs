@@ -543,11 +543,14 @@ impl CacheModel {
         if !self.facts.enabled {
             return;
         }
-        ticket.with(|r| {
-            r.submitted = true;
-            r.unaccounted = Some("queue_full");
-        });
-        self.unaccounted("queue_full");
+        ticket.with(|r| r.submitted = true);
+        self.refuse(ticket, "queue_full");
+    }
+
+    /// Counts a submitted request as unaccounted for `reason`, on its ticket and in the metric.
+    fn refuse(&self, ticket: &Ticket, reason: &'static str) {
+        ticket.with(|r| r.unaccounted = Some(reason));
+        self.unaccounted(reason);
     }
 
     /// Hands `job` to the worker; when the queue is full, counts it as unaccounted instead.
@@ -559,13 +562,10 @@ impl CacheModel {
         let size = job.bytes();
         let ticket = job.ticket.clone();
         ticket.with(|r| r.submitted = true);
-        let refuse = |reason| ticket.with(|r| r.unaccounted = Some(reason));
         let queued = self.queued_bytes.fetch_add(size, Ordering::AcqRel) + size;
         if queued > self.queue_budget {
             self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
-            refuse("queue_full");
-            self.unaccounted("queue_full");
-            return;
+            return self.refuse(&ticket, "queue_full");
         }
         let refused = match self.queue.get_or_init(|| self.start_worker()) {
             Some(Queue::One(tx)) => match tx.try_send(Queued {
@@ -590,8 +590,7 @@ impl CacheModel {
         };
         if let Some(reason) = refused {
             self.queued_bytes.fetch_sub(size, Ordering::AcqRel);
-            refuse(reason);
-            self.unaccounted(reason);
+            self.refuse(&ticket, reason);
         }
         self.metrics
             .model_queue

@@ -480,19 +480,16 @@ impl ByteLevelBpe {
 
     /// The end of the piece the split regex matches at `pos` (`pos < text.len()`).
     fn regex_piece(&self, text: &str, pos: usize) -> usize {
-        {
-            let input = Input::new(text).range(pos..).anchored(Anchored::Yes);
-            let end = match self.split.search_half(&input) {
-                Some(m) if m.offset() > pos => self.lookahead(text, pos, m.offset()),
-                // Every character matches one of the alternatives, so this is not reached with
-                // the accepted regexes; `tokenizers` keeps an unmatched stretch as a piece.
-                _ => self
-                    .split
-                    .search(&Input::new(text).range(pos..))
-                    .map_or(text.len(), |m| m.start())
-                    .max(pos + text[pos..].chars().next().map_or(1, char::len_utf8)),
-            };
-            end
+        let input = Input::new(text).range(pos..).anchored(Anchored::Yes);
+        match self.split.search_half(&input) {
+            Some(m) if m.offset() > pos => self.lookahead(text, pos, m.offset()),
+            // Every character matches one of the alternatives, so this is not reached with the
+            // accepted regexes; `tokenizers` keeps an unmatched stretch as a piece.
+            _ => self
+                .split
+                .search(&Input::new(text).range(pos..))
+                .map_or(text.len(), |m| m.start())
+                .max(pos + text[pos..].chars().next().map_or(1, char::len_utf8)),
         }
     }
 
